@@ -1,0 +1,122 @@
+"""Run ``before; while outer: start; while inner: step; end`` eagerly, as phase graphs, or as one graph.
+
+Both greedy algorithms have this shape (frame loop: frames x symbols; label loop: labels x blank
+frames), so capture, warm-up and the WHILE-node plumbing live here once. The algorithm owns the
+state: its phases read and write pre-allocated tensors in place and keep the two loop flags
+(0-d bool tensors) up to date.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from nemo_fastdecode.graphs.cuda_api import CudaPythonError
+from nemo_fastdecode.graphs.modes import GraphMode
+
+logger = logging.getLogger("nemo_fastdecode")
+
+WARMUP_ROUNDS = 3  # lazily created cuBLAS/cuDNN handles and workspaces must exist before capture
+
+
+@dataclass
+class LoopPhases:
+    """The four phases of a two-level loop and the flags that steer it."""
+
+    before_loop: Callable[[], None]
+    outer_start: Callable[[], None]
+    inner_step: Callable[[], None]
+    outer_end: Callable[[], None]
+    outer_flag: torch.Tensor  # 0-d bool: run the outer body again
+    inner_flag: torch.Tensor  # 0-d bool: run the inner body again
+
+
+class TwoLevelLoop:
+    """Executes :class:`LoopPhases` in a :class:`GraphMode`; graphs are captured on first run."""
+
+    def __init__(self, phases: LoopPhases, mode: GraphMode):
+        self.phases = phases
+        self.mode = mode
+        self._full_graph: torch.cuda.CUDAGraph | None = None
+        self._phase_graphs: list[torch.cuda.CUDAGraph] | None = None
+
+    def run(self) -> None:
+        """Run the whole loop once (capturing first if needed)."""
+        if self.mode is GraphMode.EAGER:
+            self._run_eager()
+            return
+        if self._full_graph is None and self._phase_graphs is None:
+            self._capture()
+        if self._full_graph is not None:
+            self._full_graph.replay()
+        else:
+            before, start, inner, end = self._phase_graphs
+            before.replay()
+            while self.phases.outer_flag.item():
+                start.replay()
+                while self.phases.inner_flag.item():
+                    inner.replay()
+                end.replay()
+
+    def _run_eager(self) -> None:
+        p = self.phases
+        p.before_loop()
+        while p.outer_flag.item():
+            p.outer_start()
+            while p.inner_flag.item():
+                p.inner_step()
+            p.outer_end()
+
+    def _capture(self) -> None:
+        device = self.phases.outer_flag.device
+        # capture on a side stream: the legacy default stream cannot be captured
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(WARMUP_ROUNDS):
+                self.phases.before_loop()
+                self.phases.outer_start()
+                self.phases.inner_step()
+                self.phases.outer_end()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        if self.mode is GraphMode.FULL_GRAPH:
+            try:
+                self._full_graph = self._capture_full(stream)
+                return
+            except (CudaPythonError, RuntimeError) as error:
+                logger.warning("nemo_fastdecode: WHILE-node capture failed (%s); using no_while_graph", error)
+                self.mode = GraphMode.NO_WHILE_GRAPH
+                torch.cuda.synchronize(device)
+        self._phase_graphs = [
+            self._capture_one(stream, phase)
+            for phase in (
+                self.phases.before_loop,
+                self.phases.outer_start,
+                self.phases.inner_step,
+                self.phases.outer_end,
+            )
+        ]
+
+    @staticmethod
+    def _capture_one(stream: torch.cuda.Stream, phase: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            phase()
+        return graph
+
+    def _capture_full(self, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+        from nemo_fastdecode.graphs.while_loop import captured_while_loop
+
+        p = self.phases
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            p.before_loop()
+            with captured_while_loop(p.outer_flag):
+                p.outer_start()
+                with captured_while_loop(p.inner_flag):
+                    p.inner_step()
+                p.outer_end()
+        return graph

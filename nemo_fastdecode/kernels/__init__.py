@@ -1,0 +1,1 @@
+"""Triton kernels, one file each: the @triton.jit kernel, its checked launcher and a torch reference."""

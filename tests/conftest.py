@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny random prediction/joint networks and encoder outputs, NeMo's baseline decoders."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run on the CPU in CI (no effect on GPU hosts)
+
+import pytest
+import torch
+from nemo.collections.asr.modules import RNNTDecoder, RNNTJoint
+
+import nemo_fastdecode  # noqa: F401  (registers the strategies)
+
+VOCAB_SIZE = 12
+ENCODER_DIM = 16
+HIDDEN = 24
+TDT_DURATIONS = [0, 1, 2, 3, 4]
+
+
+def make_networks(
+    tdt: bool = False, seed: int = 0, blank_bias: float = 0.0, pred_layers: int = 1, vocab_size: int = VOCAB_SIZE
+):
+    """A random NeMo RNNTDecoder (LSTM) + RNNTJoint; ``blank_bias`` shifts the blank logit (+ more blanks)."""
+    torch.manual_seed(seed)
+    decoder = RNNTDecoder(
+        prednet={"pred_hidden": HIDDEN, "pred_rnn_layers": pred_layers, "dropout": 0.0},
+        vocab_size=vocab_size,
+        blank_as_pad=True,
+    )
+    joint = RNNTJoint(
+        jointnet={
+            "encoder_hidden": ENCODER_DIM,
+            "pred_hidden": HIDDEN,
+            "joint_hidden": HIDDEN,
+            "activation": "relu",
+            "dropout": 0.0,
+        },
+        num_classes=vocab_size,
+        num_extra_outputs=len(TDT_DURATIONS) if tdt else 0,
+    )
+    with torch.no_grad():
+        joint.joint_net[-1].bias[vocab_size] += blank_bias
+    decoder.eval()
+    joint.eval()
+    return decoder, joint
+
+
+def random_encoder_output(batch_size: int, max_time: int, seed: int = 0, lengths=None, device="cpu"):
+    """``[B, D, T]`` random encoder output and ``[B]`` lengths (ragged unless given)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch_size, ENCODER_DIM, max_time, generator=generator)
+    if lengths is None:
+        lengths = torch.randint(1, max_time + 1, [batch_size], generator=generator)
+        lengths[0] = max_time
+    return x.to(device), torch.as_tensor(lengths, dtype=torch.long).to(device)
+
+
+@pytest.fixture
+def networks():
+    return make_networks
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
