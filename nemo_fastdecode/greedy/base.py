@@ -1,0 +1,233 @@
+"""Shared machinery of the greedy computers: buffers, graph lifetime, prediction and joint steps.
+
+Subclasses (frame loop, label loop) only define the four loop phases. Every phase is written with
+in-place, non-synchronising tensor ops (``torch.where(..., out=)`` for masked updates), so the
+same code runs eagerly, as phase graphs and inside WHILE nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
+
+from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
+from nemo_fastdecode.greedy.state import BatchedGreedyState, GreedyStateItem, LoopBuffers
+
+# With max_symbols=None the number of labels per frame is unbounded: start with this many slots per
+# frame and grow (re-running the batch) when a row overflows; past the limit the model is not emitting
+# blank at all and we stop with an error instead of looping forever.
+UNBOUNDED_SYMBOLS_START = 2
+UNBOUNDED_SYMBOLS_LIMIT = 1024
+
+
+class GreedyComputerBase:
+    """Batched exact greedy decoding of a transducer; ``__call__`` returns NeMo hypotheses.
+
+    Args:
+        decoder: NeMo ``RNNTDecoder`` (LSTM prediction network, ``blank_as_pad=True``).
+        joint: NeMo ``RNNTJoint``.
+        blank_index: id of blank (= vocabulary size).
+        max_symbols: at most this many labels per encoder frame; ``None`` for no limit.
+        durations: TDT durations (e.g. ``[0, 1, 2, 3, 4]``), ``None`` for RNN-T.
+        use_cuda_graphs: allow CUDA graphs on CUDA devices.
+        graph_mode: force a :class:`GraphMode` (tests); ``None`` chooses automatically.
+    """
+
+    def __init__(
+        self,
+        decoder: torch.nn.Module,
+        joint: torch.nn.Module,
+        blank_index: int,
+        max_symbols: int | None,
+        durations: Sequence[int] | None = None,
+        use_cuda_graphs: bool = True,
+        graph_mode: GraphMode | None = None,
+    ):
+        if max_symbols is not None and max_symbols <= 0:
+            raise ValueError(f"max_symbols must be a positive int or None, got {max_symbols}")
+        if not getattr(decoder, "blank_as_pad", False):
+            raise ValueError("nemo_fastdecode needs a prediction network with blank_as_pad=True (NeMo's default)")
+        self.decoder, self.joint = decoder, joint
+        self.blank_index, self.max_symbols = blank_index, max_symbols
+        self.durations_list = list(durations) if durations else None
+        self.use_cuda_graphs = use_cuda_graphs
+        self.forced_mode = graph_mode
+        self._buffers: LoopBuffers | None = None
+        self._loop: TwoLevelLoop | None = None
+        self._durations: torch.Tensor | None = None
+        self._symbols_per_frame = max_symbols or UNBOUNDED_SYMBOLS_START
+
+    # ----- configuration -------------------------------------------------------------------
+    @property
+    def is_tdt(self) -> bool:
+        return self.durations_list is not None
+
+    @property
+    def score_dtype(self) -> torch.dtype:
+        """Scores accumulate like the baseline: NeMo's RNN-T frame loop adds Python floats, its TDT loop fp32."""
+        return torch.float32 if self.is_tdt else torch.float64
+
+    def force_mode(self, mode: GraphMode | str | None) -> None:
+        """Force a graph mode (``None``/"auto" to choose automatically); drops captured graphs."""
+        self.forced_mode = GraphMode.parse(mode)
+        self.reset_graphs()
+
+    def reset_graphs(self) -> None:
+        self._buffers, self._loop = None, None
+
+    @property
+    def graph_mode(self) -> GraphMode | None:
+        """The mode of the last run (a failed WHILE capture shows here as ``NO_WHILE_GRAPH``)."""
+        return None if self._loop is None else self._loop.mode
+
+    # ----- phases: defined by the algorithm ------------------------------------------------
+    def _phases(self, buffers: LoopBuffers) -> LoopPhases:
+        raise NotImplementedError
+
+    # ----- shared steps used by the phases -------------------------------------------------
+    def _joint(self, encoder_frames: torch.Tensor, predictor_output: torch.Tensor) -> torch.Tensor:
+        """[B, 1, H] x [B, 1, H] -> logits [B, V + 1 (+ durations)]."""
+        return self.joint.joint_after_projection(encoder_frames, predictor_output)[:, 0, 0, :]
+
+    def _best_labels(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Greedy label (over tokens + blank), its score, and for TDT the duration chosen with it."""
+        if not self.is_tdt:
+            scores, labels = logits.max(dim=-1)
+            return scores, labels, None
+        num_durations = len(self.durations_list)
+        scores, labels = logits[:, :-num_durations].max(dim=-1)
+        durations = self._durations[logits[:, -num_durations:].argmax(dim=-1)]
+        return scores, labels, durations
+
+    def _predict_masked(self, buffers: LoopBuffers, labels: torch.Tensor, mask: torch.Tensor) -> None:
+        """Advance the prediction network by ``labels`` for rows in ``mask``; others keep their state."""
+        output, new_states, *_ = self.decoder.predict(
+            labels.unsqueeze(1), buffers.predictor_states, add_sos=False, batch_size=buffers.batch_size
+        )
+        output = self.joint.project_prednet(output)
+        # same as: states[:, mask] = new_states[:, mask]; predictor_output[mask] = output[mask]
+        self.decoder.batch_replace_states_mask(src_states=new_states, dst_states=buffers.predictor_states, mask=mask)
+        torch.where(mask[:, None, None], output, buffers.predictor_output, out=buffers.predictor_output)
+
+    def _restart_predictor(self, buffers: LoopBuffers) -> None:
+        for state, initial in zip(buffers.predictor_states, buffers.initial_predictor_states, strict=True):
+            state.copy_(initial)
+        buffers.predictor_output.copy_(buffers.initial_predictor_output)
+
+    # ----- buffers and graph lifetime ------------------------------------------------------
+    def _capacity(self, max_time: int) -> int:
+        return max(max_time, 1) * self._symbols_per_frame + 1
+
+    def _prepare(self, batch_size: int, max_time: int, hidden: int, device: torch.device, dtype: torch.dtype):
+        mode = choose_graph_mode(device, self.use_cuda_graphs, self.forced_mode)
+        capacity = self._capacity(max_time)
+        if mode is GraphMode.EAGER:
+            # eager runs at the exact batch shape: nothing to keep between calls
+            buffers = self._allocate(batch_size, max_time, hidden, capacity, device, dtype)
+            return buffers, TwoLevelLoop(self._phases(buffers), mode)
+        if self._buffers is None or not self._buffers.fits(batch_size, max_time, capacity, device, dtype):
+            # grow geometrically in time so that a slowly growing maximum does not re-capture every batch
+            old = self._buffers
+            grown_time = max(max_time, 2 * old.max_time) if old is not None and old.device == device else max_time
+            grown_batch = max(batch_size, old.batch_size) if old is not None and old.device == device else batch_size
+            self._buffers = self._allocate(grown_batch, grown_time, hidden, self._capacity(grown_time), device, dtype)
+            self._loop = TwoLevelLoop(self._phases(self._buffers), mode)
+        return self._buffers, self._loop
+
+    def _allocate(self, batch_size, max_time, hidden, capacity, device, dtype) -> LoopBuffers:
+        buffers = LoopBuffers(batch_size, max_time, hidden, capacity, device, dtype, self.score_dtype)
+        if self.is_tdt:
+            self._durations = torch.tensor(self.durations_list, dtype=torch.long, device=device)
+        # the prediction network's output after <SOS> (blank) is every fresh row's starting point
+        zero_state = self.decoder.initialize_state(buffers.encoder_projected)
+        sos = torch.full([batch_size, 1], self.blank_index, dtype=torch.long, device=device)
+        output, sos_state, *_ = self.decoder.predict(sos, zero_state, add_sos=False, batch_size=batch_size)
+        buffers.initial_predictor_states = [s.clone() for s in sos_state]
+        buffers.predictor_states = [s.clone() for s in sos_state]
+        buffers.initial_predictor_output.copy_(self.joint.project_prednet(output))
+        buffers.sos_predictor_states = [s.clone() for s in sos_state]
+        buffers.sos_predictor_output.copy_(buffers.initial_predictor_output)
+        return buffers
+
+    # ----- public entry point --------------------------------------------------------------
+    @torch.inference_mode()
+    def __call__(
+        self,
+        encoder_output: torch.Tensor,
+        encoder_lengths: torch.Tensor,
+        previous_states: Sequence[GreedyStateItem | None] | None = None,
+    ) -> list[Hypothesis]:
+        """Decode a batch.
+
+        Args:
+            encoder_output: ``[B, T, D]`` encoder output (time-major per row).
+            encoder_lengths: ``[B]`` valid frames per row (0 allowed).
+            previous_states: per row, the state a previous chunk ended in (``None``: start fresh).
+
+        Returns:
+            ``B`` hypotheses; each ``dec_state`` is a :class:`GreedyStateItem` to continue from.
+        """
+        batch_size, max_time, _ = encoder_output.shape
+        projected = self.joint.project_encoder(encoder_output)
+        while True:
+            buffers, loop = self._prepare(batch_size, max_time, projected.shape[-1], projected.device, projected.dtype)
+            self._load_inputs(buffers, projected, encoder_lengths, previous_states)
+            loop.run()
+            if self.max_symbols is not None or not buffers.hyps.overflowed(batch_size):
+                break
+            # max_symbols=None and some row emitted more labels than we had room for: retry with more room
+            self._symbols_per_frame *= 4
+            if self._symbols_per_frame > UNBOUNDED_SYMBOLS_LIMIT:
+                self._symbols_per_frame = UNBOUNDED_SYMBOLS_START
+                raise RuntimeError(
+                    f"greedy decoding emitted more than {UNBOUNDED_SYMBOLS_LIMIT} labels per frame without a blank "
+                    "(max_symbols=None); set decoding.greedy.max_symbols (e.g. 10)"
+                )
+            self.reset_graphs()
+        self._loop = loop
+        return self._results(buffers, batch_size, encoder_lengths, previous_states)
+
+    def _load_inputs(self, buffers: LoopBuffers, projected, encoder_lengths, previous_states) -> None:
+        batch_size, max_time, _ = projected.shape
+        buffers.encoder_projected[:batch_size, :max_time].copy_(projected)
+        buffers.encoder_lengths.zero_()  # padding rows stay inactive
+        buffers.encoder_lengths[:batch_size].copy_(encoder_lengths)
+        buffers.initial_time.zero_()
+        for initial, sos in zip(buffers.initial_predictor_states, buffers.sos_predictor_states, strict=True):
+            initial.copy_(sos)
+        buffers.initial_predictor_output.copy_(buffers.sos_predictor_output)
+        if previous_states is None or all(item is None for item in previous_states):
+            return
+        for row, item in enumerate(previous_states):
+            if item is None:
+                continue
+            for initial, saved in zip(buffers.initial_predictor_states, item.predictor_state, strict=True):
+                initial[:, row].copy_(saved)
+            buffers.initial_predictor_output[row].copy_(item.predictor_output)
+            if item.time_jump is not None:
+                buffers.initial_time[row] = item.time_jump
+
+    def _results(self, buffers: LoopBuffers, batch_size: int, encoder_lengths, previous_states) -> list[Hypothesis]:
+        offsets = torch.zeros([batch_size], dtype=torch.long, device=buffers.device)
+        previous_labels = torch.full([batch_size], self.blank_index, dtype=torch.long, device=buffers.device)
+        if previous_states is not None:
+            for row, item in enumerate(previous_states):
+                if item is not None:
+                    offsets[row] = item.decoded_length
+                    previous_labels[row] = item.label
+        hyps = buffers.hyps.to_hypotheses(batch_size, with_durations=self.is_tdt, time_offsets=offsets)
+        last_labels = buffers.hyps.last_label[:batch_size]
+        state = BatchedGreedyState(
+            predictor_states=[s[:, :batch_size].clone() for s in buffers.predictor_states],
+            predictor_outputs=buffers.predictor_output[:batch_size].clone(),
+            labels=torch.where(last_labels >= 0, last_labels, previous_labels),
+            decoded_lengths=offsets + encoder_lengths.to(offsets.device),
+            time_jumps=(
+                buffers.time_indices[:batch_size] - buffers.encoder_lengths[:batch_size] if self.is_tdt else None
+            ),
+        )
+        for hyp, item in zip(hyps, state.split(), strict=True):
+            hyp.dec_state = item
+        return hyps

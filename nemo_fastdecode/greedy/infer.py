@@ -1,0 +1,143 @@
+"""NeMo-facing greedy decoder: what ``decoding.strategy: fast_greedy`` puts in ``model.decoding.decoding``.
+
+It has the interface of NeMo's ``GreedyBatchedRNNTInfer`` / ``GreedyBatchedTDTInfer`` (called with
+``[B, D, T]`` encoder output, returns a 1-tuple of hypotheses, honours ``partial_hypotheses``) and
+runs our own frame- or label-looping computers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import _GreedyRNNTInfer, pack_hypotheses
+from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
+from nemo.collections.common.parts.optional_cuda_graphs import WithOptionalCudaGraphs
+from nemo.core.classes import typecheck
+
+from nemo_fastdecode.graphs import GraphMode
+from nemo_fastdecode.greedy.base import GreedyComputerBase
+from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
+from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
+from nemo_fastdecode.greedy.state import GreedyStateItem
+
+
+class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
+    """Exact batched greedy decoding for RNN-T and TDT, as CUDA graphs with WHILE nodes where possible.
+
+    Args:
+        decoder_model / joint_model / blank_index / max_symbols_per_step: as in NeMo's greedy decoders.
+        durations: TDT durations (``None`` for RNN-T).
+        loop_labels: label looping (default) or frame looping (RNN-T only).
+        use_cuda_graph_decoder: allow CUDA graphs (ignored on the CPU).
+        graph_mode: "auto" (default), "full_graph", "no_while_graph" or "eager".
+        include_duration: fill ``Hypothesis.token_duration`` (TDT).
+    """
+
+    def __init__(
+        self,
+        decoder_model: torch.nn.Module,
+        joint_model: torch.nn.Module,
+        blank_index: int,
+        max_symbols_per_step: int | None = None,
+        durations: Sequence[int] | None = None,
+        loop_labels: bool = True,
+        use_cuda_graph_decoder: bool = True,
+        graph_mode: str | GraphMode | None = "auto",
+        include_duration: bool = False,
+    ):
+        super().__init__(
+            decoder_model=decoder_model,
+            joint_model=joint_model,
+            blank_index=blank_index,
+            max_symbols_per_step=max_symbols_per_step,
+        )
+        computer_class = LabelLoopGreedy if loop_labels else FrameLoopGreedy
+        self.loop_labels = loop_labels
+        self.include_duration = include_duration
+        self.computer: GreedyComputerBase = computer_class(
+            decoder=decoder_model,
+            joint=joint_model,
+            blank_index=blank_index,
+            max_symbols=max_symbols_per_step,
+            durations=durations,
+            use_cuda_graphs=use_cuda_graph_decoder,
+            graph_mode=GraphMode.parse(graph_mode),
+        )
+
+    def disable_cuda_graphs(self) -> bool:
+        """NeMo calls this around training/validation; returns whether anything changed."""
+        changed = self.computer.use_cuda_graphs
+        self.computer.use_cuda_graphs = False
+        self.computer.reset_graphs()
+        return changed
+
+    def maybe_enable_cuda_graphs(self) -> bool:
+        changed = not self.computer.use_cuda_graphs
+        self.computer.use_cuda_graphs = True
+        return changed
+
+    @typecheck()
+    def forward(
+        self,
+        encoder_output: torch.Tensor,
+        encoded_lengths: torch.Tensor,
+        partial_hypotheses: list[Hypothesis | None] | None = None,
+    ) -> tuple[list[Hypothesis]]:
+        """Decode ``encoder_output [B, D, T]`` with ``encoded_lengths [B]``; returns ``(hypotheses,)``."""
+        _check_inputs(encoder_output, encoded_lengths, partial_hypotheses)
+        previous_states = None
+        if partial_hypotheses is not None:
+            previous_states = [_state_of(h) for h in partial_hypotheses]
+        training = self.decoder.training, self.joint.training
+        self.decoder.eval()
+        self.joint.eval()
+        try:
+            with torch.inference_mode():
+                hyps = self.computer(encoder_output.transpose(1, 2), encoded_lengths, previous_states)
+                if not self.include_duration:
+                    for hyp in hyps:
+                        hyp.token_duration = torch.empty(0)
+                if partial_hypotheses is not None:  # continue the previous chunk's hypotheses, as NeMo does
+                    hyps = [
+                        hyp if previous is None else previous.merge_(hyp)
+                        for previous, hyp in zip(partial_hypotheses, hyps, strict=True)
+                    ]
+                return (pack_hypotheses(hyps, encoded_lengths),)
+        finally:
+            self.decoder.train(training[0])
+            self.joint.train(training[1])
+
+
+def _state_of(hyp: Hypothesis | None) -> GreedyStateItem | None:
+    if hyp is None or hyp.dec_state is None:
+        return None
+    if not isinstance(hyp.dec_state, GreedyStateItem):
+        raise ValueError(
+            f"partial_hypotheses carry a decoder state of type {type(hyp.dec_state).__name__}; fast_greedy can only "
+            "continue from hypotheses it produced itself (GreedyStateItem). Decode the stream with one strategy."
+        )
+    return hyp.dec_state
+
+
+def _check_inputs(encoder_output, encoded_lengths, partial_hypotheses) -> None:
+    if encoder_output.dim() != 3:
+        raise ValueError(f"encoder_output must be [B, D, T], got shape {tuple(encoder_output.shape)}")
+    if not encoder_output.is_floating_point():
+        raise ValueError(f"encoder_output must be a float tensor, got {encoder_output.dtype}")
+    batch_size, _, max_time = encoder_output.shape
+    if encoded_lengths.shape != (batch_size,):
+        raise ValueError(f"encoded_lengths must be [B]=[{batch_size}], got shape {tuple(encoded_lengths.shape)}")
+    if encoded_lengths.is_floating_point() or encoded_lengths.dtype == torch.bool:
+        raise ValueError(f"encoded_lengths must be an integer tensor, got {encoded_lengths.dtype}")
+    if encoded_lengths.device != encoder_output.device:
+        raise ValueError(
+            f"encoded_lengths is on {encoded_lengths.device} but encoder_output on {encoder_output.device}"
+        )
+    if batch_size and (int(encoded_lengths.min()) < 0 or int(encoded_lengths.max()) > max_time):
+        raise ValueError(
+            f"encoded_lengths must be in [0, T={max_time}], got min {int(encoded_lengths.min())} "
+            f"max {int(encoded_lengths.max())}"
+        )
+    if partial_hypotheses is not None and len(partial_hypotheses) != batch_size:
+        raise ValueError(f"partial_hypotheses has {len(partial_hypotheses)} entries for a batch of {batch_size}")

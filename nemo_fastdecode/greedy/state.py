@@ -1,0 +1,108 @@
+"""Decoding state: pre-allocated loop buffers, and the state carried between chunks (streaming)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nemo_fastdecode.greedy.hyps import BatchedHypsBuffer
+
+
+@dataclass
+class GreedyStateItem:
+    """One utterance's state after a chunk; stored in ``Hypothesis.dec_state`` for continuation."""
+
+    predictor_state: list[torch.Tensor]  # each [L, H]
+    predictor_output: torch.Tensor  # [1, H], already projected by the joint
+    label: torch.Tensor  # 0-d, last emitted label (SOS/blank if none yet)
+    decoded_length: torch.Tensor  # 0-d, encoder frames decoded so far (timestamp offset)
+    time_jump: torch.Tensor | None = None  # 0-d, TDT only: frames jumped past the chunk's end
+
+
+@dataclass
+class BatchedGreedyState:
+    """The batched form of :class:`GreedyStateItem`."""
+
+    predictor_states: list[torch.Tensor]  # each [L, B, H]
+    predictor_outputs: torch.Tensor  # [B, 1, H]
+    labels: torch.Tensor  # [B]
+    decoded_lengths: torch.Tensor  # [B]
+    time_jumps: torch.Tensor | None = None  # [B]
+
+    def split(self) -> list[GreedyStateItem]:
+        return [
+            GreedyStateItem(
+                predictor_state=[s[:, i].clone() for s in self.predictor_states],
+                predictor_output=self.predictor_outputs[i].clone(),
+                label=self.labels[i].clone(),
+                decoded_length=self.decoded_lengths[i].clone(),
+                time_jump=None if self.time_jumps is None else self.time_jumps[i].clone(),
+            )
+            for i in range(self.labels.shape[0])
+        ]
+
+
+class LoopBuffers:
+    """Every tensor the decoding loops touch, allocated once for ``batch_size x max_time``.
+
+    A CUDA graph is specialised to these addresses and shapes: inputs are copied in, the loops
+    update everything in place, and rows beyond the real batch have length 0 (never active).
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        max_time: int,
+        hidden: int,
+        capacity: int,
+        device: torch.device,
+        float_dtype: torch.dtype,
+        score_dtype: torch.dtype,
+    ):
+        self.batch_size, self.max_time, self.device, self.float_dtype = batch_size, max_time, device, float_dtype
+
+        def longs(fill: int = 0) -> torch.Tensor:
+            return torch.full([batch_size], fill, dtype=torch.long, device=device)
+
+        def flags() -> torch.Tensor:
+            return torch.zeros([batch_size], dtype=torch.bool, device=device)
+
+        # inputs
+        self.encoder_projected = torch.zeros([batch_size, max_time, hidden], dtype=float_dtype, device=device)
+        self.encoder_lengths = longs()
+        self.initial_time = longs()  # TDT continuation starts past the chunk boundary
+        self.batch_indices = torch.arange(batch_size, device=device)
+        # per-row loop state
+        self.time_indices, self.safe_time_indices, self.label_time = longs(), longs(), longs()
+        self.last_frame = longs()
+        self.active, self.active_before, self.advance, self.blank, self.found = (flags() for _ in range(5))
+        self.labels = longs()
+        self.scores = torch.zeros([batch_size], dtype=float_dtype, device=device)
+        self.durations = longs()  # TDT: duration emitted with the current label
+        # frame loop: the current frame and how many labels were emitted at it (same for all rows)
+        self.frame = torch.zeros([], dtype=torch.long, device=device)
+        self.max_length = torch.zeros([], dtype=torch.long, device=device)
+        self.symbols_at_frame = torch.zeros([], dtype=torch.long, device=device)
+        self.frame_encoder = torch.zeros([batch_size, 1, hidden], dtype=float_dtype, device=device)
+        # loop flags (0-d, read by WHILE nodes or by the host)
+        self.outer_flag = torch.zeros([], dtype=torch.bool, device=device)
+        self.inner_flag = torch.zeros([], dtype=torch.bool, device=device)
+        # prediction network state: working copy, and the value each row starts from
+        self.predictor_states: list[torch.Tensor] = []
+        self.predictor_output = torch.zeros([batch_size, 1, hidden], dtype=float_dtype, device=device)
+        self.initial_predictor_states: list[torch.Tensor] = []
+        self.initial_predictor_output = torch.zeros_like(self.predictor_output)
+        # the state after <SOS> (blank), where every fresh row starts
+        self.sos_predictor_states: list[torch.Tensor] = []
+        self.sos_predictor_output = torch.zeros_like(self.predictor_output)
+        self.hyps = BatchedHypsBuffer(batch_size, capacity, device, score_dtype)
+
+    def fits(self, batch_size: int, max_time: int, capacity: int, device: torch.device, dtype: torch.dtype) -> bool:
+        return (
+            batch_size <= self.batch_size
+            and max_time <= self.max_time
+            and capacity <= self.hyps.capacity
+            and device == self.device
+            and dtype == self.float_dtype
+        )
