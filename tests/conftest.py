@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run on the CPU in CI (no effect on GPU hosts)
-
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # without a GPU, Triton kernels run in its CPU interpreter
 from nemo.collections.asr.modules import RNNTDecoder, RNNTJoint
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)

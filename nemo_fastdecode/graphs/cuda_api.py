@@ -94,9 +94,11 @@ extern "C" __global__ void set_condition_from_flag(cudaGraphConditionalHandle ha
 
 @cache
 def set_condition_kernel(device_index: int) -> Any:
-    """The compiled ``set_condition_from_flag`` kernel (CUfunction), built once per device with NVRTC."""
+    """The compiled ``set_condition_from_flag`` kernel (CUfunction), built once per device with NVRTC.
+
+    Call it before a graph capture starts: loading a module inside a capture invalidates the capture.
+    """
     with torch.cuda.device(device_index):
-        torch.cuda.current_stream().synchronize()  # makes sure a context is current for cuModuleLoadData
         major, minor = torch.cuda.get_device_capability(device_index)
         (program,) = check(nvrtc.nvrtcCreateProgram(_SET_CONDITION_SOURCE.encode(), b"set_condition.cu", 0, [], []))
         options = [f"--gpu-architecture=compute_{major}{minor}".encode()]

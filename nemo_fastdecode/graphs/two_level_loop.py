@@ -108,9 +108,11 @@ class TwoLevelLoop:
         return graph
 
     def _capture_full(self, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+        from nemo_fastdecode.graphs.cuda_api import set_condition_kernel
         from nemo_fastdecode.graphs.while_loop import captured_while_loop
 
         p = self.phases
+        set_condition_kernel(p.outer_flag.device.index)  # NVRTC + module load must happen outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             p.before_loop()

@@ -64,8 +64,8 @@ class BatchedHypsBuffer:
         self.lengths += mask
 
     def overflowed(self, batch_size: int) -> bool:
-        """True if any of the first ``batch_size`` rows needed more than ``capacity`` slots (host sync)."""
-        return bool((self.lengths[:batch_size] > self.capacity).any())
+        """True if any of the first ``batch_size`` rows filled its storage (it may have had more to emit)."""
+        return bool((self.lengths[:batch_size] >= self.capacity).any())
 
     def to_hypotheses(
         self, batch_size: int, with_durations: bool, time_offsets: torch.Tensor | None = None

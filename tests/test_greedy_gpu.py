@@ -1,0 +1,105 @@
+"""GPU behaviour of fast_greedy: every graph mode against NeMo's baseline, graph lifetime, devices, streams.
+
+Marked ``gpu``: skipped on machines without CUDA (CI); run on a GPU host with ``pytest -m gpu``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_networks, random_encoder_output
+from test_greedy_exactness import REALISTIC_BIAS, assert_same_hypotheses, baseline, ours
+
+from nemo_fastdecode.graphs import GraphMode
+from nemo_fastdecode.graphs.cuda_api import while_nodes_unavailable_reason
+
+pytestmark = pytest.mark.gpu
+MODES = ["full_graph", "no_while_graph", "eager"]
+ALGORITHMS = [("rnnt", False), ("rnnt", True), ("tdt", True)]
+
+
+def cuda_networks(kind, seed, device="cuda"):
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=seed, blank_bias=REALISTIC_BIAS[kind])
+    return decoder.to(device), joint.to(device)
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
+@pytest.mark.parametrize("max_symbols", [1, 3, 10, None])
+def test_every_mode_matches_baseline_on_gpu(mode, kind, loop_labels, max_symbols):
+    decoder, joint = cuda_networks(kind, seed=21)
+    x, lengths = random_encoder_output(9, 41, seed=22, lengths=[41, 3, 0, 40, 17, 1, 41, 25, 8], device="cuda")
+    expected = baseline(kind, decoder, joint, max_symbols)(encoder_output=x, encoded_lengths=lengths)[0]
+    decode = ours(kind, decoder, joint, max_symbols, loop_labels, graph_mode=mode)
+    for _ in range(2):  # the second call replays the captured graph
+        actual = decode(encoder_output=x, encoded_lengths=lengths)[0]
+        assert_same_hypotheses(expected, actual)
+    if mode == "full_graph" and while_nodes_unavailable_reason(x.device) is None:
+        assert decode.computer.graph_mode is GraphMode.FULL_GRAPH
+
+
+def test_auto_mode_prefers_while_nodes():
+    decoder, joint = cuda_networks("rnnt", seed=23)
+    decode = ours("rnnt", decoder, joint, 10)
+    x, lengths = random_encoder_output(4, 20, seed=24, device="cuda")
+    decode(encoder_output=x, encoded_lengths=lengths)
+    expected = GraphMode.FULL_GRAPH if while_nodes_unavailable_reason(x.device) is None else GraphMode.NO_WHILE_GRAPH
+    assert decode.computer.graph_mode is expected
+
+
+@pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
+def test_recapture_only_when_batch_or_length_grows(kind, loop_labels):
+    decoder, joint = cuda_networks(kind, seed=25)
+    decode = ours(kind, decoder, joint, 5, loop_labels)
+    computer = decode.computer
+
+    def run(batch, time, seed):
+        x, lengths = random_encoder_output(batch, time, seed=seed, device="cuda")
+        expected = baseline(kind, decoder, joint, 5)(encoder_output=x, encoded_lengths=lengths)[0]
+        assert_same_hypotheses(expected, decode(encoder_output=x, encoded_lengths=lengths)[0])
+        return computer._buffers
+
+    first = run(8, 40, 1)
+    assert run(4, 30, 2) is first and run(8, 40, 3) is first  # smaller or equal: same graph
+    grown = run(12, 40, 4)
+    assert grown is not first and grown.batch_size >= 12
+    longer = run(12, 90, 5)
+    assert longer is not grown and longer.max_time >= 90
+    # memory stays bounded: many more calls at sizes within the captured ones allocate nothing new
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for seed in range(6, 16):
+        assert run(1 + seed % 12, 10 + 7 * seed % 80, seed) is longer
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() <= before + (1 << 20)
+
+
+def test_non_default_stream():
+    decoder, joint = cuda_networks("tdt", seed=26)
+    x, lengths = random_encoder_output(5, 33, seed=27, device="cuda")
+    expected = baseline("tdt", decoder, joint, 4)(encoder_output=x, encoded_lengths=lengths)[0]
+    decode = ours("tdt", decoder, joint, 4)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            actual = decode(encoder_output=x, encoded_lengths=lengths)[0]
+    stream.synchronize()
+    assert_same_hypotheses(expected, actual)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
+def test_second_gpu(kind, loop_labels):
+    decoder, joint = cuda_networks(kind, seed=28, device="cuda:1")
+    x, lengths = random_encoder_output(6, 30, seed=29, device="cuda:1")
+    expected = baseline(kind, decoder, joint, 3)(encoder_output=x, encoded_lengths=lengths)[0]
+    actual = ours(kind, decoder, joint, 3, loop_labels)(encoder_output=x, encoded_lengths=lengths)[0]
+    assert_same_hypotheses(expected, actual)
