@@ -1,0 +1,261 @@
+"""Side-by-side decoder benchmark: NeMo's greedy strategies and ours on the same encoder outputs.
+
+The encoder runs once per model; every decoder then decodes the same encoder outputs (cast to
+the decoding dtype), after a warm-up, best of ``repeats``. Tokens are counted so that equal work is
+visible, and every strategy's hypotheses are compared with NeMo's baseline (frame loop for RNN-T,
+label loop without graphs for TDT).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+from nemo.collections.asr.parts.submodules import rnnt_greedy_decoding as nemo_greedy
+
+from nemo_fastdecode import synthetic
+from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
+
+
+@dataclass
+class StrategyResult:
+    model: str
+    strategy: str
+    decoder_seconds: float
+    tokens: int
+    identical_utterances: float  # share of utterances with the baseline's tokens and frames
+    max_score_difference: float
+    gpu_busy_share: float | None = None
+    graph_mode: str | None = None
+    speedup_vs_fastest_nemo: float | None = None
+    rtfx: float | None = None
+    decoder_share: float | None = None
+
+
+@dataclass
+class ModelReport:
+    model: str
+    audio_seconds: float
+    utterances: int
+    frames: int
+    encoder_seconds: float
+    tokens_per_frame: float
+    results: list[StrategyResult] = field(default_factory=list)
+
+
+def decoder_factories(model, max_symbols: int) -> dict[str, Callable[[], torch.nn.Module]]:
+    """Name -> constructor of each decoder to compare (NeMo's first, ``nemo_baseline`` is the reference)."""
+    spec = synthetic.transducer_spec(model)
+    common = {
+        "decoder_model": model.decoder,
+        "joint_model": model.joint,
+        "blank_index": spec.blank_id,
+        "max_symbols_per_step": max_symbols,
+    }
+
+    def nemo(loop_labels: bool, graphs: bool):
+        if spec.is_tdt:
+            return lambda: nemo_greedy.GreedyBatchedTDTInfer(
+                durations=spec.durations, use_cuda_graph_decoder=graphs, **common
+            )
+        return lambda: nemo_greedy.GreedyBatchedRNNTInfer(
+            loop_labels=loop_labels, use_cuda_graph_decoder=graphs, **common
+        )
+
+    def ours(loop_labels: bool, mode: str):
+        return lambda: FastGreedyBatchedInfer(
+            durations=spec.durations, loop_labels=loop_labels, graph_mode=mode, **common
+        )
+
+    if spec.is_tdt:
+        return {
+            "nemo_baseline": nemo(True, False),
+            "nemo_label_loop+graphs": nemo(True, True),
+            "fast_greedy_label_loop[full_graph]": ours(True, "full_graph"),
+            "fast_greedy_label_loop[no_while_graph]": ours(True, "no_while_graph"),
+            "fast_greedy_label_loop[eager]": ours(True, "eager"),
+        }
+    return {
+        "nemo_baseline": nemo(False, False),
+        "nemo_frame_loop+graphs": nemo(False, True),
+        "nemo_label_loop": nemo(True, False),
+        "nemo_label_loop+graphs": nemo(True, True),
+        "fast_greedy_frame_loop[full_graph]": ours(False, "full_graph"),
+        "fast_greedy_frame_loop[no_while_graph]": ours(False, "no_while_graph"),
+        "fast_greedy_label_loop[full_graph]": ours(True, "full_graph"),
+        "fast_greedy_label_loop[no_while_graph]": ours(True, "no_while_graph"),
+        "fast_greedy_label_loop[eager]": ours(True, "eager"),
+    }
+
+
+def _decode_all(decoder, batches) -> list:
+    hyps = []
+    for encoder_output, lengths in batches:
+        hyps.extend(decoder(encoder_output=encoder_output, encoded_lengths=lengths)[0])
+    return hyps
+
+
+def _timed(decoder, batches, repeats: int) -> tuple[float, list]:
+    best, hyps = float("inf"), None
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        hyps = _decode_all(decoder, batches)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best, hyps
+
+
+def _gpu_busy_share(decoder, batches) -> float | None:
+    """Sum of GPU kernel time over wall time for one pass (how much of the decoder time the GPU works)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            _decode_all(decoder, batches)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+        kernel_us = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0 and not e.is_legacy)
+        return kernel_us * 1e-6 / wall
+    except Exception:  # profiler unavailable on this host: report nothing rather than a wrong number
+        return None
+
+
+def _compare(reference: list, hyps: list) -> tuple[float, float]:
+    same, worst = 0, 0.0
+    for r, h in zip(reference, hyps, strict=True):
+        same += (list(map(int, r.y_sequence)), list(map(int, r.timestamp))) == (
+            list(map(int, h.y_sequence)),
+            list(map(int, h.timestamp)),
+        )
+        worst = max(worst, abs(float(r.score) - float(h.score)))
+    return same / max(len(reference), 1), worst
+
+
+def benchmark_model(
+    preset: str,
+    total_seconds: float,
+    batch_size: int,
+    repeats: int = 3,
+    max_symbols: int = 10,
+    encoder_dtype: torch.dtype = torch.bfloat16,
+    target_tokens_per_frame: float = 0.3,
+    strategies: list[str] | None = None,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> ModelReport:
+    device = torch.device("cuda")
+    model = synthetic.build_synthetic_model(preset, seed=seed, device=device)
+    durations = synthetic.librispeech_like_durations(total_seconds=total_seconds, seed=seed)
+    audios = synthetic.synthetic_audio(durations, seed=seed)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    encoded, lengths = synthetic.encode(model, audios, batch_size=batch_size, device=device, dtype=encoder_dtype)
+    torch.cuda.synchronize()
+    encoder_seconds = time.perf_counter() - start
+    # decoding runs in fp32 on the (bf16) encoder outputs
+    batches = [(e.float(), n) for e, n in zip(encoded, lengths, strict=True)]
+    rate = synthetic.calibrate_blank_bias(
+        model,
+        [b[0] for b in batches[:4]],
+        [b[1] for b in batches[:4]],
+        target_tokens_per_frame,
+        max_symbols=max_symbols,
+    )
+    frames = int(sum(int(n.sum()) for n in lengths))
+    report = ModelReport(preset, sum(durations), len(durations), frames, encoder_seconds, rate)
+    log(
+        f"{preset}: {len(durations)} utterances, {sum(durations):.0f} s, {frames} frames, encoder {encoder_seconds:.2f} s, calibrated {rate:.3f} tokens/frame"
+    )
+    reference = None
+    for name, factory in decoder_factories(model, max_symbols).items():
+        if strategies and name not in strategies and name != "nemo_baseline":
+            continue
+        decoder = factory()
+        _decode_all(decoder, batches[:2])  # warm-up: graphs captured, kernels loaded
+        _decode_all(decoder, batches[:1] + batches[-1:])  # the largest and the smallest batch shapes
+        seconds, hyps = _timed(decoder, batches, repeats)
+        if reference is None:
+            reference = hyps
+        identical, score_diff = _compare(reference, hyps)
+        busy = (
+            _gpu_busy_share(decoder, batches)
+            if name.startswith(("fast_greedy", "nemo_label_loop+", "nemo_frame_loop+"))
+            else None
+        )
+        mode = getattr(getattr(decoder, "computer", None), "graph_mode", None)
+        result = StrategyResult(
+            preset,
+            name,
+            seconds,
+            sum(len(h.y_sequence) for h in hyps),
+            identical,
+            score_diff,
+            busy,
+            mode.value if mode is not None else None,
+        )
+        result.rtfx = report.audio_seconds / (encoder_seconds + seconds)
+        result.decoder_share = seconds / (encoder_seconds + seconds)
+        report.results.append(result)
+        log(f"  {name:42s} {seconds:8.3f} s  tokens {result.tokens}  identical {identical:.3f}  busy {busy}")
+        del decoder
+    fastest_nemo = min(r.decoder_seconds for r in report.results if r.strategy.startswith("nemo"))
+    for r in report.results:
+        r.speedup_vs_fastest_nemo = fastest_nemo / r.decoder_seconds
+    del model
+    torch.cuda.empty_cache()
+    return report
+
+
+def environment() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    import nemo
+
+    return {
+        "gpu": props.name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nemo": nemo.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def write_reports(reports: list[ModelReport], command: str, json_path: str, markdown_path: str) -> str:
+    env = environment()
+    with open(json_path, "w") as f:
+        json.dump({"environment": env, "command": command, "models": [asdict(r) for r in reports]}, f, indent=2)
+    lines = [
+        f"# Greedy decoding benchmark on {env['gpu']}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"torch {env['torch']} (CUDA {env['cuda']}), NeMo {env['nemo']}. Synthetic random-weight models; "
+        "fp32 decoding of bf16 encoder outputs; decoder seconds are the best of the repeats.",
+        "",
+    ]
+    for report in reports:
+        lines += [
+            f"## {report.model}: {report.utterances} utterances, {report.audio_seconds:.0f} s audio, "
+            f"{report.frames} frames, {report.tokens_per_frame:.3f} tokens/frame, encoder {report.encoder_seconds:.2f} s",
+            "",
+            "| strategy | graph mode | decoder s | x fastest NeMo | tokens | identical to baseline | max score diff | GPU busy | RTFx | decoder share |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in report.results:
+            busy = "" if r.gpu_busy_share is None else f"{r.gpu_busy_share:.0%}"
+            lines.append(
+                f"| {r.strategy} | {r.graph_mode or ''} | {r.decoder_seconds:.3f} | {r.speedup_vs_fastest_nemo:.2f} | "
+                f"{r.tokens} | {r.identical_utterances:.1%} | {r.max_score_difference:.2e} | {busy} | {r.rtfx:.0f} | "
+                f"{r.decoder_share:.1%} |"
+            )
+        lines.append("")
+    text = "\n".join(lines)
+    with open(markdown_path, "w") as f:
+        f.write(text)
+    return text
