@@ -1,0 +1,30 @@
+"""Transcribe audio with a NeMo transducer model and ``decoding.strategy: fast_greedy``.
+
+Follows NeMo's ``examples/asr/transcribe_speech.py``; the logic lives in ``nemo_fastdecode.transcribe``.
+
+    # embedded demo: synthetic (random-weight) model and audio, fast_greedy vs greedy_batch table
+    python scripts/transcribe.py
+
+    # a real checkpoint on a folder of .wav/.flac, or on a JSON-lines manifest
+    python scripts/transcribe.py model=/path/to/parakeet.nemo audio_dir=/data/wavs batch_size=16
+    python scripts/transcribe.py model=/path/to/parakeet.nemo dataset_manifest=test.jsonl \\
+        output_filename=out.jsonl timestamps=true bf16=true cuda=0 compare_strategies=true
+
+    # decoding options (configs/decoding/fast_greedy.yaml), or NeMo's own strategy
+    python scripts/transcribe.py decoding.greedy.loop_labels=false decoding.greedy.graph_mode=eager
+    python scripts/transcribe.py decoding.strategy=greedy_batch
+"""
+
+from nemo.core.config import hydra_runner
+from omegaconf import DictConfig
+
+from nemo_fastdecode.transcribe import run
+
+
+@hydra_runner(config_path="../configs", config_name="transcribe")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

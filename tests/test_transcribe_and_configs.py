@@ -1,0 +1,279 @@
+"""Configs (YAML <-> dataclasses), the transcribe logic and script, and the quick-start notebook (CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from nemo.collections.asr.parts.submodules.rnnt_decoding import RNNTDecodingConfig
+from omegaconf import OmegaConf
+
+from nemo_fastdecode import registry, synthetic
+from nemo_fastdecode import transcribe as T
+from nemo_fastdecode.config import GRAPH_MODES, FastGreedyConfig, FastGreedyDecodingConfig, TranscribeConfig
+from nemo_fastdecode.graphs import GraphMode
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny models' ops are too small for threads; on a busy CPU, OpenMP waits make them crawl."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def compose_transcribe(overrides: list[str] | None = None):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        return compose(config_name="transcribe", overrides=overrides or [])
+
+
+def keys(node) -> set[str]:
+    """Dotted paths of every leaf of a config."""
+    out = set()
+    for key, value in node.items():
+        if OmegaConf.is_dict(value) or isinstance(value, dict):
+            out |= {f"{key}.{sub}" for sub in keys(value)}
+        else:
+            out.add(str(key))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# configs
+
+
+def test_decoding_yaml_matches_dataclass():
+    yaml = OmegaConf.load(CONFIGS / "decoding" / "fast_greedy.yaml")
+    schema = OmegaConf.structured(FastGreedyDecodingConfig)
+    merged = OmegaConf.merge(schema, yaml)  # type-checks every value
+    assert merged == schema  # the YAML holds exactly the dataclass defaults
+    assert keys(yaml) == keys(schema)  # and mirrors every key
+    assert merged.strategy == "fast_greedy"
+    assert OmegaConf.to_container(merged.greedy) == dataclasses.asdict(FastGreedyConfig())
+
+
+def test_transcribe_yaml_matches_dataclass():
+    cfg = compose_transcribe()
+    schema = OmegaConf.structured(TranscribeConfig)
+    assert OmegaConf.merge(schema, cfg) == schema
+    assert keys(cfg) == keys(schema)
+    assert cfg.decoding.strategy == "fast_greedy" and cfg.model == "tiny-rnnt"
+    assert cfg.audio_dir is None and cfg.dataset_manifest is None and cfg.compare_strategies is None
+
+
+def test_decoding_keys_are_nemo_keys_and_accepted_by_fast_greedy():
+    nemo = OmegaConf.structured(RNNTDecodingConfig)
+    ours = OmegaConf.structured(FastGreedyDecodingConfig)
+    assert set(ours) <= set(nemo), set(ours) - set(nemo)
+    assert set(ours.greedy) <= registry.FAST_GREEDY_OPTIONS
+    assert set(ours.greedy) - {"max_symbols", "graph_mode"} <= set(nemo.greedy)
+    assert ("auto", *(m.value for m in GraphMode)) == GRAPH_MODES
+    for mode in GRAPH_MODES:
+        GraphMode.parse(mode)
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="graph_mode='fast'.*auto, full_graph"):
+        FastGreedyConfig(graph_mode="fast")
+    with pytest.raises(ValueError, match="max_symbols"):
+        FastGreedyConfig(max_symbols=0)
+    with pytest.raises(Exception, match="batch_size"):
+        T.resolve_config({"batch_size": "many"})
+    with pytest.raises(Exception, match="no_such_key"):
+        T.resolve_config({"no_such_key": 1})
+    # extra NeMo keys in the decoding section pass through (e.g. beam settings)
+    cfg = T.resolve_config({"decoding": {"strategy": "beam", "beam": {"beam_size": 4}}})
+    assert cfg.decoding.beam.beam_size == 4 and cfg.decoding.greedy.max_symbols == 10
+
+
+# ----------------------------------------------------------------------------------------------
+# the transcribe logic
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The embedded default run (no inputs), from a scratch working directory."""
+    cwd = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("demo"))
+    lines: list[str] = []
+    try:
+        result = T.run(compose_transcribe(), log=lines.append, progress=False)
+        output = Path.cwd() / T.DEFAULT_OUTPUT_FILENAME
+    finally:
+        os.chdir(cwd)
+    return result, lines, output
+
+
+def test_embedded_demo(demo):
+    result, lines, output = demo
+    text = "\n".join(lines)
+    assert result.demo
+    assert "RANDOM, UNTRAINED WEIGHTS" in text and "gibberish" in text
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    assert records == result.records and len(records) == len(T.DEMO_DURATIONS)
+    for record in records:
+        assert isinstance(record["pred_text"], str) and record["pred_text"] in text
+    assert sum(len(r["pred_text"]) for r in records) > 0
+    # comparison: NeMo's frame and label loops, then ours; all identical to the reference
+    names = [row.name for row in result.comparison]
+    assert names[:2] == ["greedy_batch (frame loop)", "greedy_batch (label loop)"]
+    assert any(name.startswith("fast_greedy") for name in names)
+    assert all(row.identical for row in result.comparison)
+    assert len({row.tokens for row in result.comparison}) == 1 and result.comparison[0].tokens > 0
+    assert all(row.seconds > 0 for row in result.comparison)
+    assert "identical" in text and "fast_greedy (label loop)" in text
+    # the model is left with the user's strategy
+    assert result.model.cfg.decoding.strategy == "fast_greedy"
+
+
+@pytest.fixture(scope="module")
+def audio_inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inputs")
+    durations = [2.4, 1.6]
+    paths = synthetic.write_wavs(synthetic.synthetic_audio(durations, seed=3), root / "wavs")
+    (root / "wavs" / "notes.txt").write_text("not audio")
+    return root, paths, durations
+
+
+def test_audio_dir_with_timestamps(audio_inputs):
+    root, paths, _ = audio_inputs
+    result = T.run(
+        {"audio_dir": str(root / "wavs"), "timestamps": True, "batch_size": 1},
+        log=lambda line: None,
+        progress=False,
+    )
+    assert result.output_path == root / "wavs_transcribed.jsonl" and result.comparison is None
+    records = [json.loads(line) for line in result.output_path.read_text().splitlines()]
+    assert [r["audio_filepath"] for r in records] == [str(p.resolve()) for p in paths]
+    for record in records:
+        assert "pred_text" in record and "timestep" not in record
+        assert {"word", "char", "segment"} <= set(record)
+        assert len(record["char"]) == len(record["pred_text"])
+        for item in record["word"] + record["char"]:
+            assert 0 <= item["start_offset"] <= item["end_offset"] and item["start"] <= item["end"]
+
+
+def test_manifest_via_hydra_overrides(audio_inputs, tmp_path):
+    root, paths, durations = audio_inputs
+    manifest = tmp_path / "test.jsonl"
+    entries = [
+        {"audio_filepath": os.path.relpath(paths[0], tmp_path), "text": "first", "duration": durations[0]},
+        {"audio_filepath": str(paths[1]), "text": "second", "speaker": 7},
+    ]
+    manifest.write_text("\n".join(json.dumps(e) for e in entries) + "\n\n")
+    cfg = compose_transcribe(
+        [f"dataset_manifest={manifest}", "decoding.greedy.loop_labels=false", "compare_strategies=true"]
+    )
+    result = T.run(cfg, log=lambda line: None, progress=False)
+    assert result.output_path == tmp_path / "test_transcribed.jsonl"
+    records = [json.loads(line) for line in result.output_path.read_text().splitlines()]
+    assert len(records) == 2
+    for entry, record in zip(entries, records, strict=True):
+        assert {k: record[k] for k in entry} == entry  # input fields kept as they were
+        assert isinstance(record["pred_text"], str) and "word" not in record
+    assert all(row.identical for row in result.comparison)
+    # the same audio through NeMo's greedy_batch gives the same text
+    baseline = T.run(
+        {
+            "dataset_manifest": str(manifest),
+            "decoding": {"strategy": "greedy_batch"},
+            "output_filename": str(tmp_path / "b.jsonl"),
+        },
+        log=lambda line: None,
+        progress=False,
+    )
+    assert [r["pred_text"] for r in baseline.records] == [r["pred_text"] for r in records]
+
+
+def test_clear_errors(tmp_path, demo, monkeypatch):
+    with pytest.raises(FileNotFoundError, match="audio_dir .*does not exist"):
+        T.run({"audio_dir": str(tmp_path / "missing")}, log=lambda line: None)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "readme.txt").write_text("")
+    with pytest.raises(ValueError, match=r"contains no audio files \(\.wav, \.flac\)"):
+        T.run({"audio_dir": str(tmp_path / "empty")}, log=lambda line: None)
+    manifest = tmp_path / "bad.jsonl"
+    manifest.write_text(json.dumps({"audio_filepath": "x.wav"}).replace("audio_filepath", "path") + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: entry has no 'audio_filepath' \(keys: path\)"):
+        T.run({"dataset_manifest": str(manifest)}, log=lambda line: None)
+    manifest.write_text('{"audio_filepath": "missing.wav"}\n')
+    with pytest.raises(FileNotFoundError, match="bad.jsonl:1: audio_filepath 'missing.wav' not found"):
+        T.read_inputs(dataset_manifest=manifest)
+    manifest.write_text("not json\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: not valid JSON"):
+        T.read_inputs(dataset_manifest=manifest)
+    with pytest.raises(FileNotFoundError, match="dataset_manifest .*does not exist"):
+        T.read_inputs(dataset_manifest=tmp_path / "none.jsonl")
+    with pytest.raises(ValueError, match="not both"):
+        T.run({"audio_dir": str(tmp_path), "dataset_manifest": str(manifest)}, log=lambda line: None)
+    with pytest.raises(
+        ValueError, match="Unknown transducer decoding strategy 'fastest'; valid strategies: .*fast_greedy"
+    ):
+        T.run({"decoding": {"strategy": "fastest"}}, log=lambda line: None)
+    # NeMo + the registry reject it too when it reaches the model
+    with pytest.raises(ValueError, match="valid strategies: .*greedy_batch.*fast_greedy"):
+        T.apply_decoding(demo[0].model, {"strategy": "fastest"})
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        T.resolve_config({"batch_size": 0})
+    with pytest.raises(FileNotFoundError, match="checkpoint '.*nope.nemo' does not exist"):
+        T.load_model(str(tmp_path / "nope.nemo"))
+
+    from nemo.collections.asr.models import ASRModel
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(ASRModel, "from_pretrained", offline)
+    with pytest.raises(RuntimeError, match=r"could not load pretrained model 'nvidia/some-model'.*tiny-rnnt"):
+        T.load_model("nvidia/some-model")
+
+
+def test_script_end_to_end(audio_inputs, tmp_path):
+    """``python scripts/transcribe.py`` with Hydra overrides, in a fresh process."""
+    root, paths, _ = audio_inputs
+    out = tmp_path / "out" / "script.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(ROOT / "scripts" / "transcribe.py"), f"audio_dir={root / 'wavs'}"]
+    command += [f"output_filename={out}", "batch_size=2", "decoding.greedy.max_symbols=5"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "RANDOM, UNTRAINED WEIGHTS" in done.stdout and "fast_greedy" in done.stdout
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == len(paths) and all("pred_text" in r for r in records)
+    assert not (tmp_path / "outputs").exists()  # no Hydra run folders
+
+
+# ----------------------------------------------------------------------------------------------
+# the notebook
+
+
+def test_quickstart_notebook_runs(tmp_path, monkeypatch):
+    notebook = json.loads(NOTEBOOK.read_text())
+    cells = notebook["cells"]
+    code = [cell for cell in cells if cell["cell_type"] == "code"]
+    assert code and all(not cell["outputs"] and cell["execution_count"] is None for cell in code), "clear outputs"
+    assert any(".nemo" in "".join(cell["source"]) for cell in cells if cell["cell_type"] == "markdown")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__main__"}
+    threads = torch.get_num_threads()
+    try:
+        for i, cell in enumerate(code):
+            exec(compile("".join(cell["source"]), f"{NOTEBOOK.name}[code cell {i}]", "exec"), namespace)
+    finally:
+        torch.set_num_threads(threads)
+    assert namespace["identical"] is True
+    assert namespace["model"].cfg.decoding.strategy == "fast_greedy"
+    assert namespace["with_timestamps"].timestamp["word"]
+    assert all(row.identical for row in namespace["rows"])
