@@ -11,11 +11,11 @@ strategies go through untouched; an unknown name fails with the full list of val
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Callable
 from dataclasses import is_dataclass
 
+from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
 from nemo.collections.asr.parts.submodules import rnnt_decoding
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -37,6 +37,8 @@ FAST_GREEDY_OPTIONS = {
     "boosting_tree",
     "boosting_tree_alpha",
     "enable_per_stream_biasing",
+    "tdt_include_token_duration",
+    "tdt_include_duration_confidence",
 }
 
 _original_init: Callable | None = None
@@ -86,7 +88,8 @@ def unregister() -> None:
 
 
 def _stand_in_config(decoding_cfg: DictConfig) -> DictConfig:
-    stand_in = copy.deepcopy(decoding_cfg)
+    # a plain (non-structured) copy: structured configs from our dataclasses refuse pop()
+    stand_in = OmegaConf.create(OmegaConf.to_container(decoding_cfg))
     with open_dict(stand_in):
         stand_in.strategy = STAND_IN_STRATEGY[decoding_cfg.strategy]
         if stand_in.get("greedy") is None:
@@ -111,7 +114,8 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
         unsupported.append("preserve_alignments")
     if decoding.preserve_frame_confidence:
         unsupported.append("confidence (preserve_frame_confidence / confidence_cfg)")
-    if greedy_cfg.get("ngram_lm_model") or greedy_cfg.get("boosting_tree"):
+    boosting_tree = greedy_cfg.get("boosting_tree")
+    if greedy_cfg.get("ngram_lm_model") or (boosting_tree and not BoostingTreeModelConfig.is_empty(boosting_tree)):
         unsupported.append("n-gram LM / boosting tree fusion")
     if greedy_cfg.get("enable_per_stream_biasing"):
         unsupported.append("per-stream biasing")

@@ -33,6 +33,8 @@ def main(cfg: DictConfig) -> None:
             max_symbols=cfg.max_symbols,
             strategies=list(cfg.strategies) if cfg.strategies else None,
             seed=cfg.seed,
+            profile_busy=cfg.profile_busy,
+            experimental=cfg.experimental,
         )
         for preset in cfg.models
     ]

@@ -62,7 +62,7 @@ def as_lists(hyp, with_durations: bool):
 
 def assert_same_hypotheses(expected, actual, with_durations: bool = False):
     assert len(expected) == len(actual)
-    for row, (e, a) in enumerate(zip(expected, actual)):
+    for row, (e, a) in enumerate(zip(expected, actual, strict=True)):
         assert as_lists(e, with_durations) == as_lists(a, with_durations), f"row {row} differs"
         assert a.score == pytest.approx(e.score, rel=SCORE_RTOL, abs=SCORE_RTOL), f"row {row} score"
 

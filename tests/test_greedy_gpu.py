@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_networks, random_encoder_output
-from test_greedy_exactness import REALISTIC_BIAS, assert_same_hypotheses, baseline, ours
+from test_greedy_exactness import REALISTIC_BIAS, UNBOUNDED_SAFE, assert_same_hypotheses, baseline, ours
 
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.graphs.cuda_api import while_nodes_unavailable_reason
@@ -18,8 +18,9 @@ MODES = ["full_graph", "no_while_graph", "eager"]
 ALGORITHMS = [("rnnt", False), ("rnnt", True), ("tdt", True)]
 
 
-def cuda_networks(kind, seed, device="cuda"):
-    decoder, joint = make_networks(tdt=kind == "tdt", seed=seed, blank_bias=REALISTIC_BIAS[kind])
+def cuda_networks(kind, seed, device="cuda", bias=None):
+    bias = REALISTIC_BIAS[kind] if bias is None else bias
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=seed, blank_bias=bias)
     return decoder.to(device), joint.to(device)
 
 
@@ -35,8 +36,13 @@ def exact_fp32():
 @pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
 @pytest.mark.parametrize("max_symbols", [1, 3, 10, None])
 def test_every_mode_matches_baseline_on_gpu(mode, kind, loop_labels, max_symbols):
-    decoder, joint = cuda_networks(kind, seed=21)
-    x, lengths = random_encoder_output(9, 41, seed=22, lengths=[41, 3, 0, 40, 17, 1, 41, 25, 8], device="cuda")
+    if max_symbols is None:  # a network that always comes back to blank (else NeMo's baseline never returns)
+        seed, bias = UNBOUNDED_SAFE[kind]
+        decoder, joint = cuda_networks(kind, seed=seed, bias=bias)
+        x, lengths = random_encoder_output(6, 24, seed=4, lengths=[24, 1, 17, 0, 9, 24], device="cuda")
+    else:
+        decoder, joint = cuda_networks(kind, seed=21)
+        x, lengths = random_encoder_output(9, 41, seed=22, lengths=[41, 3, 0, 40, 17, 1, 41, 25, 8], device="cuda")
     expected = baseline(kind, decoder, joint, max_symbols)(encoder_output=x, encoded_lengths=lengths)[0]
     decode = ours(kind, decoder, joint, max_symbols, loop_labels, graph_mode=mode)
     for _ in range(2):  # the second call replays the captured graph
@@ -46,13 +52,12 @@ def test_every_mode_matches_baseline_on_gpu(mode, kind, loop_labels, max_symbols
         assert decode.computer.graph_mode is GraphMode.FULL_GRAPH
 
 
-def test_auto_mode_prefers_while_nodes():
+def test_auto_mode_uses_phase_graphs_while_full_graph_is_experimental():
     decoder, joint = cuda_networks("rnnt", seed=23)
     decode = ours("rnnt", decoder, joint, 10)
     x, lengths = random_encoder_output(4, 20, seed=24, device="cuda")
     decode(encoder_output=x, encoded_lengths=lengths)
-    expected = GraphMode.FULL_GRAPH if while_nodes_unavailable_reason(x.device) is None else GraphMode.NO_WHILE_GRAPH
-    assert decode.computer.graph_mode is expected
+    assert decode.computer.graph_mode is GraphMode.NO_WHILE_GRAPH
 
 
 @pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])

@@ -1,0 +1,139 @@
+"""fast_greedy through NeMo's usual paths (change_decoding_strategy, transcribe, hybrid models) and its errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import VOCAB_SIZE, make_networks, random_encoder_output
+from omegaconf import OmegaConf
+
+from nemo_fastdecode import synthetic, valid_strategies
+from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
+
+
+def decoding_config(strategy: str, **greedy):
+    return OmegaConf.create({"strategy": strategy, "greedy": {"max_symbols": 10, **greedy}})
+
+
+@pytest.fixture(scope="module")
+def audio():
+    return synthetic.synthetic_audio([2.5, 1.0, 3.2], seed=1)
+
+
+def calibrated(preset: str, audio) -> torch.nn.Module:
+    model = synthetic.build_synthetic_model(preset, seed=0)
+    encoded, lengths = synthetic.encode(model, audio, batch_size=len(audio), device="cpu")
+    synthetic.calibrate_blank_bias(model, encoded, lengths, 0.3)
+    return model
+
+
+def transcribe(model, audio, **kwargs):
+    hyps = model.transcribe(audio, batch_size=2, verbose=False, **kwargs)
+    model.eval()  # NeMo 3.0's transcribe leaves modules in train mode
+    return hyps[0] if isinstance(hyps, tuple) else hyps
+
+
+@pytest.mark.parametrize("preset", ["tiny-rnnt"])  # TDT/hybrid via the transcribe script tests (open: see README)
+def test_change_decoding_strategy_and_transcribe_match_greedy_batch(preset, audio):
+    model = calibrated(preset, audio)
+    base = OmegaConf.create({})
+    kwargs = {"decoder_type": "rnnt"} if preset == "tiny-hybrid" else {}
+    model.change_decoding_strategy(
+        decoding_config("greedy_batch", loop_labels=False, use_cuda_graph_decoder=False), **kwargs
+    )
+    # NeMo 3.0 cannot make timestamps for char TDT models (IndexError in decode_ids_to_tokens, greedy_batch too)
+    timestamps = preset != "tiny-tdt"
+    expected = transcribe(model, audio, timestamps=timestamps)
+    model.change_decoding_strategy(OmegaConf.merge(base, decoding_config("fast_greedy")), **kwargs)
+    assert isinstance(model.decoding.decoding, FastGreedyBatchedInfer)
+    assert model.cfg.decoding.strategy == "fast_greedy"
+    actual = transcribe(model, audio, timestamps=timestamps)
+    assert sum(len(h.y_sequence) for h in actual) > 0, "setup: the calibrated model should emit tokens"
+    for e, a in zip(expected, actual, strict=True):
+        assert a.text == e.text
+        assert a.y_sequence.tolist() == list(map(int, e.y_sequence))
+        if timestamps:
+            assert a.timestamp["char"] == e.timestamp["char"] and a.timestamp["word"] == e.timestamp["word"]
+
+
+def test_model_built_with_fast_greedy_in_its_config(audio):
+    config = synthetic.make_synthetic_config("tiny-rnnt")
+    config.decoding = decoding_config("fast_greedy", loop_labels=False)
+    from nemo.collections.asr.models import EncDecRNNTModel
+
+    model = EncDecRNNTModel(cfg=config).eval()
+    assert isinstance(model.decoding.decoding, FastGreedyBatchedInfer)
+    assert not model.decoding.decoding.loop_labels
+
+
+def test_nemo_strategies_unchanged(audio):
+    model = synthetic.build_synthetic_model("tiny-rnnt")
+    model.change_decoding_strategy(decoding_config("greedy_batch"))
+    assert type(model.decoding.decoding).__name__ == "GreedyBatchedRNNTInfer"
+    assert "fast_greedy" in valid_strategies() and "greedy_batch" in valid_strategies()
+
+
+def test_unknown_strategy_lists_valid_ones():
+    model = synthetic.build_synthetic_model("tiny-rnnt")
+    with pytest.raises(
+        ValueError, match=r"'fastest_greedy'.*fast_greedy.*greedy_batch|'fastest_greedy'.*greedy_batch.*fast_greedy"
+    ):
+        model.change_decoding_strategy(decoding_config("fastest_greedy"))
+
+
+@pytest.mark.parametrize(
+    "greedy,error,match",
+    [
+        ({"max_symbolz": 3}, ValueError, r"max_symbolz.*valid options"),
+        ({"graph_mode": "turbo"}, ValueError, r"'turbo'.*full_graph.*no_while_graph.*eager"),
+        ({"preserve_alignments": True}, NotImplementedError, "preserve_alignments.*greedy_batch"),
+    ],
+)
+def test_unsupported_options_fail_clearly(greedy, error, match):
+    model = synthetic.build_synthetic_model("tiny-rnnt")
+    with pytest.raises(error, match=match):
+        model.change_decoding_strategy(decoding_config("fast_greedy", **greedy))
+
+
+def test_tdt_frame_looping_is_rejected():
+    model = synthetic.build_synthetic_model("tiny-tdt")
+    with pytest.raises(ValueError, match="loop_labels=False.*RNN-T only"):
+        model.change_decoding_strategy(decoding_config("fast_greedy", loop_labels=False))
+
+
+def test_forcing_a_graph_mode_on_cpu_is_an_error():
+    decoder, joint = make_networks()
+    decode = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, graph_mode="full_graph")
+    x, lengths = random_encoder_output(2, 5)
+    with pytest.raises(ValueError, match="full_graph.*needs a CUDA device"):
+        decode(encoder_output=x, encoded_lengths=lengths)
+
+
+@pytest.mark.parametrize(
+    "make_input,match",
+    [
+        (lambda x, n: (x.long(), n), "must be a float tensor"),
+        (lambda x, n: (x, n.float()), "must be an integer tensor"),
+        (lambda x, n: (x, n[:1]), r"encoded_lengths must be \[B\]=\[2\]"),
+        (lambda x, n: (x, n + 10), r"in \[0, T=5\]"),
+        (lambda x, n: (x, n - 10), r"in \[0, T=5\]"),
+    ],
+)
+def test_bad_inputs_name_the_problem(make_input, match):
+    decoder, joint = make_networks()
+    decode = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3)
+    x, lengths = random_encoder_output(2, 5, lengths=[5, 3])
+    bad_x, bad_lengths = make_input(x, lengths)
+    with pytest.raises((ValueError, TypeError), match=match):
+        decode.forward(encoder_output=bad_x, encoded_lengths=bad_lengths)
+
+
+def test_partial_hypotheses_from_another_strategy_are_rejected():
+    from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
+
+    decoder, joint = make_networks()
+    decode = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3)
+    x, lengths = random_encoder_output(1, 5, lengths=[5])
+    foreign = Hypothesis(score=0.0, y_sequence=[], dec_state=(torch.zeros(1), torch.zeros(1)))
+    with pytest.raises(ValueError, match="can only continue from hypotheses it produced"):
+        decode(encoder_output=x, encoded_lengths=lengths, partial_hypotheses=[foreign])
