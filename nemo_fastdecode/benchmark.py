@@ -18,6 +18,7 @@ import torch
 from nemo.collections.asr.parts.submodules import rnnt_greedy_decoding as nemo_greedy
 
 from nemo_fastdecode import synthetic
+from nemo_fastdecode.comparison import agreement, best_time, decode_all
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 
 
@@ -92,24 +93,6 @@ def decoder_factories(model, max_symbols: int) -> dict[str, Callable[[], torch.n
     }
 
 
-def _decode_all(decoder, batches) -> list:
-    hyps = []
-    for encoder_output, lengths in batches:
-        hyps.extend(decoder(encoder_output=encoder_output, encoded_lengths=lengths)[0])
-    return hyps
-
-
-def _timed(decoder, batches, repeats: int) -> tuple[float, list]:
-    best, hyps = float("inf"), None
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        hyps = _decode_all(decoder, batches)
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best, hyps
-
-
 def _gpu_busy_share(decoder, batches) -> float | None:
     """Sum of GPU kernel time over wall time for one pass (how much of the decoder time the GPU works)."""
     try:
@@ -118,24 +101,13 @@ def _gpu_busy_share(decoder, batches) -> float | None:
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             start = time.perf_counter()
-            _decode_all(decoder, batches)
+            decode_all(decoder, batches)
             torch.cuda.synchronize()
             wall = time.perf_counter() - start
         kernel_us = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0 and not e.is_legacy)
         return kernel_us * 1e-6 / wall
     except Exception:  # profiler unavailable on this host: report nothing rather than a wrong number
         return None
-
-
-def _compare(reference: list, hyps: list) -> tuple[float, float]:
-    same, worst = 0, 0.0
-    for r, h in zip(reference, hyps, strict=True):
-        same += (list(map(int, r.y_sequence)), list(map(int, r.timestamp))) == (
-            list(map(int, h.y_sequence)),
-            list(map(int, h.timestamp)),
-        )
-        worst = max(worst, abs(float(r.score) - float(h.score)))
-    return same / max(len(reference), 1), worst
 
 
 def benchmark_model(
@@ -182,12 +154,12 @@ def benchmark_model(
         if "[full_graph]" in name and not experimental:  # WHILE-node graphs are opt-in (README, Status)
             continue
         decoder = factory()
-        _decode_all(decoder, batches[:2])  # warm-up: graphs captured, kernels loaded
-        _decode_all(decoder, batches[:1] + batches[-1:])  # the largest and the smallest batch shapes
-        seconds, hyps = _timed(decoder, batches, repeats)
+        decode_all(decoder, batches[:2])  # warm-up: graphs captured, kernels loaded
+        decode_all(decoder, batches[:1] + batches[-1:])  # the largest and the smallest batch shapes
+        seconds, hyps = best_time(decoder, batches, repeats)
         if reference is None:
             reference = hyps
-        identical, score_diff = _compare(reference, hyps)
+        identical, score_diff = agreement(reference, hyps)
         busy = (
             _gpu_busy_share(decoder, batches)
             if profile_busy and name.startswith(("fast_greedy", "nemo_label_loop+", "nemo_frame_loop+"))

@@ -22,7 +22,6 @@ import copy
 import json
 import os
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_fastdecode import synthetic
+from nemo_fastdecode.comparison import agreement, as_int_list, best_time, decode_all
 from nemo_fastdecode.config import TranscribeConfig
 from nemo_fastdecode.registry import valid_strategies
 
@@ -477,23 +477,6 @@ def _comparison_configs(
     return configs
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _as_int_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, torch.Tensor):
-        return [int(v) for v in value.reshape(-1).tolist()]
-    return [int(v) for v in value]
-
-
-def _score(hyp: Hypothesis) -> float:
-    return float(hyp.score) if not isinstance(hyp.score, torch.Tensor) else float(hyp.score.item())
-
-
 def compare_strategies(
     model: ASRModel,
     audio: Sequence[np.ndarray],
@@ -521,6 +504,7 @@ def compare_strategies(
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     device = _model_device(model)
     encoded, lengths = synthetic.encode(model, audio, batch_size=batch_size, device=device)
+    batches = list(zip(encoded, lengths, strict=True))
     original = copy.deepcopy(model.cfg.decoding)
     rows: list[StrategyRun] = []
     reference: list[Hypothesis] | None = None
@@ -529,37 +513,18 @@ def compare_strategies(
             with _quiet_nemo():
                 apply_decoding(model, config)
             infer = model.decoding.decoding
-
-            def decode_all(infer: Callable = infer) -> list[Hypothesis]:
-                out: list[Hypothesis] = []
-                with torch.inference_mode():
-                    for enc, lens in zip(encoded, lengths, strict=True):
-                        out.extend(infer(encoder_output=enc, encoded_lengths=lens)[0])
-                return out
-
-            hyps = decode_all()  # warm-up (and, on a GPU, graph capture)
-            best = float("inf")
-            for _ in range(repeats):
-                _sync(device)
-                start = time.perf_counter()
-                hyps = decode_all()
-                _sync(device)
-                best = min(best, time.perf_counter() - start)
+            decode_all(infer, batches)  # warm-up (and, on a GPU, graph capture)
+            best, hyps = best_time(infer, batches, repeats)
             if reference is None:
                 reference = hyps
-            identical = all(
-                _as_int_list(h.y_sequence) == _as_int_list(r.y_sequence)
-                and _as_int_list(h.timestamp) == _as_int_list(r.timestamp)
-                for h, r in zip(hyps, reference, strict=True)
-            )
-            score_diff = max((abs(_score(h) - _score(r)) for h, r in zip(hyps, reference, strict=True)), default=0.0)
+            identical_share, score_diff = agreement(reference, hyps)
             rows.append(
                 StrategyRun(
                     name=name,
                     decoding=config,
                     seconds=best,
-                    tokens=sum(len(_as_int_list(h.y_sequence)) for h in hyps),
-                    identical=identical,
+                    tokens=sum(len(as_int_list(h.y_sequence)) for h in hyps),
+                    identical=identical_share == 1.0,
                     max_score_diff=score_diff,
                 )
             )

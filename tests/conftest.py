@@ -57,6 +57,15 @@ def random_encoder_output(batch_size: int, max_time: int, seed: int = 0, lengths
     return x.to(device), torch.as_tensor(lengths, dtype=torch.long).to(device)
 
 
+@pytest.fixture(scope="module")
+def single_thread():
+    """Tiny models are dominated by per-op overhead: several threads on a busy 2-core CPU just spin."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def networks():
     return make_networks

@@ -14,13 +14,7 @@ from nemo_fastdecode import synthetic as S
 TINY = ["tiny-rnnt", "tiny-tdt", "tiny-hybrid"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models are dominated by per-op overhead; several threads on a busy 2-core machine spin.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

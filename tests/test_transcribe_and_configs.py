@@ -25,13 +25,7 @@ CONFIGS = ROOT / "configs"
 NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny models' ops are too small for threads; on a busy CPU, OpenMP waits make them crawl."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def compose_transcribe(overrides: list[str] | None = None):
