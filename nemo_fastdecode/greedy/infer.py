@@ -134,10 +134,9 @@ def _check_inputs(encoder_output, encoded_lengths, partial_hypotheses) -> None:
         raise ValueError(
             f"encoded_lengths is on {encoded_lengths.device} but encoder_output on {encoder_output.device}"
         )
-    if batch_size and (int(encoded_lengths.min()) < 0 or int(encoded_lengths.max()) > max_time):
-        raise ValueError(
-            f"encoded_lengths must be in [0, T={max_time}], got min {int(encoded_lengths.min())} "
-            f"max {int(encoded_lengths.max())}"
-        )
+    if batch_size:
+        shortest, longest = (int(v) for v in torch.aminmax(encoded_lengths))  # one host synchronisation
+        if shortest < 0 or longest > max_time:
+            raise ValueError(f"encoded_lengths must be in [0, T={max_time}], got min {shortest} max {longest}")
     if partial_hypotheses is not None and len(partial_hypotheses) != batch_size:
         raise ValueError(f"partial_hypotheses has {len(partial_hypotheses)} entries for a batch of {batch_size}")
