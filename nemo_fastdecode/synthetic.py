@@ -73,12 +73,16 @@ class _Preset:
     bpe_vocab_size: int  # size of the sentencepiece BPE vocabulary for vocab="bpe"
     durations: tuple[int, ...] | None = None  # TDT durations; None for RNN-T
     hybrid: bool = False  # EncDecHybridRNNTCTC(BPE)Model with an auxiliary CTC head
+    # cache-aware streaming encoder (NeMo's fastconformer *_streaming.yaml): its att_context_size list
+    # (first = default look-ahead), chunked_limited attention, causal convolutions and subsampling
+    att_context_size: tuple[tuple[int, int], ...] | None = None
 
 
 _TDT_DURATIONS = (0, 1, 2, 3, 4)
 _TINY = {"n_layers": 2, "d_model": 64, "n_heads": 2, "subsampling_conv_channels": 64}
 _TINY_DEC = {"pred_hidden": 64, "pred_rnn_layers": 1, "joint_hidden": 64, "char_vocab_size": 28, "bpe_vocab_size": 128}
 _BIG = {"d_model": 1024, "n_heads": 8, "subsampling_conv_channels": 256}
+_STREAMING_CONTEXTS = ((70, 13), (70, 6), (70, 1), (70, 0))
 _BIG_DEC = {"pred_hidden": 640, "joint_hidden": 640, "char_vocab_size": 1024, "bpe_vocab_size": 1024}
 
 _PRESETS: dict[str, _Preset] = {
@@ -88,6 +92,21 @@ _PRESETS: dict[str, _Preset] = {
     "rnnt-0.6b": _Preset(n_layers=24, **_BIG, **_BIG_DEC, pred_rnn_layers=1),
     "rnnt-1.1b": _Preset(n_layers=42, **_BIG, **_BIG_DEC, pred_rnn_layers=1),
     "tdt-0.6b": _Preset(n_layers=24, **_BIG, **_BIG_DEC, pred_rnn_layers=2, durations=_TDT_DURATIONS),
+    # cache-aware streaming presets: 1 frame = 80 ms; [70, 1] = 5.6 s of left context, 160 ms chunks
+    "tiny-streaming": _Preset(**_TINY, **_TINY_DEC, hybrid=True, att_context_size=((16, 3), (16, 1), (16, 0))),
+    "hybrid-17x512-streaming": _Preset(
+        n_layers=17,
+        d_model=512,
+        n_heads=8,
+        subsampling_conv_channels=256,
+        **_BIG_DEC,
+        pred_rnn_layers=1,
+        hybrid=True,
+        att_context_size=_STREAMING_CONTEXTS,
+    ),
+    "rnnt-0.6b-streaming": _Preset(
+        n_layers=24, **_BIG, **_BIG_DEC, pred_rnn_layers=1, att_context_size=_STREAMING_CONTEXTS
+    ),
 }
 #: Names accepted by :func:`build_synthetic_model` and :func:`make_synthetic_config`.
 PRESETS: tuple[str, ...] = tuple(_PRESETS)
@@ -272,6 +291,16 @@ def make_synthetic_config(preset: str, *, vocab: str = "char", tokenizer_dir: st
             else {"loss_name": "default", "warprnnt_numba_kwargs": {"fastemit_lambda": 0.0, "clamp": -1.0}}
         ),
     }
+    if p.att_context_size is not None:
+        # NeMo's cache-aware streaming configs (fastconformer_hybrid_transducer_ctc_bpe_streaming.yaml)
+        cfg["preprocessor"]["normalize"] = "NA"  # per-utterance normalisation would look ahead
+        cfg["encoder"].update(
+            causal_downsampling=True,
+            att_context_size=[list(c) for c in p.att_context_size],
+            att_context_style="chunked_limited",
+            conv_context_size="causal",
+            conv_norm_type="layer_norm",
+        )
     if vocab == "char":
         labels = char_vocabulary(vocab_size)
         cfg["labels"] = labels
@@ -400,6 +429,11 @@ def build_synthetic_model(
         d_model 1024, 8 heads, prediction network and joint 640, vocabulary 1024. These take
         seconds and gigabytes to build on a CPU.
         TDT presets use durations [0, 1, 2, 3, 4].
+        Cache-aware streaming encoders (causal subsampling and convolutions, ``chunked_limited``
+        attention, no feature normalisation; ``att_context_size`` lists the look-aheads, the first is
+        the default): ``tiny-streaming`` (tiny hybrid, [[16, 3], [16, 1], [16, 0]]),
+        ``hybrid-17x512-streaming`` (17 x 512, 8 heads, hybrid RNN-T/CTC) and ``rnnt-0.6b-streaming``
+        (24 x 1024 RNN-T), both [[70, 13], [70, 6], [70, 1], [70, 0]].
 
     Args:
         preset: one of :data:`PRESETS`.
