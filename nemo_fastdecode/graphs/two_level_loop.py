@@ -1,9 +1,10 @@
 """Run ``before; while outer: start; while inner: step; end`` eagerly, as phase graphs, or as one graph.
 
 Both greedy algorithms have this shape (frame loop: frames x symbols; label loop: labels x blank
-frames), so capture, warm-up and the WHILE-node plumbing live here once. The algorithm owns the
-state: its phases read and write pre-allocated tensors in place and keep the two loop flags
-(0-d bool tensors) up to date.
+frames); beam search is the one-level case ``before; while flag: body`` (:meth:`LoopPhases.one_level`,
+no inner loop and no host read of an inner flag). Capture, warm-up and the WHILE-node plumbing live
+here once. The algorithm owns the state: its phases read and write pre-allocated tensors in place
+and keep the loop flags (0-d bool tensors) up to date.
 """
 
 from __future__ import annotations
@@ -24,14 +25,29 @@ WARMUP_ROUNDS = 3  # lazily created cuBLAS/cuDNN handles and workspaces must exi
 
 @dataclass
 class LoopPhases:
-    """The four phases of a two-level loop and the flags that steer it."""
+    """The four phases of a two-level loop and the flags that steer it (``inner_*``/``outer_end`` may be absent)."""
 
     before_loop: Callable[[], None]
     outer_start: Callable[[], None]
-    inner_step: Callable[[], None]
-    outer_end: Callable[[], None]
+    inner_step: Callable[[], None] | None
+    outer_end: Callable[[], None] | None
     outer_flag: torch.Tensor  # 0-d bool: run the outer body again
-    inner_flag: torch.Tensor  # 0-d bool: run the inner body again
+    inner_flag: torch.Tensor | None  # 0-d bool: run the inner body again
+
+    @classmethod
+    def one_level(cls, before_loop: Callable[[], None], body: Callable[[], None], flag: torch.Tensor) -> LoopPhases:
+        """``before_loop(); while flag: body()``."""
+        return cls(before_loop, body, None, None, flag, None)
+
+    def present(self) -> dict[str, Callable[[], None]]:
+        """The phases that exist, by name, in execution order (warm-up, capture and the loop structure)."""
+        phases = {
+            "before_loop": self.before_loop,
+            "outer_start": self.outer_start,
+            "inner_step": self.inner_step,
+            "outer_end": self.outer_end,
+        }
+        return {name: phase for name, phase in phases.items() if phase is not None}
 
 
 class TwoLevelLoop:
@@ -41,7 +57,7 @@ class TwoLevelLoop:
         self.phases = phases
         self.mode = mode
         self._full_graph: torch.cuda.CUDAGraph | None = None
-        self._phase_graphs: list[torch.cuda.CUDAGraph] | None = None
+        self._phase_graphs: dict[str, torch.cuda.CUDAGraph] | None = None
 
     def run(self) -> None:
         """Run the whole loop once (capturing first if needed)."""
@@ -53,22 +69,22 @@ class TwoLevelLoop:
         if self._full_graph is not None:
             self._full_graph.replay()
         else:
-            before, start, inner, end = self._phase_graphs
-            before.replay()
-            while self.phases.outer_flag.item():
-                start.replay()
-                while self.phases.inner_flag.item():
-                    inner.replay()
-                end.replay()
+            self._run({name: graph.replay for name, graph in self._phase_graphs.items()})
 
     def _run_eager(self) -> None:
-        p = self.phases
-        p.before_loop()
-        while p.outer_flag.item():
-            p.outer_start()
-            while p.inner_flag.item():
-                p.inner_step()
-            p.outer_end()
+        self._run(self.phases.present())
+
+    def _run(self, phases: dict[str, Callable[[], None]]) -> None:
+        """The loop structure over phase callables (eager phases or graph replays), by phase name."""
+        inner, end = phases.get("inner_step"), phases.get("outer_end")
+        phases["before_loop"]()
+        while self.phases.outer_flag.item():
+            phases["outer_start"]()
+            if inner is not None:
+                while self.phases.inner_flag.item():
+                    inner()
+            if end is not None:
+                end()
 
     def _capture(self) -> None:
         device = self.phases.outer_flag.device
@@ -77,10 +93,8 @@ class TwoLevelLoop:
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(WARMUP_ROUNDS):
-                self.phases.before_loop()
-                self.phases.outer_start()
-                self.phases.inner_step()
-                self.phases.outer_end()
+                for phase in self.phases.present().values():
+                    phase()
         torch.cuda.current_stream(device).wait_stream(stream)
         if self.mode is GraphMode.FULL_GRAPH:
             try:
@@ -90,15 +104,7 @@ class TwoLevelLoop:
                 logger.warning("nemo_fastdecode: WHILE-node capture failed (%s); using no_while_graph", error)
                 self.mode = GraphMode.NO_WHILE_GRAPH
                 torch.cuda.synchronize(device)
-        self._phase_graphs = [
-            self._capture_one(stream, phase)
-            for phase in (
-                self.phases.before_loop,
-                self.phases.outer_start,
-                self.phases.inner_step,
-                self.phases.outer_end,
-            )
-        ]
+        self._phase_graphs = {name: self._capture_one(stream, phase) for name, phase in self.phases.present().items()}
 
     @staticmethod
     def _capture_one(stream: torch.cuda.Stream, phase: Callable[[], None]) -> torch.cuda.CUDAGraph:
@@ -118,7 +124,9 @@ class TwoLevelLoop:
             p.before_loop()
             with captured_while_loop(p.outer_flag):
                 p.outer_start()
-                with captured_while_loop(p.inner_flag):
-                    p.inner_step()
-                p.outer_end()
+                if p.inner_step is not None:
+                    with captured_while_loop(p.inner_flag):
+                        p.inner_step()
+                if p.outer_end is not None:
+                    p.outer_end()
         return graph
