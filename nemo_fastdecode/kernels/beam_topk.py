@@ -356,6 +356,8 @@ def log_softmax_topk_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batched torch implementation with the kernel's semantics (module docstring); also the CPU fallback.
 
+    Its values are ``torch.log_softmax(x)`` entries, bit for bit (the kernel's agree up to float rounding).
+
     logits [N, V] -> values [N, k+1] float32, ids [N, k+1] int64. O(N V) plus tiny sorts of k elements per row.
     """
     _check_inputs(logits, k, blank_id, temperature)
@@ -366,9 +368,11 @@ def log_softmax_topk_reference(
     x = logits.float()
     if float(temperature) != 1.0:
         x = x * _inv_temperature(float(temperature))
-    # torch.logsumexp gives NaN / +inf / -inf exactly for the rows the rule sends to NaN.
+    # Values come from torch.log_softmax itself, so that on every device they are bit-identical to what NeMo's
+    # beam search computes (``F.log_softmax`` then ``topk``); ``x - logsumexp(x)`` rounds differently. torch.logsumexp
+    # gives NaN / +inf / -inf exactly for the rows the rule sends to NaN.
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
-    lse = torch.where(lse.isfinite(), lse, torch.full_like(lse, float("nan")))
+    logp = torch.where(lse.isfinite(), torch.log_softmax(x, dim=-1), torch.full_like(x, float("nan")))
     keys = x.masked_fill(x.isnan(), float("-inf"))
 
     k_eff = min(k, v - 1)
@@ -390,8 +394,8 @@ def log_softmax_topk_reference(
         order = keys.gather(1, pos).sort(dim=-1, descending=True, stable=True).indices
         pos = pos.gather(1, order)
         sel_ids = pos + (pos >= blank_id).long()  # back to vocabulary ids
-        top_values[:, :k_eff] = x.gather(1, sel_ids) - lse
+        top_values[:, :k_eff] = logp.gather(1, sel_ids)
         top_ids[:, :k_eff] = sel_ids
-    blank_values = x[:, blank_id : blank_id + 1] - lse
+    blank_values = logp[:, blank_id : blank_id + 1]
     blank_ids = torch.full((n, 1), blank_id, dtype=torch.int64, device=device)
     return torch.cat((top_values, blank_values), dim=1), torch.cat((top_ids, blank_ids), dim=1)
