@@ -1,0 +1,159 @@
+"""Pre-allocated batched beam hypotheses (a prefix tree written in place) and their NeMo form.
+
+Same semantics as NeMo's ``BatchedBeamHyps`` (RNN-T and TDT), whose ``to_hyps_list`` /
+``to_nbest_hyps_list`` turn the result into ``Hypothesis`` / ``NBestHypotheses``: every step extends
+every beam by one entry (a label, a blank, or ``-1`` for a finished hypothesis) that points to its
+parent beam. Differences that make it capturable and cheaper: storage is sized once for the longest
+possible search (no doubling, no host check per step), and because all beams grow together one 0-d
+step counter replaces NeMo's per-beam ``current_lengths_wb`` (writes go through ``index_copy_``, never
+through indexing with a 0-d tensor, which would synchronise).
+"""
+
+from __future__ import annotations
+
+import torch
+from nemo.collections.asr.parts.utils.batched_beam_decoding_utils import (
+    INACTIVE_SCORE,
+    NON_EXISTENT_LABEL_VALUE,
+    BatchedBeamHyps,
+    hash_text,
+)
+
+__all__ = ["INACTIVE_SCORE", "NON_EXISTENT_LABEL_VALUE", "BeamHypsBuffer"]
+
+
+class BeamHypsBuffer:
+    """Beam hypotheses of a batch in fixed-size storage, updated without host synchronisation.
+
+    Shapes (``B`` rows, ``K`` beams, ``C`` steps of capacity): ``labels/parents/timestamps/durations
+    [B, K, C]``; ``scores/lengths/last_label/hashes/next_time/labels_at_time [B, K]``; ``step`` 0-d.
+    Timestamps are a label's frame (RNN-T) or its end frame (TDT, start = end - duration on export),
+    as in NeMo. A step past the capacity overwrites the last slot; :meth:`full` tells the caller.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        beam_size: int,
+        capacity: int,
+        blank_index: int,
+        device: torch.device,
+        float_dtype: torch.dtype,
+        tdt: bool,
+    ):
+        self.batch_size, self.beam_size, self.capacity = batch_size, beam_size, capacity
+        self.blank_index, self.tdt, self.device, self.float_dtype = blank_index, tdt, device, float_dtype
+        tree_shape, beam_shape = [batch_size, beam_size, capacity], [batch_size, beam_size]
+        self.labels = torch.full(tree_shape, NON_EXISTENT_LABEL_VALUE, dtype=torch.long, device=device)
+        self.parents = torch.zeros(tree_shape, dtype=torch.long, device=device)
+        self.timestamps = torch.zeros(tree_shape, dtype=torch.long, device=device)
+        self.durations = torch.zeros(tree_shape if tdt else [0], dtype=torch.long, device=device)
+        self.step = torch.zeros([], dtype=torch.long, device=device)
+        self.scores = torch.zeros(beam_shape, dtype=float_dtype, device=device)
+        self.lengths = torch.zeros(beam_shape, dtype=torch.long, device=device)  # non-blank labels
+        self.last_label = torch.zeros(beam_shape, dtype=torch.long, device=device)
+        self.hashes = torch.zeros(beam_shape, dtype=torch.long, device=device)
+        self.next_time = torch.zeros(beam_shape, dtype=torch.long, device=device)
+        # labels emitted at the current frame in a row (NeMo's last_timestamp_lasts; max_symbols)
+        self.labels_at_time = torch.zeros(beam_shape, dtype=torch.long, device=device)
+        self._beam_range = torch.arange(beam_size, device=device)
+        self._last_slot = torch.tensor(capacity - 1, dtype=torch.long, device=device)
+        self._inactive = torch.tensor(INACTIVE_SCORE, dtype=float_dtype, device=device)  # out= needs tensors
+
+    def reset_(self) -> None:
+        """Empty hypotheses: beam 0 with score 0, the other beams inactive (-inf)."""
+        self.step.zero_()
+        self.scores.fill_(INACTIVE_SCORE)
+        self.scores[:, 0] = 0.0
+        self.lengths.zero_()
+        self.last_label.fill_(NON_EXISTENT_LABEL_VALUE)
+        self.hashes.zero_()
+        self.next_time.zero_()
+        self.labels_at_time.zero_()
+
+    def add_(
+        self,
+        parents: torch.Tensor,
+        labels: torch.Tensor,
+        scores: torch.Tensor,
+        durations: torch.Tensor | None = None,
+    ) -> None:
+        """Extend beam ``parents[b, k]`` by ``labels[b, k]`` (``-1``: none, finished) with total ``scores``.
+
+        All arguments ``[B, K]``; ``durations`` (TDT) are duration indices, as NeMo uses them.
+        """
+        slot = torch.minimum(self.step, self._last_slot).view(1)
+        last_labels = torch.gather(self.last_label, -1, parents)
+        self.labels.index_copy_(2, slot, labels.unsqueeze(-1))
+        self.parents.index_copy_(2, slot, parents.unsqueeze(-1))
+        is_extended = labels >= 0
+        with_blank = labels == self.blank_index
+        with_label = is_extended & ~with_blank
+        times = torch.gather(self.next_time, -1, parents)
+        labels_at_time = torch.gather(self.labels_at_time, -1, parents) + with_label
+        if self.tdt:
+            durations = torch.where(is_extended, durations, 0)
+            times = times + durations
+            # a label that moves on (duration > 0) starts a new frame; so does every blank
+            self.labels_at_time.copy_(labels_at_time.masked_fill_(is_extended & (durations > 0), 0))
+            self.durations.index_copy_(2, slot, durations.unsqueeze(-1))
+        else:
+            times = times + with_blank
+            self.labels_at_time.copy_(labels_at_time.masked_fill_(with_blank, 0))
+        self.timestamps.index_copy_(2, slot, times.unsqueeze(-1))
+        self.next_time.copy_(times)
+        self.lengths.copy_(torch.gather(self.lengths, -1, parents) + with_label)
+        self.scores.copy_(scores)
+        previous_hashes = torch.gather(self.hashes, -1, parents)
+        torch.where(with_label, hash_text(previous_hashes, labels), previous_hashes, out=self.hashes)
+        torch.where(with_label, labels, last_labels, out=self.last_label)
+        self.step.add_(1)
+
+    def recombine_(self) -> None:
+        """Merge equal hypotheses (same transcript; TDT: same next frame): the best keeps the log-sum-exp score.
+
+        The float operations are NeMo's (``BatchedBeamHyps.recombine_hyps_``), so scores stay bit-identical.
+        """
+        if self.beam_size <= 1:
+            return
+        equal = (
+            (self.hashes[:, :, None] == self.hashes[:, None, :])
+            & (self.last_label[:, :, None] == self.last_label[:, None, :])
+            & (self.lengths[:, :, None] == self.lengths[:, None, :])
+        )
+        if self.tdt:
+            equal &= self.next_time[:, :, None] == self.next_time[:, None, :]
+        scores_matrix = torch.where(equal, self.scores[:, None, :].expand_as(equal), self._inactive)
+        keep = self._beam_range[None, :] == scores_matrix.argmax(-1)
+        merged = torch.logsumexp(scores_matrix, dim=-1)
+        torch.where(keep, merged.to(self.scores.dtype), self._inactive, out=self.scores)
+
+    def full(self) -> bool:
+        """True once every slot is written (the search may have had more steps to make; host sync)."""
+        return int(self.step) >= self.capacity
+
+    def to_nemo(self, batch_size: int) -> BatchedBeamHyps:
+        """The first ``batch_size`` rows as NeMo's ``BatchedBeamHyps`` (for its Hypothesis/NBest export)."""
+        steps = min(int(self.step), self.capacity)
+        nemo = BatchedBeamHyps(
+            batch_size=batch_size,
+            beam_size=self.beam_size,
+            init_length=max(steps, 1),
+            blank_index=self.blank_index,
+            device=self.device,
+            float_dtype=self.float_dtype,
+            model_type="tdt" if self.tdt else "rnnt",
+        )
+        rows = slice(0, batch_size)
+        nemo.transcript_wb[..., :steps].copy_(self.labels[rows, :, :steps])
+        nemo.transcript_wb_prev_ptr[..., :steps].copy_(self.parents[rows, :, :steps])
+        nemo.timestamps[..., :steps].copy_(self.timestamps[rows, :, :steps])
+        if self.tdt:
+            nemo.token_durations[..., :steps].copy_(self.durations[rows, :, :steps])
+        nemo.current_lengths_wb.fill_(steps)
+        nemo.current_lengths_nb.copy_(self.lengths[rows])
+        nemo.scores.copy_(self.scores[rows])
+        nemo.last_label.copy_(self.last_label[rows])
+        nemo.transcript_hash.copy_(self.hashes[rows])
+        nemo.last_timestamp_lasts.copy_(self.labels_at_time[rows])
+        return nemo

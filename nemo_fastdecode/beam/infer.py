@@ -1,0 +1,122 @@
+"""NeMo-facing beam search: what ``decoding.strategy: fast_beam`` puts in ``model.decoding.decoding``.
+
+It has the interface of NeMo's ``BeamBatchedRNNTInfer`` / ``BeamBatchedTDTInfer`` with
+``search_type='malsd_batch'`` (called with ``[B, D, T]`` encoder output, returns a 1-tuple with the best
+``Hypothesis`` per utterance or its ``NBestHypotheses``) and runs our :class:`MALSDBeamComputer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis, NBestHypotheses
+from nemo.collections.common.parts.optional_cuda_graphs import WithOptionalCudaGraphs
+from nemo.core.classes import Typing, typecheck
+from nemo.core.neural_types import AcousticEncodedRepresentation, HypothesisType, LengthsType, NeuralType
+
+from nemo_fastdecode.beam.malsd import MALSDBeamComputer
+from nemo_fastdecode.graphs import GraphMode
+from nemo_fastdecode.greedy.infer import _check_inputs
+
+
+class FastBeamBatchedInfer(Typing, WithOptionalCudaGraphs):
+    """Batched beam search for RNN-T and TDT, exactly NeMo's ``malsd_batch``, as CUDA graphs where possible.
+
+    Args:
+        decoder_model / joint_model / blank_index / beam_size: as in NeMo's ``BeamBatchedRNNTInfer``.
+        max_symbols_per_step: most labels per frame and hypothesis (NeMo's ``beam.max_symbols``); ``None``: no limit.
+        durations: TDT durations (``None`` for RNN-T).
+        score_norm: rank hypotheses by score / (tokens + 1) when picking the best and ordering the n-best.
+        return_best_hypothesis: return the best ``Hypothesis`` per utterance (else ``NBestHypotheses``).
+        allow_cuda_graphs: allow CUDA graphs (ignored on the CPU).
+        graph_mode: "auto" (default), "full_graph", "no_while_graph" or "eager".
+        fused_topk: ``None`` (default): the Triton beam-step kernel on CUDA, its torch reference elsewhere;
+            ``True``/``False`` force one (``False`` gives PyTorch's log-softmax bit for bit on CUDA too).
+    """
+
+    @property
+    def input_types(self):
+        return {
+            "encoder_output": NeuralType(("B", "D", "T"), AcousticEncodedRepresentation()),
+            "encoded_lengths": NeuralType(tuple("B"), LengthsType()),
+            "partial_hypotheses": [NeuralType(elements_type=HypothesisType(), optional=True)],
+        }
+
+    @property
+    def output_types(self):
+        return {"predictions": [NeuralType(elements_type=HypothesisType())]}
+
+    def __init__(
+        self,
+        decoder_model: torch.nn.Module,
+        joint_model: torch.nn.Module,
+        blank_index: int,
+        beam_size: int,
+        max_symbols_per_step: int | None = 10,
+        durations: Sequence[int] | None = None,
+        score_norm: bool = True,
+        return_best_hypothesis: bool = True,
+        allow_cuda_graphs: bool = True,
+        graph_mode: str | GraphMode | None = "auto",
+        fused_topk: bool | None = None,
+    ):
+        super().__init__()
+        self.decoder, self.joint = decoder_model, joint_model
+        self.blank_index, self.beam_size = blank_index, beam_size
+        self.score_norm, self.return_best_hypothesis = score_norm, return_best_hypothesis
+        self.computer = MALSDBeamComputer(
+            decoder=decoder_model,
+            joint=joint_model,
+            blank_index=blank_index,
+            beam_size=beam_size,
+            max_symbols=max_symbols_per_step,
+            durations=durations,
+            use_cuda_graphs=allow_cuda_graphs,
+            graph_mode=GraphMode.parse(graph_mode),
+            fused_topk=fused_topk,
+        )
+
+    def disable_cuda_graphs(self) -> bool:
+        """NeMo calls this around training/validation; returns whether anything changed."""
+        changed = self.computer.use_cuda_graphs
+        self.computer.use_cuda_graphs = False
+        self.computer.reset_graphs()
+        return changed
+
+    def maybe_enable_cuda_graphs(self) -> bool:
+        changed = not self.computer.use_cuda_graphs
+        self.computer.use_cuda_graphs = True
+        return changed
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    @typecheck()
+    def forward(
+        self,
+        encoder_output: torch.Tensor,
+        encoded_lengths: torch.Tensor,
+        partial_hypotheses: list[Hypothesis | None] | None = None,
+    ) -> tuple[list[Hypothesis] | list[NBestHypotheses]]:
+        """Search ``encoder_output [B, D, T]`` with ``encoded_lengths [B]``; returns ``(hypotheses,)``."""
+        if partial_hypotheses is not None:
+            raise NotImplementedError(
+                "fast_beam does not continue partial hypotheses (streaming); NeMo's malsd_batch does not either"
+            )
+        _check_inputs(encoder_output, encoded_lengths, None)
+        batch_size = encoder_output.shape[0]
+        if batch_size == 0:
+            return ([],)
+        training = self.decoder.training, self.joint.training
+        self.decoder.eval()
+        self.joint.eval()
+        try:
+            with torch.inference_mode():
+                hyps = self.computer(encoder_output.transpose(1, 2), encoded_lengths).to_nemo(batch_size)
+                if self.return_best_hypothesis:
+                    return (hyps.to_hyps_list(score_norm=self.score_norm),)
+                return (hyps.to_nbest_hyps_list(score_norm=self.score_norm),)
+        finally:
+            self.decoder.train(training[0])
+            self.joint.train(training[1])

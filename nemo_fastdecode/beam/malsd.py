@@ -1,0 +1,303 @@
+"""Batched modified-ALSD beam search (RNN-T and TDT) that returns exactly what NeMo's ``malsd_batch`` returns.
+
+The algorithm is NeMo's (``ModifiedALSDBatchedRNNTComputer`` / ``ModifiedALSDBatchedTDTComputer``, 3.0):
+every step, each of the ``K`` beams of a row proposes its ``K`` best extensions (label or blank; TDT:
+label x duration), the row keeps the ``K`` best of the ``K x K`` candidates, equal hypotheses are merged
+(log-sum-exp), and the prediction network advances the beams that emitted a label. It runs as one
+loop, ``before_loop(); while flag: step()``, whose phases use in-place, non-synchronising ops only,
+so the same code runs eagerly, as phase graphs and inside a WHILE node (:mod:`nemo_fastdecode.graphs`).
+
+What is ours: the per-step top-k is the fused beam-step kernel (:func:`log_softmax_topk`: log-softmax
+and the top-k non-blank tokens plus blank in one pass; the torch reference on the CPU), state and
+hypotheses live in pre-allocated buffers re-captured only when a batch is larger or longer than any
+before, and a hypothesis never depends on the rest of its batch.
+
+Exactness (fp32): the floating-point operations that produce scores are NeMo's, in NeMo's order; on
+the CPU (torch reference) the log-probabilities are bit-identical to NeMo's ``log_softmax`` and so are
+tokens, timestamps and scores. On CUDA the Triton kernel's log-probabilities agree with PyTorch's to
+float32 rounding (its normaliser is summed in another order), so a choice between two candidates whose
+scores tie to within rounding can differ; ``fused_topk=False`` uses the torch path there too.
+Deliberate difference: NeMo 3.0's RNN-T search re-activates rows of length 0 after its first step (its
+active mask becomes ``time <= max(length - 1, 0)``) and decodes their padding frame when other rows
+are longer; here such a row stays empty (score 0), as NeMo returns it when decoded alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from nemo_fastdecode.beam.hyps import INACTIVE_SCORE, NON_EXISTENT_LABEL_VALUE, BeamHypsBuffer
+from nemo_fastdecode.beam.state import BeamLoopBuffers
+from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
+from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
+
+# With max_symbols=None a hypothesis may emit any number of labels per frame: start with room for this
+# many steps per frame and grow (re-running the batch) when the storage fills; past the limit the model
+# keeps emitting labels and we stop with an error instead of looping forever.
+UNBOUNDED_STEPS_START = 4
+UNBOUNDED_STEPS_LIMIT = 1024
+
+
+class MALSDBeamComputer:
+    """Batched exact modified-ALSD beam search; ``__call__`` returns NeMo ``BatchedBeamHyps``.
+
+    Args:
+        decoder: NeMo ``RNNTDecoder`` (LSTM prediction network, ``blank_as_pad=True``).
+        joint: NeMo ``RNNTJoint``.
+        blank_index: id of blank (= number of non-blank tokens ``V``).
+        beam_size: beams per utterance, ``1..min(16, V)``.
+        max_symbols: at most this many labels per encoder frame and hypothesis; ``None`` for no limit.
+        durations: TDT durations (e.g. ``[0, 1, 2, 3, 4]``), ``None`` for RNN-T. Like NeMo, the search
+            uses duration *indices* as durations (equal for the usual ``[0, 1, ..., n]``).
+        use_cuda_graphs: allow CUDA graphs on CUDA devices.
+        graph_mode: force a :class:`GraphMode` (tests); ``None`` chooses automatically.
+        fused_topk: ``None``: the Triton beam-step kernel on CUDA, its torch reference elsewhere;
+            ``True``/``False`` force one of them.
+    """
+
+    def __init__(
+        self,
+        decoder: torch.nn.Module,
+        joint: torch.nn.Module,
+        blank_index: int,
+        beam_size: int,
+        max_symbols: int | None = 10,
+        durations: Sequence[int] | None = None,
+        use_cuda_graphs: bool = True,
+        graph_mode: GraphMode | None = None,
+        fused_topk: bool | None = None,
+    ):
+        largest_beam = min(MAX_K, blank_index)
+        if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= largest_beam:
+            raise ValueError(
+                f"beam_size must be an int in 1..{largest_beam} (at most {MAX_K}, the beam-step kernel's limit, "
+                f"and at most the {blank_index} non-blank tokens), got {beam_size!r}; use strategy 'malsd_batch' "
+                "for larger beams"
+            )
+        if max_symbols is not None and max_symbols <= 0:
+            raise ValueError(f"max_symbols must be a positive int or None, got {max_symbols}")
+        if not getattr(decoder, "blank_as_pad", False):
+            raise ValueError("nemo_fastdecode needs a prediction network with blank_as_pad=True (NeMo's default)")
+        self.decoder, self.joint = decoder, joint
+        self.blank_index, self.beam_size, self.max_symbols = blank_index, beam_size, max_symbols
+        self.durations_list = list(durations) if durations else None
+        self.use_cuda_graphs = use_cuda_graphs
+        self.forced_mode = graph_mode
+        self.fused_topk = fused_topk
+        self._buffers: BeamLoopBuffers | None = None
+        self._loop: TwoLevelLoop | None = None
+        self._steps_per_frame = max_symbols + 1 if max_symbols is not None else UNBOUNDED_STEPS_START
+
+    # ----- configuration -------------------------------------------------------------------
+    @property
+    def is_tdt(self) -> bool:
+        return self.durations_list is not None
+
+    def force_mode(self, mode: GraphMode | str | None) -> None:
+        """Force a graph mode (``None``/"auto" to choose automatically); drops captured graphs."""
+        self.forced_mode = GraphMode.parse(mode)
+        self.reset_graphs()
+
+    def reset_graphs(self) -> None:
+        self._buffers, self._loop = None, None
+
+    @property
+    def graph_mode(self) -> GraphMode | None:
+        """The mode of the last run (a failed WHILE capture shows here as ``NO_WHILE_GRAPH``)."""
+        return None if self._loop is None else self._loop.mode
+
+    # ----- one search step -----------------------------------------------------------------
+    def _top_k(self, logits: torch.Tensor, batch_size: int, dtype: torch.dtype):
+        """Each beam's ``K`` best extensions, as NeMo's ``topk`` over ``log_softmax`` finds them.
+
+        logits ``[B*K, V+1 (+D)]`` -> scores, labels, duration indices (TDT; ``None`` for RNN-T) ``[B, K, K]``
+        (descending) and the score of a forced blank ``[B, K]`` (TDT: blank plus the best duration). The kernel gives the ``K``
+        best non-blank tokens plus blank; the ``K`` best over the whole vocabulary are among them.
+        """
+        k, shape = self.beam_size, (batch_size, self.beam_size, self.beam_size)
+        num_durations = len(self.durations_list) if self.is_tdt else 0
+        token_logits = logits[:, :-num_durations] if num_durations else logits
+        values, ids = log_softmax_topk(token_logits, k, self.blank_index, use_triton=self.fused_topk)
+        values = values.to(dtype)
+        blank_scores = values[:, k]
+        if not num_durations:
+            # blank joins the K best non-blank tokens at its rank (ties: after the tokens); keep K
+            order = values.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+            return (
+                values.gather(1, order).view(shape),
+                ids.gather(1, order).view(shape),
+                None,
+                blank_scores.view(shape[:2]),
+            )
+        duration_scores = F.log_softmax(logits[:, -num_durations:], dim=-1, dtype=dtype)  # [B*K, D]
+        # (token, duration) pairs: NeMo's `log_probs[..., None] + duration_log_probs[..., None, :]`, K+1 tokens
+        pairs = values[:, :, None] + duration_scores[:, None, :]
+        scores, pair_ids = pairs.view(values.shape[0], -1).topk(k, dim=-1, largest=True, sorted=True)
+        labels = ids.gather(1, pair_ids // num_durations)
+        durations = pair_ids % num_durations
+        # a blank never stays on its frame
+        durations = torch.where((labels == self.blank_index) & (durations == 0), 1, durations)
+        blank_scores = blank_scores + duration_scores.max(dim=-1).values
+        return scores.view(shape), labels.view(shape), durations.view(shape), blank_scores.view(shape[:2])
+
+    def _phases(self, b: BeamLoopBuffers) -> LoopPhases:
+        batch, k, blank = b.batch_size, self.beam_size, self.blank_index
+        hyps: BeamHypsBuffer = b.hyps
+
+        def update_time_flags() -> None:
+            torch.minimum(b.time_indices, b.last_frame, out=b.safe_time_indices)
+            b.safe_time_indices.clamp_(min=0)  # rows of length 0 (never active) read frame 0
+            torch.less_equal(b.time_indices, b.last_frame, out=b.active)
+            torch.logical_and(b.active.any(), hyps.step < hyps.capacity, out=b.flag)
+
+        def before_loop() -> None:
+            hyps.reset_()
+            for state, sos in zip(b.decoder_state, b.sos_decoder_state, strict=True):
+                state.copy_(sos)
+            b.decoder_output.copy_(b.sos_decoder_output)
+            b.time_indices.zero_()
+            torch.sub(b.encoder_lengths[:, None].expand(batch, k), 1, out=b.last_frame)
+            update_time_flags()
+
+        def step() -> None:
+            # 1. joint at every beam's frame, its K best extensions
+            frames = b.encoder_projected[b.beam_rows, b.safe_time_indices.view(-1)].unsqueeze(1)
+            logits = self.joint.joint_after_projection(frames, b.decoder_output)[:, 0, 0, :]
+            top_scores, top_labels, top_durations, blank_scores = self._top_k(logits, batch, b.float_dtype)
+
+            # 2. candidates (NeMo's steps 2.1-2.3, same float ops): finished beams stay, once, with their score
+            candidates = hyps.scores.unsqueeze(-1) + top_scores  # [B, K, K]
+            forced_blank_scores = hyps.scores + blank_scores
+            active = b.active
+            candidates = torch.where(active.unsqueeze(-1), candidates, INACTIVE_SCORE)
+            candidates[..., 0] = torch.where(active, candidates[..., 0], hyps.scores)
+            top_labels = torch.where(active.unsqueeze(-1), top_labels, NON_EXISTENT_LABEL_VALUE)
+            if self.max_symbols is not None:
+                # max_symbols labels at this frame already: the only extension is blank
+                force_blank = (hyps.labels_at_time >= self.max_symbols) & active
+                candidates = torch.where(force_blank.unsqueeze(-1), INACTIVE_SCORE, candidates)
+                candidates[..., 0] = torch.where(force_blank, forced_blank_scores, candidates[..., 0])
+                top_labels = torch.where(force_blank.unsqueeze(-1), blank, top_labels)
+                if self.is_tdt:
+                    top_durations = torch.where(force_blank.unsqueeze(-1) & (top_durations == 0), 1, top_durations)
+
+            # 3. the K best of K x K, into the hypotheses; merge equal ones
+            next_scores, picked = torch.topk(candidates.view(batch, -1), k=k, largest=True, sorted=True)
+            parents = picked // k
+            next_labels = top_labels.view(batch, -1).gather(1, picked)
+            next_durations = top_durations.view(batch, -1).gather(1, picked) if self.is_tdt else None
+            hyps.add_(parents, next_labels, next_scores, next_durations)
+            hyps.recombine_()
+
+            # 4. prediction network: beams that emitted a label advance from their parent's state
+            emitted = (next_labels >= 0) & (next_labels != blank)
+            step_labels = torch.where(emitted, next_labels, blank).view(-1, 1)
+            torch.gather(
+                b.decoder_output.view(batch, k, 1, -1),
+                dim=1,
+                index=parents[:, :, None, None].expand(batch, k, 1, b.decoder_output.shape[-1]),
+                out=b.parent_decoder_output.view(batch, k, 1, -1),
+            )
+            self.decoder.batch_aggregate_states_beam(b.decoder_state, batch, k, parents, b.parent_decoder_state)
+            output, new_state, *_ = self.decoder.predict(
+                step_labels, b.parent_decoder_state, add_sos=False, batch_size=batch * k
+            )
+            keep = ~emitted.view(-1)
+            # same as: output[keep] = parent_output[keep]; state[keep] = parent_state[keep]; else the new ones
+            torch.where(
+                keep[:, None, None], b.parent_decoder_output, self.joint.project_prednet(output), out=b.decoder_output
+            )
+            self.decoder.batch_replace_states_mask(
+                src_states=b.parent_decoder_state, dst_states=b.decoder_state, mask=keep, other_src_states=new_state
+            )
+
+            # 5. time: blank moves on one frame (RNN-T); TDT moves by the duration (finished beams stay)
+            parent_time = torch.gather(b.time_indices, -1, parents)
+            if self.is_tdt:
+                b.time_indices.copy_(parent_time + torch.where(next_labels >= 0, next_durations, 0))
+            else:
+                b.time_indices.copy_(parent_time + (next_labels == blank))
+            update_time_flags()
+
+        return LoopPhases.one_level(before_loop, step, b.flag)
+
+    # ----- buffers and graph lifetime ------------------------------------------------------
+    def _capacity(self, max_time: int) -> int:
+        # a hypothesis makes at most max_symbols + 1 steps per frame (labels, then a forced blank)
+        return max(max_time, 1) * self._steps_per_frame
+
+    def _prepare(self, batch_size: int, max_time: int, hidden: int, device: torch.device, dtype: torch.dtype):
+        mode = choose_graph_mode(device, self.use_cuda_graphs, self.forced_mode)
+        if mode is GraphMode.EAGER:
+            # eager runs at the exact batch shape (the networks see exactly NeMo's shapes)
+            buffers = self._allocate(batch_size, max_time, hidden, device, dtype)
+            return buffers, TwoLevelLoop(self._phases(buffers), mode)
+        if self._buffers is None or not self._buffers.fits(
+            batch_size, max_time, self._capacity(max_time), device, dtype
+        ):
+            # grow geometrically in time so that a slowly growing maximum does not re-capture every batch
+            old = self._buffers if self._buffers is not None and self._buffers.device == device else None
+            grown_time = max(max_time, 2 * old.max_time) if old is not None else max_time
+            grown_batch = max(batch_size, old.batch_size) if old is not None else batch_size
+            self._buffers = self._allocate(grown_batch, grown_time, hidden, device, dtype)
+            self._loop = TwoLevelLoop(self._phases(self._buffers), mode)
+        return self._buffers, self._loop
+
+    def _allocate(self, batch_size: int, max_time: int, hidden: int, device, dtype) -> BeamLoopBuffers:
+        b = BeamLoopBuffers(
+            batch_size,
+            self.beam_size,
+            max_time,
+            hidden,
+            self._capacity(max_time),
+            self.blank_index,
+            device,
+            dtype,
+            self.is_tdt,
+        )
+        beams = batch_size * self.beam_size
+        # every hypothesis starts from the prediction network's output after <SOS> (blank)
+        sos = torch.full([beams, 1], self.blank_index, dtype=torch.long, device=device)
+        output, sos_state, *_ = self.decoder.predict(sos, None, add_sos=False, batch_size=beams)
+        b.sos_decoder_state = [s.clone() for s in sos_state]
+        b.decoder_state = [s.clone() for s in sos_state]
+        b.parent_decoder_state = [s.clone() for s in sos_state]
+        b.sos_decoder_output.copy_(self.joint.project_prednet(output))
+        return b
+
+    # ----- public entry point --------------------------------------------------------------
+    @torch.inference_mode()
+    def __call__(self, encoder_output: torch.Tensor, encoder_lengths: torch.Tensor) -> BeamHypsBuffer:
+        """Search a batch.
+
+        Args:
+            encoder_output: ``[B, T, D]`` encoder output (time-major per row), ``B >= 1``.
+            encoder_lengths: ``[B]`` valid frames per row (0 allowed).
+
+        Returns:
+            The hypotheses buffer (rows ``0..B-1`` are the batch; :meth:`BeamHypsBuffer.to_nemo` exports them).
+        """
+        batch_size, max_time, _ = encoder_output.shape
+        projected = self.joint.project_encoder(encoder_output)
+        while True:
+            b, loop = self._prepare(batch_size, max_time, projected.shape[-1], projected.device, projected.dtype)
+            b.encoder_projected[:batch_size, :max_time].copy_(projected)
+            b.encoder_lengths.zero_()  # padding rows stay inactive
+            b.encoder_lengths[:batch_size].copy_(encoder_lengths)
+            loop.run()
+            if not (b.hyps.full() and bool(b.active.any())):
+                break
+            # only reachable with max_symbols=None: some hypothesis needs more steps than we had room for
+            self._steps_per_frame *= 4
+            if self._steps_per_frame > UNBOUNDED_STEPS_LIMIT:
+                self._steps_per_frame = UNBOUNDED_STEPS_START
+                raise RuntimeError(
+                    f"beam search made more than {UNBOUNDED_STEPS_LIMIT} steps per frame without finishing "
+                    "(max_symbols=None); set decoding.beam.max_symbols (e.g. 10)"
+                )
+            self.reset_graphs()
+        self._loop = loop
+        return b.hyps
