@@ -32,10 +32,11 @@ def exact_fp32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "torch"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
 @pytest.mark.parametrize("max_symbols", [1, 3, 10, None])
-def test_every_mode_matches_baseline_on_gpu(mode, kind, loop_labels, max_symbols):
+def test_every_mode_matches_baseline_on_gpu(mode, kind, loop_labels, max_symbols, fused):
     if max_symbols is None:  # a network that always comes back to blank (else NeMo's baseline never returns)
         seed, bias = UNBOUNDED_SAFE[kind]
         decoder, joint = cuda_networks(kind, seed=seed, bias=bias)
@@ -45,6 +46,7 @@ def test_every_mode_matches_baseline_on_gpu(mode, kind, loop_labels, max_symbols
         x, lengths = random_encoder_output(9, 41, seed=22, lengths=[41, 3, 0, 40, 17, 1, 41, 25, 8], device="cuda")
     expected = baseline(kind, decoder, joint, max_symbols)(encoder_output=x, encoded_lengths=lengths)[0]
     decode = ours(kind, decoder, joint, max_symbols, loop_labels, graph_mode=mode)
+    decode.computer.fused_kernels = fused
     for _ in range(2):  # the second call replays the captured graph
         actual = decode(encoder_output=x, encoded_lengths=lengths)[0]
         assert_same_hypotheses(expected, actual)
@@ -108,3 +110,20 @@ def test_second_gpu(kind, loop_labels):
     expected = baseline(kind, decoder, joint, 3)(encoder_output=x, encoded_lengths=lengths)[0]
     actual = ours(kind, decoder, joint, 3, loop_labels)(encoder_output=x, encoded_lengths=lengths)[0]
     assert_same_hypotheses(expected, actual)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
+def test_fused_kernels_are_bit_identical_on_gpu(mode, kind, loop_labels):
+    """Fused step kernels change no score bit, also under bf16 autocast (where near-ties are common)."""
+    decoder, joint = cuda_networks(kind, seed=30)
+    x, lengths = random_encoder_output(32, 64, seed=31, device="cuda")
+    results = {}
+    for fused in (False, True):
+        decode = ours(kind, decoder, joint, 10, loop_labels, graph_mode=mode)
+        decode.computer.fused_kernels = fused
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            results[fused] = decode(encoder_output=x, encoded_lengths=lengths)[0]
+    for expected, actual in zip(results[False], results[True], strict=True):
+        assert torch.equal(expected.y_sequence, actual.y_sequence) and torch.equal(expected.timestamp, actual.timestamp)
+        assert expected.score == actual.score

@@ -13,6 +13,7 @@ import torch
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
+from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.state import BatchedGreedyState, GreedyStateItem, LoopBuffers
 
 # With max_symbols=None the number of labels per frame is unbounded: start with this many slots per
@@ -33,6 +34,9 @@ class GreedyComputerBase:
         durations: TDT durations (e.g. ``[0, 1, 2, 3, 4]``), ``None`` for RNN-T.
         use_cuda_graphs: allow CUDA graphs on CUDA devices.
         graph_mode: force a :class:`GraphMode` (tests); ``None`` chooses automatically.
+        fused_kernels: use the fused Triton step kernels (:mod:`nemo_fastdecode.greedy.steps`); ``None``: on
+            CUDA. They are bit-identical to the torch ops they replace; ``True`` on the CPU needs
+            ``TRITON_INTERPRET=1`` (tests).
     """
 
     def __init__(
@@ -44,6 +48,7 @@ class GreedyComputerBase:
         durations: Sequence[int] | None = None,
         use_cuda_graphs: bool = True,
         graph_mode: GraphMode | None = None,
+        fused_kernels: bool | None = None,
     ):
         if max_symbols is not None and max_symbols <= 0:
             raise ValueError(f"max_symbols must be a positive int or None, got {max_symbols}")
@@ -54,6 +59,7 @@ class GreedyComputerBase:
         self.durations_list = list(durations) if durations else None
         self.use_cuda_graphs = use_cuda_graphs
         self.forced_mode = graph_mode
+        self.fused_kernels = fused_kernels
         self._buffers: LoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
         self._durations: torch.Tensor | None = None
@@ -87,29 +93,62 @@ class GreedyComputerBase:
         raise NotImplementedError
 
     # ----- shared steps used by the phases -------------------------------------------------
-    def _joint(self, encoder_frames: torch.Tensor, predictor_output: torch.Tensor) -> torch.Tensor:
-        """[B, 1, H] x [B, 1, H] -> logits [B, V + 1 (+ durations)]."""
-        return self.joint.joint_after_projection(encoder_frames, predictor_output)[:, 0, 0, :]
+    def _use_fused(self, device: torch.device) -> bool:
+        if self.fused_kernels is False:
+            return False
+        available = steps.fused_kernels_available(device)
+        if self.fused_kernels and not available:
+            raise ValueError(f"fused_kernels=True needs a CUDA device or TRITON_INTERPRET=1, got {device}")
+        return available and (self.fused_kernels or device.type == "cuda")
 
-    def _best_labels(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Greedy label (over tokens + blank), its score, and for TDT the duration chosen with it."""
+    def _joint_is_fusable(self) -> bool:
+        """The fused joint covers NeMo's default joint: ReLU, (dropout), Linear, no adapters, eval mode."""
+        layers = list(self.joint.joint_net)
+        return (
+            isinstance(layers[0], torch.nn.ReLU)
+            and isinstance(layers[-1], torch.nn.Linear)
+            and all(isinstance(layer, torch.nn.Dropout) for layer in layers[1:-1])
+            and not self.joint.is_adapter_available()
+            and not self.joint.training
+        )
+
+    def _logits_at(self, b: LoopBuffers, time_indices: torch.Tensor, fused: bool) -> torch.Tensor:
+        """Joint logits ``[B, V + 1 (+ durations)]`` of each row's frame ``time_indices[b]`` and predictor output."""
+        if fused and b.encoder_projected.dtype == b.predictor_output.dtype and self._joint_is_fusable():
+            hidden = steps.joint_hidden(b.encoder_projected, time_indices, b.predictor_output, b.joint_hidden, True)
+            return self._joint_output(hidden)
+        frames = b.encoder_projected[b.batch_indices, time_indices].unsqueeze(1)
+        return self.joint.joint_after_projection(frames, b.predictor_output)[:, 0, 0, :]
+
+    def _joint_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The joint's last layer and output normalisation, as ``RNNTJoint.joint_after_projection`` applies them."""
+        logits = self.joint.joint_net[-1](hidden)
+        log_softmax = self.joint.log_softmax
+        if log_softmax or (log_softmax is None and not logits.is_cuda):  # NeMo: automatic = on the CPU only
+            if self.joint.temperature != 1.0:
+                logits = logits / self.joint.temperature
+            logits = logits.log_softmax(dim=-1)
+        return logits
+
+    def _split_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Best label over tokens + blank, its score, and the TDT duration logits (``None`` for RNN-T)."""
         if not self.is_tdt:
             scores, labels = logits.max(dim=-1)
             return scores, labels, None
         num_durations = len(self.durations_list)
         scores, labels = logits[:, :-num_durations].max(dim=-1)
-        durations = self._durations[logits[:, -num_durations:].argmax(dim=-1)]
-        return scores, labels, durations
+        return scores, labels, logits[:, -num_durations:]
 
-    def _predict_masked(self, buffers: LoopBuffers, labels: torch.Tensor, mask: torch.Tensor) -> None:
+    def _predict_masked(self, buffers: LoopBuffers, labels: torch.Tensor, mask: torch.Tensor, fused: bool) -> None:
         """Advance the prediction network by ``labels`` for rows in ``mask``; others keep their state."""
         output, new_states, *_ = self.decoder.predict(
             labels.unsqueeze(1), buffers.predictor_states, add_sos=False, batch_size=buffers.batch_size
         )
         output = self.joint.project_prednet(output)
         # same as: states[:, mask] = new_states[:, mask]; predictor_output[mask] = output[mask]
-        self.decoder.batch_replace_states_mask(src_states=new_states, dst_states=buffers.predictor_states, mask=mask)
-        torch.where(mask[:, None, None], output, buffers.predictor_output, out=buffers.predictor_output)
+        steps.masked_state_update(
+            mask, buffers.predictor_states, list(new_states), buffers.predictor_output, output, fused
+        )
 
     def _restart_predictor(self, buffers: LoopBuffers) -> None:
         for state, initial in zip(buffers.predictor_states, buffers.initial_predictor_states, strict=True):

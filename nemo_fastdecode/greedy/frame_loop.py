@@ -3,6 +3,7 @@
 Outer loop: one encoder frame for the whole batch. Inner loop: every row that has not yet emitted
 blank at this frame emits its best label and advances its prediction network, up to max_symbols.
 This is the algorithm of NeMo's ``greedy_batch`` with ``loop_labels=False``.
+The bookkeeping between the joint and the LSTM lives in :mod:`nemo_fastdecode.greedy.steps`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from nemo_fastdecode.graphs import LoopPhases
+from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.state import LoopBuffers
 
@@ -23,20 +25,11 @@ class FrameLoopGreedy(GreedyComputerBase):
             raise ValueError("frame looping (loop_labels=False) is RNN-T only; TDT decodes with loop_labels=True")
 
     def _phases(self, b: LoopBuffers) -> LoopPhases:
-        max_symbols = self.max_symbols
+        fused = self._use_fused(b.device)
 
         def best_label_at_frame() -> None:
-            scores, labels, _ = self._best_labels(self._joint(b.frame_encoder, b.predictor_output))
-            b.scores.copy_(scores)
-            b.labels.copy_(labels)
-            # once a row has seen blank (or its end) at this frame it is done with the frame
-            b.blank.logical_or_(labels == self.blank_index)
-            if max_symbols is None:  # a row with full storage stops; the caller retries with more room
-                b.blank.logical_or_(b.hyps.lengths >= b.hyps.capacity)
-            emitting = torch.logical_not(torch.all(b.blank))
-            if max_symbols is not None:
-                emitting &= b.symbols_at_frame < max_symbols
-            b.inner_flag.copy_(emitting)
+            scores, labels, _ = self._split_logits(self._logits_at(b, b.frame_indices, fused))
+            steps.frame_select(b, scores, labels, self.blank_index, self.max_symbols, fused)
 
         def before_loop() -> None:
             b.frame.zero_()
@@ -47,16 +40,13 @@ class FrameLoopGreedy(GreedyComputerBase):
 
         def outer_start() -> None:
             b.symbols_at_frame.zero_()
-            # index_select keeps the frame index on the GPU (indexing with a 0-d tensor would synchronise)
-            torch.index_select(b.encoder_projected, 1, b.frame.view(1), out=b.frame_encoder)
+            # rows past their end have "seen blank" at this frame already
             torch.greater_equal(b.frame, b.encoder_lengths, out=b.blank)
             best_label_at_frame()
 
         def inner_step() -> None:
-            torch.logical_not(b.blank, out=b.found)
-            b.hyps.add_(b.found, b.labels, b.frame.expand_as(b.labels), b.scores)
-            b.symbols_at_frame.add_(1)
-            self._predict_masked(b, b.labels, b.found)
+            steps.frame_emit(b, fused)
+            self._predict_masked(b, b.labels, b.found, fused)
             best_label_at_frame()
 
         def outer_end() -> None:

@@ -32,6 +32,7 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         use_cuda_graph_decoder: allow CUDA graphs (ignored on the CPU).
         graph_mode: "auto" (default), "full_graph", "no_while_graph" or "eager".
         include_duration: fill ``Hypothesis.token_duration`` (TDT).
+        fused_kernels: fused Triton step kernels (``None``: on CUDA); bit-identical to the torch path.
     """
 
     def __init__(
@@ -45,6 +46,7 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         use_cuda_graph_decoder: bool = True,
         graph_mode: str | GraphMode | None = "auto",
         include_duration: bool = False,
+        fused_kernels: bool | None = None,
     ):
         super().__init__(
             decoder_model=decoder_model,
@@ -63,6 +65,7 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             durations=durations,
             use_cuda_graphs=use_cuda_graph_decoder,
             graph_mode=GraphMode.parse(graph_mode),
+            fused_kernels=fused_kernels,
         )
 
     def disable_cuda_graphs(self) -> bool:

@@ -84,7 +84,8 @@ class LoopBuffers:
         self.frame = torch.zeros([], dtype=torch.long, device=device)
         self.max_length = torch.zeros([], dtype=torch.long, device=device)
         self.symbols_at_frame = torch.zeros([], dtype=torch.long, device=device)
-        self.frame_encoder = torch.zeros([batch_size, 1, hidden], dtype=float_dtype, device=device)
+        self.frame_indices = self.frame.expand(batch_size)  # the frame as every row's time index (a view)
+        self.joint_hidden = torch.zeros([batch_size, hidden], dtype=float_dtype, device=device)  # fused joint
         # loop flags (0-d, read by WHILE nodes or by the host)
         self.outer_flag = torch.zeros([], dtype=torch.bool, device=device)
         self.inner_flag = torch.zeros([], dtype=torch.bool, device=device)
