@@ -1,0 +1,15 @@
+"""Cache-aware streaming for many desynchronised streams: slot caches read in place, bucketed CUDA graphs.
+
+* :mod:`~nemo_fastdecode.streaming.geometry` -- chunk sizes of NeMo's cache-aware streaming, its chunk schedule.
+* :mod:`~nemo_fastdecode.streaming.slots` -- the pre-allocated per-slot caches.
+* :mod:`~nemo_fastdecode.streaming.encoder` -- the encoder step over slot caches (indexed attention).
+* :mod:`~nemo_fastdecode.streaming.buckets` -- batch-size buckets, one CUDA graph replay per step.
+* :mod:`~nemo_fastdecode.streaming.decoding` -- per-slot greedy decoding state (``fast_greedy``).
+* :mod:`~nemo_fastdecode.streaming.transcriber` -- ``open`` / ``step`` / ``flush`` / ``close``.
+* :mod:`~nemo_fastdecode.streaming.nemo_path` -- NeMo's own path (slot gather/scatter + ``conformer_stream_step``).
+"""
+
+from nemo_fastdecode.streaming.geometry import StreamingGeometry, split_features
+from nemo_fastdecode.streaming.transcriber import StepResult, StreamingTranscriber, StreamResult
+
+__all__ = ["StepResult", "StreamResult", "StreamingGeometry", "StreamingTranscriber", "split_features"]

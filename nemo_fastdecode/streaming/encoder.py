@@ -1,0 +1,243 @@
+"""One cache-aware streaming step of a NeMo FastConformer for many desynchronised streams.
+
+Reimplements NeMo's ``ConformerEncoder.cache_aware_stream_step`` (``forward_internal`` with
+``cache_last_channel`` / ``cache_last_time`` / ``cache_last_channel_len``, ``ConformerLayer``,
+``RelPositionMultiHeadAttention``, the causal depthwise convolution and the pre-encode cache) with the
+NeMo module's own weights, for ``N`` streams that each sit at their own position:
+
+* the caches live in a :class:`~nemo_fastdecode.streaming.slots.SlotState` and are read and written in
+  place through slot ids (no gather of whole caches into a batch, no scatter back);
+* attention over the cached left context runs in :func:`~nemo_fastdecode.kernels.indexed_attention.indexed_attention`
+  (Triton on CUDA, its torch reference on the CPU) with NeMo's relative-position term, on projected keys;
+* every tensor op is free of host synchronisation and of data-dependent shapes, so a step can be
+  captured once per batch size as a CUDA graph and replayed.
+
+Row layout inside a step: a stream's ``T_i <= Tq`` new encoder frames are right-aligned in its ``Tq``
+rows (``Tq - T_i`` padding rows first), because the attention kernel places query ``t`` at cache
+position ``length - Tq + t``. Streams differ in ``T_i`` only at their first and last chunks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from nemo_fastdecode.kernels.indexed_attention import build_rel_pos_table, indexed_attention
+from nemo_fastdecode.streaming.slots import SlotState
+
+__all__ = ["StreamingEncoderStep", "check_streaming_encoder"]
+
+
+def check_streaming_encoder(encoder: torch.nn.Module) -> None:
+    """Raise ``ValueError`` naming the setting if ``encoder`` is not a cache-aware FastConformer we support."""
+    from nemo.collections.asr.modules import ConformerEncoder
+
+    if not isinstance(encoder, ConformerEncoder):
+        raise ValueError(f"need a NeMo ConformerEncoder, got {type(encoder).__name__}")
+    problems = []
+    if encoder.self_attention_model != "rel_pos":
+        problems.append(f"self_attention_model={encoder.self_attention_model!r} (valid: 'rel_pos')")
+    if encoder.att_context_style != "chunked_limited":
+        problems.append(f"att_context_style={encoder.att_context_style!r} (valid: 'chunked_limited')")
+    left, right = encoder.att_context_size[0], encoder.att_context_size[1]
+    if left < 0 or right < 0:
+        problems.append(
+            f"att_context_size={list(encoder.att_context_size)} (valid: limited left context and look-ahead)"
+        )
+    if encoder.conv_context_size[1] != 0:
+        problems.append(f"conv_context_size={encoder.conv_context_size} (valid: 'causal', i.e. [K - 1, 0])")
+    if encoder.reduction_subsampling is not None:
+        problems.append("reduction_subsampling (valid: none)")
+    if isinstance(encoder.pre_encode, torch.nn.Linear) or not getattr(encoder.pre_encode, "is_causal", False):
+        problems.append("subsampling without causal_downsampling=true (valid: causal ConvSubsampling)")
+    conv = encoder.layers[0].conv
+    if conv.pointwise_activation != "glu_":
+        problems.append(f"conv pointwise_activation={conv.pointwise_activation!r} (valid: 'glu_')")
+    if problems:
+        raise ValueError("unsupported cache-aware streaming encoder: " + "; ".join(problems))
+
+
+class StreamingEncoderStep:
+    """The encoder step over slot caches: ``__call__(slot_ids, features, feature_lengths)``.
+
+    Args:
+        encoder: a NeMo ``ConformerEncoder`` in eval mode, set up for cache-aware streaming (see
+            :func:`check_streaming_encoder`); its look-ahead is ``encoder.att_context_size``.
+        slots: the slot caches (its geometry must be the encoder's).
+        use_triton: attention kernel choice passed to ``indexed_attention`` (``None``: Triton on CUDA).
+    """
+
+    def __init__(self, encoder: torch.nn.Module, slots: SlotState, use_triton: bool | None = None):
+        check_streaming_encoder(encoder)
+        self.encoder, self.slots, self.use_triton = encoder, slots, use_triton
+        g = self.geometry = slots.geometry
+        self.tq = g.out_frames
+        self.num_heads = encoder.layers[0].self_attn.h
+        self.head_dim = encoder.layers[0].self_attn.d_k
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        device = slots.device
+        self._rows = torch.arange(self.tq, device=device)
+        self._window = torch.arange(g.att_cache, device=device)
+        self._conv_pos = torch.arange(g.conv_cache + self.tq, device=device)
+        self._feat_pos = torch.arange(g.max_input_frames, device=device)
+        self._pre_pos = torch.arange(g.pre_encode_cache, device=device)
+        # NeMo's positional table for [W cached + Tq new] frames projected once per layer (it depends on
+        # the weights only); NeMo re-projects the same rows every step.
+        with torch.inference_mode():
+            _, pos_emb = encoder.pos_enc(
+                x=torch.zeros(1, self.tq, encoder.d_model, device=device), cache_len=g.att_cache
+            )
+            self.pos_tables = [
+                build_rel_pos_table(pos_emb, layer.self_attn.linear_pos, self.num_heads).to(slots.dtype).contiguous()
+                for layer in encoder.layers
+            ]
+            self.pos_bias = [
+                (layer.self_attn.pos_bias_u.to(slots.dtype), layer.self_attn.pos_bias_v.to(slots.dtype))
+                for layer in encoder.layers
+            ]
+
+    # ------------------------------------------------------------------------------------------
+    def __call__(
+        self, slot_ids: torch.Tensor, features: torch.Tensor, feature_lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advance streams by one chunk each, updating their slots in place.
+
+        Args:
+            slot_ids: ``[B]`` int64, distinct open slots; padding rows use the dummy slot with length 0.
+            features: ``[B, F, G]`` new mel-feature frames of each stream, left-aligned
+                (``G = geometry.max_input_frames`` or less); no pre-encode cache, the slots hold it.
+            feature_lengths: ``[B]`` int64 valid frames of each row (at most ``first_chunk`` for a stream's
+                first step, ``chunk`` later; 0 for padding rows).
+
+        Returns:
+            ``(encoded [B, Tq, d_model], lengths [B])``: each stream's new encoder frames, left-aligned.
+        """
+        enc, s, g = self.encoder, self.slots, self.geometry
+        started = s.started.index_select(0, slot_ids)
+        x, frames = self._pre_encode(slot_ids, features, feature_lengths, started)
+        if enc.xscale:
+            x = x * enc.xscale
+
+        att_len = s.att_len.index_select(0, slot_ids)  # cached frames before this chunk
+        pad = self.tq - frames  # leading padding rows of each stream
+        valid = self._rows[None, :] >= pad[:, None]  # [B, Tq]
+        # cache position of row r: att_len + r - pad; padding rows write into the dummy slot
+        write_slot = torch.where(valid, slot_ids[:, None], s.dummy_slot).reshape(-1)
+        write_pos = torch.where(valid, att_len[:, None] + self._rows[None, :] - pad[:, None], 0).reshape(-1)
+        lengths = att_len + frames
+        # convolution input gathered as [padding, cache (K - 1), new frames]: row p reads p, or the cache
+        conv_src = torch.where(
+            self._conv_pos[None, :] >= pad[:, None] + g.conv_cache,
+            self._conv_pos[None, :],
+            (self._conv_pos[None, :] - pad[:, None]).clamp(min=0),
+        )  # [B, K - 1 + Tq]
+
+        for index, layer in enumerate(enc.layers):
+            x = self._layer(index, layer, x, slot_ids, write_slot, write_pos, lengths, conv_src)
+
+        self._slide_attention_window(slot_ids, lengths)
+        s.started.index_copy_(0, slot_ids, started | (feature_lengths > 0))
+        if enc.out_proj is not None:
+            x = enc.out_proj(x)
+        # left-align each stream's frames for the decoder: out[i, t] = x[i, pad_i + t]
+        src = (self._rows[None, :] + pad[:, None]).clamp(max=self.tq - 1)
+        out = x.gather(1, src[:, :, None].expand(-1, -1, x.shape[2]))
+        return out, frames
+
+    # ------------------------------------------------------------------------------------------
+    def _pre_encode(self, slot_ids, features, feature_lengths, started):
+        """Subsample ``[pre-encode cache, chunk]`` (later chunks) or ``[chunk]`` (first chunks) in one call.
+
+        Returns the new frames right-aligned in ``[B, Tq, d_model]`` and their number ``[B]``.
+        """
+        s, g = self.slots, self.geometry
+        width = g.max_input_frames
+        features = features.float()
+        if features.shape[2] < width - g.pre_encode_cache:
+            features = F.pad(features, (0, width - g.pre_encode_cache - features.shape[2]))
+        joined = torch.cat([s.pre_encode.index_select(0, slot_ids), features[:, :, : width - g.pre_encode_cache]], 2)
+        # first chunks have no pre-encode cache (NeMo): start them at the chunk, i.e. shift left by P
+        offset = torch.where(started, 0, g.pre_encode_cache)
+        in_lengths = feature_lengths + torch.where(started, g.pre_encode_cache, 0)
+        src = self._feat_pos[None, :] + offset[:, None]
+        inside = self._feat_pos[None, :] < in_lengths[:, None]
+        x = joined.gather(2, src.clamp(max=width - 1)[:, None, :].expand(-1, g.feat_in, -1))
+        x = x * inside[:, None, :]  # zeros after each row's end (the subsampling masks there too)
+
+        # the new pre-encode cache: the last P frames of [old cache, chunk]
+        cache_src = feature_lengths[:, None] + self._pre_pos[None, :]
+        s.pre_encode.index_copy_(0, slot_ids, joined.gather(2, cache_src[:, None, :].expand(-1, g.feat_in, -1)))
+
+        sub, sub_lengths = self.encoder.pre_encode(x=x.transpose(1, 2), lengths=in_lengths)  # [B, T', d]
+        drop = torch.where(started, g.drop_extra, 0)
+        frames = (sub_lengths.to(torch.long) - drop).clamp(min=0, max=self.tq)
+        frames = torch.where(feature_lengths > 0, frames, 0)
+        # right-align: row r holds sub-frame drop + frames - Tq + r
+        src = (drop + frames - self.tq)[:, None] + self._rows[None, :]
+        x = sub.gather(1, src.clamp(min=0, max=sub.shape[1] - 1)[:, :, None].expand(-1, -1, sub.shape[2]))
+        return x, frames
+
+    def _layer(self, index, layer, x, slot_ids, write_slot, write_pos, lengths, conv_src):
+        """``ConformerLayer.forward`` with the caches of the slots (eval mode: dropout is identity)."""
+        residual = x + 0.5 * layer.feed_forward1(layer.norm_feed_forward1(x))
+        residual = residual + self._attention(
+            index, layer.self_attn, layer.norm_self_att(residual), slot_ids, write_slot, write_pos, lengths
+        )
+        residual = residual + self._convolution(index, layer.conv, layer.norm_conv(residual), slot_ids, conv_src)
+        residual = residual + 0.5 * layer.feed_forward2(layer.norm_feed_forward2(residual))
+        return layer.norm_out(residual)
+
+    def _attention(self, index, attn, x, slot_ids, write_slot, write_pos, lengths):
+        """``RelPositionMultiHeadAttention`` over [cached left context, this chunk], keys read in place."""
+        s = self.slots
+        b, tq, d = x.shape
+        h, dh = self.num_heads, self.head_dim
+        q = attn.linear_q(x).view(b, tq, h, dh)
+        keys, values = s.keys[index], s.values[index]  # [S + 1, W + Tq, H, Dh]
+        # same as: keys[slot, pos] = k for every valid row (in place, no concatenation)
+        keys.index_put_((write_slot, write_pos), attn.linear_k(x).view(b * tq, h, dh).to(s.dtype))
+        values.index_put_((write_slot, write_pos), attn.linear_v(x).view(b * tq, h, dh).to(s.dtype))
+        bias_u, bias_v = self.pos_bias[index]
+        out = indexed_attention(
+            q.transpose(1, 2).to(s.dtype),
+            keys.permute(0, 2, 1, 3),
+            values.permute(0, 2, 1, 3),
+            slot_ids,
+            lengths,
+            self.scale,
+            pos_bias_u=bias_u,
+            pos_bias_v=bias_v,
+            pos_emb=self.pos_tables[index],
+            use_triton=self.use_triton,
+            check_values=False,  # slot ids are checked on the host once per step; lengths are in range
+        )  # [B, H, Tq, Dh]
+        return attn.linear_out(out.transpose(1, 2).reshape(b, tq, d).to(x.dtype))
+
+    def _convolution(self, index, conv, x, slot_ids, conv_src):
+        """``ConformerConvolution`` with the causal depthwise convolution's left context from the slots."""
+        s = self.slots
+        x = F.glu(conv.pointwise_conv1(x.transpose(1, 2)), dim=1)  # [B, C, Tq]
+        cache = s.conv[index]
+        joined = torch.cat([cache.index_select(0, slot_ids).to(x.dtype), x], 2)  # [B, C, K - 1 + Tq]
+        joined = joined.gather(2, conv_src[:, None, :].expand(-1, joined.shape[1], -1))
+        cache.index_copy_(0, slot_ids, joined[:, :, self.tq :].to(s.dtype))
+        dw = conv.depthwise_conv
+        x = F.conv1d(joined, dw.weight, dw.bias, stride=1, padding=0, dilation=dw.dilation, groups=dw.groups)
+        # NeMo's layer_norm variant normalises over channels, time-major
+        layer_norm = conv.norm_type == "layer_norm"
+        x = conv.batch_norm(x.transpose(1, 2)).transpose(1, 2) if layer_norm else conv.batch_norm(x)
+        x = conv.pointwise_conv2(conv.activation(x))
+        return x.transpose(1, 2)
+
+    def _slide_attention_window(self, slot_ids, lengths):
+        """Keep each slot's last ``W`` attention frames at ``[0, W)`` (NeMo's cache_last_channel update)."""
+        s, w = self.slots, self.geometry.att_cache
+        new_len = lengths.clamp(max=w)
+        src = ((lengths - new_len)[:, None] + self._window[None, :]).clamp(max=s.capacity - 1)  # [B, W]
+        dst = self._window[None, :].expand_as(src)
+        rows = slot_ids[:, None].expand_as(src)
+        for cache in (s.keys, s.values):
+            cache[:, rows, dst] = cache[:, rows, src]  # reads before writing (advanced indexing copies)
+        s.att_len.index_copy_(0, slot_ids, new_len)

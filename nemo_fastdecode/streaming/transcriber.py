@@ -1,0 +1,291 @@
+"""Cache-aware streaming ASR for many desynchronised streams: ``open`` / ``step`` / ``flush`` / ``close``.
+
+Typical use, with features cut the way NeMo's ``CacheAwareStreamingAudioBuffer`` cuts them::
+
+    streamer = StreamingTranscriber(model, num_slots=64, att_context_size=[70, 1])
+    a, b = streamer.open(), streamer.open()
+    streamer.step([a], [chunk_a0])               # any subset of open streams steps at any time
+    streamer.step([b, a], [chunk_b0, chunk_a1])  # each at its own position
+    print(streamer.text(a))                      # partial transcript so far
+    final = streamer.flush(a)                    # end of stream: final result, slot freed
+
+A chunk is ``[feat_in, T]`` new mel-feature frames of one stream (no pre-encode cache: the slot keeps
+it): at most ``geometry.first_chunk`` frames for a stream's first step and ``geometry.chunk`` after
+(:func:`~nemo_fastdecode.streaming.geometry.split_features` cuts a whole stream). In fp32 every
+stream's encoder output and tokens equal NeMo's ``conformer_stream_step`` run on that stream alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
+
+from nemo_fastdecode.streaming.buckets import BucketedStep
+from nemo_fastdecode.streaming.decoding import SlotDecoder
+from nemo_fastdecode.streaming.encoder import StreamingEncoderStep, check_streaming_encoder
+from nemo_fastdecode.streaming.geometry import StreamingGeometry
+from nemo_fastdecode.streaming.slots import SlotState
+
+if TYPE_CHECKING:
+    from nemo.collections.asr.models import ASRModel
+
+__all__ = ["StepResult", "StreamResult", "StreamingTranscriber"]
+
+_FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass
+class StepResult:
+    """What one :meth:`StreamingTranscriber.step` produced, row ``i`` for ``slots[i]``.
+
+    Attributes:
+        slots: the ``N`` slots that stepped, in the order given.
+        encoded: ``[N, Tq, D]`` each stream's new encoder frames, left-aligned (a copy).
+        encoded_lengths: ``[N]`` valid frames per row.
+        hypotheses: each stream's hypothesis so far (``None`` with ``decode=False``).
+    """
+
+    slots: list[int]
+    encoded: torch.Tensor
+    encoded_lengths: torch.Tensor
+    hypotheses: list[Hypothesis] | None
+
+
+@dataclass
+class StreamResult:
+    """A finished stream: its final hypothesis (``None`` if it never stepped or ``decode=False``) and text."""
+
+    slot: int
+    hypothesis: Hypothesis | None
+    text: str
+
+
+class StreamingTranscriber:
+    """Cache-aware streaming encoder + greedy decoder over ``num_slots`` pre-allocated stream slots.
+
+    Args:
+        model: a NeMo transducer model with a cache-aware streaming FastConformer encoder (e.g. NeMo's
+            ``fastconformer_hybrid_transducer_ctc_bpe_streaming.yaml``); put in eval mode.
+        num_slots: most streams open at once (caches are allocated for all of them up front).
+        att_context_size: ``[left, lookahead]``, one of the encoder's ``att_context_size`` list; sets the
+            encoder's default with NeMo's ``set_default_att_context_size`` (as NeMo's streaming script
+            does). ``None`` keeps the encoder's current one.
+        dtype: dtype of the caches and of the encoder's compute (autocast); fp32 is the exact reference.
+        decode: run the greedy decoder every step (``False``: encoder only).
+        use_cuda_graphs: replay one CUDA graph per batch-size bucket on a GPU.
+        use_triton: attention kernel (``None``: Triton on CUDA, torch reference on the CPU).
+        max_symbols: greedy ``max_symbols`` (default: the model's).
+        pad_to_bucket: pad eager steps to their bucket too (for tests; graphs always pad).
+    """
+
+    def __init__(
+        self,
+        model: ASRModel,
+        num_slots: int,
+        *,
+        att_context_size: Sequence[int] | None = None,
+        dtype: torch.dtype = torch.float32,
+        decode: bool = True,
+        use_cuda_graphs: bool = True,
+        use_triton: bool | None = None,
+        max_symbols: int | None = None,
+        pad_to_bucket: bool = False,
+    ):
+        if not isinstance(num_slots, int) or num_slots < 1:
+            raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
+        if dtype not in _CACHE_DTYPES:
+            raise ValueError(f"dtype {dtype} is not supported; valid: {', '.join(map(str, _CACHE_DTYPES))}")
+        encoder = model.encoder
+        if att_context_size is not None:
+            set_att_context_size(encoder, att_context_size)
+        check_streaming_encoder(encoder)
+        model.eval()
+        self.model, self.num_slots, self.dtype = model, num_slots, dtype
+        self.device = next(model.parameters()).device
+        self.geometry = StreamingGeometry.from_encoder(encoder)
+        attn = encoder.layers[0].self_attn
+        self.slots = SlotState(
+            num_slots,
+            num_layers=len(encoder.layers),
+            num_heads=attn.h,
+            head_dim=attn.d_k,
+            conv_channels=encoder.layers[0].conv.depthwise_conv.in_channels,
+            geometry=self.geometry,
+            device=self.device,
+            dtype=dtype,
+        )
+        self.encoder_step = StreamingEncoderStep(encoder, self.slots, use_triton=use_triton)
+        self.runner = BucketedStep(
+            self._encode,
+            num_slots,
+            self.slots.dummy_slot,
+            self.geometry.feat_in,
+            self.geometry.chunk,
+            self.device,
+            use_cuda_graphs=use_cuda_graphs,
+            pad_to_bucket=pad_to_bucket,
+        )
+        self.decoder = SlotDecoder(model, num_slots, max_symbols=max_symbols) if decode else None
+        self._open = [False] * num_slots
+        self._started = [False] * num_slots  # host mirror of slots.started: chunk-size checks without a sync
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def open_slots(self) -> list[int]:
+        """Slots that hold a stream now."""
+        return [slot for slot, is_open in enumerate(self._open) if is_open]
+
+    def open(self) -> int:
+        """Start a stream in the lowest free slot (emptied); returns the slot id."""
+        for slot, is_open in enumerate(self._open):
+            if not is_open:
+                self.slots.reset_(slot)
+                if self.decoder is not None:
+                    self.decoder.reset(slot)
+                self._open[slot], self._started[slot] = True, False
+                return slot
+        raise RuntimeError(f"all {self.num_slots} slots are in use; close or flush a stream, or use more num_slots")
+
+    def close(self, slot: int) -> None:
+        """End a stream without a result and free its slot."""
+        self._check_slot(slot, "close")
+        self._open[slot] = False
+
+    def flush(self, slot: int) -> StreamResult:
+        """End of stream: the final hypothesis and text, and the slot is freed.
+
+        Cache-aware streaming has no look-ahead buffer beyond the last chunk (its frames are final when
+        it is stepped), so the result is the hypothesis after the stream's last step.
+        """
+        self._check_slot(slot, "flush")
+        hyp = self.hypothesis(slot)
+        result = StreamResult(slot=slot, hypothesis=hyp, text=self.decoder.text(hyp) if self.decoder else "")
+        self._open[slot] = False
+        return result
+
+    def hypothesis(self, slot: int) -> Hypothesis | None:
+        """The stream's hypothesis so far (``None`` before it stepped, or with ``decode=False``)."""
+        self._check_slot(slot, "hypothesis")
+        return None if self.decoder is None else self.decoder.hypothesis(slot)
+
+    def text(self, slot: int) -> str:
+        """The stream's partial transcript."""
+        hyp = self.hypothesis(slot)
+        return self.decoder.text(hyp) if self.decoder is not None else ""
+
+    # ------------------------------------------------------------------------------------------
+    def step(self, slot_ids: Sequence[int], chunks: Sequence[torch.Tensor] | torch.Tensor) -> StepResult:
+        """Advance the streams in ``slot_ids`` by one chunk each.
+
+        Args:
+            slot_ids: ``N`` distinct open slots, in any order.
+            chunks: ``N`` feature chunks ``[feat_in, T_i]`` (float32/float16/bfloat16, any device), or one
+                tensor ``[N, feat_in, T]``; ``1 <= T_i <= geometry.first_chunk`` for a stream's first step,
+                ``<= geometry.chunk`` after.
+
+        Returns:
+            The streams' new encoder frames and updated hypotheses (:class:`StepResult`).
+
+        Raises:
+            ValueError / TypeError naming the bad slot id or chunk and the valid choices.
+        """
+        slots = self._check_step_slots(slot_ids)
+        features, lengths = self._batch_chunks(slots, chunks)
+        with torch.inference_mode():
+            encoded, encoded_lengths = self.runner(torch.tensor(slots, dtype=torch.long), features, lengths)
+            encoded, encoded_lengths = encoded.clone(), encoded_lengths.clone()
+            for slot in slots:
+                self._started[slot] = True
+            hyps = None
+            if self.decoder is not None:
+                hyps = self.decoder.decode(slots, encoded, encoded_lengths)
+        return StepResult(slots=slots, encoded=encoded, encoded_lengths=encoded_lengths, hypotheses=hyps)
+
+    def _encode(self, slot_ids, features, lengths):
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.dtype)
+            if self.dtype != torch.float32
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            return self.encoder_step(slot_ids, features, lengths)
+
+    # ------------------------------------------------------------------------------------------
+    def _check_slot(self, slot: int, action: str) -> None:
+        if isinstance(slot, bool) or not isinstance(slot, int):
+            raise TypeError(f"slot ids must be ints, got {slot!r} ({type(slot).__name__})")
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot id {slot} is out of range; valid slot ids: 0..{self.num_slots - 1}")
+        if not self._open[slot]:
+            raise ValueError(f"cannot {action} slot {slot}: it is not open; open slots: {_listing(self.open_slots)}")
+
+    def _check_step_slots(self, slot_ids: Sequence[int]) -> list[int]:
+        if isinstance(slot_ids, torch.Tensor):
+            slot_ids = slot_ids.tolist()
+        slots = list(slot_ids)
+        if not slots:
+            raise ValueError("slot_ids is empty; pass at least one open slot")
+        seen: set[int] = set()
+        for slot in slots:
+            self._check_slot(slot, "step")
+            if slot in seen:
+                raise ValueError(f"slot id {slot} is repeated in slot_ids {slots}; each stream steps once per call")
+            seen.add(slot)
+        return slots
+
+    def _batch_chunks(self, slots: list[int], chunks) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validate the chunks and pack them left-aligned into ``[N, F, Tmax]`` (one transfer to the device)."""
+        g = self.geometry
+        if isinstance(chunks, torch.Tensor):
+            if chunks.dim() != 3:
+                raise ValueError(
+                    f"chunks must be a list of [feat_in, T] tensors or one [N, feat_in, T] tensor, got "
+                    f"shape {tuple(chunks.shape)}"
+                )
+            chunks = list(chunks.unbind(0))
+        if len(chunks) != len(slots):
+            raise ValueError(f"got {len(chunks)} chunks for {len(slots)} slot ids; pass one chunk per slot id")
+        lengths = []
+        for i, (slot, chunk) in enumerate(zip(slots, chunks, strict=True)):
+            if not isinstance(chunk, torch.Tensor):
+                raise TypeError(f"chunk {i} (slot {slot}) must be a torch.Tensor, got {type(chunk).__name__}")
+            if chunk.dtype not in _FEATURE_DTYPES:
+                raise TypeError(
+                    f"chunk {i} (slot {slot}) has dtype {chunk.dtype}; valid: {', '.join(map(str, _FEATURE_DTYPES))}"
+                )
+            limit = g.max_chunk(first=not self._started[slot])
+            if chunk.dim() != 2 or chunk.shape[0] != g.feat_in or not 1 <= chunk.shape[1] <= limit:
+                which = "first chunk" if not self._started[slot] else "chunk"
+                raise ValueError(
+                    f"chunk {i} (slot {slot}) has shape {tuple(chunk.shape)}; valid: [{g.feat_in}, T] "
+                    f"with 1 <= T <= {limit} (a stream's {which})"
+                )
+            lengths.append(chunk.shape[1])
+        # packed where the chunks are (host audio: one host-to-device copy of the whole batch later)
+        features = torch.zeros(len(slots), g.feat_in, max(lengths), device=chunks[0].device)
+        for row, chunk in enumerate(chunks):
+            features[row, :, : chunk.shape[1]] = chunk.detach()
+        return features, torch.tensor(lengths, dtype=torch.long)
+
+
+def set_att_context_size(encoder: torch.nn.Module, att_context_size: Sequence[int]) -> None:
+    """Select one of the encoder's look-aheads (NeMo's ``set_default_att_context_size``), checked."""
+    wanted = [int(v) for v in att_context_size]
+    valid = [list(c) for c in encoder.att_context_size_all]
+    if wanted not in valid:
+        raise ValueError(f"att_context_size={wanted} is not one of this encoder's look-aheads; valid: {valid}")
+    if list(encoder.att_context_size) != wanted:
+        encoder.set_default_att_context_size(wanted)
+
+
+def _listing(values: list[int], limit: int = 16) -> str:
+    if not values:
+        return "none"
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")

@@ -1,0 +1,277 @@
+"""Cache-aware streaming for desynchronised streams vs NeMo's ``conformer_stream_step`` on each stream alone (CPU)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
+
+from nemo_fastdecode import synthetic as S
+from nemo_fastdecode.comparison import as_int_list
+from nemo_fastdecode.streaming import StreamingGeometry, StreamingTranscriber, split_features
+from nemo_fastdecode.streaming.buckets import bucket_sizes
+from nemo_fastdecode.streaming.nemo_path import NemoSlotStreamer
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+DURATIONS = [1.9, 0.75, 2.6, 1.25, 0.5, 1.6]  # seconds; staggered starts, different lengths
+LOOKAHEADS = [[16, 1], [16, 3]]  # tiny-streaming's att_context_size list is [[16, 3], [16, 1], [16, 0]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    model = S.build_synthetic_model("tiny-streaming", seed=0)
+    audio = S.synthetic_audio([2.0, 1.5], seed=7)
+    encoded, lengths = S.encode(model, audio, batch_size=2, device="cpu")
+    S.calibrate_blank_bias(model, encoded, lengths, 0.3, iterations=4, tolerance=0.05)
+    return model
+
+
+@pytest.fixture(scope="module")
+def features(model):
+    """One ``[feat_in, T]`` mel-feature tensor per stream (the whole utterance, as NeMo's buffer computes it)."""
+    out = []
+    with torch.inference_mode():
+        for audio in S.synthetic_audio(DURATIONS, seed=11):
+            signal = torch.from_numpy(audio)[None]
+            feats, length = model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]]))
+            out.append(feats[0, :, : int(length)].clone())
+    return out
+
+
+def nemo_alone(model, feats: torch.Tensor):
+    """NeMo's cache-aware streaming of one stream (its streaming script): chunk outputs and final hypothesis."""
+    buffer = CacheAwareStreamingAudioBuffer(model)
+    buffer.append_processed_signal(feats[None])
+    channel, time, channel_len = model.encoder.get_initial_cache_state(batch_size=1)
+    drop = model.encoder.streaming_cfg.drop_extra_pre_encoded
+    outputs, hyps, chunks = [], None, []
+    with torch.inference_mode():
+        for step, (chunk, chunk_len) in enumerate(buffer):
+            chunks.append(chunk[0])
+            encoded, encoded_len, channel, time, channel_len = model.encoder.cache_aware_stream_step(
+                processed_signal=chunk,
+                processed_signal_length=chunk_len,
+                cache_last_channel=channel,
+                cache_last_time=time,
+                cache_last_channel_len=channel_len,
+                keep_all_outputs=buffer.is_buffer_empty(),
+                drop_extra_pre_encoded=0 if step == 0 else drop,
+            )
+            outputs.append(encoded[0, :, : int(encoded_len[0])].T.clone())
+            hyps = model.decoding.rnnt_decoder_predictions_tensor(
+                encoder_output=encoded, encoded_lengths=encoded_len, return_hypotheses=True, partial_hypotheses=hyps
+            )
+    return outputs, hyps[0], chunks
+
+
+@pytest.fixture(scope="module", params=LOOKAHEADS, ids=lambda c: f"att{c[0]}-{c[1]}")
+def reference(request, model, features):
+    model.encoder.set_default_att_context_size(request.param)
+    runs = [nemo_alone(model, f) for f in features]
+    return request.param, runs
+
+
+def relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((ours - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+
+
+# ----------------------------------------------------------------------------------------------
+# geometry
+
+
+def test_split_features_is_nemo_chunk_schedule(model, features, reference):
+    att, runs = reference
+    model.encoder.set_default_att_context_size(att)
+    geometry = StreamingGeometry.from_encoder(model.encoder)
+    assert geometry.att_context_size == tuple(att) and geometry.out_frames == att[1] + 1
+    for feats, (_, _, nemo_chunks) in zip(features, runs, strict=True):
+        ours = split_features(feats, geometry)
+        assert len(ours) == len(nemo_chunks)
+        for step, (chunk, nemo_chunk) in enumerate(zip(ours, nemo_chunks, strict=True)):
+            prefix = 0 if step == 0 else geometry.pre_encode_cache  # NeMo's chunk carries the pre-encode cache
+            assert torch.equal(chunk, nemo_chunk[:, prefix:])
+    assert bucket_sizes(6) == [1, 2, 4, 6] and bucket_sizes(1) == [1] and bucket_sizes(8) == [1, 2, 4, 8]
+
+
+# ----------------------------------------------------------------------------------------------
+# exactness: random interleavings of desynchronised streams
+
+
+def run_interleaved(streamer, features, seed: int, max_open: int):
+    """Streams start staggered, step in random subsets (in random order), end and free their slots.
+
+    Returns per stream: the encoder output of every step, the final tokens and frames, the text.
+    """
+    rng = random.Random(seed)
+    geometry = streamer.geometry
+    chunks = [split_features(f, geometry) for f in features]
+    waiting = list(range(len(features)))
+    slot_of: dict[int, int] = {}
+    position = [0] * len(features)
+    outputs: list[list[torch.Tensor]] = [[] for _ in features]
+    finals = {}
+    while waiting or slot_of:
+        # join: staggered, while slots are free
+        if waiting and len(slot_of) < max_open and (not slot_of or rng.random() < 0.5):
+            stream = waiting.pop(0)
+            slot_of[stream] = streamer.open()
+        running = list(slot_of)
+        stepping = [s for s in running if rng.random() < 0.7] or running[:1]
+        rng.shuffle(stepping)
+        result = streamer.step([slot_of[s] for s in stepping], [chunks[s][position[s]] for s in stepping])
+        assert result.slots == [slot_of[s] for s in stepping]
+        for row, stream in enumerate(stepping):
+            outputs[stream].append(result.encoded[row, : int(result.encoded_lengths[row])])
+            position[stream] += 1
+            # partial transcript after every step: the stream's tokens so far
+            assert result.hypotheses[row] is streamer.hypothesis(slot_of[stream])
+            if position[stream] == len(chunks[stream]):  # leave
+                finals[stream] = streamer.flush(slot_of.pop(stream))
+    return outputs, finals
+
+
+@pytest.mark.parametrize("pad_to_bucket", [True, False], ids=["padded-buckets", "exact-size"])
+def test_interleaved_streams_match_nemo_alone(model, features, reference, pad_to_bucket):
+    att, runs = reference
+    streamer = StreamingTranscriber(model, num_slots=4, att_context_size=att, pad_to_bucket=pad_to_bucket)
+    outputs, finals = run_interleaved(streamer, features, seed=len(att) + att[1] + pad_to_bucket, max_open=4)
+    for stream, (nemo_outputs, nemo_hyp, _) in enumerate(runs):
+        assert len(outputs[stream]) == len(nemo_outputs)
+        for ours, ref in zip(outputs[stream], nemo_outputs, strict=True):
+            assert ours.shape == ref.shape
+            assert relative_error(ours, ref) <= 1e-4
+        final = finals[stream]
+        assert as_int_list(final.hypothesis.y_sequence) == as_int_list(nemo_hyp.y_sequence)
+        assert as_int_list(final.hypothesis.timestamp) == as_int_list(nemo_hyp.timestamp)
+        assert final.text == model.decoding.decode_ids_to_str(as_int_list(nemo_hyp.y_sequence))
+    assert sum(len(as_int_list(h.y_sequence)) for _, h, _ in runs) > 0  # the comparison is not vacuous
+    assert streamer.open_slots == []
+
+
+def test_nemo_slot_path_matches_nemo_alone(model, features, reference):
+    """The benchmark's baseline (NeMo with gather/scatter over slots), one stream per call, is NeMo itself."""
+    att, runs = reference
+    model.encoder.set_default_att_context_size(att)
+    nemo = NemoSlotStreamer(model, num_slots=3)
+    geometry = nemo.geometry
+    chunks = [split_features(f, geometry) for f in features[:3]]
+    slots = [nemo.open() for _ in chunks]
+    for step in range(max(len(c) for c in chunks)):
+        for stream in reversed(range(3)):  # one stream per call, out of order
+            if step < len(chunks[stream]):
+                nemo.step([slots[stream]], [chunks[stream][step]])
+    for stream, slot in enumerate(slots):
+        assert as_int_list(nemo.flush(slot).y_sequence) == as_int_list(runs[stream][1].y_sequence)
+
+
+# ----------------------------------------------------------------------------------------------
+# slots and errors
+
+
+@pytest.fixture(scope="module")
+def streamer(model):
+    return StreamingTranscriber(model, num_slots=3, att_context_size=[16, 1])
+
+
+def test_open_close_reuse(streamer, features):
+    g = streamer.geometry
+    a, b = streamer.open(), streamer.open()
+    assert (a, b) == (0, 1) and streamer.open_slots == [0, 1]
+    first = split_features(features[0], g)
+    streamer.step([a], [first[0]])
+    streamer.step([b, a], [first[0], first[1]])
+    assert streamer.text(a) == streamer.decoder.text(streamer.hypothesis(a))
+    streamer.close(a)
+    assert streamer.open() == a  # reused, emptied: behaves as a new stream
+    again = streamer.step([a], [first[0]])
+    fresh = StreamingTranscriber(streamer.model, num_slots=1, att_context_size=[16, 1])
+    alone = fresh.step([fresh.open()], [first[0]])
+    assert relative_error(again.encoded, alone.encoded) <= 1e-5
+    assert as_int_list(again.hypotheses[0].y_sequence) == as_int_list(alone.hypotheses[0].y_sequence)
+    c = streamer.open()
+    with pytest.raises(RuntimeError, match="all 3 slots are in use"):
+        streamer.open()
+    result = streamer.flush(c)
+    assert result.slot == c and result.hypothesis is None and result.text == ""
+    for slot in (a, b):
+        streamer.close(slot)
+
+
+def test_bad_slot_ids(streamer, features):
+    chunk = split_features(features[0], streamer.geometry)[0]
+    slot = streamer.open()
+    try:
+        with pytest.raises(ValueError, match=r"slot id 7 is out of range; valid slot ids: 0\.\.2"):
+            streamer.step([7], [chunk])
+        with pytest.raises(ValueError, match=r"slot id -1 is out of range"):
+            streamer.step([-1], [chunk])
+        with pytest.raises(ValueError, match=rf"cannot step slot 2: it is not open; open slots: {slot}"):
+            streamer.step([2], [chunk])
+        with pytest.raises(ValueError, match=rf"slot id {slot} is repeated in slot_ids \[{slot}, {slot}\]"):
+            streamer.step([slot, slot], [chunk, chunk])
+        with pytest.raises(TypeError, match="slot ids must be ints, got '0'"):
+            streamer.step(["0"], [chunk])
+        with pytest.raises(ValueError, match="slot_ids is empty"):
+            streamer.step([], [])
+        with pytest.raises(ValueError, match="cannot close slot 2: it is not open"):
+            streamer.close(2)
+        with pytest.raises(ValueError, match="cannot flush slot 1: it is not open"):
+            streamer.flush(1)
+    finally:
+        streamer.close(slot)
+
+
+def test_bad_chunks(streamer, features):
+    g = streamer.geometry
+    chunks = split_features(features[0], g)
+    slot = streamer.open()
+    try:
+        with pytest.raises(ValueError, match=r"got 2 chunks for 1 slot ids"):
+            streamer.step([slot], [chunks[0], chunks[1]])
+        with pytest.raises(
+            ValueError,
+            match=rf"shape \(80, {g.chunk}\); valid: \[80, T\] with 1 <= T <= {g.first_chunk} "
+            r"\(a stream's first chunk\)",
+        ):
+            streamer.step([slot], [chunks[1]])
+        with pytest.raises(ValueError, match=r"shape \(64, 9\); valid: \[80, T\]"):
+            streamer.step([slot], [torch.zeros(64, 9)])
+        with pytest.raises(ValueError, match=r"shape \(80, 0\); valid: \[80, T\] with 1 <= T"):
+            streamer.step([slot], [torch.zeros(80, 0)])
+        with pytest.raises(TypeError, match=r"chunk 0 \(slot .*\) has dtype torch.int64; valid: torch.float32"):
+            streamer.step([slot], [torch.zeros(80, 9, dtype=torch.long)])
+        with pytest.raises(TypeError, match="must be a torch.Tensor, got list"):
+            streamer.step([slot], [[0.0] * 9])
+        with pytest.raises(ValueError, match=r"one \[N, feat_in, T\] tensor, got shape \(80, 9\)"):
+            streamer.step([slot], chunks[0])
+        streamer.step([slot], chunks[0][None])  # a [N, F, T] tensor is accepted
+        with pytest.raises(ValueError, match=rf"1 <= T <= {g.chunk} \(a stream's chunk\)"):
+            streamer.step([slot], [torch.zeros(80, g.chunk + 1)])
+    finally:
+        streamer.close(slot)
+
+
+def test_bad_configuration(model):
+    with pytest.raises(ValueError, match=r"att_context_size=\[16, 2\] is not one of .*valid: \[\[16, 3\], \[16, 1\]"):
+        StreamingTranscriber(model, num_slots=2, att_context_size=[16, 2])
+    with pytest.raises(ValueError, match="num_slots must be a positive int, got 0"):
+        StreamingTranscriber(model, num_slots=0)
+    with pytest.raises(ValueError, match=r"dtype torch.int32 is not supported; valid: torch.float32"):
+        StreamingTranscriber(model, num_slots=1, dtype=torch.int32)
+    offline = S.build_synthetic_model("tiny-rnnt", seed=0)
+    with pytest.raises(ValueError, match=r"att_context_style='regular' \(valid: 'chunked_limited'\)"):
+        StreamingTranscriber(offline, num_slots=1)
+
+
+def test_bf16_caches_run_close_to_fp32(model, features):
+    g_chunks = split_features(features[2], StreamingTranscriber(model, 1, att_context_size=[16, 1]).geometry)
+    outputs = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        streamer = StreamingTranscriber(model, num_slots=1, att_context_size=[16, 1], dtype=dtype, decode=False)
+        slot = streamer.open()
+        outputs[dtype] = torch.cat([streamer.step([slot], [c]).encoded[0].float() for c in g_chunks[:6]])
+        assert streamer.slots.keys.dtype == dtype
+    assert relative_error(outputs[torch.bfloat16], outputs[torch.float32]) < 0.1
