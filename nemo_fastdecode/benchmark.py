@@ -67,9 +67,9 @@ def decoder_factories(model, max_symbols: int) -> dict[str, Callable[[], torch.n
             loop_labels=loop_labels, use_cuda_graph_decoder=graphs, **common
         )
 
-    def ours(loop_labels: bool, mode: str):
+    def ours(loop_labels: bool, mode: str, fused: bool | None = None):
         return lambda: FastGreedyBatchedInfer(
-            durations=spec.durations, loop_labels=loop_labels, graph_mode=mode, **common
+            durations=spec.durations, loop_labels=loop_labels, graph_mode=mode, fused_kernels=fused, **common
         )
 
     if spec.is_tdt:
@@ -79,6 +79,7 @@ def decoder_factories(model, max_symbols: int) -> dict[str, Callable[[], torch.n
             "fast_greedy_label_loop[no_while_graph]": ours(True, "no_while_graph"),
             "fast_greedy_label_loop[eager]": ours(True, "eager"),
             "fast_greedy_label_loop[full_graph]": ours(True, "full_graph"),
+            "fast_greedy_label_loop[full_graph,unfused]": ours(True, "full_graph", fused=False),
         }
     return {
         "nemo_baseline": nemo(False, False),
@@ -90,6 +91,8 @@ def decoder_factories(model, max_symbols: int) -> dict[str, Callable[[], torch.n
         "fast_greedy_label_loop[eager]": ours(True, "eager"),
         "fast_greedy_frame_loop[full_graph]": ours(False, "full_graph"),
         "fast_greedy_label_loop[full_graph]": ours(True, "full_graph"),
+        "fast_greedy_frame_loop[full_graph,unfused]": ours(False, "full_graph", fused=False),
+        "fast_greedy_label_loop[full_graph,unfused]": ours(True, "full_graph", fused=False),
     }
 
 
@@ -151,7 +154,7 @@ def benchmark_model(
     for name, factory in decoder_factories(model, max_symbols).items():
         if strategies and name not in strategies and name != "nemo_baseline":
             continue
-        if "[full_graph]" in name and not experimental:  # WHILE-node graphs are opt-in (README, Status)
+        if "[full_graph" in name and not experimental:  # WHILE-node graphs are opt-in (README, Status)
             continue
         decoder = factory()
         decode_all(decoder, batches[:2])  # warm-up: graphs captured, kernels loaded

@@ -7,8 +7,6 @@ decodes with ``fused_kernels=True`` against the torch path and NeMo's baseline.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from conftest import TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
@@ -19,18 +17,19 @@ from nemo_fastdecode.greedy.state import LoopBuffers
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 BLANK = VOCAB_SIZE
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # kernels on a GPU, else interpreted
 
 
 def random_buffers(batch: int, seed: int, capacity: int = 7, max_time: int = 9, score_dtype=torch.float64):
     """Loop buffers in a random but consistent state (some rows past their end, some hyps near capacity)."""
     g = torch.Generator().manual_seed(seed)
-    b = LoopBuffers(batch, max_time, 5, capacity, torch.device("cpu"), torch.float32, score_dtype)
+    b = LoopBuffers(batch, max_time, 5, capacity, DEVICE, torch.float32, score_dtype)
 
     def ints(low, high):
-        return torch.randint(low, high, [batch], generator=g)
+        return torch.randint(low, high, [batch], generator=g).to(DEVICE)
 
     def bools():
-        return torch.rand([batch], generator=g) < 0.5
+        return (torch.rand([batch], generator=g) < 0.5).to(DEVICE)
 
     b.encoder_lengths.copy_(ints(0, max_time + 1))
     b.time_indices.copy_(ints(0, max_time + 2))
@@ -43,7 +42,7 @@ def random_buffers(batch: int, seed: int, capacity: int = 7, max_time: int = 9, 
     b.active_before[0], b.blank[0], b.labels[0] = True, False, 1  # row 0 emits
     b.label_time.copy_(ints(0, max_time))
     b.scores.copy_(torch.randn([batch], generator=g))
-    b.durations.copy_(torch.tensor(TDT_DURATIONS)[ints(0, len(TDT_DURATIONS))])
+    b.durations.copy_(torch.tensor(TDT_DURATIONS, device=DEVICE)[ints(0, len(TDT_DURATIONS))])
     b.frame.fill_(3)
     b.symbols_at_frame.fill_(int(ints(0, 4)[0]))
     h = b.hyps
@@ -82,13 +81,13 @@ def twin_buffers(batch: int, seed: int, **kwargs):
 def test_label_select_kernel_matches_reference(batch, start, tdt):
     reference, fused = twin_buffers(batch, seed=batch * 7 + start)
     g = torch.Generator().manual_seed(batch)
-    best_scores = torch.randn([batch], generator=g)
-    best_labels = torch.randint(0, BLANK + 1, [batch], generator=g)
+    best_scores = torch.randn([batch], generator=g).to(DEVICE)
+    best_labels = torch.randint(0, BLANK + 1, [batch], generator=g).to(DEVICE)
     best_labels[::3] = BLANK
-    logits = torch.randn([batch, 3 + len(TDT_DURATIONS)], generator=g)
+    logits = torch.randn([batch, 3 + len(TDT_DURATIONS)], generator=g).to(DEVICE)
     logits[0, 3:] = 1.0  # a tie: the lower duration index wins in both
     duration_logits = logits[:, 3:] if tdt else None  # a strided view, as sliced from the joint output
-    values = torch.tensor(TDT_DURATIONS)
+    values = torch.tensor(TDT_DURATIONS, device=DEVICE)
     steps.label_select(reference, best_scores, best_labels, duration_logits, values, BLANK, start, fused=False)
     steps.label_select(fused, best_scores, best_labels, duration_logits, values, BLANK, start, fused=True)
     assert_same_state(reference, fused)
@@ -114,7 +113,8 @@ def test_frame_kernels_match_reference(batch, max_symbols):
     steps.frame_emit(fused, fused=True)
     assert_same_state(reference, fused)
     g = torch.Generator().manual_seed(batch)
-    best_scores, best_labels = torch.randn([batch], generator=g), torch.randint(0, BLANK + 1, [batch], generator=g)
+    best_scores = torch.randn([batch], generator=g).to(DEVICE)
+    best_labels = torch.randint(0, BLANK + 1, [batch], generator=g).to(DEVICE)
     steps.frame_select(reference, best_scores, best_labels, BLANK, max_symbols, fused=False)
     steps.frame_select(fused, best_scores, best_labels, BLANK, max_symbols, fused=True)
     assert_same_state(reference, fused)
@@ -125,13 +125,14 @@ def test_frame_kernels_match_reference(batch, max_symbols):
 @pytest.mark.parametrize("frame_loop", [False, True])
 def test_joint_hidden_kernel_matches_reference(hidden, dtype, frame_loop):
     g = torch.Generator().manual_seed(hidden)
-    encoder = torch.randn([3, 4, hidden], generator=g).to(dtype)
-    predictor = torch.randn([3, 1, hidden], generator=g).to(dtype)
-    frame = torch.tensor(2)
-    times = frame.expand(3) if frame_loop else torch.tensor([3, 0, 2])
-    expected = steps.joint_hidden(encoder, times, predictor, torch.empty([3, hidden], dtype=dtype), fused=False)
-    actual = steps.joint_hidden(encoder, times, predictor, torch.full([3, hidden], 7.0, dtype=dtype), fused=True)
-    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+    encoder = torch.randn([3, 4, hidden], generator=g).to(DEVICE, dtype)
+    predictor = torch.randn([3, 1, hidden], generator=g).to(DEVICE, dtype)
+    frame = torch.tensor(2, device=DEVICE)
+    times = frame.expand(3) if frame_loop else torch.tensor([3, 0, 2], device=DEVICE)
+    out = torch.empty([3, hidden], dtype=dtype, device=DEVICE)
+    expected = steps.joint_hidden(encoder, times, predictor, out, fused=False).clone()
+    actual = steps.joint_hidden(encoder, times, predictor, out.fill_(7.0), fused=True)
+    if dtype == torch.bfloat16 and DEVICE.type == "cpu":
         # Triton's CPU interpreter rounds fp32 -> bf16 toward zero (the GPU rounds to nearest): one ulp apart
         torch.testing.assert_close(actual, expected, rtol=2**-7, atol=0)
     else:
@@ -142,11 +143,11 @@ def test_joint_hidden_kernel_matches_reference(hidden, dtype, frame_loop):
 @pytest.mark.parametrize("layers", [1, 2])
 def test_masked_state_update_kernel_matches_reference(layers):
     g = torch.Generator().manual_seed(layers)
-    mask = torch.tensor([True, False, True, False])
+    mask = torch.tensor([True, False, True, False], device=DEVICE)
 
-    def state(fill=None):
-        states = [torch.randn([layers, 4, 6], generator=g) for _ in range(2)]
-        return states, torch.randn([4, 1, 9], generator=g)
+    def state():
+        states = [torch.randn([layers, 4, 6], generator=g).to(DEVICE) for _ in range(2)]
+        return states, torch.randn([4, 1, 9], generator=g).to(DEVICE)
 
     (dst_states, dst_out), (src_states, src_out) = state(), state()
     reference = ([s.clone() for s in dst_states], dst_out.clone())
@@ -157,6 +158,7 @@ def test_masked_state_update_kernel_matches_reference(layers):
     assert torch.equal(dst_out[1], reference[1][1]) and not torch.equal(dst_out[1], src_out[1])
 
 
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="GPU hosts run this in test_greedy_gpu.py")
 @pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
 @pytest.mark.parametrize("max_symbols", [3, None])
 def test_fused_decoding_matches_torch_path_and_nemo(kind, loop_labels, max_symbols):
@@ -180,6 +182,7 @@ def test_fused_decoding_matches_torch_path_and_nemo(kind, loop_labels, max_symbo
     assert sum(len(h.y_sequence) for h in actual) > 0
 
 
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="on a GPU host CPU decoding is not what runs")
 def test_fused_kernels_forced_without_triton_backend_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     decoder, joint = make_networks()
