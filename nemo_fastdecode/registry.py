@@ -6,21 +6,25 @@ with timestamps, hybrid models' RNN-T head, cache-aware ``conformer_stream_step`
 wraps that constructor once: for one of our strategies it lets NeMo set everything up as for the
 stand-in strategy it mirrors (same config keys: confidence, timestamps, punctuation, ...), then
 replaces the decoding computer with ours and restores the strategy name in ``cfg``. NeMo's own
-strategies go through untouched; an unknown name fails with the full list of valid ones.
+strategies go through untouched; an unknown name fails with the full list of valid ones. Our
+strategies are rows of one table, :data:`FAST_STRATEGIES` (stand-in, config section, options, builder).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 from collections.abc import Callable
-from dataclasses import is_dataclass
+from dataclasses import dataclass, is_dataclass
 
 from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
 from nemo.collections.asr.parts.submodules import rnnt_decoding
+from nemo.collections.asr.parts.submodules.rnnt_beam_decoding import BeamRNNTInferConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-# our strategy name -> NeMo strategy whose configuration keys it takes
-STAND_IN_STRATEGY = {"fast_greedy": "greedy_batch"}
+logger = logging.getLogger("nemo_fastdecode")
+
 # options of the stand-in's config section that we accept; others NeMo reads itself or we reject below
 FAST_GREEDY_OPTIONS = {
     "max_symbols",
@@ -40,6 +44,108 @@ FAST_GREEDY_OPTIONS = {
     "tdt_include_token_duration",
     "tdt_include_duration_confidence",
 }
+# every key of NeMo's beam section (merged configs carry them all), NeMo's `max_symbols` (what malsd_batch
+# reads), and ours; NeMo's malsd_batch ignores most of its section (search parameters of other strategies)
+FAST_BEAM_OPTIONS = {field.name for field in dataclasses.fields(BeamRNNTInferConfig)} | {
+    "max_symbols",
+    "graph_mode",
+    "fused_topk",
+}
+
+
+@dataclass(frozen=True)
+class FastStrategy:
+    """One of our strategies and how it plugs into NeMo.
+
+    Attributes:
+        stand_in: NeMo strategy whose configuration keys it takes; NeMo sets the decoding up as for it.
+        section: the ``decoding`` sub-section holding its options (``greedy`` / ``beam``).
+        options: keys accepted in that section (anything else is a typo or an unsupported feature).
+        own_options: our keys, removed before NeMo sees the stand-in config.
+        graphs_switch: the stand-in's key that allows CUDA graphs (off: NeMo's computer is replaced at once).
+        build: ``(decoding, decoding_cfg, decoder, joint) -> decoding module`` replacing NeMo's.
+    """
+
+    stand_in: str
+    section: str
+    options: frozenset[str]
+    own_options: frozenset[str]
+    graphs_switch: str
+    build: Callable
+
+
+def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
+    from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
+
+    greedy_cfg = decoding_cfg.get("greedy") or {}
+    if decoding._is_tdt and not greedy_cfg.get("loop_labels", True):
+        raise ValueError("loop_labels=False (frame looping) is RNN-T only; TDT models decode with loop_labels=True")
+    return FastGreedyBatchedInfer(
+        decoder_model=decoder,
+        joint_model=joint,
+        blank_index=decoding.blank_id,
+        max_symbols_per_step=greedy_cfg.get("max_symbols", None) or greedy_cfg.get("max_symbols_per_step", None),
+        durations=list(decoding.durations) if decoding._is_tdt else None,
+        loop_labels=greedy_cfg.get("loop_labels", True),
+        use_cuda_graph_decoder=greedy_cfg.get("use_cuda_graph_decoder", True),
+        graph_mode=greedy_cfg.get("graph_mode", "auto"),
+        include_duration=decoding.tdt_include_token_duration,
+    )
+
+
+def _build_fast_beam(decoding, decoding_cfg: DictConfig, decoder, joint):
+    from nemo_fastdecode.beam.infer import FastBeamBatchedInfer
+
+    beam_cfg = decoding_cfg.get("beam") or {}
+    if beam_cfg.get("beam_size") is None:
+        raise ValueError("fast_beam needs decoding.beam.beam_size (e.g. 4)")
+    # as NeMo's malsd_batch: `beam.max_symbols` (default 10); NeMo ignores `beam.max_symbols_per_step`
+    max_symbols = beam_cfg.get("max_symbols", 10)
+    per_step = beam_cfg.get("max_symbols_per_step", None)
+    if per_step is not None and per_step != max_symbols:
+        logger.warning(
+            "nemo_fastdecode: beam.max_symbols_per_step=%s has no effect (malsd_batch and fast_beam read "
+            "beam.max_symbols, here %s)",
+            per_step,
+            max_symbols,
+        )
+    if beam_cfg.get("softmax_temperature", 1.0) != 1.0:
+        logger.warning("nemo_fastdecode: beam.softmax_temperature has no effect in malsd_batch and fast_beam")
+    return FastBeamBatchedInfer(
+        decoder_model=decoder,
+        joint_model=joint,
+        blank_index=decoding.blank_id,
+        beam_size=beam_cfg.beam_size,
+        max_symbols_per_step=max_symbols,
+        durations=list(decoding.durations) if decoding._is_tdt else None,
+        score_norm=beam_cfg.get("score_norm", True),
+        return_best_hypothesis=beam_cfg.get("return_best_hypothesis", True),
+        allow_cuda_graphs=beam_cfg.get("allow_cuda_graphs", True),
+        graph_mode=beam_cfg.get("graph_mode", "auto"),
+        fused_topk=beam_cfg.get("fused_topk", None),
+    )
+
+
+FAST_STRATEGIES: dict[str, FastStrategy] = {
+    "fast_greedy": FastStrategy(
+        stand_in="greedy_batch",
+        section="greedy",
+        options=frozenset(FAST_GREEDY_OPTIONS),
+        own_options=frozenset({"graph_mode"}),
+        graphs_switch="use_cuda_graph_decoder",
+        build=_build_fast_greedy,
+    ),
+    "fast_beam": FastStrategy(
+        stand_in="malsd_batch",
+        section="beam",
+        options=frozenset(FAST_BEAM_OPTIONS),
+        own_options=frozenset({"graph_mode", "fused_topk"}),
+        graphs_switch="allow_cuda_graphs",
+        build=_build_fast_beam,
+    ),
+}
+# our strategy name -> NeMo strategy whose configuration keys it takes
+STAND_IN_STRATEGY = {name: strategy.stand_in for name, strategy in FAST_STRATEGIES.items()}
 
 _original_init: Callable | None = None
 
@@ -50,7 +156,7 @@ def nemo_strategies() -> list[str]:
 
 def valid_strategies() -> list[str]:
     """Every transducer decoding strategy name, NeMo's and ours."""
-    return nemo_strategies() + sorted(STAND_IN_STRATEGY)
+    return nemo_strategies() + sorted(FAST_STRATEGIES)
 
 
 def register() -> None:
@@ -65,15 +171,19 @@ def register() -> None:
         if is_dataclass(decoding_cfg):
             decoding_cfg = OmegaConf.structured(decoding_cfg)
         strategy = decoding_cfg.get("strategy", None)
-        if strategy not in STAND_IN_STRATEGY:
+        fast = FAST_STRATEGIES.get(strategy)
+        if fast is None:
             if strategy not in nemo_strategies():
                 raise ValueError(
                     f"Unknown transducer decoding strategy {strategy!r}; valid strategies: {', '.join(valid_strategies())}"
                 )
             return _original_init(self, decoding_cfg, decoder, joint, blank_id, *args, **kwargs)
-        stand_in = _stand_in_config(decoding_cfg)
-        _original_init(self, stand_in, decoder, joint, blank_id, *args, **kwargs)
-        self.decoding = _build_fast_greedy(self, decoding_cfg, decoder, joint)
+        # before NeMo's set-up: it would load an n-gram LM or reject a multi-blank model in the stand-in's words
+        _check_options(strategy, fast, decoding_cfg)
+        _original_init(self, _stand_in_config(decoding_cfg, fast), decoder, joint, blank_id, *args, **kwargs)
+        if self.preserve_frame_confidence:
+            _unsupported(strategy, fast, ["confidence (preserve_frame_confidence / confidence_cfg)"])
+        self.decoding = fast.build(self, decoding_cfg, decoder, joint)
         self.cfg = decoding_cfg
 
     rnnt_decoding.AbstractRNNTDecoding.__init__ = init_with_fast_strategies
@@ -87,54 +197,47 @@ def unregister() -> None:
         _original_init = None
 
 
-def _stand_in_config(decoding_cfg: DictConfig) -> DictConfig:
+def _unsupported(strategy: str, fast: FastStrategy, features: list[str]) -> None:
+    raise NotImplementedError(
+        f"{strategy} does not support {', '.join(features)}; use strategy '{fast.stand_in}' for these"
+    )
+
+
+def _check_options(strategy: str, fast: FastStrategy, decoding_cfg: DictConfig) -> None:
+    """Unknown keys in the strategy's section (ValueError) and features we do not support (NotImplementedError)."""
+    section = decoding_cfg.get(fast.section) or {}
+    unknown = sorted(set(section.keys()) - fast.options)
+    if unknown:
+        raise ValueError(
+            f"Unsupported {strategy} option(s) {unknown} in decoding.{fast.section}; "
+            f"valid options: {', '.join(sorted(fast.options))}"
+        )
+    unsupported = []
+    # NeMo takes the section's value when the top-level one is unset (greedy strategies)
+    alignments = decoding_cfg.get("preserve_alignments", None)
+    if alignments or (alignments is None and section.get("preserve_alignments", False)):
+        unsupported.append("preserve_alignments")
+    boosting_tree = section.get("boosting_tree")
+    if section.get("ngram_lm_model") or (boosting_tree and not BoostingTreeModelConfig.is_empty(boosting_tree)):
+        unsupported.append("n-gram LM / boosting tree fusion (ngram_lm_model / boosting_tree)")
+    if section.get("enable_per_stream_biasing"):
+        unsupported.append("per-stream biasing")
+    if decoding_cfg.get("big_blank_durations"):
+        unsupported.append("multi-blank models")
+    if unsupported:
+        _unsupported(strategy, fast, unsupported)
+
+
+def _stand_in_config(decoding_cfg: DictConfig, fast: FastStrategy) -> DictConfig:
     # a plain (non-structured) copy: structured configs from our dataclasses refuse pop()
     stand_in = OmegaConf.create(OmegaConf.to_container(decoding_cfg))
     with open_dict(stand_in):
-        stand_in.strategy = STAND_IN_STRATEGY[decoding_cfg.strategy]
-        if stand_in.get("greedy") is None:
-            stand_in.greedy = {}
+        stand_in.strategy = fast.stand_in
+        if stand_in.get(fast.section) is None:
+            stand_in[fast.section] = {}
+        section = stand_in[fast.section]
         # NeMo's own computer is replaced right away: never let it capture graphs
-        stand_in.greedy.use_cuda_graph_decoder = False
-        stand_in.greedy.pop("graph_mode", None)
+        section[fast.graphs_switch] = False
+        for key in fast.own_options:
+            section.pop(key, None)
     return stand_in
-
-
-def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
-    from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
-
-    greedy_cfg = decoding_cfg.get("greedy") or {}
-    unknown = sorted(set(greedy_cfg.keys()) - FAST_GREEDY_OPTIONS)
-    if unknown:
-        raise ValueError(
-            f"Unsupported fast_greedy option(s) {unknown}; valid options: {', '.join(sorted(FAST_GREEDY_OPTIONS))}"
-        )
-    unsupported = []
-    if decoding.preserve_alignments:
-        unsupported.append("preserve_alignments")
-    if decoding.preserve_frame_confidence:
-        unsupported.append("confidence (preserve_frame_confidence / confidence_cfg)")
-    boosting_tree = greedy_cfg.get("boosting_tree")
-    if greedy_cfg.get("ngram_lm_model") or (boosting_tree and not BoostingTreeModelConfig.is_empty(boosting_tree)):
-        unsupported.append("n-gram LM / boosting tree fusion")
-    if greedy_cfg.get("enable_per_stream_biasing"):
-        unsupported.append("per-stream biasing")
-    if decoding._with_multiple_blanks:
-        unsupported.append("multi-blank models")
-    if unsupported:
-        raise NotImplementedError(
-            f"fast_greedy does not support {', '.join(unsupported)}; use strategy 'greedy_batch' for these"
-        )
-    if decoding._is_tdt and not greedy_cfg.get("loop_labels", True):
-        raise ValueError("loop_labels=False (frame looping) is RNN-T only; TDT models decode with loop_labels=True")
-    return FastGreedyBatchedInfer(
-        decoder_model=decoder,
-        joint_model=joint,
-        blank_index=decoding.blank_id,
-        max_symbols_per_step=greedy_cfg.get("max_symbols", None) or greedy_cfg.get("max_symbols_per_step", None),
-        durations=list(decoding.durations) if decoding._is_tdt else None,
-        loop_labels=greedy_cfg.get("loop_labels", True),
-        use_cuda_graph_decoder=greedy_cfg.get("use_cuda_graph_decoder", True),
-        graph_mode=greedy_cfg.get("graph_mode", "auto"),
-        include_duration=decoding.tdt_include_token_duration,
-    )
