@@ -4,7 +4,10 @@
 * :class:`FastGreedyDecodingConfig` -- the ``decoding`` section a NeMo user merges into a transducer
   model's config (``configs/decoding/fast_greedy.yaml``); every key also exists in NeMo's
   ``RNNTDecodingConfig``, so ``model.change_decoding_strategy(cfg)`` accepts it as is.
+* :class:`FastBeamConfig` / :class:`FastBeamDecodingConfig` -- the same for ``strategy: fast_beam``
+  (``configs/decoding/fast_beam.yaml``).
 * :class:`TranscribeConfig` -- ``scripts/transcribe.py`` (``configs/transcribe.yaml``).
+* :class:`StreamingConfig` -- ``scripts/streaming.py`` (``configs/streaming.yaml``).
 
 Use them as Hydra/OmegaConf schemas::
 
@@ -17,7 +20,15 @@ from dataclasses import dataclass, field
 
 from nemo_fastdecode.graphs.modes import GraphMode
 
-__all__ = ["GRAPH_MODES", "FastGreedyConfig", "FastGreedyDecodingConfig", "TranscribeConfig"]
+__all__ = [
+    "GRAPH_MODES",
+    "FastBeamConfig",
+    "FastBeamDecodingConfig",
+    "FastGreedyConfig",
+    "FastGreedyDecodingConfig",
+    "StreamingConfig",
+    "TranscribeConfig",
+]
 
 #: Valid values of ``decoding.greedy.graph_mode``.
 GRAPH_MODES: tuple[str, ...] = ("auto", *(mode.value for mode in GraphMode))
@@ -79,6 +90,63 @@ class FastGreedyDecodingConfig:
 
 
 @dataclass
+class FastBeamConfig:
+    """``decoding.beam`` for ``strategy: fast_beam``: the keys NeMo's ``malsd_batch`` reads, plus ours.
+
+    Attributes:
+        beam_size: hypotheses kept per utterance, ``1..16`` (and at most the number of non-blank tokens).
+        max_symbols: most tokens per encoder frame and hypothesis (the key ``malsd_batch`` reads; NeMo's
+            ``max_symbols_per_step`` has no effect there); ``None``: no limit.
+        score_norm: rank hypotheses by score / (tokens + 1) when choosing the best and ordering the n-best.
+        return_best_hypothesis: the best hypothesis per utterance; ``False``: NeMo ``NBestHypotheses``.
+        allow_cuda_graphs: allow CUDA graphs; ignored on the CPU.
+        graph_mode: as for ``fast_greedy`` (``auto``, ``full_graph``, ``no_while_graph``, ``eager``).
+        fused_topk: ``None``: the Triton beam-step kernel on CUDA, its torch reference elsewhere; ``False``
+            keeps PyTorch's log-softmax arithmetic on CUDA too (bit-identical to ``malsd_batch``).
+    """
+
+    beam_size: int = 4
+    max_symbols: int | None = 10
+    score_norm: bool = True
+    return_best_hypothesis: bool = True
+    allow_cuda_graphs: bool = True
+    graph_mode: str = "auto"
+    fused_topk: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.graph_mode not in GRAPH_MODES:
+            raise ValueError(f"graph_mode={self.graph_mode!r} is not valid; valid values: {', '.join(GRAPH_MODES)}")
+        if not 1 <= self.beam_size <= 16:
+            raise ValueError(f"beam_size must be in 1..16, got {self.beam_size}")
+        if self.max_symbols is not None and self.max_symbols < 1:
+            raise ValueError(f"max_symbols must be >= 1 or None, got {self.max_symbols}")
+
+
+@dataclass
+class FastBeamDecodingConfig:
+    """The ``decoding`` section selecting ``fast_beam`` (keys besides ``beam``: see FastGreedyDecodingConfig).
+
+    Attributes:
+        strategy: ``fast_beam``, or any NeMo transducer strategy.
+        beam: options of the beam strategies.
+        compute_timestamps / preserve_alignments / tdt_include_token_duration / fused_batch_size /
+        rnnt_timestamp_type / word_seperator / segment_gap_threshold / temperature: as in
+            :class:`FastGreedyDecodingConfig` (``preserve_alignments`` is not supported by ``fast_beam`` either).
+    """
+
+    strategy: str = "fast_beam"
+    beam: FastBeamConfig = field(default_factory=FastBeamConfig)
+    compute_timestamps: bool | None = None
+    preserve_alignments: bool | None = None
+    tdt_include_token_duration: bool | None = None
+    fused_batch_size: int | None = None
+    rnnt_timestamp_type: str = "all"
+    word_seperator: str = " "
+    segment_gap_threshold: int | None = None
+    temperature: float = 1.0
+
+
+@dataclass
 class TranscribeConfig:
     """``scripts/transcribe.py``: transcribe a folder of audio or a NeMo manifest with ``fast_greedy``.
 
@@ -116,3 +184,50 @@ class TranscribeConfig:
     seed: int = 0
     compare_strategies: bool | None = None
     decoding: FastGreedyDecodingConfig = field(default_factory=FastGreedyDecodingConfig)
+
+
+@dataclass
+class StreamingConfig:
+    """``scripts/streaming.py``: simulated real-time cache-aware streaming of many concurrent streams.
+
+    Attributes:
+        model: a synthetic cache-aware preset (``tiny-streaming``, ``hybrid-17x512-streaming``,
+            ``rnnt-0.6b-streaming``; random weights), a ``.nemo`` checkpoint or a pretrained model name.
+        audio_dir: every ``.wav`` / ``.flac`` file in this folder, or
+        dataset_manifest: every entry of this JSON-lines manifest. Neither: synthetic demo utterances.
+        num_streams: concurrent streams; stream ``i`` plays input ``i mod (number of inputs)``.
+        num_slots: slots (pre-allocated caches); ``None``: ``num_streams``.
+        att_context_size: ``[left, lookahead]`` among the encoder's look-aheads; ``None``: its default.
+        stagger_seconds: stream starts are drawn uniformly in ``[0, stagger_seconds)``; 0 starts all
+            together (every step then has all streams: step time at that batch size).
+        max_stream_seconds: cut each stream's audio to this length (``None``: whole files).
+        dtype: ``float32`` (exact) or ``bfloat16`` (caches and encoder compute).
+        use_cuda_graphs: one CUDA graph replay per step and batch-size bucket (GPU only).
+        compare_nemo: run the same streams through NeMo's path (slot gather/scatter +
+            ``conformer_stream_step``) and compare transcripts and timings.
+        cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.
+        seed: synthetic model weights, demo audio and stream start times.
+        output_dir: where ``streaming_results.json``, ``streaming_results.md`` and
+            ``streaming_transcripts.jsonl`` go.
+        tag: added to the output file names (e.g. the GPU and date).
+    """
+
+    model: str = "tiny-streaming"
+    audio_dir: str | None = None
+    dataset_manifest: str | None = None
+    num_streams: int = 4
+    num_slots: int | None = None
+    att_context_size: list[int] | None = None
+    stagger_seconds: float = 1.0
+    max_stream_seconds: float | None = None
+    dtype: str = "float32"
+    use_cuda_graphs: bool = True
+    compare_nemo: bool = True
+    cuda: int | None = None
+    seed: int = 0
+    output_dir: str = "."
+    tag: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype={self.dtype!r} is not valid; valid values: float32, bfloat16")

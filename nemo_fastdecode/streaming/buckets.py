@@ -112,10 +112,7 @@ class BucketedStep:
         n = slot_ids.shape[0]
         if not self.pad_to_bucket:
             return self.step(*(t.to(self.device, non_blocking=True) for t in (slot_ids, features, lengths)))
-        size = self.bucket(n)
-        b = self._buckets.get(size)
-        if b is None:
-            b = self._buckets[size] = self._make(size)
+        b = self.prepare(self.bucket(n))
         # rows past N: the dummy slot and zero lengths (stale features there are never read)
         b.slot_ids[:n].copy_(slot_ids, non_blocking=True)
         b.slot_ids[n:].fill_(self.dummy_slot)
@@ -126,16 +123,18 @@ class BucketedStep:
         if not self.use_graphs:
             encoded, encoded_lengths = self.step(b.slot_ids, b.features, b.lengths)
         else:
-            if b.graph is None:
-                # warm-up and capture see only padding rows (dummy slot): no open stream is touched
-                real = b.slot_ids.clone(), b.features.clone(), b.lengths.clone()
-                b.slot_ids.fill_(self.dummy_slot)
-                b.lengths.zero_()
-                b.graph, b.outputs = capture_graph(
-                    lambda: self.step(b.slot_ids, b.features, b.lengths), self.device, pool=self._pool
-                )
-                for static, value in zip((b.slot_ids, b.features, b.lengths), real, strict=True):
-                    static.copy_(value)
             b.graph.replay()
             encoded, encoded_lengths = b.outputs
         return encoded[:n], encoded_lengths[:n]
+
+    def prepare(self, size: int) -> _Bucket:
+        """The bucket of ``size`` rows, allocated (and its graph captured) on first use."""
+        b = self._buckets.get(size)
+        if b is None:
+            b = self._buckets[size] = self._make(size)
+            if self.use_graphs:
+                # warm-up and capture see only padding rows (dummy slot, no frames): no open stream is touched
+                b.graph, b.outputs = capture_graph(
+                    lambda: self.step(b.slot_ids, b.features, b.lengths), self.device, pool=self._pool
+                )
+        return b

@@ -179,6 +179,13 @@ class StreamingTranscriber:
         hyp = self.hypothesis(slot)
         return self.decoder.text(hyp) if self.decoder is not None else ""
 
+    def warm_up(self) -> None:
+        """Capture the CUDA graph of every batch-size bucket now (no stream is touched); no-op eagerly."""
+        if self.runner.use_graphs:
+            with torch.inference_mode():
+                for size in self.runner.sizes:
+                    self.runner.prepare(size)
+
     # ------------------------------------------------------------------------------------------
     def step(self, slot_ids: Sequence[int], chunks: Sequence[torch.Tensor] | torch.Tensor) -> StepResult:
         """Advance the streams in ``slot_ids`` by one chunk each.

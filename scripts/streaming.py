@@ -1,0 +1,29 @@
+"""Cache-aware streaming of many concurrent streams, ours against NeMo's path, on a simulated real-time clock.
+
+Follows NeMo's ``examples/asr/asr_cache_aware_streaming/speech_to_text_cache_aware_streaming_infer.py``;
+the logic lives in ``nemo_fastdecode.streaming.simulation``.
+
+    # tiny synthetic (random-weight) model and audio: quick on a CPU
+    python scripts/streaming.py
+
+    # a real cache-aware checkpoint on a folder of audio, 64 streams at 160 ms chunks
+    python scripts/streaming.py model=/path/to/model.nemo audio_dir=/data/wavs num_streams=64 att_context_size=[70,1]
+
+    # the benchmark presets (FastConformer 17 x 512 hybrid; 0.6B RNN-T), results in benchmarks/results/
+    python scripts/streaming.py --config-name streaming_hybrid_17x512 tag=h200_2026-11-23
+    python scripts/streaming.py --config-name streaming_rnnt_0.6b tag=h200_2026-11-23
+"""
+
+from nemo.core.config import hydra_runner
+from omegaconf import DictConfig
+
+from nemo_fastdecode.streaming.simulation import run
+
+
+@hydra_runner(config_path="../configs", config_name="streaming")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""scripts/streaming.py: config mirror, the simulated multi-stream run (ours vs NeMo's path), the script (CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from nemo_fastdecode import synthetic
+from nemo_fastdecode.config import StreamingConfig
+from nemo_fastdecode.streaming import StreamingGeometry
+from nemo_fastdecode.streaming import simulation as sim
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def compose_streaming(name: str = "streaming", overrides: list[str] | None = None):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        return compose(config_name=name, overrides=overrides or [])
+
+
+def test_streaming_yaml_matches_dataclass():
+    cfg = compose_streaming()
+    schema = OmegaConf.structured(StreamingConfig)
+    assert OmegaConf.merge(schema, cfg) == schema  # the YAML holds exactly the dataclass defaults
+    assert set(cfg) == set(schema)
+
+
+@pytest.mark.parametrize(
+    ("name", "preset", "layers", "d_model"),
+    [
+        ("streaming_hybrid_17x512", "hybrid-17x512-streaming", 17, 512),
+        ("streaming_rnnt_0.6b", "rnnt-0.6b-streaming", 24, 1024),
+    ],
+)
+def test_benchmark_presets(name, preset, layers, d_model):
+    cfg = sim.resolve_config(compose_streaming(name))
+    assert cfg.model == preset and list(cfg.att_context_size) == [70, 1]
+    assert (cfg.num_streams, cfg.num_slots) == (256, 1024)
+    enc = synthetic.make_synthetic_config(preset).encoder
+    assert (enc.n_layers, enc.d_model, enc.att_context_style, enc.conv_context_size) == (
+        layers,
+        d_model,
+        "chunked_limited",
+        "causal",
+    )
+    assert [list(c) for c in enc.att_context_size] == [[70, 13], [70, 6], [70, 1], [70, 0]]
+    assert enc.causal_downsampling is True
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="dtype='fp8' is not valid; valid values: float32, bfloat16"):
+        sim.resolve_config({"dtype": "fp8"})
+    with pytest.raises(ValueError, match="num_streams must be >= 1"):
+        sim.resolve_config({"num_streams": 0})
+    with pytest.raises(ValueError, match="not both"):
+        sim.resolve_config({"audio_dir": "a", "dataset_manifest": "b"})
+    with pytest.raises(Exception, match="no_such_key"):
+        sim.resolve_config({"no_such_key": 1})
+
+
+def test_plan_streams_arrivals():
+    geometry = StreamingGeometry(
+        att_context_size=(16, 1),
+        feat_in=4,
+        first_chunk=9,
+        chunk=16,
+        pre_encode_cache=9,
+        drop_extra=2,
+        min_last_chunk=8,
+        out_frames=2,
+        att_cache=16,
+        conv_cache=8,
+        subsampling_factor=8,
+    )
+    feats = [torch.zeros(4, 48), torch.zeros(4, 30)]
+    plans = sim.plan_streams(feats, ["a", "b"], geometry, num_streams=3, stagger_seconds=0.5, seed=1)
+    assert [p.name for p in plans] == ["a", "b", "a"]
+    assert [c.shape[1] for c in plans[0].chunks] == [9, 16, 16]  # the 7-frame tail < min_last_chunk is dropped
+    for plan in plans:
+        assert 0 <= plan.start < 0.5
+        assert plan.arrivals[0] == pytest.approx(plan.start + 0.09)
+        assert all(b > a for a, b in zip(plan.arrivals, plan.arrivals[1:], strict=False))
+    together = sim.plan_streams(feats, ["a", "b"], geometry, num_streams=2, stagger_seconds=0.0, max_stream_seconds=0.2)
+    assert {p.start for p in together} == {0.0} and sum(c.shape[1] for c in together[0].chunks) == 9 + 11
+
+
+def test_tiny_run_matches_nemo_path(tmp_path):
+    lines: list[str] = []
+    result = sim.run(
+        {
+            "num_streams": 5,
+            "num_slots": 3,
+            "max_stream_seconds": 1.6,
+            "stagger_seconds": 0.5,
+            "output_dir": str(tmp_path),
+            "tag": "cpu",
+            "cuda": -1,
+            "att_context_size": [16, 1],
+        },
+        log=lines.append,
+    )
+    text = "\n".join(lines)
+    assert "RANDOM, UNTRAINED WEIGHTS" in text and "| nemo_fastdecode (eager)" in text
+    ours, nemo = result.paths
+    assert nemo.name.startswith("NeMo gather/scatter + conformer_stream_step")
+    assert ours.chunks == nemo.chunks > 0 and ours.audio_seconds == nemo.audio_seconds
+    for p in result.paths:
+        assert 0 < p.latency_p50_ms <= p.latency_p95_ms <= p.latency_p99_ms <= p.latency_max_ms
+        assert p.throughput > 0 and p.batch_max <= 3  # 5 streams share 3 slots
+    assert result.identical_streams == 1.0  # same tokens as NeMo's own path, stream by stream
+    assert sum(len(r["pred_text"]) for r in result.transcripts) > 0
+    files = {k: Path(v) for k, v in result.files.items()}
+    assert files["json"].name == "streaming_results_cpu.json"
+    saved = json.loads(files["json"].read_text())
+    assert saved["config"]["num_streams"] == 5 and len(saved["paths"]) == 2
+    assert saved["paths"][0]["latency_p95_ms"] == ours.latency_p95_ms
+    assert "| path |" in files["markdown"].read_text()
+    records = [json.loads(line) for line in files["transcripts"].read_text().splitlines()]
+    assert [r["stream"] for r in records] == list(range(5)) and all(r["identical"] for r in records)
+
+
+def test_script_end_to_end(tmp_path):
+    """``python scripts/streaming.py`` with Hydra overrides, in a fresh process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(ROOT / "scripts" / "streaming.py"), "num_streams=2", "max_stream_seconds=1.0"]
+    command += [f"output_dir={tmp_path / 'out'}", "cuda=-1", "att_context_size=[16,0]"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Streams with identical tokens (ours vs NeMo's path): 100.0%" in done.stdout
+    assert (tmp_path / "out" / "streaming_results.json").is_file()
+    assert not (tmp_path / "outputs").exists()  # no Hydra run folders
