@@ -113,20 +113,20 @@ def _gpu_busy_share(decoder, batches) -> float | None:
         return None
 
 
-def benchmark_model(
+def prepare_synthetic_set(
     preset: str,
     total_seconds: float,
     batch_size: int,
-    repeats: int = 3,
     max_symbols: int = 10,
     encoder_dtype: torch.dtype = torch.bfloat16,
     target_tokens_per_frame: float = 0.3,
-    strategies: list[str] | None = None,
     seed: int = 0,
-    profile_busy: bool = False,
-    experimental: bool = False,
-    log: Callable[[str], None] = print,
-) -> ModelReport:
+):
+    """A synthetic model on the GPU and its encoded test-other-like set, blank bias calibrated.
+
+    Returns ``(model, durations, batches, encoder_seconds, tokens_per_frame)``; ``batches`` holds
+    fp32 ``(encoder_output [B, D, T], lengths [B])`` pairs (decoding runs in fp32 on bf16 encoder outputs).
+    """
     device = torch.device("cuda")
     model = synthetic.build_synthetic_model(preset, seed=seed, device=device)
     durations = synthetic.librispeech_like_durations(total_seconds=total_seconds, seed=seed)
@@ -145,6 +145,27 @@ def benchmark_model(
         target_tokens_per_frame,
         max_symbols=max_symbols,
     )
+    return model, durations, batches, encoder_seconds, rate
+
+
+def benchmark_model(
+    preset: str,
+    total_seconds: float,
+    batch_size: int,
+    repeats: int = 3,
+    max_symbols: int = 10,
+    encoder_dtype: torch.dtype = torch.bfloat16,
+    target_tokens_per_frame: float = 0.3,
+    strategies: list[str] | None = None,
+    seed: int = 0,
+    profile_busy: bool = False,
+    experimental: bool = False,
+    log: Callable[[str], None] = print,
+) -> ModelReport:
+    model, durations, batches, encoder_seconds, rate = prepare_synthetic_set(
+        preset, total_seconds, batch_size, max_symbols, encoder_dtype, target_tokens_per_frame, seed
+    )
+    lengths = [n for _, n in batches]
     frames = int(sum(int(n.sum()) for n in lengths))
     report = ModelReport(preset, sum(durations), len(durations), frames, encoder_seconds, rate)
     log(

@@ -1,0 +1,103 @@
+"""Where a greedy decoder's time goes on the GPU: kernels per decode, their durations, GPU-busy share.
+
+python scripts/profile_decoder.py                         # rnnt-0.6b, 2 minutes of audio, our label and frame loops
+python scripts/profile_decoder.py preset=tdt-0.6b seconds=300 out=/tmp/profile.md
+
+For each strategy: wall time of one pass over the set, the sum of GPU kernel time inside it
+(torch.profiler/CUPTI; kernels replayed from CUDA graphs included), their ratio (GPU busy share),
+and the kernels that take the most time. Run NeMo's WHILE-graph decoders elsewhere: profiling them
+crashed (illegal memory access) on an H200.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import defaultdict
+
+import torch
+from omegaconf import OmegaConf
+
+import nemo_fastdecode  # noqa: F401  (registers the strategies)
+from nemo_fastdecode.benchmark import decoder_factories, prepare_synthetic_set
+from nemo_fastdecode.comparison import decode_all
+
+DEFAULTS = {
+    "preset": "rnnt-0.6b",
+    "seconds": 120,
+    "batch_size": 32,
+    "max_symbols": 10,
+    "strategies": [
+        "fast_greedy_frame_loop[full_graph]",
+        "fast_greedy_label_loop[full_graph]",
+        "fast_greedy_label_loop[full_graph,unfused]",
+        "fast_greedy_label_loop[eager]",
+    ],
+    "top": 12,
+    "out": None,
+}
+
+
+def profile_pass(decoder, batches) -> tuple[float, dict[str, list[float]]]:
+    """Wall seconds of one pass and, per kernel name, ``[count, total microseconds]``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        decode_all(decoder, batches)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0:
+            entry = kernels[event.name[:90]]
+            entry[0] += 1
+            entry[1] += event.device_time
+    return wall, kernels
+
+
+def main(argv: list[str]) -> None:
+    cfg = OmegaConf.merge(OmegaConf.create(DEFAULTS), OmegaConf.from_dotlist(argv))
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    model, _, batches, _, rate = prepare_synthetic_set(cfg.preset, cfg.seconds, cfg.batch_size, cfg.max_symbols)
+    factories = decoder_factories(model, cfg.max_symbols)
+    lines = [
+        f"# Decoder profile on {torch.cuda.get_device_name(0)}",
+        "",
+        f"Command: `python scripts/profile_decoder.py {' '.join(argv)}`",
+        "",
+        f"{cfg.preset}, {cfg.seconds} s of audio, batch {cfg.batch_size}, {len(batches)} batches, {rate:.3f} tokens/frame.",
+    ]
+    for name in cfg.strategies:
+        decoder = factories[name]()
+        decode_all(decoder, batches)  # warm-up: capture graphs, compile kernels
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        decode_all(decoder, batches)
+        torch.cuda.synchronize()
+        unprofiled = time.perf_counter() - start
+        wall, kernels = profile_pass(decoder, batches)
+        busy = sum(total for _, total in kernels.values()) * 1e-6
+        launches = sum(count for count, _ in kernels.values())
+        lines += [
+            "",
+            f"## {name}",
+            "",
+            f"wall {unprofiled:.3f} s (profiled {wall:.3f} s); kernel time {busy:.3f} s = {busy / wall:.0%} GPU busy; "
+            f"{launches} kernels, {1e6 * busy / max(launches, 1):.1f} us each on average",
+            "",
+            "| kernel | count | total ms | mean us |",
+            "|---|---|---|---|",
+        ]
+        for kernel, (count, total) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[: cfg.top]:
+            lines.append(f"| `{kernel}` | {count} | {total / 1e3:.1f} | {total / count:.1f} |")
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if cfg.out:
+        with open(cfg.out, "w") as f:
+            f.write(report)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
