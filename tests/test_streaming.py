@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -275,3 +276,24 @@ def test_bf16_caches_run_close_to_fp32(model, features):
         outputs[dtype] = torch.cat([streamer.step([slot], [c]).encoded[0].float() for c in g_chunks[:6]])
         assert streamer.slots.keys.dtype == dtype
     assert relative_error(outputs[torch.bfloat16], outputs[torch.float32]) < 0.1
+
+
+def test_triton_kernel_path_matches_nemo_alone(model, features, reference):
+    """The encoder with the Triton indexed-attention kernel (its CPU interpreter here), padded buckets."""
+    att, runs = reference
+    if att != [16, 1]:
+        pytest.skip("one look-ahead is enough for the (slow) Triton interpreter")
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    streamer = StreamingTranscriber(model, num_slots=3, att_context_size=att, use_triton=True, pad_to_bucket=True)
+    chunks = [split_features(f, streamer.geometry)[:4] for f in features[:3]]
+    slots = [streamer.open() for _ in range(3)]
+    order = [[0], [1, 0], [2, 0, 1], [1, 2], [0, 2, 1], [2]]  # staggered, out of order, subsets
+    position = [0, 0, 0]
+    for streams in order:
+        result = streamer.step([slots[s] for s in streams], [chunks[s][position[s]] for s in streams])
+        for row, s in enumerate(streams):
+            ref = runs[s][0][position[s]]
+            assert relative_error(result.encoded[row, : int(result.encoded_lengths[row])], ref) <= 1e-4
+            position[s] += 1

@@ -275,9 +275,9 @@ class StreamingTranscriber:
                 )
             lengths.append(chunk.shape[1])
         # packed where the chunks are (host audio: one host-to-device copy of the whole batch later)
-        features = torch.zeros(len(slots), g.feat_in, max(lengths), device=chunks[0].device)
-        for row, chunk in enumerate(chunks):
-            features[row, :, : chunk.shape[1]] = chunk.detach()
+        device = chunks[0].device
+        rows = [chunk.detach().to(device, torch.float32).T for chunk in chunks]
+        features = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).transpose(1, 2)  # [N, F, Tmax]
         return features, torch.tensor(lengths, dtype=torch.long)
 
 
