@@ -106,8 +106,8 @@ class StreamingEncoderStep:
 
         Args:
             slot_ids: ``[B]`` int64, distinct open slots; padding rows use the dummy slot with length 0.
-            features: ``[B, F, G]`` new mel-feature frames of each stream, left-aligned
-                (``G = geometry.max_input_frames`` or less); no pre-encode cache, the slots hold it.
+            features: ``[B, F, G]`` new mel-feature frames of each stream, left-aligned (``G <= geometry.chunk``);
+                no pre-encode cache, the slots hold it.
             feature_lengths: ``[B]`` int64 valid frames of each row (at most ``first_chunk`` for a stream's
                 first step, ``chunk`` later; 0 for padding rows).
 
