@@ -3,7 +3,9 @@
 The encoder runs once per model; every decoder then decodes the same encoder outputs (cast to
 the decoding dtype), after a warm-up, best of ``repeats``. Tokens are counted so that equal work is
 visible, and every strategy's hypotheses are compared with NeMo's baseline (frame loop for RNN-T,
-label loop without graphs for TDT).
+label loop without graphs for TDT). Beam search rows (:data:`BEAM_STRATEGIES`: NeMo's ``malsd_batch``
+with and without graphs, ``fast_beam``) are opt-in through ``strategies`` and are compared with
+``malsd_batch`` without graphs. Without a GPU everything runs on the CPU (a smoke test, not timings).
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from nemo.collections.asr.parts.submodules import rnnt_greedy_decoding as nemo_greedy
+from nemo.collections.asr.parts.submodules.rnnt_beam_decoding import BeamBatchedRNNTInfer
+from nemo.collections.asr.parts.submodules.tdt_beam_decoding import BeamBatchedTDTInfer
 
 from nemo_fastdecode import synthetic
-from nemo_fastdecode.comparison import agreement, best_time, decode_all
+from nemo_fastdecode.beam.infer import FastBeamBatchedInfer
+from nemo_fastdecode.comparison import _synchronize, agreement, best_time, decode_all
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 
 
@@ -48,8 +53,19 @@ class ModelReport:
     results: list[StrategyResult] = field(default_factory=list)
 
 
-def decoder_factories(model, max_symbols: int) -> dict[str, Callable[[], torch.nn.Module]]:
-    """Name -> constructor of each decoder to compare (NeMo's first, ``nemo_baseline`` is the reference)."""
+# beam search rows (opt-in: run only when named in `strategies`); the first is their reference
+BEAM_STRATEGIES = (
+    "nemo_malsd_batch",
+    "nemo_malsd_batch+graphs",
+    "fast_beam[no_while_graph]",
+    "fast_beam[eager]",
+    "fast_beam[full_graph]",
+)
+
+
+def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, Callable[[], torch.nn.Module]]:
+    """Name -> constructor of each decoder to compare (NeMo's first; ``nemo_baseline`` and, for the beam
+    rows, ``nemo_malsd_batch`` are the references)."""
     spec = synthetic.transducer_spec(model)
     common = {
         "decoder_model": model.decoder,
@@ -72,6 +88,28 @@ def decoder_factories(model, max_symbols: int) -> dict[str, Callable[[], torch.n
             durations=spec.durations, loop_labels=loop_labels, graph_mode=mode, fused_kernels=fused, **common
         )
 
+    def nemo_beam(graphs: bool):
+        beam = {**common, "beam_size": beam_size, "search_type": "malsd_batch", "allow_cuda_graphs": graphs}
+        if spec.is_tdt:
+            return lambda: BeamBatchedTDTInfer(durations=spec.durations, **beam)
+        return lambda: BeamBatchedRNNTInfer(**beam)
+
+    def fast_beam(mode: str):
+        return lambda: FastBeamBatchedInfer(durations=spec.durations, beam_size=beam_size, graph_mode=mode, **common)
+
+    beam_rows = dict(
+        zip(
+            BEAM_STRATEGIES,
+            (
+                nemo_beam(False),
+                nemo_beam(True),
+                fast_beam("no_while_graph"),
+                fast_beam("eager"),
+                fast_beam("full_graph"),
+            ),
+            strict=True,
+        )
+    )
     if spec.is_tdt:
         return {
             "nemo_baseline": nemo(True, False),
@@ -80,6 +118,7 @@ def decoder_factories(model, max_symbols: int) -> dict[str, Callable[[], torch.n
             "fast_greedy_label_loop[eager]": ours(True, "eager"),
             "fast_greedy_label_loop[full_graph]": ours(True, "full_graph"),
             "fast_greedy_label_loop[full_graph,unfused]": ours(True, "full_graph", fused=False),
+            **beam_rows,
         }
     return {
         "nemo_baseline": nemo(False, False),
@@ -93,6 +132,7 @@ def decoder_factories(model, max_symbols: int) -> dict[str, Callable[[], torch.n
         "fast_greedy_label_loop[full_graph]": ours(True, "full_graph"),
         "fast_greedy_frame_loop[full_graph,unfused]": ours(False, "full_graph", fused=False),
         "fast_greedy_label_loop[full_graph,unfused]": ours(True, "full_graph", fused=False),
+        **beam_rows,
     }
 
 
@@ -121,20 +161,22 @@ def prepare_synthetic_set(
     encoder_dtype: torch.dtype = torch.bfloat16,
     target_tokens_per_frame: float = 0.3,
     seed: int = 0,
+    device: torch.device | str | None = None,
 ):
-    """A synthetic model on the GPU and its encoded test-other-like set, blank bias calibrated.
+    """A synthetic model on ``device`` (``None``: the GPU, else the CPU) and its encoded test-other-like set,
+    blank bias calibrated.
 
     Returns ``(model, durations, batches, encoder_seconds, tokens_per_frame)``; ``batches`` holds
     fp32 ``(encoder_output [B, D, T], lengths [B])`` pairs (decoding runs in fp32 on bf16 encoder outputs).
     """
-    device = torch.device("cuda")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = synthetic.build_synthetic_model(preset, seed=seed, device=device)
     durations = synthetic.librispeech_like_durations(total_seconds=total_seconds, seed=seed)
     audios = synthetic.synthetic_audio(durations, seed=seed)
-    torch.cuda.synchronize()
+    _synchronize(device)
     start = time.perf_counter()
     encoded, lengths = synthetic.encode(model, audios, batch_size=batch_size, device=device, dtype=encoder_dtype)
-    torch.cuda.synchronize()
+    _synchronize(device)
     encoder_seconds = time.perf_counter() - start
     # decoding runs in fp32 on the (bf16) encoder outputs
     batches = [(e.float(), n) for e, n in zip(encoded, lengths, strict=True)]
@@ -160,10 +202,12 @@ def benchmark_model(
     seed: int = 0,
     profile_busy: bool = False,
     experimental: bool = False,
+    beam_size: int = 4,
+    device: torch.device | str | None = None,
     log: Callable[[str], None] = print,
 ) -> ModelReport:
     model, durations, batches, encoder_seconds, rate = prepare_synthetic_set(
-        preset, total_seconds, batch_size, max_symbols, encoder_dtype, target_tokens_per_frame, seed
+        preset, total_seconds, batch_size, max_symbols, encoder_dtype, target_tokens_per_frame, seed, device
     )
     lengths = [n for _, n in batches]
     frames = int(sum(int(n.sum()) for n in lengths))
@@ -171,9 +215,13 @@ def benchmark_model(
     log(
         f"{preset}: {len(durations)} utterances, {sum(durations):.0f} s, {frames} frames, encoder {encoder_seconds:.2f} s, calibrated {rate:.3f} tokens/frame"
     )
-    reference = None
-    for name, factory in decoder_factories(model, max_symbols).items():
-        if strategies and name not in strategies and name != "nemo_baseline":
+    beam_selected = any(name in BEAM_STRATEGIES for name in strategies or ())
+    references: dict[bool, list] = {}  # beam row? -> the first hypotheses of that family
+    for name, factory in decoder_factories(model, max_symbols, beam_size).items():
+        is_beam = name in BEAM_STRATEGIES
+        if is_beam and not (beam_selected and (name in strategies or name == BEAM_STRATEGIES[0])):
+            continue  # beam rows are opt-in; their reference comes with any of them
+        if not is_beam and strategies and name not in strategies and name != "nemo_baseline":
             continue
         if "[full_graph" in name and not experimental:  # WHILE-node graphs are opt-in (README, Status)
             continue
@@ -181,12 +229,10 @@ def benchmark_model(
         decode_all(decoder, batches[:2])  # warm-up: graphs captured, kernels loaded
         decode_all(decoder, batches[:1] + batches[-1:])  # the largest and the smallest batch shapes
         seconds, hyps = best_time(decoder, batches, repeats)
-        if reference is None:
-            reference = hyps
-        identical, score_diff = agreement(reference, hyps)
+        identical, score_diff = agreement(references.setdefault(is_beam, hyps), hyps)
         busy = (
             _gpu_busy_share(decoder, batches)
-            if profile_busy and name.startswith(("fast_greedy", "nemo_label_loop+", "nemo_frame_loop+"))
+            if profile_busy and name.startswith(("fast_", "nemo_label_loop+", "nemo_frame_loop+", "nemo_malsd_batch+"))
             else None
         )
         mode = getattr(getattr(decoder, "computer", None), "graph_mode", None)
@@ -205,20 +251,22 @@ def benchmark_model(
         report.results.append(result)
         log(f"  {name:42s} {seconds:8.3f} s  tokens {result.tokens}  identical {identical:.3f}  busy {busy}")
         del decoder
-    fastest_nemo = min(r.decoder_seconds for r in report.results if r.strategy.startswith("nemo"))
-    for r in report.results:
-        r.speedup_vs_fastest_nemo = fastest_nemo / r.decoder_seconds
+    for is_beam in (False, True):  # greedy rows against NeMo's greedy, beam rows against NeMo's beam search
+        family = [r for r in report.results if (r.strategy in BEAM_STRATEGIES) == is_beam]
+        fastest_nemo = min((r.decoder_seconds for r in family if r.strategy.startswith("nemo")), default=None)
+        for r in family:
+            r.speedup_vs_fastest_nemo = fastest_nemo / r.decoder_seconds if fastest_nemo else None
     del model
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return report
 
 
 def environment() -> dict:
-    props = torch.cuda.get_device_properties(0)
     import nemo
 
     return {
-        "gpu": props.name,
+        "gpu": torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "nemo": nemo.__version__,
@@ -250,7 +298,7 @@ def write_reports(reports: list[ModelReport], command: str, json_path: str, mark
         for r in report.results:
             busy = "" if r.gpu_busy_share is None else f"{r.gpu_busy_share:.0%}"
             lines.append(
-                f"| {r.strategy} | {r.graph_mode or ''} | {r.decoder_seconds:.3f} | {r.speedup_vs_fastest_nemo:.2f} | "
+                f"| {r.strategy} | {r.graph_mode or ''} | {r.decoder_seconds:.3f} | {r.speedup_vs_fastest_nemo or 0:.2f} | "
                 f"{r.tokens} | {r.identical_utterances:.1%} | {r.max_score_difference:.2e} | {busy} | {r.rtfx:.0f} | "
                 f"{r.decoder_share:.1%} |"
             )

@@ -1,7 +1,9 @@
-"""Benchmark fast_greedy against NeMo's greedy strategies on the same encoder outputs (needs a GPU).
+"""Benchmark fast_greedy / fast_beam against NeMo's strategies on the same encoder outputs (on a GPU).
 
 python scripts/benchmark.py                                   # rnnt-0.6b and tdt-0.6b, 1 hour, batch 32
 python scripts/benchmark.py models=[tdt-0.6b] total_seconds=600 out_dir=/tmp/bench
+python scripts/benchmark.py 'strategies=["nemo_malsd_batch+graphs","fast_beam[no_while_graph]"]' beam_size=4  # beam
+python scripts/benchmark.py models=[tiny-rnnt] total_seconds=20 'strategies=["fast_beam[eager]"]'  # CPU smoke test
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ import torch
 from omegaconf import DictConfig
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
-from nemo_fastdecode.benchmark import benchmark_model, write_reports
+from nemo_fastdecode.benchmark import BEAM_STRATEGIES, benchmark_model, write_reports
 
 
 @hydra.main(config_path="../configs", config_name="benchmark", version_base=None)
 def main(cfg: DictConfig) -> None:
-    if not torch.cuda.is_available():
-        print("benchmark.py needs a CUDA GPU (the comparison is about GPU decoding); nothing to do here.")
-        return
+    cuda = torch.cuda.is_available()
+    if not cuda:  # e.g. models=[tiny-rnnt] total_seconds=20 to check the set-up; the comparison is about GPUs
+        print("No CUDA GPU: running on the CPU (a smoke test; the timings say nothing about GPU decoding).")
     torch.backends.cuda.matmul.allow_tf32 = False  # exactness is decided in fp32
     torch.backends.cudnn.allow_tf32 = False
     reports = [
@@ -35,13 +37,16 @@ def main(cfg: DictConfig) -> None:
             seed=cfg.seed,
             profile_busy=cfg.profile_busy,
             experimental=cfg.experimental,
+            beam_size=cfg.beam_size,
+            encoder_dtype=torch.bfloat16 if cuda else None,
         )
         for preset in cfg.models
     ]
     os.makedirs(cfg.out_dir, exist_ok=True)
     command = "python " + " ".join(sys.argv)
-    gpu = torch.cuda.get_device_name(0).replace(" ", "-")
-    stem = os.path.join(cfg.out_dir, f"greedy_{gpu}_{cfg.date}" if cfg.date else f"greedy_{gpu}")
+    gpu = torch.cuda.get_device_name(0).replace(" ", "-") if cuda else "cpu"
+    kind = "beam" if any(name in BEAM_STRATEGIES for name in cfg.strategies or ()) else "greedy"
+    stem = os.path.join(cfg.out_dir, f"{kind}_{gpu}_{cfg.date}" if cfg.date else f"{kind}_{gpu}")
     print(write_reports(reports, command, stem + ".json", stem + ".md"))
 
 
