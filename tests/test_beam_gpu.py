@@ -1,0 +1,77 @@
+"""GPU behaviour of fast_beam: every graph mode against NeMo's malsd_batch, both top-k paths, graph lifetime.
+
+Marked ``gpu``: skipped on machines without CUDA (CI); run on a GPU host with ``pytest -m gpu``.
+With ``fused_topk=False`` the log-probabilities are PyTorch's, so results must be identical; the Triton
+kernel's agree to float32 rounding, which on these small random networks has not been seen to change a
+hypothesis (a failure there is a near-tie: report it with the scores, do not loosen the exact test).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_networks, random_encoder_output
+from test_beam_exactness import REALISTIC_BIAS, as_tuples, fast_beam, nemo_malsd
+
+from nemo_fastdecode.graphs import GraphMode
+from nemo_fastdecode.graphs.cuda_api import while_nodes_unavailable_reason
+
+pytestmark = pytest.mark.gpu
+MODES = ["full_graph", "no_while_graph", "eager"]
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
+def cuda_networks(kind, seed):
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=seed, blank_bias=REALISTIC_BIAS[kind])
+    return decoder.cuda(), joint.cuda()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+@pytest.mark.parametrize("beam_size", [1, 4])
+@pytest.mark.parametrize("fused_topk", [False, True], ids=["torch_topk", "triton_topk"])
+def test_every_mode_matches_malsd_batch_on_gpu(mode, kind, beam_size, fused_topk):
+    decoder, joint = cuda_networks(kind, seed=21)
+    x, lengths = random_encoder_output(9, 41, seed=22, lengths=[41, 3, 1, 40, 17, 1, 41, 25, 8], device="cuda")
+    expected = nemo_malsd(kind, decoder, joint, beam_size, 3, return_best_hypothesis=False)(
+        encoder_output=x, encoded_lengths=lengths
+    )[0]
+    decode = fast_beam(kind, decoder, joint, beam_size, 3, return_best_hypothesis=False, graph_mode=mode)
+    decode.computer.fused_topk = fused_topk
+    for _ in range(2):  # the second call replays the captured graph
+        actual = decode(encoder_output=x, encoded_lengths=lengths)[0]
+        assert as_tuples(actual, True) == as_tuples(expected, True)
+    if mode == "full_graph" and while_nodes_unavailable_reason(x.device) is None:
+        assert decode.computer.graph_mode is GraphMode.FULL_GRAPH
+
+
+@pytest.mark.parametrize("mode", ["full_graph", "no_while_graph"])
+def test_graphs_are_reused_for_smaller_batches_and_recaptured_when_larger(mode):
+    decoder, joint = cuda_networks("rnnt", seed=23)
+    decode = fast_beam("rnnt", decoder, joint, 4, 3, graph_mode=mode)
+    x, lengths = random_encoder_output(6, 30, seed=24, device="cuda")
+    decode(encoder_output=x, encoded_lengths=lengths)
+    buffers = decode.computer._buffers
+    small = (x[:2, :, :20].contiguous(), lengths[:2].clamp(max=20))
+    expected = nemo_malsd("rnnt", decoder, joint, 4, 3)(encoder_output=small[0], encoded_lengths=small[1])[0]
+    actual = decode(encoder_output=small[0], encoded_lengths=small[1])[0]
+    assert decode.computer._buffers is buffers, "a smaller batch must replay the captured graph"
+    assert as_tuples(actual, False) == as_tuples(expected, False)
+    big, big_lengths = random_encoder_output(8, 45, seed=25, device="cuda")
+    decode(encoder_output=big, encoded_lengths=big_lengths)
+    assert decode.computer._buffers is not buffers and decode.computer._buffers.max_time >= 45
+
+
+def test_auto_mode_uses_phase_graphs():
+    decoder, joint = cuda_networks("tdt", seed=26)
+    decode = fast_beam("tdt", decoder, joint, 2, 3)
+    x, lengths = random_encoder_output(3, 20, seed=27, device="cuda")
+    decode(encoder_output=x, encoded_lengths=lengths)
+    assert decode.computer.graph_mode is GraphMode.NO_WHILE_GRAPH
