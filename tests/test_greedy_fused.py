@@ -10,10 +10,19 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
-from test_greedy_exactness import ALGORITHMS, REALISTIC_BIAS, UNBOUNDED_SAFE, assert_same_hypotheses, baseline, ours
+from test_greedy_exactness import (
+    ALGORITHMS,
+    REALISTIC_BIAS,
+    UNBOUNDED_SAFE,
+    as_lists,
+    assert_same_hypotheses,
+    baseline,
+    ours,
+)
 
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.state import LoopBuffers
+from nemo_fastdecode.kernels.joint_argmax import joint_argmax, joint_argmax_reference, num_tiles
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 BLANK = VOCAB_SIZE
@@ -81,8 +90,10 @@ def twin_buffers(batch: int, seed: int, **kwargs):
 def test_label_select_kernel_matches_reference(batch, start, tdt):
     reference, fused = twin_buffers(batch, seed=batch * 7 + start)
     g = torch.Generator().manual_seed(batch)
-    best_scores = torch.randn([batch], generator=g).to(DEVICE)
-    best_labels = torch.randint(0, BLANK + 1, [batch], generator=g).to(DEVICE)
+    # three candidates per row (as the fused joint's column tiles leave them), with a tie in row 0
+    best_scores = torch.randn([batch, 3], generator=g).to(DEVICE)
+    best_scores[0, 2] = best_scores[0, 1]
+    best_labels = torch.randint(0, BLANK + 1, [batch, 3], generator=g).to(DEVICE)
     best_labels[::3] = BLANK
     logits = torch.randn([batch, 3 + len(TDT_DURATIONS)], generator=g).to(DEVICE)
     logits[0, 3:] = 1.0  # a tie: the lower duration index wins in both
@@ -113,8 +124,8 @@ def test_frame_kernels_match_reference(batch, max_symbols):
     steps.frame_emit(fused, fused=True)
     assert_same_state(reference, fused)
     g = torch.Generator().manual_seed(batch)
-    best_scores = torch.randn([batch], generator=g).to(DEVICE)
-    best_labels = torch.randint(0, BLANK + 1, [batch], generator=g).to(DEVICE)
+    best_scores = torch.randn([batch, 1], generator=g).to(DEVICE)
+    best_labels = torch.randint(0, BLANK + 1, [batch, 1], generator=g).to(DEVICE)
     steps.frame_select(reference, best_scores, best_labels, BLANK, max_symbols, fused=False)
     steps.frame_select(fused, best_scores, best_labels, BLANK, max_symbols, fused=True)
     assert_same_state(reference, fused)
@@ -138,6 +149,40 @@ def test_joint_hidden_kernel_matches_reference(hidden, dtype, frame_loop):
     else:
         assert torch.equal(expected, actual)
     assert (actual == 0).any() and (actual > 0).any(), "setup: relu should clip some entries"
+
+
+@pytest.mark.parametrize("num_tokens", [1, 13, 1025])
+def test_best_token_kernel_matches_torch_max(num_tokens):
+    g = torch.Generator().manual_seed(num_tokens)
+    logits = torch.randn([5, num_tokens + 4], generator=g).to(DEVICE)  # 4 extra (duration) columns ignored
+    logits[1, : min(3, num_tokens)] = 9.0  # ties: the lowest label wins
+    expected = steps.best_token(logits, num_tokens, None, None, fused=False)
+    out = torch.zeros([5, 1], device=DEVICE), torch.zeros([5, 1], dtype=torch.long, device=DEVICE)
+    actual = steps.best_token(logits, num_tokens, *out, fused=True)
+    assert torch.equal(expected[0], actual[0]) and torch.equal(expected[1], actual[1])
+
+
+@pytest.mark.parametrize("batch,hidden,num_tokens,extra", [(3, 24, 13, 0), (20, 70, 13, 5), (33, 64, 100, 5)])
+def test_joint_argmax_kernel_matches_reference(batch, hidden, num_tokens, extra):
+    g = torch.Generator().manual_seed(batch)
+    encoder = torch.randn([batch, 6, hidden], generator=g).to(DEVICE)
+    predictor = torch.randn([batch, 1, hidden], generator=g).to(DEVICE)
+    weight = torch.randn([num_tokens + extra, hidden], generator=g).to(DEVICE)
+    bias = torch.randn([num_tokens + extra], generator=g).to(DEVICE)
+    times = torch.randint(0, 6, [batch], generator=g).to(DEVICE)
+    expected = joint_argmax_reference(encoder, times, predictor, weight, bias, num_tokens)
+    tiles = num_tiles(num_tokens)
+    actual = (
+        torch.zeros([batch, tiles], device=DEVICE),
+        torch.zeros([batch, tiles], dtype=torch.long, device=DEVICE),
+        torch.zeros([batch, extra], device=DEVICE),
+    )
+    joint_argmax(encoder, times, predictor, weight, bias, num_tokens, *actual)
+    torch.testing.assert_close(actual[0], expected[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(actual[1], expected[1])  # random data: no near-ties
+    torch.testing.assert_close(actual[2], expected[2], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="num_tokens must be in"):
+        joint_argmax(encoder, times, predictor, weight, bias, num_tokens + extra + 1, *actual)
 
 
 @pytest.mark.parametrize("layers", [1, 2])
@@ -190,4 +235,26 @@ def test_fused_kernels_forced_without_triton_backend_is_a_clear_error(monkeypatc
     decode.computer.fused_kernels = True
     x, lengths = random_encoder_output(2, 4, seed=1)
     with pytest.raises(ValueError, match="fused_kernels=True needs a CUDA device or TRITON_INTERPRET=1, got cpu"):
+        decode(encoder_output=x, encoded_lengths=lengths)
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="GPU hosts run this in test_greedy_gpu.py")
+@pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
+def test_opt_in_fused_joint_agrees_with_nemo(kind, loop_labels):
+    """The fused joint rounds differently from the reference GEMM; without near-ties the decisions are the same."""
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=3, blank_bias=REALISTIC_BIAS[kind])
+    joint.log_softmax = False  # raw logits on the CPU too (NeMo log-softmaxes automatically there)
+    x, lengths = random_encoder_output(6, 24, seed=4, lengths=[24, 1, 17, 0, 9, 24])
+    decode = ours(kind, decoder, joint, 3, loop_labels)
+    decode.computer.fused_kernels = decode.computer.fused_joint = True
+    actual = decode(encoder_output=x, encoded_lengths=lengths)[0]
+    # scores against our torch path on the same raw logits (NeMo's CPU frame loop log-softmaxes regardless)
+    assert_same_hypotheses(
+        ours(kind, decoder, joint, 3, loop_labels)(encoder_output=x, encoded_lengths=lengths)[0], actual
+    )
+    nemo = baseline(kind, decoder, joint, 3)(encoder_output=x, encoded_lengths=lengths)[0]
+    assert [as_lists(h, False) for h in nemo] == [as_lists(h, False) for h in actual]
+    assert sum(len(h.y_sequence) for h in actual) > 0
+    joint.log_softmax = None  # automatic log-softmax on the CPU: the fused joint cannot reproduce it
+    with pytest.raises(ValueError, match="fused_joint=True needs raw logits"):
         decode(encoder_output=x, encoded_lengths=lengths)
