@@ -43,6 +43,8 @@ FAST_GREEDY_OPTIONS = {
     "enable_per_stream_biasing",
     "tdt_include_token_duration",
     "tdt_include_duration_confidence",
+    "fused_kernels",
+    "fused_joint",
 }
 # every key of NeMo's beam section (merged configs carry them all), NeMo's `max_symbols` (what malsd_batch
 # reads), and ours; NeMo's malsd_batch ignores most of its section (search parameters of other strategies)
@@ -90,6 +92,8 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
         use_cuda_graph_decoder=greedy_cfg.get("use_cuda_graph_decoder", True),
         graph_mode=greedy_cfg.get("graph_mode", "auto"),
         include_duration=decoding.tdt_include_token_duration,
+        fused_kernels=greedy_cfg.get("fused_kernels", None),
+        fused_joint=bool(greedy_cfg.get("fused_joint", False)),
     )
 
 
@@ -131,7 +135,7 @@ FAST_STRATEGIES: dict[str, FastStrategy] = {
         stand_in="greedy_batch",
         section="greedy",
         options=frozenset(FAST_GREEDY_OPTIONS),
-        own_options=frozenset({"graph_mode"}),
+        own_options=frozenset({"graph_mode", "fused_kernels", "fused_joint"}),
         graphs_switch="use_cuda_graph_decoder",
         build=_build_fast_greedy,
     ),

@@ -101,6 +101,17 @@ def test_tdt_frame_looping_is_rejected():
         model.change_decoding_strategy(decoding_config("fast_greedy", loop_labels=False))
 
 
+def test_fused_kernel_options_reach_the_computer_and_fused_joint_fails_clearly_on_cpu(monkeypatch):
+    model = synthetic.build_synthetic_model("tiny-rnnt")
+    model.change_decoding_strategy(decoding_config("fast_greedy", fused_kernels=False, fused_joint=True))
+    computer = model.decoding.decoding.computer
+    assert computer.fused_kernels is False and computer.fused_joint is True
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    encoder_output = torch.randn([2, 5, model.cfg.encoder.d_model])
+    with pytest.raises(ValueError, match=r"fused_joint=True needs the fused kernels \(fused_kernels=False"):
+        computer(encoder_output, torch.tensor([5, 3]))
+
+
 def test_forcing_a_graph_mode_on_cpu_is_an_error():
     decoder, joint = make_networks()
     decode = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, graph_mode="full_graph")

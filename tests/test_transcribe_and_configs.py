@@ -72,7 +72,7 @@ def test_decoding_keys_are_nemo_keys_and_accepted_by_fast_greedy():
     ours = OmegaConf.structured(FastGreedyDecodingConfig)
     assert set(ours) <= set(nemo), set(ours) - set(nemo)
     assert set(ours.greedy) <= registry.FAST_GREEDY_OPTIONS
-    assert set(ours.greedy) - {"max_symbols", "graph_mode"} <= set(nemo.greedy)
+    assert set(ours.greedy) - {"max_symbols", *registry.FAST_STRATEGIES["fast_greedy"].own_options} <= set(nemo.greedy)
     assert ("auto", *(m.value for m in GraphMode)) == GRAPH_MODES
     for mode in GRAPH_MODES:
         GraphMode.parse(mode)
