@@ -231,7 +231,7 @@ def benchmark_model(
             continue  # beam rows are opt-in; their reference comes with any of them
         if not is_beam and strategies and name not in strategies and name != "nemo_baseline":
             continue
-        if "[full_graph" in name and not experimental:  # WHILE-node graphs are opt-in (README, Status)
+        if ("unfused]" in name or "fused_joint]" in name) and not experimental:  # ablations, opt-in rows
             continue
         decoder = factory()
         decode_all(decoder, batches[:2])  # warm-up: graphs captured, kernels loaded

@@ -52,11 +52,9 @@ def choose_graph_mode(device: torch.device, use_cuda_graphs: bool, forced: Graph
     elif not use_cuda_graphs:
         mode, reason = GraphMode.EAGER, "use_cuda_graph_decoder=False"
     else:
-        # WHILE-node graphs pass the exactness tests on small batches but crashed (illegal address) on the
-        # 1-hour benchmark on an H200 (torch 2.11): opt-in until that is fixed, see README "Status"
         unavailable = while_nodes_unavailable_reason(device)
-        mode = GraphMode.NO_WHILE_GRAPH
-        reason = unavailable or "full_graph (WHILE nodes) is experimental: force graph_mode=full_graph to use it"
+        mode = GraphMode.NO_WHILE_GRAPH if unavailable else GraphMode.FULL_GRAPH
+        reason = unavailable or "conditional WHILE nodes available"
     key = (mode, reason, device.type)
     if key not in _logged_choices:
         _logged_choices.add(key)
