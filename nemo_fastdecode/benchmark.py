@@ -60,6 +60,7 @@ BEAM_STRATEGIES = (
     "fast_beam[no_while_graph]",
     "fast_beam[eager]",
     "fast_beam[full_graph]",
+    "fast_beam[full_graph,torch_topk]",
 )
 
 
@@ -99,8 +100,10 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             return lambda: BeamBatchedTDTInfer(durations=spec.durations, **beam)
         return lambda: BeamBatchedRNNTInfer(**beam)
 
-    def fast_beam(mode: str):
-        return lambda: FastBeamBatchedInfer(durations=spec.durations, beam_size=beam_size, graph_mode=mode, **common)
+    def fast_beam(mode: str, fused_topk: bool | None = None):
+        return lambda: FastBeamBatchedInfer(
+            durations=spec.durations, beam_size=beam_size, graph_mode=mode, fused_topk=fused_topk, **common
+        )
 
     beam_rows = dict(
         zip(
@@ -111,6 +114,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
                 fast_beam("no_while_graph"),
                 fast_beam("eager"),
                 fast_beam("full_graph"),
+                fast_beam("full_graph", fused_topk=False),
             ),
             strict=True,
         )
