@@ -52,6 +52,9 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
     parser.add_argument("--rep", type=int, default=100, help="do_bench repetitions, ms")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cudagraph", action="store_true", help="time CUDA-graph replays (kernel time, as inside the encoder graph)"
+    )
     parser.add_argument("--out", type=Path, help="write JSON results here")
     parser.add_argument("--md", type=Path, help="write a Markdown table here")
     parser.add_argument("--plot", type=Path, help="write a PNG plot of latency vs length here (needs matplotlib)")
@@ -85,7 +88,7 @@ def measure_copy_bandwidth(do_bench, device):
 
 
 def run(args, device="cuda"):
-    from triton.testing import do_bench
+    from triton.testing import do_bench, do_bench_cudagraph
 
     from nemo_fastdecode.kernels.indexed_attention import indexed_attention
 
@@ -144,7 +147,10 @@ def run(args, device="cuda"):
                 # Bytes the fused kernel must read: K and V up to each stream's length (plus q, out).
                 kv_bytes = 2 * h * d * elem * float(lengths.sum()) + 2 * q.numel() * elem
                 for provider, fn in (("triton", triton_fn), ("torch", torch_fn)):
-                    med, p20, p80 = do_bench(fn, warmup=args.warmup, rep=args.rep, quantiles=[0.5, 0.2, 0.8])
+                    if args.cudagraph:  # kernel time without the host's launch overhead, as in the encoder graph
+                        med, p20, p80 = do_bench_cudagraph(fn, rep=args.rep, quantiles=[0.5, 0.2, 0.8])
+                    else:
+                        med, p20, p80 = do_bench(fn, warmup=args.warmup, rep=args.rep, quantiles=[0.5, 0.2, 0.8])
                     row = {
                         "T": t,
                         "N": n,
@@ -176,7 +182,7 @@ def to_markdown(rows, meta):
         f"- GPU: {meta['gpu']}; torch {meta['torch']}, triton {meta['triton']}; dtype {meta['dtype']}",
         f"- S={meta['slots']} slots, H={meta['heads']}, D={meta['head_dim']}, Tq={meta['chunk']}, "
         f"relative position: {meta['rel_pos']}, ragged lengths: {meta['ragged']}",
-        f"- measured copy bandwidth: {meta['copy_GBps']:.0f} GB/s; medians of `triton.testing.do_bench`",
+        f"- measured copy bandwidth: {meta['copy_GBps']:.0f} GB/s; medians of `triton.testing.{meta['timer']}`",
         f"- command: `{meta['command']}`",
         "",
         "| T | N | max length | mean length | triton (us) | torch (us) | speed-up | triton useful K/V GB/s | max abs diff |",
@@ -247,6 +253,7 @@ def main(argv=None):
         "head_dim": args.head_dim,
         "chunk": args.chunk,
         "rel_pos": args.rel_pos,
+        "timer": "do_bench_cudagraph" if args.cudagraph else "do_bench",
         "ragged": args.ragged,
         "copy_GBps": copy_gbps,
         "command": shlex.join([sys.executable, *sys.argv]),

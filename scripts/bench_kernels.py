@@ -75,7 +75,10 @@ def time_ms(fn: Callable[[], object], args: argparse.Namespace) -> tuple[float, 
     """(median, p20, p80) milliseconds."""
     import triton.testing
 
-    median, p20, p80 = triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep, quantiles=QUANTILES)
+    if args.cudagraph:  # replay a CUDA graph of the call: GPU time without the host's launch overhead
+        median, p20, p80 = triton.testing.do_bench_cudagraph(fn, rep=args.rep, quantiles=QUANTILES)
+    else:
+        median, p20, p80 = triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep, quantiles=QUANTILES)
     return median, p20, p80
 
 
@@ -241,7 +244,8 @@ def to_markdown(env: Env, results: list[BenchResult]) -> str:
         f"- Command: `{env.command}`",
         f"- torch {env.torch_version}, triton {env.triton_version}, CUDA {env.cuda_version}",
         f"- Device-to-device copy bandwidth (read + write): {env.copy_bytes_per_s / 1e9:.0f} GB/s",
-        "- Times: `triton.testing.do_bench` median; speed-ups are PyTorch (or compile) time over Triton time.",
+        "- Times: `triton.testing.do_bench` median (`do_bench_cudagraph` when the command has --cudagraph); "
+        "speed-ups are PyTorch (or compile) time over Triton time.",
     ]
     for result in results:
         lines += ["", f"## {result.title}", ""]
@@ -274,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blank-id", type=int, default=None, help="default V - 1 (NeMo's blank)")
     parser.add_argument("--compile-mode", default="default", help="torch.compile mode, e.g. max-autotune-no-cudagraphs")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile provider")
+    parser.add_argument(
+        "--cudagraph", action="store_true", help="time CUDA-graph replays (kernel time, as inside the decoders)"
+    )
     parser.add_argument("--num-warps", type=int, default=None, help="override the kernel's warp heuristic")
     parser.add_argument("--large-n", type=int, default=256, help="N from which bandwidth is summarised")
     parser.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")

@@ -22,7 +22,8 @@ import triton.language as tl
 
 __all__ = ["BLOCK_N", "joint_argmax", "joint_argmax_reference", "num_tiles"]
 
-BLOCK_N = 32  # output columns per program: 33 programs per 32 rows for Parakeet's 1025 tokens
+BLOCK_N = 16  # output columns per program (tl.dot needs >= 16): 65 column tiles for Parakeet's 1025 tokens
+BLOCK_M = 16  # rows per program
 
 
 def num_tiles(num_tokens: int) -> int:
@@ -55,27 +56,26 @@ def _joint_argmax_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    # small tiles on purpose: B ~ 32 rows and ~1000 columns make a few hundred KFLOP per step, so the
+    # kernel is latency-bound; many small programs (2 x 65 for Parakeet) keep every SM loading at once
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     in_rows, in_cols = rows < batch, cols < num_outputs
     t = tl.load(time + rows * time_stride, mask=in_rows, other=0)
+    enc_rows = enc + rows[:, None] * enc_stride_b + t[:, None] * enc_stride_t
+    pred_rows = pred + rows[:, None] * pred_stride_b
+    weight_rows = weight + cols[:, None] * weight_stride_n  # [BLOCK_N, BLOCK_K] tiles, contiguous along K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         in_k = ks < hidden
         x_mask = in_rows[:, None] & in_k[None, :]
-        x = tl.load(
-            enc + rows[:, None] * enc_stride_b + t[:, None] * enc_stride_t + ks[None, :], mask=x_mask, other=0.0
-        )
-        x = x.to(tl.float32) + tl.load(pred + rows[:, None] * pred_stride_b + ks[None, :], mask=x_mask, other=0.0).to(
-            tl.float32
-        )
+        x = tl.load(enc_rows + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
+        x += tl.load(pred_rows + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
         x = tl.where(x < 0, 0.0, x)  # relu
-        w = tl.load(
-            weight + cols[None, :] * weight_stride_n + ks[:, None], mask=in_cols[None, :] & in_k[:, None], other=0.0
-        )
-        acc = tl.dot(x, w.to(tl.float32), acc, input_precision="ieee")
+        w = tl.load(weight_rows + ks[None, :], mask=in_cols[:, None] & in_k[None, :], other=0.0).to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
     acc += tl.load(bias + cols, mask=in_cols, other=0.0).to(tl.float32)[None, :]
     if pid_n < num_tiles:  # this tile holds tokens: keep its best one
         token_scores = tl.where((cols < num_tokens)[None, :], acc, float("-inf"))
@@ -130,15 +130,14 @@ def joint_argmax(
     batch, _, hidden = encoder_projected.shape
     outputs = weight.shape[0]
     tiles = num_tiles(num_tokens)
-    block_m = 16 if batch <= 16 else 32
-    grid = (triton.cdiv(batch, block_m), triton.cdiv(outputs, BLOCK_N))
+    grid = (triton.cdiv(batch, BLOCK_M), triton.cdiv(outputs, BLOCK_N))
     with torch.cuda.device(encoder_projected.device) if encoder_projected.is_cuda else contextlib.nullcontext():
         _joint_argmax_kernel[grid](
             encoder_projected, encoder_projected.stride(0), encoder_projected.stride(1),
             time_indices, time_indices.stride(0), predictor_output, predictor_output.stride(0),
             weight, weight.stride(0), bias, tile_scores, tile_labels, extra_logits, extra_logits.stride(0),
             batch, hidden, num_tokens, outputs, tiles,
-            BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=64, num_warps=4,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=64, num_warps=2,
         )  # fmt: skip
 
 

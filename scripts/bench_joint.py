@@ -1,0 +1,91 @@
+"""One greedy joint evaluation (frame gather, hidden layer, output layer, best token) three ways, as CUDA graphs.
+
+python scripts/bench_joint.py                      # Parakeet sizes: H = 640, V + 1 = 1025, B = 8..128
+python scripts/bench_joint.py --md /tmp/joint.md
+
+- ``torch``: index + add + relu + Linear (cuBLAS) + ``max`` (what NeMo's decoders launch);
+- ``fused steps`` (default): Triton gather/add/relu, cuBLAS Linear, Triton row argmax (bit-identical to torch);
+- ``fused joint`` (opt-in): one Triton kernel, GEMM and per-tile argmax included (different rounding).
+Times are ``triton.testing.do_bench_cudagraph`` medians (kernel time, no host launch overhead); the
+label agreement column compares the fused joint's choices with cuBLAS's on random inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+
+def time_batch(batch: int, linear: torch.nn.Linear, num_tokens: int, g: torch.Generator) -> str:
+    """One Markdown row: the three joint paths at batch size ``batch``."""
+    import triton.testing
+
+    from nemo_fastdecode.greedy import steps
+    from nemo_fastdecode.kernels.joint_argmax import joint_argmax, num_tiles
+
+    hidden_size = linear.in_features
+    enc = torch.randn([batch, 50, hidden_size], device="cuda", generator=g)
+    pred = torch.randn([batch, 1, hidden_size], device="cuda", generator=g)
+    times = torch.randint(0, 50, [batch], device="cuda", generator=g)
+    rows = torch.arange(batch, device="cuda")
+    hidden = torch.empty([batch, hidden_size], device="cuda")
+    token_out = torch.empty([batch, 1], device="cuda"), torch.empty([batch, 1], dtype=torch.long, device="cuda")
+    tiles = num_tiles(num_tokens)
+    tile_out = (
+        torch.empty([batch, tiles], device="cuda"),
+        torch.empty([batch, tiles], dtype=torch.long, device="cuda"),
+        torch.empty([batch, 0], device="cuda"),
+    )
+
+    def torch_path():
+        return linear(torch.relu(enc[rows, times] + pred[:, 0])).max(dim=-1)
+
+    def fused_steps():
+        steps.joint_hidden(enc, times, pred, hidden, fused=True)
+        return steps.best_token(linear(hidden), num_tokens, *token_out, fused=True)
+
+    def fused_joint():
+        joint_argmax(enc, times, pred, linear.weight, linear.bias, num_tokens, *tile_out)
+
+    with torch.inference_mode():
+        us = [triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3 for fn in (torch_path, fused_steps, fused_joint)]
+        reference = torch_path()[1]
+        fused_joint()
+        labels = tile_out[1].gather(1, tile_out[0].argmax(dim=1, keepdim=True))[:, 0]
+        agreement = (labels == reference).float().mean().item()
+    return f"| {batch} | {us[0]:.1f} | {us[1]:.1f} | {us[2]:.1f} | {agreement:.1%} |"
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=640)
+    parser.add_argument("--tokens", type=int, default=1025, help="V + 1 (blank included)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[8, 32, 64, 128])
+    parser.add_argument("--md", default=None, help="also write the Markdown table here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_joint.py needs a CUDA GPU; nothing to do here.")
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator(device="cuda").manual_seed(0)
+    linear = torch.nn.Linear(args.hidden, args.tokens, device="cuda")
+    lines = [
+        f"# Greedy joint step on {torch.cuda.get_device_name(0)}",
+        "",
+        f"Command: `python scripts/bench_joint.py {' '.join(argv)}`; H={args.hidden}, V+1={args.tokens}, fp32.",
+        "",
+        "| B | torch us | fused steps us | fused joint us | fused joint label agreement |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [time_batch(batch, linear, args.tokens, g) for batch in args.batch]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(report)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
