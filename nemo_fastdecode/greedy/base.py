@@ -8,12 +8,14 @@ same code runs eagerly, as phase graphs and inside WHILE nodes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.greedy import steps
+from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.state import BatchedGreedyState, GreedyStateItem, LoopBuffers
 from nemo_fastdecode.kernels.joint_argmax import joint_argmax, num_tiles
 
@@ -217,17 +219,36 @@ class GreedyComputerBase:
         if self.is_tdt:
             self._durations = torch.tensor(self.durations_list, dtype=torch.long, device=device)
         # the prediction network's output after <SOS> (blank) is every fresh row's starting point
-        zero_state = self.decoder.initialize_state(buffers.encoder_projected)
-        sos = torch.full([batch_size, 1], self.blank_index, dtype=torch.long, device=device)
-        output, sos_state, *_ = self.decoder.predict(sos, zero_state, add_sos=False, batch_size=batch_size)
-        buffers.initial_predictor_states = [s.clone() for s in sos_state]
-        buffers.predictor_states = [s.clone() for s in sos_state]
-        buffers.initial_predictor_output.copy_(self.joint.project_prednet(output))
-        buffers.sos_predictor_states = [s.clone() for s in sos_state]
-        buffers.sos_predictor_output.copy_(buffers.initial_predictor_output)
+        sos = self.initial_state(batch_size, device, dtype)
+        buffers.initial_predictor_states = [s.clone() for s in sos.predictor_states]
+        buffers.predictor_states = [s.clone() for s in sos.predictor_states]
+        buffers.initial_predictor_output.copy_(sos.predictor_outputs)
+        buffers.sos_predictor_states = sos.predictor_states
+        buffers.sos_predictor_output.copy_(sos.predictor_outputs)
         return buffers
 
-    # ----- public entry point --------------------------------------------------------------
+    @torch.no_grad()
+    def initial_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> BatchedGreedyState:
+        """The state of ``batch_size`` fresh rows: the prediction network after ``<SOS>`` (blank), nothing decoded.
+
+        Continuing from it (:meth:`decode_with_state`) is the same as decoding from scratch: rows with no
+        decoded frames start from the ``<SOS>`` state computed with the batch they decode in.
+        """
+        like = torch.zeros([batch_size, 1, 1], dtype=dtype, device=device)
+        sos = torch.full([batch_size, 1], self.blank_index, dtype=torch.long, device=device)
+        output, sos_state, *_ = self.decoder.predict(
+            sos, self.decoder.initialize_state(like), add_sos=False, batch_size=batch_size
+        )
+        zeros = torch.zeros([batch_size], dtype=torch.long, device=device)
+        return BatchedGreedyState(
+            predictor_states=list(sos_state),
+            predictor_outputs=self.joint.project_prednet(output).to(dtype),
+            labels=sos[:, 0],
+            decoded_lengths=zeros,
+            time_jumps=zeros.clone() if self.is_tdt else None,
+        )
+
+    # ----- public entry points -------------------------------------------------------------
     @torch.inference_mode()
     def __call__(
         self,
@@ -245,12 +266,54 @@ class GreedyComputerBase:
         Returns:
             ``B`` hypotheses; each ``dec_state`` is a :class:`GreedyStateItem` to continue from.
         """
+        batch_size = encoder_output.shape[0]
+        rows = [row for row, item in enumerate(previous_states or []) if item is not None]
+        previous = BatchedGreedyState.stack([previous_states[row] for row in rows]) if rows else None
+        row_ids = torch.tensor(rows, dtype=torch.long, device=encoder_output.device) if rows else None
+        buffers = self._decode(encoder_output, encoder_lengths, previous, row_ids)
+        state = self._final_state(buffers, batch_size, encoder_lengths, previous, row_ids)
+        hyps = buffers.hyps.to_hypotheses(batch_size, with_durations=self.is_tdt, time_offsets=state.offsets)
+        for hyp, item in zip(hyps, state.final.split(), strict=True):
+            hyp.dec_state = item
+        return hyps
+
+    @torch.inference_mode()
+    def decode_with_state(
+        self, encoder_output: torch.Tensor, encoder_lengths: torch.Tensor, state: BatchedGreedyState
+    ) -> tuple[BatchedGreedyState, EmittedTokens]:
+        """Continue every row from a batched state: the streaming entry point (no per-row Python work).
+
+        Args:
+            encoder_output: ``[B, T, D]`` the chunk's encoder output (time-major per row).
+            encoder_lengths: ``[B]`` valid frames per row (0 allowed: the row keeps its state).
+            state: ``B`` rows to continue from (fresh rows: :meth:`initial_state`), on the output's device.
+
+        Returns:
+            ``(final state, emitted tokens)``, both of ``B`` rows: the state to continue the next chunk from,
+            and this chunk's tokens with timestamps counted from each row's start (``state.decoded_lengths``).
+            Both may be views of this computer's buffers: valid until its next call (copy or scatter them).
+        """
+        batch_size = encoder_output.shape[0]
+        if state.batch_size != batch_size:
+            raise ValueError(f"state has {state.batch_size} rows for a batch of {batch_size}")
+        buffers = self._decode(encoder_output, encoder_lengths, state, None)
+        result = self._final_state(buffers, batch_size, encoder_lengths, state, None)
+        return result.final, buffers.hyps.emitted(batch_size, self.is_tdt, result.offsets)
+
+    def _decode(
+        self,
+        encoder_output: torch.Tensor,
+        encoder_lengths: torch.Tensor,
+        previous: BatchedGreedyState | None,
+        rows: torch.Tensor | None,
+    ) -> LoopBuffers:
+        """Run the loop over ``[B, T, D]``, rows ``rows`` (all if ``None``) continuing from ``previous``."""
         batch_size, max_time, _ = encoder_output.shape
         projected = self.joint.project_encoder(encoder_output)
         self._check_fused_joint(projected.device)
         while True:
             buffers, loop = self._prepare(batch_size, max_time, projected.shape[-1], projected.device, projected.dtype)
-            self._load_inputs(buffers, projected, encoder_lengths, previous_states)
+            self._load_inputs(buffers, projected, encoder_lengths, previous, rows)
             loop.run()
             if self.max_symbols is not None or not buffers.hyps.overflowed(batch_size):
                 break
@@ -264,9 +327,17 @@ class GreedyComputerBase:
                 )
             self.reset_graphs()
         self._loop = loop
-        return self._results(buffers, batch_size, encoder_lengths, previous_states)
+        return buffers
 
-    def _load_inputs(self, buffers: LoopBuffers, projected, encoder_lengths, previous_states) -> None:
+    def _load_inputs(
+        self,
+        buffers: LoopBuffers,
+        projected: torch.Tensor,
+        encoder_lengths: torch.Tensor,
+        previous: BatchedGreedyState | None,
+        rows: torch.Tensor | None,
+    ) -> None:
+        """Copy the batch in; every row starts after ``<SOS>``, rows ``rows`` (all if ``None``) from ``previous``."""
         batch_size, max_time, _ = projected.shape
         buffers.encoder_projected[:batch_size, :max_time].copy_(projected)
         buffers.encoder_lengths.zero_()  # padding rows stay inactive
@@ -275,36 +346,53 @@ class GreedyComputerBase:
         for initial, sos in zip(buffers.initial_predictor_states, buffers.sos_predictor_states, strict=True):
             initial.copy_(sos)
         buffers.initial_predictor_output.copy_(buffers.sos_predictor_output)
-        if previous_states is None or all(item is None for item in previous_states):
+        if previous is None:
             return
-        for row, item in enumerate(previous_states):
-            if item is None:
-                continue
-            for initial, saved in zip(buffers.initial_predictor_states, item.predictor_state, strict=True):
-                initial[:, row].copy_(saved)
-            buffers.initial_predictor_output[row].copy_(item.predictor_output)
-            if item.time_jump is not None:
-                buffers.initial_time[row] = item.time_jump
+        rows = buffers.batch_indices[:batch_size] if rows is None else rows
+        # same as: initial[rows] = previous where a row has decoded frames; rows with none decoded yet keep the
+        # <SOS> state computed with this batch, as fresh rows do (no per-row loop)
+        fresh = previous.decoded_lengths == 0
+        for initial, saved in zip(buffers.initial_predictor_states, previous.predictor_states, strict=True):
+            start = torch.where(fresh[None, :, None], initial.index_select(1, rows), saved.to(initial.dtype))
+            initial.index_copy_(1, rows, start)
+        output = buffers.initial_predictor_output
+        start = torch.where(
+            fresh[:, None, None], output.index_select(0, rows), previous.predictor_outputs.to(output.dtype)
+        )
+        output.index_copy_(0, rows, start)
+        if previous.time_jumps is not None:
+            buffers.initial_time.index_copy_(0, rows, previous.time_jumps)
 
-    def _results(self, buffers: LoopBuffers, batch_size: int, encoder_lengths, previous_states) -> list[Hypothesis]:
-        offsets = torch.zeros([batch_size], dtype=torch.long, device=buffers.device)
-        previous_labels = torch.full([batch_size], self.blank_index, dtype=torch.long, device=buffers.device)
-        if previous_states is not None:
-            for row, item in enumerate(previous_states):
-                if item is not None:
-                    offsets[row] = item.decoded_length
-                    previous_labels[row] = item.label
-        hyps = buffers.hyps.to_hypotheses(batch_size, with_durations=self.is_tdt, time_offsets=offsets)
+    def _final_state(
+        self,
+        buffers: LoopBuffers,
+        batch_size: int,
+        encoder_lengths: torch.Tensor,
+        previous: BatchedGreedyState | None,
+        rows: torch.Tensor | None,
+    ) -> _FinalState:
+        """The state after the chunk (views of the buffers where possible) and each row's timestamp offset."""
+        device = buffers.device
+        offsets = torch.zeros([batch_size], dtype=torch.long, device=device)
+        previous_labels = torch.full([batch_size], self.blank_index, dtype=torch.long, device=device)
+        if previous is not None:
+            rows = buffers.batch_indices[:batch_size] if rows is None else rows
+            offsets.index_copy_(0, rows, previous.decoded_lengths)
+            previous_labels.index_copy_(0, rows, previous.labels)
         last_labels = buffers.hyps.last_label[:batch_size]
-        state = BatchedGreedyState(
-            predictor_states=[s[:, :batch_size].clone() for s in buffers.predictor_states],
-            predictor_outputs=buffers.predictor_output[:batch_size].clone(),
+        final = BatchedGreedyState(
+            predictor_states=[s[:, :batch_size] for s in buffers.predictor_states],
+            predictor_outputs=buffers.predictor_output[:batch_size],
             labels=torch.where(last_labels >= 0, last_labels, previous_labels),
-            decoded_lengths=offsets + encoder_lengths.to(offsets.device),
+            decoded_lengths=offsets + encoder_lengths.to(device),
             time_jumps=(
                 buffers.time_indices[:batch_size] - buffers.encoder_lengths[:batch_size] if self.is_tdt else None
             ),
         )
-        for hyp, item in zip(hyps, state.split(), strict=True):
-            hyp.dec_state = item
-        return hyps
+        return _FinalState(final, offsets)
+
+
+@dataclass
+class _FinalState:
+    final: BatchedGreedyState
+    offsets: torch.Tensor  # [B] frames decoded before this chunk (timestamp offsets)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
@@ -67,19 +69,48 @@ class BatchedHypsBuffer:
         """True if any of the first ``batch_size`` rows filled its storage (it may have had more to emit)."""
         return bool((self.lengths[:batch_size] >= self.capacity).any())
 
+    def emitted(self, batch_size: int, with_durations: bool, time_offsets: torch.Tensor | None = None) -> EmittedTokens:
+        """The first ``batch_size`` rows as tensors (views of this buffer, valid until it is written again)."""
+        timestamps = self.timestamps[:batch_size]
+        if time_offsets is not None:
+            timestamps = timestamps + time_offsets[:batch_size, None]
+        return EmittedTokens(
+            labels=self.labels[:batch_size],
+            timestamps=timestamps,
+            durations=self.durations[:batch_size] if with_durations else None,
+            lengths=self.lengths[:batch_size],
+            scores=self.scores[:batch_size],
+        )
+
     def to_hypotheses(
         self, batch_size: int, with_durations: bool, time_offsets: torch.Tensor | None = None
     ) -> list[Hypothesis]:
         """The first ``batch_size`` rows as NeMo hypotheses (tensors on the CPU, like NeMo's label loop)."""
-        lengths = self.lengths[:batch_size].cpu().tolist()
+        return self.emitted(batch_size, with_durations, time_offsets).to_hypotheses()
+
+
+@dataclass
+class EmittedTokens:
+    """Tokens of ``B`` rows, padded: row ``b`` holds ``lengths[b]`` labels (the rest is junk).
+
+    Shapes: ``labels / timestamps / durations [B, K]`` (``durations`` only for TDT), ``lengths / scores [B]``.
+    ``timestamps`` are encoder frame indices (from the stream's start where the producer added offsets).
+    """
+
+    labels: torch.Tensor
+    timestamps: torch.Tensor
+    durations: torch.Tensor | None
+    lengths: torch.Tensor
+    scores: torch.Tensor
+
+    def to_hypotheses(self) -> list[Hypothesis]:
+        """NeMo hypotheses (tensors on the CPU, like NeMo's label loop); one host synchronisation."""
+        lengths = self.lengths.cpu().tolist()
         longest = max(lengths, default=0)
-        labels = self.labels[:batch_size, :longest].cpu()
-        timestamps = self.timestamps[:batch_size, :longest]
-        if time_offsets is not None:
-            timestamps = timestamps + time_offsets[:batch_size, None]
-        timestamps = timestamps.cpu()
-        durations = self.durations[:batch_size, :longest].cpu() if with_durations else None
-        scores = self.scores[:batch_size].cpu().tolist()
+        labels = self.labels[:, :longest].cpu()
+        timestamps = self.timestamps[:, :longest].cpu()
+        durations = self.durations[:, :longest].cpu() if self.durations is not None else None
+        scores = self.scores.cpu().tolist()
         return [
             Hypothesis(
                 score=scores[i],
@@ -89,5 +120,5 @@ class BatchedHypsBuffer:
                 alignments=None,
                 dec_state=None,
             )
-            for i in range(batch_size)
+            for i in range(len(lengths))
         ]

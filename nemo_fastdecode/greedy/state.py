@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,13 +23,22 @@ class GreedyStateItem:
 
 @dataclass
 class BatchedGreedyState:
-    """The batched form of :class:`GreedyStateItem`."""
+    """The batched form of :class:`GreedyStateItem`: ``B`` rows (streams or slots), one tensor per field.
+
+    A fresh row (nothing decoded yet) holds the prediction network's state after ``<SOS>`` (blank), label
+    blank, decoded length 0 and time jump 0 (:meth:`GreedyComputerBase.initial_state`), so continuing from
+    it is the same as starting afresh.
+    """
 
     predictor_states: list[torch.Tensor]  # each [L, B, H]
     predictor_outputs: torch.Tensor  # [B, 1, H]
     labels: torch.Tensor  # [B]
     decoded_lengths: torch.Tensor  # [B]
     time_jumps: torch.Tensor | None = None  # [B]
+
+    @property
+    def batch_size(self) -> int:
+        return self.labels.shape[0]
 
     def split(self) -> list[GreedyStateItem]:
         return [
@@ -41,6 +51,41 @@ class BatchedGreedyState:
             )
             for i in range(self.labels.shape[0])
         ]
+
+    @classmethod
+    def stack(cls, items: Sequence[GreedyStateItem]) -> BatchedGreedyState:
+        """The items (at least one) as one batch; a missing TDT ``time_jump`` counts as 0."""
+        jumps = [item.time_jump for item in items]
+        return cls(
+            predictor_states=[torch.stack(parts, 1) for parts in zip(*(i.predictor_state for i in items), strict=True)],
+            predictor_outputs=torch.stack([item.predictor_output for item in items]),
+            labels=torch.stack([item.label for item in items]),
+            decoded_lengths=torch.stack([item.decoded_length for item in items]),
+            time_jumps=None
+            if all(j is None for j in jumps)
+            else torch.stack([torch.zeros_like(items[0].label) if j is None else j for j in jumps]),
+        )
+
+    def _fields(self) -> list[tuple[torch.Tensor | None, int]]:
+        """Every tensor with its batch dimension."""
+        fields = [(s, 1) for s in self.predictor_states]
+        return [*fields, (self.predictor_outputs, 0), (self.labels, 0), (self.decoded_lengths, 0), (self.time_jumps, 0)]
+
+    def index_select(self, rows: torch.Tensor) -> BatchedGreedyState:
+        """Rows ``rows`` (``[N]`` int64, repeats allowed) as a new batch of ``N`` (a gather, no host sync)."""
+        picked = [None if t is None else t.index_select(dim, rows) for t, dim in self._fields()]
+        *states, outputs, labels, lengths, jumps = picked
+        return BatchedGreedyState(states, outputs, labels, lengths, jumps)
+
+    def index_copy_(self, rows: torch.Tensor, source: BatchedGreedyState) -> None:
+        """Same as ``self[rows] = source`` for every field (``rows [N]``, ``source`` of ``N`` rows; in place).
+
+        With repeated ``rows`` one of the repeated source rows lands (padding rows of a bucket all write the
+        dummy slot). A ``time_jumps`` of ``None`` on either side is skipped (RNN-T).
+        """
+        for (target, dim), (value, _) in zip(self._fields(), source._fields(), strict=True):
+            if target is not None and value is not None:
+                target.index_copy_(dim, rows, value.to(target.dtype))
 
 
 class LoopBuffers:

@@ -1,0 +1,80 @@
+"""``decode_with_state``: continuing rows from batched state tensors equals ``partial_hypotheses`` continuation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
+
+from nemo_fastdecode.greedy import FrameLoopGreedy, LabelLoopGreedy
+from nemo_fastdecode.greedy.state import BatchedGreedyState
+
+ALGORITHMS = [("rnnt", FrameLoopGreedy), ("rnnt", LabelLoopGreedy), ("tdt", LabelLoopGreedy)]
+
+
+def computer(kind, computer_class, max_symbols=3):
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=3, blank_bias=0.9 if kind == "rnnt" else 0.5)
+    durations = TDT_DURATIONS if kind == "tdt" else None
+    return computer_class(decoder, joint, VOCAB_SIZE, max_symbols, durations=durations)
+
+
+@pytest.mark.parametrize("kind,computer_class", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
+def test_decode_with_state_matches_partial_hypotheses(kind, computer_class):
+    """Streams in slots step in random subsets, with ragged (and zero) chunk lengths; slots are reused."""
+    rng = random.Random(1)
+    slots = 4
+    stepper, reference = computer(kind, computer_class), computer(kind, computer_class)
+    storage = stepper.initial_state(slots + 1, torch.device("cpu"), torch.float32)  # + 1 dummy row
+    fresh = stepper.initial_state(1, torch.device("cpu"), torch.float32)
+    tokens: list[list[int]] = [[] for _ in range(slots)]
+    frames: list[list[int]] = [[] for _ in range(slots)]
+    scores = [0.0] * slots
+    hyps = [None] * slots
+    emitted_any = 0
+    for step in range(14):
+        if step == 7:  # slot 1 restarts: a new stream in a used slot
+            storage.index_copy_(torch.tensor([1]), fresh)
+            tokens[1], frames[1], scores[1], hyps[1] = [], [], 0.0, None
+        rows = rng.sample(range(slots), rng.randint(1, slots))
+        x, lengths = random_encoder_output(len(rows) + 1, 5, seed=step)
+        lengths = torch.tensor([rng.randint(0, 5) for _ in rows] + [0])  # + a padding row on the dummy slot
+        slot_ids = torch.tensor([*rows, slots])
+        final, emitted = stepper.decode_with_state(x.transpose(1, 2), lengths, storage.index_select(slot_ids))
+        storage.index_copy_(slot_ids, final)
+        previous = [hyps[r] for r in rows]
+        out = reference(x[: len(rows)].transpose(1, 2), lengths[: len(rows)], [h and h.dec_state for h in previous])
+        for i, row in enumerate(rows):
+            n = int(emitted.lengths[i])
+            tokens[row] += emitted.labels[i, :n].tolist()
+            frames[row] += emitted.timestamps[i, :n].tolist()
+            scores[row] += float(emitted.scores[i])
+            emitted_any += n
+            merged = out[i] if previous[i] is None else previous[i].merge_(out[i])
+            hyps[row] = merged
+            assert tokens[row] == merged.y_sequence.tolist() and frames[row] == merged.timestamp.tolist()
+            assert scores[row] == pytest.approx(merged.score, rel=1e-6, abs=1e-6)
+            item = merged.dec_state
+            assert int(storage.labels[row]) == int(item.label)
+            assert int(storage.decoded_lengths[row]) == int(item.decoded_length)
+            # the state itself to float32 rounding (matrix products at another batch size)
+            torch.testing.assert_close(storage.predictor_outputs[row], item.predictor_output, rtol=1e-5, atol=1e-6)
+            if kind == "tdt":
+                assert int(storage.time_jumps[row]) == int(item.time_jump)
+        assert int(emitted.lengths[-1]) == 0  # the padding row emits nothing
+    assert emitted_any > 0
+
+
+def test_state_batch_checks_and_stacking():
+    c = computer("tdt", LabelLoopGreedy)
+    state = c.initial_state(3, torch.device("cpu"), torch.float32)
+    assert state.batch_size == 3 and state.time_jumps is not None and state.labels.tolist() == [VOCAB_SIZE] * 3
+    items = state.split()
+    items[1].time_jump = None  # a missing TDT time jump counts as 0
+    stacked = BatchedGreedyState.stack(items)
+    assert stacked.time_jumps.tolist() == [0, 0, 0]
+    assert all(torch.equal(a, b) for a, b in zip(stacked.predictor_states, state.predictor_states, strict=True))
+    x, lengths = random_encoder_output(2, 4)
+    with pytest.raises(ValueError, match="state has 3 rows for a batch of 2"):
+        c.decode_with_state(x.transpose(1, 2), lengths, state)
