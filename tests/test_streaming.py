@@ -11,8 +11,12 @@ from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreaming
 
 from nemo_fastdecode import synthetic as S
 from nemo_fastdecode.comparison import as_int_list
+from nemo_fastdecode.greedy import hyps as hyps_module
+from nemo_fastdecode.greedy.base import GreedyComputerBase
+from nemo_fastdecode.greedy.state import BatchedGreedyState
 from nemo_fastdecode.streaming import StreamingGeometry, StreamingTranscriber, split_features
 from nemo_fastdecode.streaming.buckets import bucket_sizes
+from nemo_fastdecode.streaming.decoding import SlotDecoder
 from nemo_fastdecode.streaming.nemo_path import NemoSlotStreamer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -101,8 +105,10 @@ def test_split_features_is_nemo_chunk_schedule(model, features, reference):
 # exactness: random interleavings of desynchronised streams
 
 
-def run_interleaved(streamer, features, seed: int, max_open: int):
+def run_interleaved(streamer, features, seed: int, max_open: int, hypotheses_share: float = 0.5):
     """Streams start staggered, step in random subsets (in random order), end and free their slots.
+
+    A share ``hypotheses_share`` of the steps asks for the streams' hypotheses (``return_hypotheses``).
 
     Returns per stream: the encoder output of every step, the final tokens and frames, the text.
     """
@@ -122,13 +128,17 @@ def run_interleaved(streamer, features, seed: int, max_open: int):
         running = list(slot_of)
         stepping = [s for s in running if rng.random() < 0.7] or running[:1]
         rng.shuffle(stepping)
-        result = streamer.step([slot_of[s] for s in stepping], [chunks[s][position[s]] for s in stepping])
+        with_hyps = rng.random() < hypotheses_share
+        result = streamer.step(
+            [slot_of[s] for s in stepping], [chunks[s][position[s]] for s in stepping], return_hypotheses=with_hyps
+        )
         assert result.slots == [slot_of[s] for s in stepping]
+        assert (result.hypotheses is not None) == with_hyps
         for row, stream in enumerate(stepping):
             outputs[stream].append(result.encoded[row, : int(result.encoded_lengths[row])])
             position[stream] += 1
-            # partial transcript after every step: the stream's tokens so far
-            assert result.hypotheses[row] is streamer.hypothesis(slot_of[stream])
+            if with_hyps:  # partial transcript after the step: the stream's tokens so far
+                assert as_int_list(result.hypotheses[row].y_sequence) == streamer.token_ids(slot_of[stream])
             if position[stream] == len(chunks[stream]):  # leave
                 finals[stream] = streamer.flush(slot_of.pop(stream))
     return outputs, finals
@@ -150,6 +160,57 @@ def test_interleaved_streams_match_nemo_alone(model, features, reference, pad_to
         assert final.text == model.decoding.decode_ids_to_str(as_int_list(nemo_hyp.y_sequence))
     assert sum(len(as_int_list(h.y_sequence)) for _, h, _ in runs) > 0  # the comparison is not vacuous
     assert streamer.open_slots == []
+
+
+def test_steps_run_the_decoder_once_and_build_no_hypotheses(model, features, reference, monkeypatch):
+    """Slot-state decoding: one batched decoder call per step, no Python objects per stream until asked."""
+    att, runs = reference
+    streamer = StreamingTranscriber(model, num_slots=4, att_context_size=att, pad_to_bucket=True)
+    streamer.decoder = SlotDecoder(model, 4, token_capacity=2)  # tiny token storage: it must grow
+    counts = {"step": 0, "decode": 0, "hypothesis": 0, "split": 0}
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(streamer, "step", counting("step", streamer.step))
+    monkeypatch.setattr(
+        GreedyComputerBase, "decode_with_state", counting("decode", GreedyComputerBase.decode_with_state)
+    )
+    monkeypatch.setattr(hyps_module, "Hypothesis", counting("hypothesis", hyps_module.Hypothesis))
+    monkeypatch.setattr(BatchedGreedyState, "split", counting("split", BatchedGreedyState.split))
+    _, finals = run_interleaved(streamer, features, seed=5, max_open=4, hypotheses_share=0.0)
+    assert counts["decode"] == counts["step"] > len(features)
+    assert counts["hypothesis"] == counts["split"] == len(features)  # only flush builds them, once per stream
+    assert streamer.decoder.token_capacity > 2
+    assert sorted(streamer.decoder.computers) == ([1, 2, 4] if torch.cuda.is_available() else [0])
+    for stream, (_, nemo_hyp, _) in enumerate(runs):
+        assert as_int_list(finals[stream].hypothesis.y_sequence) == as_int_list(nemo_hyp.y_sequence)
+        assert as_int_list(finals[stream].hypothesis.timestamp) == as_int_list(nemo_hyp.timestamp)
+
+
+def test_warm_up_prepares_every_bucket_before_the_first_step(model, features):
+    streamer = StreamingTranscriber(model, num_slots=5, att_context_size=[16, 1], pad_to_bucket=True)
+    times = streamer.warm_up()
+    assert times.encoder_seconds > 0 and times.decoder_seconds > 0
+    assert times.total_seconds == times.encoder_seconds + times.decoder_seconds
+    encoder_buckets = dict(streamer.runner._buckets)
+    assert sorted(encoder_buckets) == streamer.runner.sizes == [1, 2, 4, 5]
+    computers = dict(streamer.decoder.computers)
+    dummy = streamer.decoder.dummy_slot
+    assert int(streamer.decoder.counts[dummy]) == 0 and not streamer.decoder.decoded(dummy)
+    slots = [streamer.open() for _ in range(3)]
+    first, later = split_features(features[0], streamer.geometry)[:2]
+    streamer.step(slots, [first] * 3)
+    streamer.step(slots[:1], [later])
+    streamer.step(slots[:2], [later] * 2)
+    # nothing new was allocated (on a GPU: captured) during the steps
+    assert streamer.runner._buckets == encoder_buckets and streamer.decoder.computers == computers
+    eager = StreamingTranscriber(model, num_slots=2, att_context_size=[16, 1])
+    assert eager.warm_up().total_seconds == 0.0  # exact-size eager steps: nothing to warm up
 
 
 def test_nemo_slot_path_matches_nemo_alone(model, features, reference):
@@ -184,12 +245,12 @@ def test_open_close_reuse(streamer, features):
     first = split_features(features[0], g)
     streamer.step([a], [first[0]])
     streamer.step([b, a], [first[0], first[1]])
-    assert streamer.text(a) == streamer.decoder.text(streamer.hypothesis(a))
+    assert streamer.text(a) == streamer.model.decoding.decode_ids_to_str(as_int_list(streamer.hypothesis(a).y_sequence))
     streamer.close(a)
     assert streamer.open() == a  # reused, emptied: behaves as a new stream
-    again = streamer.step([a], [first[0]])
+    again = streamer.step([a], [first[0]], return_hypotheses=True)
     fresh = StreamingTranscriber(streamer.model, num_slots=1, att_context_size=[16, 1])
-    alone = fresh.step([fresh.open()], [first[0]])
+    alone = fresh.step([fresh.open()], [first[0]], return_hypotheses=True)
     assert relative_error(again.encoded, alone.encoded) <= 1e-5
     assert as_int_list(again.hypotheses[0].y_sequence) == as_int_list(alone.hypotheses[0].y_sequence)
     c = streamer.open()

@@ -110,8 +110,20 @@ class BucketedStep:
             until the next step).
         """
         n = slot_ids.shape[0]
+        _, encoded, encoded_lengths = self.run_padded(slot_ids, features, lengths)
+        return encoded[:n], encoded_lengths[:n]
+
+    def run_padded(
+        self, slot_ids: torch.Tensor, features: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As :meth:`__call__`, but the whole bucket of ``B >= N`` rows: ``(slot_ids [B], outputs...)``.
+
+        Rows past ``N`` are padding: the dummy slot, zero-length. Without padding (eager, exact size) ``B = N``.
+        """
+        n = slot_ids.shape[0]
         if not self.pad_to_bucket:
-            return self.step(*(t.to(self.device, non_blocking=True) for t in (slot_ids, features, lengths)))
+            slot_ids, features, lengths = (t.to(self.device, non_blocking=True) for t in (slot_ids, features, lengths))
+            return (slot_ids, *self.step(slot_ids, features, lengths))
         b = self.prepare(self.bucket(n))
         # rows past N: the dummy slot and zero lengths (stale features there are never read)
         b.slot_ids[:n].copy_(slot_ids, non_blocking=True)
@@ -120,12 +132,21 @@ class BucketedStep:
         b.features[:n, :, features.shape[2] :].zero_()
         b.lengths[:n].copy_(lengths, non_blocking=True)
         b.lengths[n:].zero_()
+        return (b.slot_ids, *self._run(b))
+
+    def _run(self, b: _Bucket) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.use_graphs:
-            encoded, encoded_lengths = self.step(b.slot_ids, b.features, b.lengths)
-        else:
-            b.graph.replay()
-            encoded, encoded_lengths = b.outputs
-        return encoded[:n], encoded_lengths[:n]
+            return self.step(b.slot_ids, b.features, b.lengths)
+        b.graph.replay()
+        return b.outputs
+
+    def warm_up(self) -> None:
+        """Allocate every bucket (capturing its graph) and run it once, on padding rows only."""
+        for size in self.sizes:
+            b = self.prepare(size)
+            b.slot_ids.fill_(self.dummy_slot)
+            b.lengths.zero_()
+            self._run(b)
 
     def prepare(self, size: int) -> _Bucket:
         """The bucket of ``size`` rows, allocated (and its graph captured) on first use."""

@@ -1,10 +1,17 @@
-"""Per-slot greedy decoding state: each stream's partial hypothesis, continued chunk after chunk.
+"""Per-slot greedy decoding state in batched tensors: streams continue chunk after chunk, no per-row Python.
 
-The decoder is ``fast_greedy``'s :class:`~nemo_fastdecode.greedy.infer.FastGreedyBatchedInfer` (the label
-loop by default), called as NeMo's streaming step calls its decoder: the chunk's encoder frames plus
-the streams' previous hypotheses (``partial_hypotheses``), whose ``dec_state`` carries the prediction
-network's state (:class:`~nemo_fastdecode.greedy.state.GreedyStateItem`). Any subset of streams decodes
-together; each keeps its own state.
+Every slot's greedy state (the prediction network's ``h``/``c`` per layer, its projected output, the last
+label, frames decoded so far, the TDT time jump) lives in one :class:`~nemo_fastdecode.greedy.state.BatchedGreedyState`
+of ``S + 1`` rows (slot ``S`` is the dummy slot of a bucket's padding rows). A step gathers the stepping
+slots' rows (``index_select``), runs the greedy computer's
+:meth:`~nemo_fastdecode.greedy.base.GreedyComputerBase.decode_with_state` on the whole batch, scatters the final
+state back (``index_copy_``) and appends the emitted tokens to per-slot token storage on the device. Python
+work per step does not grow with the batch; NeMo ``Hypothesis`` objects and text are built only when asked
+(:meth:`SlotDecoder.hypotheses`, :meth:`SlotDecoder.text`).
+
+With CUDA graphs the batch sizes are the encoder's buckets and each bucket has its own greedy computer
+(its own buffers and graph, captured once by :meth:`SlotDecoder.warm_up`), so a step of a few streams does
+not run the decoder at the largest bucket.
 """
 
 from __future__ import annotations
@@ -12,26 +19,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
-from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
+from nemo_fastdecode.greedy.base import GreedyComputerBase
+from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
+from nemo_fastdecode.greedy.hyps import EmittedTokens
+from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
 
 __all__ = ["SlotDecoder"]
 
+INITIAL_TOKEN_CAPACITY = 256  # tokens per slot before the storage grows (doubling)
+
 
 class SlotDecoder:
-    """Greedy transducer decoding for ``num_slots`` streams, state kept per slot.
+    """Greedy transducer decoding for ``num_slots`` streams, state kept per slot in batched device tensors.
 
     Args:
         model: a NeMo transducer model (RNN-T, TDT or hybrid; its RNN-T head decodes).
-        num_slots: number of slots.
+        num_slots: ``S``, number of slots; row ``S`` of the storage is the dummy slot (:attr:`dummy_slot`).
         max_symbols: most labels per frame; default the model's ``decoding.greedy.max_symbols`` (or 10).
         loop_labels: label looping (default) or frame looping (RNN-T only).
-        use_cuda_graphs: let the greedy decoder use CUDA graphs on a GPU.
+        use_cuda_graphs: let the greedy computers use CUDA graphs on a GPU (then one computer per batch size).
+        token_capacity: initial tokens per slot (grows as needed).
     """
 
     def __init__(
@@ -42,55 +56,200 @@ class SlotDecoder:
         max_symbols: int | None = None,
         loop_labels: bool = True,
         use_cuda_graphs: bool = True,
+        token_capacity: int = INITIAL_TOKEN_CAPACITY,
     ):
         decoding_cfg = model.cfg.get("decoding", {}) or {}
         greedy = decoding_cfg.get("greedy", {}) or {}
         if max_symbols is None:
             max_symbols = greedy.get("max_symbols", None) or greedy.get("max_symbols_per_step", None) or 10
         durations = decoding_cfg.get("durations", None) or None
-        self.model = model
-        self.infer = FastGreedyBatchedInfer(
-            decoder_model=model.decoder,
-            joint_model=model.joint,
-            blank_index=int(model.decoding.blank_id),
-            max_symbols_per_step=int(max_symbols),
-            durations=list(durations) if durations else None,
-            loop_labels=loop_labels,
-            use_cuda_graph_decoder=use_cuda_graphs,
-        )
-        self._hyps: list[Hypothesis | None] = [None] * num_slots
+        self.model, self.num_slots = model, num_slots
+        parameter = next(model.decoder.parameters())
+        self.device, self.dtype = parameter.device, parameter.dtype
+        self._computer_args = {
+            "decoder": model.decoder,
+            "joint": model.joint,
+            "blank_index": int(model.decoding.blank_id),
+            "max_symbols": int(max_symbols),
+            "durations": list(durations) if durations else None,
+            "use_cuda_graphs": use_cuda_graphs,
+        }
+        self._computer_class = LabelLoopGreedy if loop_labels else FrameLoopGreedy
+        # graphs are specialised to a batch size: one computer per bucket; eagerly one is enough
+        self.per_batch_size = use_cuda_graphs and self.device.type == "cuda"
+        self._computers: dict[int, GreedyComputerBase] = {}
+        fresh = self._computer(1)
+        rows = num_slots + 1
+        with torch.inference_mode():
+            self._fresh = fresh.initial_state(1, self.device, self.dtype)
+            self.state = fresh.initial_state(rows, self.device, self.dtype)  # [S + 1] rows
+            self.with_durations = fresh.is_tdt
+            self.labels = torch.zeros([rows, token_capacity], dtype=torch.long, device=self.device)
+            self.timestamps = torch.zeros_like(self.labels)
+            self.durations = torch.zeros_like(self.labels) if self.with_durations else None
+            self.counts = torch.zeros([rows], dtype=torch.long, device=self.device)
+            self.scores = torch.zeros([rows], dtype=torch.float64, device=self.device)
+        # host upper bound of each slot's token count: the storage grows before it could overflow, and the
+        # device counts are read only when the bound says it might (no host synchronisation per step)
+        self._bound = np.zeros(rows, dtype=np.int64)
+        self._decoded = np.zeros(rows, dtype=bool)
+        self._arange: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def dummy_slot(self) -> int:
+        return self.num_slots
+
+    @property
+    def token_capacity(self) -> int:
+        return self.labels.shape[1]
+
+    @property
+    def computers(self) -> dict[int, GreedyComputerBase]:
+        """The greedy computers by batch size (one, under key 0, without CUDA graphs)."""
+        return self._computers
+
+    def _computer(self, batch_size: int) -> GreedyComputerBase:
+        key = batch_size if self.per_batch_size else 0
+        computer = self._computers.get(key)
+        if computer is None:
+            computer = self._computers[key] = self._computer_class(**self._computer_args)
+        return computer
 
     def reset(self, slot: int) -> None:
-        """Forget a slot's hypothesis (a new stream starts from scratch)."""
-        self._hyps[slot] = None
+        """Start a slot afresh (a new stream): the state after ``<SOS>``, no tokens."""
+        with torch.inference_mode():
+            rows = torch.tensor([slot], dtype=torch.long, device=self.device)
+            self.state.index_copy_(rows, self._fresh)
+            self.counts[slot] = 0
+            self.scores[slot] = 0
+        self._bound[slot] = 0
+        self._decoded[slot] = False
 
-    def hypothesis(self, slot: int) -> Hypothesis | None:
-        """The slot's hypothesis so far (``None`` before its first decoded frame)."""
-        return self._hyps[slot]
-
-    def decode(self, slots: Sequence[int], encoded: torch.Tensor, lengths: torch.Tensor) -> list[Hypothesis]:
-        """Continue the streams in ``slots`` with their new frames.
+    # ------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode(
+        self,
+        slots: Sequence[int],
+        encoded: torch.Tensor,
+        lengths: torch.Tensor,
+        slot_ids: torch.Tensor | None = None,
+    ) -> None:
+        """Continue the streams in ``slots`` with their new frames (state and tokens updated in place).
 
         Args:
-            slots: ``N`` distinct slots.
-            encoded: ``[N, T, D]`` new encoder frames of each stream (left-aligned).
-            lengths: ``[N]`` valid frames of each row.
-
-        Returns:
-            The ``N`` updated hypotheses (token ids so far in ``y_sequence``, frame indices from the
-            stream's start in ``timestamp``).
+            slots: the ``N`` distinct slots (host ints).
+            encoded: ``[B, T, D]`` new encoder frames of each row (left-aligned), ``B >= N``; rows past ``N``
+                are padding (length 0).
+            lengths: ``[B]`` valid frames of each row.
+            slot_ids: ``[B]`` int64 slots on the device: ``slots`` then the dummy slot (built if ``None``).
         """
-        previous = [self._hyps[slot] for slot in slots]
-        (hyps,) = self.infer(
-            encoder_output=encoded.transpose(1, 2), encoded_lengths=lengths, partial_hypotheses=previous
-        )
-        for slot, hyp in zip(slots, hyps, strict=True):
-            self._hyps[slot] = hyp
-        return hyps
+        batch_size = encoded.shape[0]
+        if slot_ids is None:
+            padded = list(slots) + [self.dummy_slot] * (batch_size - len(slots))
+            slot_ids = torch.tensor(padded, dtype=torch.long).to(self.device, non_blocking=True)
+        computer = self._computer(batch_size)
+        state = self.state.index_select(slot_ids)
+        final, emitted = computer.decode_with_state(encoded.to(self.dtype), lengths, state)
+        self.state.index_copy_(slot_ids, final)
+        host_slots = np.asarray(slots, dtype=np.int64)
+        self._append(host_slots, slot_ids, emitted)
+        self._decoded[host_slots] = True
 
-    def text(self, hyp: Hypothesis | None) -> str:
-        """The text of a hypothesis (the model's tokenizer or labels)."""
-        if hyp is None:
-            return ""
-        ids = hyp.y_sequence.tolist() if isinstance(hyp.y_sequence, torch.Tensor) else list(hyp.y_sequence)
-        return self.model.decoding.decode_ids_to_str([int(i) for i in ids])
+    def _append(self, host_slots: np.ndarray, slot_ids: torch.Tensor, emitted: EmittedTokens) -> None:
+        """Append each row's ``emitted.lengths`` tokens to its slot's storage (padding rows write nothing)."""
+        width = emitted.labels.shape[1]  # most tokens a row can have emitted in this chunk
+
+        def needed() -> int:
+            return width + (int(self._bound[host_slots].max()) if len(host_slots) else 0)
+
+        if needed() > self.token_capacity:
+            self._bound[:] = self.counts.cpu().numpy()  # the exact counts (one synchronisation, rarely)
+            if needed() > self.token_capacity:
+                self._grow(max(needed(), 2 * self.token_capacity))
+        self._bound[host_slots] += width
+        if self._arange is None or self._arange.shape[0] < width:
+            self._arange = torch.arange(width, device=self.device)
+        columns = self.counts.index_select(0, slot_ids)[:, None] + self._arange[None, :width]  # [B, K]
+        valid = self._arange[None, :width] < emitted.lengths[:, None]
+        # same as: labels[slot, count:count + length] = emitted[:length] per row; the rest goes to the dummy slot
+        rows = torch.where(valid, slot_ids[:, None], self.dummy_slot)
+        columns = torch.where(valid, columns, 0)
+        self.labels.index_put_((rows, columns), emitted.labels)
+        self.timestamps.index_put_((rows, columns), emitted.timestamps)
+        if self.durations is not None and emitted.durations is not None:
+            self.durations.index_put_((rows, columns), emitted.durations)
+        self.counts.index_add_(0, slot_ids, emitted.lengths)
+        self.scores.index_add_(0, slot_ids, emitted.scores.to(self.scores.dtype))
+        self.counts[self.dummy_slot] = 0
+
+    def _grow(self, capacity: int) -> None:
+        def grown(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_zeros([t.shape[0], capacity])
+            out[:, : t.shape[1]] = t
+            return out
+
+        self.labels, self.timestamps = grown(self.labels), grown(self.timestamps)
+        if self.durations is not None:
+            self.durations = grown(self.durations)
+
+    # ------------------------------------------------------------------------------------------
+    def warm_up(self, batch_sizes: Sequence[int], frames: int, dim: int) -> None:
+        """Run (and, with CUDA graphs, capture) the decoder at every batch size now, on the dummy slot only.
+
+        Every row is the dummy slot with ``frames`` frames of zeros (the longest chunk), so each computer sizes
+        its buffers for the largest input it will see; the dummy slot is emptied afterwards.
+        """
+        sizes = sorted(set(batch_sizes)) if self.per_batch_size else [max(batch_sizes)]
+        with torch.inference_mode():
+            for size in sizes:
+                encoded = torch.zeros([size, frames, dim], dtype=self.dtype, device=self.device)
+                lengths = torch.full([size], frames, dtype=torch.long, device=self.device)
+                slot_ids = torch.full([size], self.dummy_slot, dtype=torch.long, device=self.device)
+                self.decode([], encoded, lengths, slot_ids)
+        self.reset(self.dummy_slot)
+
+    # ------------------------------------------------------------------------------------------
+    def decoded(self, slot: int) -> bool:
+        """Whether the slot has decoded any chunk since it was reset."""
+        return bool(self._decoded[slot])
+
+    def hypotheses(self, slots: Sequence[int]) -> list[Hypothesis | None]:
+        """Each slot's hypothesis so far, built now (``None`` for a slot that has not stepped).
+
+        ``y_sequence`` / ``timestamp`` (frames from the stream's start) / ``score`` as NeMo's streaming
+        ``partial_hypotheses`` accumulate them; ``dec_state`` is a :class:`GreedyStateItem` that
+        ``fast_greedy`` can continue from; ``length`` is the frames decoded so far.
+        """
+        stepped = [slot for slot in slots if self._decoded[slot]]
+        built: dict[int, Hypothesis] = {}
+        if stepped:
+            with torch.inference_mode():
+                rows = torch.tensor(stepped, dtype=torch.long, device=self.device)
+                tokens = EmittedTokens(
+                    labels=self.labels.index_select(0, rows),
+                    timestamps=self.timestamps.index_select(0, rows),
+                    durations=None if self.durations is None else self.durations.index_select(0, rows),
+                    lengths=self.counts.index_select(0, rows),
+                    scores=self.scores.index_select(0, rows),
+                )
+                state = self.state.index_select(rows)
+                hyps = tokens.to_hypotheses()
+                lengths = state.decoded_lengths.cpu()
+                for i, (slot, hyp, item) in enumerate(zip(stepped, hyps, state.split(), strict=True)):
+                    hyp.dec_state, hyp.length = item, lengths[i]
+                    built[slot] = hyp
+        return [built.get(slot) for slot in slots]
+
+    def hypothesis(self, slot: int) -> Hypothesis | None:
+        """The slot's hypothesis so far (``None`` before its first step)."""
+        return self.hypotheses([slot])[0]
+
+    def token_ids(self, slot: int) -> list[int]:
+        """The slot's token ids so far."""
+        count = int(self.counts[slot])
+        return self.labels[slot, :count].tolist()
+
+    def text(self, slot: int) -> str:
+        """The slot's transcript so far (the model's tokenizer or labels)."""
+        return self.model.decoding.decode_ids_to_str(self.token_ids(slot))

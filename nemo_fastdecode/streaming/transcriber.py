@@ -18,11 +18,14 @@ stream's encoder output and tokens equal NeMo's ``conformer_stream_step`` run on
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.streaming.buckets import BucketedStep
@@ -34,7 +37,7 @@ from nemo_fastdecode.streaming.slots import SlotState
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
 
-__all__ = ["StepResult", "StreamResult", "StreamingTranscriber"]
+__all__ = ["StepResult", "StreamResult", "StreamingTranscriber", "WarmUpTimes"]
 
 _FEATURE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -48,13 +51,27 @@ class StepResult:
         slots: the ``N`` slots that stepped, in the order given.
         encoded: ``[N, Tq, D]`` each stream's new encoder frames, left-aligned (a copy).
         encoded_lengths: ``[N]`` valid frames per row.
-        hypotheses: each stream's hypothesis so far (``None`` with ``decode=False``).
+        hypotheses: each stream's hypothesis so far, with ``step(..., return_hypotheses=True)`` (else ``None``:
+            building ``Hypothesis`` objects costs host time per stream; :meth:`StreamingTranscriber.text` and
+            :meth:`StreamingTranscriber.hypothesis` build one when asked).
     """
 
     slots: list[int]
     encoded: torch.Tensor
     encoded_lengths: torch.Tensor
-    hypotheses: list[Hypothesis] | None
+    hypotheses: list[Hypothesis | None] | None
+
+
+@dataclass
+class WarmUpTimes:
+    """Seconds :meth:`StreamingTranscriber.warm_up` spent: encoder buckets, then the decoder at every bucket."""
+
+    encoder_seconds: float
+    decoder_seconds: float
+
+    @property
+    def total_seconds(self) -> float:
+        return self.encoder_seconds + self.decoder_seconds
 
 
 @dataclass
@@ -131,9 +148,11 @@ class StreamingTranscriber:
             use_cuda_graphs=use_cuda_graphs,
             pad_to_bucket=pad_to_bucket,
         )
-        self.decoder = SlotDecoder(model, num_slots, max_symbols=max_symbols) if decode else None
+        self.decoder = (
+            SlotDecoder(model, num_slots, max_symbols=max_symbols, use_cuda_graphs=use_cuda_graphs) if decode else None
+        )
         self._open = [False] * num_slots
-        self._started = [False] * num_slots  # host mirror of slots.started: chunk-size checks without a sync
+        self._started = np.zeros(num_slots, dtype=bool)  # host mirror of slots.started: checks without a sync
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -165,7 +184,7 @@ class StreamingTranscriber:
         """
         self._check_slot(slot, "flush")
         hyp = self.hypothesis(slot)
-        result = StreamResult(slot=slot, hypothesis=hyp, text=self.decoder.text(hyp) if self.decoder else "")
+        result = StreamResult(slot=slot, hypothesis=hyp, text=self.decoder.text(slot) if hyp is not None else "")
         self._open[slot] = False
         return result
 
@@ -176,18 +195,50 @@ class StreamingTranscriber:
 
     def text(self, slot: int) -> str:
         """The stream's partial transcript."""
-        hyp = self.hypothesis(slot)
-        return self.decoder.text(hyp) if self.decoder is not None else ""
+        self._check_slot(slot, "text")
+        return self.decoder.text(slot) if self.decoder is not None else ""
 
-    def warm_up(self) -> None:
-        """Capture the CUDA graph of every batch-size bucket now (no stream is touched); no-op eagerly."""
-        if self.runner.use_graphs:
-            with torch.inference_mode():
-                for size in self.runner.sizes:
-                    self.runner.prepare(size)
+    def token_ids(self, slot: int) -> list[int]:
+        """The stream's token ids so far."""
+        self._check_slot(slot, "token_ids")
+        return self.decoder.token_ids(slot) if self.decoder is not None else []
+
+    def warm_up(self) -> WarmUpTimes:
+        """Do every capture now, so that no step captures: a serving loop calls this before its first stream.
+
+        Runs the encoder step of every batch-size bucket once (capturing its CUDA graph), then the greedy
+        decoder at every bucket with the longest chunk's frames (capturing its graph per bucket, buffers
+        sized for the largest input). Only padding rows and the dummy slot are touched. Eager steps at exact
+        sizes (CPU without ``pad_to_bucket``) have nothing to warm up.
+        """
+        times = WarmUpTimes(0.0, 0.0)
+        if not self.runner.pad_to_bucket:
+            return times
+        with torch.inference_mode():
+            started = time.perf_counter()
+            self.runner.warm_up()
+            self._synchronize()
+            times.encoder_seconds = time.perf_counter() - started
+            if self.decoder is not None:
+                started = time.perf_counter()
+                dim = self.model.encoder._feat_out
+                self.decoder.warm_up(self.runner.sizes, self.geometry.out_frames, dim)
+                self._synchronize()
+                times.decoder_seconds = time.perf_counter() - started
+        return times
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------------------------------------
-    def step(self, slot_ids: Sequence[int], chunks: Sequence[torch.Tensor] | torch.Tensor) -> StepResult:
+    def step(
+        self,
+        slot_ids: Sequence[int],
+        chunks: Sequence[torch.Tensor] | torch.Tensor,
+        *,
+        return_hypotheses: bool = False,
+    ) -> StepResult:
         """Advance the streams in ``slot_ids`` by one chunk each.
 
         Args:
@@ -195,6 +246,7 @@ class StreamingTranscriber:
             chunks: ``N`` feature chunks ``[feat_in, T_i]`` (float32/float16/bfloat16, any device), or one
                 tensor ``[N, feat_in, T]``; ``1 <= T_i <= geometry.first_chunk`` for a stream's first step,
                 ``<= geometry.chunk`` after.
+            return_hypotheses: build the streams' NeMo hypotheses now (host work per stream).
 
         Returns:
             The streams' new encoder frames and updated hypotheses (:class:`StepResult`).
@@ -204,14 +256,16 @@ class StreamingTranscriber:
         """
         slots = self._check_step_slots(slot_ids)
         features, lengths = self._batch_chunks(slots, chunks)
+        n = len(slots)
         with torch.inference_mode():
-            encoded, encoded_lengths = self.runner(torch.tensor(slots, dtype=torch.long), features, lengths)
-            encoded, encoded_lengths = encoded.clone(), encoded_lengths.clone()
-            for slot in slots:
-                self._started[slot] = True
-            hyps = None
-            if self.decoder is not None:
-                hyps = self.decoder.decode(slots, encoded, encoded_lengths)
+            padded_ids, encoded, encoded_lengths = self.runner.run_padded(
+                torch.tensor(slots, dtype=torch.long), features, lengths
+            )
+            if self.decoder is not None:  # the whole bucket: padding rows are the dummy slot, length 0
+                self.decoder.decode(slots, encoded, encoded_lengths, padded_ids)
+            encoded, encoded_lengths = encoded[:n].clone(), encoded_lengths[:n].clone()
+        self._started[np.asarray(slots)] = True
+        hyps = self.decoder.hypotheses(slots) if return_hypotheses and self.decoder is not None else None
         return StepResult(slots=slots, encoded=encoded, encoded_lengths=encoded_lengths, hypotheses=hyps)
 
     def _encode(self, slot_ids, features, lengths):
@@ -274,10 +328,14 @@ class StreamingTranscriber:
                     f"with 1 <= T <= {limit} (a stream's {which})"
                 )
             lengths.append(chunk.shape[1])
-        # packed where the chunks are (host audio: one host-to-device copy of the whole batch later)
+        # packed where the chunks are (host audio: one host-to-device copy of the whole batch later); one
+        # stack of equal-length chunks, the odd first or last chunk zero-padded
+        longest = max(lengths)
         device = chunks[0].device
-        rows = [chunk.detach().to(device, torch.float32).T for chunk in chunks]
-        features = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).transpose(1, 2)  # [N, F, Tmax]
+        rows = [
+            c.to(device) if c.shape[1] == longest else F.pad(c.to(device), (0, longest - c.shape[1])) for c in chunks
+        ]
+        features = torch.stack(rows).to(torch.float32)  # [N, F, Tmax]
         return features, torch.tensor(lengths, dtype=torch.long)
 
 
