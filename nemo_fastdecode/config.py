@@ -215,6 +215,11 @@ class StreamingConfig:
         output_dir: where ``streaming_results.json``, ``streaming_results.md`` and
             ``streaming_transcripts.jsonl`` go.
         tag: added to the output file names (e.g. the GPU and date).
+        fixed_step_repeats: after the simulated run, time this many steps with all streams (at most
+            ``num_slots``) stepping together, per path (stagger 0 at a fixed batch); 0 skips it.
+        num_streams_sweep: run ours and NeMo's path at each of these stream counts instead of ``num_streams``
+            (latency vs streams: ``streaming_sweep.json`` / ``.md`` and a plot).
+        latency_target_ms: a sweep's real-time criterion: p95 chunk latency at most this, busy share below 1.
     """
 
     model: str = "tiny-streaming"
@@ -232,7 +237,16 @@ class StreamingConfig:
     seed: int = 0
     output_dir: str = "."
     tag: str | None = None
+    fixed_step_repeats: int = 10
+    num_streams_sweep: list[int] | None = None
+    latency_target_ms: float = 50.0
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r} is not valid; valid values: float32, bfloat16")
+        if self.fixed_step_repeats < 0:
+            raise ValueError(f"fixed_step_repeats must be >= 0, got {self.fixed_step_repeats}")
+        if self.num_streams_sweep is not None and (
+            not self.num_streams_sweep or any(int(n) < 1 for n in self.num_streams_sweep)
+        ):
+            raise ValueError(f"num_streams_sweep must be a non-empty list of counts >= 1, got {self.num_streams_sweep}")

@@ -119,15 +119,71 @@ def test_tiny_run_matches_nemo_path(tmp_path):
         assert 0 < p.latency_p50_ms <= p.latency_p95_ms <= p.latency_p99_ms <= p.latency_max_ms
         assert p.throughput > 0 and p.batch_max <= 3  # 5 streams share 3 slots
     assert result.identical_streams == 1.0  # same tokens as NeMo's own path, stream by stream
+    fixed = result.fixed_step  # all streams (as many as there are slots) stepping together, per path
+    assert (fixed.streams, fixed.slots) == (3, 3) and list(fixed.step_ms) == [ours.name, nemo.name]
+    assert fixed.ours_over_nemo == pytest.approx(fixed.step_ms[ours.name] / fixed.step_ms[nemo.name], rel=1e-3)
+    assert "streams together (3 slots, median of 10)" in text and "ours / NeMo = " in text
+    assert ours.warmup_seconds == 0.0 and nemo.warmup_seconds > 0  # eager exact-size steps: nothing to capture
     assert sum(len(r["pred_text"]) for r in result.transcripts) > 0
     files = {k: Path(v) for k, v in result.files.items()}
     assert files["json"].name == "streaming_results_cpu.json"
     saved = json.loads(files["json"].read_text())
     assert saved["config"]["num_streams"] == 5 and len(saved["paths"]) == 2
     assert saved["paths"][0]["latency_p95_ms"] == ours.latency_p95_ms
+    assert saved["fixed_step"]["ours_over_nemo"] == fixed.ours_over_nemo
     assert "| path |" in files["markdown"].read_text()
     records = [json.loads(line) for line in files["transcripts"].read_text().splitlines()]
     assert [r["stream"] for r in records] == list(range(5)) and all(r["identical"] for r in records)
+
+
+def test_sweep_tiny_run(tmp_path):
+    """``num_streams_sweep``: both paths at every count, one streamer per path, table + JSON + plot."""
+    lines: list[str] = []
+    result = sim.run(
+        {
+            "num_streams_sweep": [3, 1],
+            "num_slots": 2,
+            "max_stream_seconds": 0.7,
+            "stagger_seconds": 0.2,
+            "fixed_step_repeats": 2,
+            "output_dir": str(tmp_path),
+            "tag": "cpu",
+            "cuda": -1,
+            "att_context_size": [16, 1],
+        },
+        log=lines.append,
+    )
+    assert isinstance(result, sim.SweepResult) and result.num_slots == 3  # slots for the largest count
+    assert [pt.num_streams for pt in result.points] == [1, 3]
+    for pt in result.points:
+        assert len(pt.paths) == 2 and pt.identical_streams == 1.0
+        assert pt.fixed_step.streams == pt.num_streams and pt.fixed_step.ours_over_nemo > 0
+        assert all(p.chunks > 0 and p.latency_p50_ms <= p.latency_p99_ms for p in pt.paths)
+    names = [p.name for p in result.points[0].paths]
+    assert list(result.max_realtime_streams) == names
+    for i, name in enumerate(names):
+        realtime = [pt.num_streams for pt in result.points if sim._realtime(pt.paths[i], 50.0)]
+        assert result.max_realtime_streams[name] == (max(realtime) if realtime else None)
+    files = {k: Path(v) for k, v in result.files.items()}
+    assert files["json"].name == "streaming_sweep_cpu.json" and files["plot"].suffix in (".png", ".svg")
+    assert files["plot"].stat().st_size > 0
+    saved = json.loads(files["json"].read_text())
+    assert [pt["num_streams"] for pt in saved["points"]] == [1, 3] and "ours_over_nemo" in saved["points"][0][
+        "fixed_step"
+    ]
+    table = files["markdown"].read_text()
+    assert "| 3 | nemo_fastdecode (eager) |" in table and "largest count in real time with p95 <= 50.0 ms" in table
+    assert any(line.startswith("3 streams: ") for line in lines)
+
+
+def test_sweep_preset_and_errors():
+    cfg = sim.resolve_config(compose_streaming("streaming_sweep_17x512"))
+    assert cfg.model == "hybrid-17x512-streaming" and list(cfg.num_streams_sweep) == [64, 256, 512, 1024]
+    assert (cfg.num_slots, cfg.max_stream_seconds, list(cfg.att_context_size)) == (1024, 8.0, [70, 1])
+    with pytest.raises(ValueError, match="num_streams_sweep must be a non-empty list of counts >= 1"):
+        sim.resolve_config({"num_streams_sweep": [4, 0]})
+    with pytest.raises(ValueError, match="fixed_step_repeats must be >= 0"):
+        sim.resolve_config({"fixed_step_repeats": -1})
 
 
 def test_script_end_to_end(tmp_path):

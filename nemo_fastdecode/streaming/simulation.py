@@ -148,10 +148,11 @@ class PathStats:
     throughput: float  # audio seconds per compute second (RTFx)
     busy_share: float  # compute / simulated time: below 1 the server keeps up with real time
     step_ms_by_batch: dict[str, float] = field(default_factory=dict)  # median step time per batch-size range
+    warmup_seconds: float = 0.0  # before the clock started (graph captures, lazy library set-up)
 
 
 class _Path:
-    """What :func:`simulate` needs from a streaming implementation."""
+    """What :func:`simulate` needs from a streaming implementation (and how long its warm-up took)."""
 
     def __init__(
         self,
@@ -159,8 +160,10 @@ class _Path:
         open_: Callable[[], int],
         step: Callable[[list[int], list[torch.Tensor]], Any],
         finish: Callable[[int], list[int]],
+        warmup_seconds: float = 0.0,
     ):
         self.name, self.open, self.step, self.finish = name, open_, step, finish
+        self.warmup_seconds = warmup_seconds
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -184,8 +187,7 @@ def simulate(
     """Serve the schedule on a virtual clock (see the module docstring); returns stats and each stream's tokens."""
 
     def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _synchronize(device)
 
     position = [0] * len(plans)
     slot: dict[int, int] = {}
@@ -241,25 +243,65 @@ def simulate(
         throughput=round(audio / compute, 2) if compute > 0 else 0.0,
         busy_share=round(compute / span, 4),
         step_ms_by_batch=_by_batch(batches, step_times),
+        warmup_seconds=round(path.warmup_seconds, 3),
     )
     return stats, tokens
 
 
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fixed_step_ms(
+    path: _Path, plans: Sequence[StreamPlan], num_streams: int, repeats: int, device: torch.device
+) -> float:
+    """Median time (ms) of a step in which ``num_streams`` streams step together, past their first chunk.
+
+    The first ``num_streams`` plans open, step their first chunk, then ``repeats`` later chunks all together
+    (stagger 0 at a fixed batch: the issue's "256 active streams out of 1024 slots" step), then close.
+    """
+    streams = list(plans[:num_streams])
+    slots = [path.open() for _ in streams]
+    path.step(slots, [p.chunks[0] for p in streams])
+    times = []
+    for r in range(repeats):
+        # a later chunk of each stream (a one-chunk stream repeats its first: never longer than a later one)
+        chunks = [p.chunks[1 + r % (len(p.chunks) - 1)] if len(p.chunks) > 1 else p.chunks[0] for p in streams]
+        _synchronize(device)
+        started = time.perf_counter()
+        path.step(slots, chunks)
+        _synchronize(device)
+        times.append(time.perf_counter() - started)
+    for slot in slots:
+        path.finish(slot)
+    return round(1000 * float(np.median(times)), 3) if times else 0.0
+
+
 def fast_path(model: ASRModel, num_slots: int, dtype: torch.dtype, use_cuda_graphs: bool) -> _Path:
-    """Ours: slot caches read in place, one graph replay per step (GPU), per-slot ``fast_greedy`` state."""
+    """Ours: slot caches read in place, one graph replay per step (GPU), per-slot state of ``fast_greedy``.
+
+    Warmed up before the clock starts: every encoder bucket's graph and the decoder's graph per bucket are
+    captured (:meth:`StreamingTranscriber.warm_up`), so no step of the timed run captures.
+    """
     streamer = StreamingTranscriber(model, num_slots, dtype=dtype, use_cuda_graphs=use_cuda_graphs)
-    streamer.warm_up()  # capture every bucket's graph before the clock starts
+    warmup = streamer.warm_up().total_seconds
 
     def finish(slot: int) -> list[int]:
-        hyp = streamer.flush(slot).hypothesis
-        return as_int_list(hyp.y_sequence) if hyp is not None else []
+        tokens = streamer.token_ids(slot)  # no Hypothesis needed
+        streamer.close(slot)
+        return tokens
 
     mode = "CUDA graph per bucket" if streamer.runner.use_graphs else "eager"
-    return _Path(f"nemo_fastdecode ({mode})", streamer.open, streamer.step, finish)
+    return _Path(f"nemo_fastdecode ({mode})", streamer.open, streamer.step, finish, warmup)
 
 
-def nemo_path(model: ASRModel, num_slots: int, dtype: torch.dtype) -> _Path:
-    """NeMo: gather the slots' caches, ``conformer_stream_step`` (model's decoding strategy), scatter back."""
+def nemo_path(model: ASRModel, num_slots: int, dtype: torch.dtype, warm_streams: int = 1) -> _Path:
+    """NeMo: gather the slots' caches, ``conformer_stream_step`` (model's decoding strategy), scatter back.
+
+    Warmed up before the clock starts with ``warm_streams`` streams of silence (a first and a later chunk
+    together: lazy library set-up, and NeMo's decoder graphs, if its strategy uses them, at the largest batch).
+    """
     streamer = NemoSlotStreamer(model, num_slots)
     device = streamer.device
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype != torch.float32 else contextlib.nullcontext
@@ -272,12 +314,38 @@ def nemo_path(model: ASRModel, num_slots: int, dtype: torch.dtype) -> _Path:
         hyp = streamer.flush(slot)
         return as_int_list(hyp.y_sequence) if hyp is not None else []
 
+    g = streamer.geometry
+    _synchronize(device)
+    started = time.perf_counter()
+    slots = [streamer.open() for _ in range(min(warm_streams, num_slots))]
+    for frames in (g.first_chunk, g.chunk):
+        step(slots, [torch.zeros(g.feat_in, frames, device=device)] * len(slots))
+    for slot in slots:
+        streamer.flush(slot)
+    _synchronize(device)
+    warmup = time.perf_counter() - started
     strategy = model.cfg.decoding.get("strategy", "?")
-    return _Path(f"NeMo gather/scatter + conformer_stream_step ({strategy})", streamer.open, step, finish)
+    return _Path(f"NeMo gather/scatter + conformer_stream_step ({strategy})", streamer.open, step, finish, warmup)
 
 
 # ----------------------------------------------------------------------------------------------
 # the script
+
+
+@dataclass
+class FixedStep:
+    """Step time with ``streams`` streams stepping together (stagger 0) in ``slots`` slots, per path (ms)."""
+
+    streams: int
+    slots: int
+    repeats: int
+    step_ms: dict[str, float]
+
+    @property
+    def ours_over_nemo(self) -> float | None:
+        """Our step time / NeMo's (the issue's target: at most 0.1 at 256 of 1024 slots)."""
+        ours, nemo = (list(self.step_ms.values()) + [None, None])[:2]
+        return round(ours / nemo, 4) if ours is not None and nemo else None
 
 
 @dataclass
@@ -290,7 +358,44 @@ class StreamingRunResult:
     paths: list[PathStats]
     transcripts: list[dict[str, Any]]
     identical_streams: float | None  # share of streams whose tokens equal NeMo's path (None: not compared)
+    fixed_step: FixedStep | None = None
     files: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SweepPoint:
+    """One stream count of a sweep: each path's stats and its fixed-batch step time, token agreement."""
+
+    num_streams: int
+    paths: list[PathStats]
+    fixed_step: FixedStep | None
+    identical_streams: float | None
+
+
+@dataclass
+class SweepResult:
+    """What :func:`run_sweep` measured and wrote; ``max_realtime_streams`` per path name."""
+
+    config: dict[str, Any]
+    environment: dict[str, Any]
+    geometry: dict[str, Any]
+    num_slots: int
+    points: list[SweepPoint]
+    max_realtime_streams: dict[str, int | None]
+    files: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Setup:
+    """The model and the input features shared by every run of one invocation."""
+
+    model: Any
+    device: torch.device
+    dtype: torch.dtype
+    geometry: StreamingGeometry
+    features: list[torch.Tensor]
+    names: list[str]
+    demo: bool
 
 
 def _features(model: ASRModel, audios: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
@@ -306,16 +411,10 @@ def _features(model: ASRModel, audios: Sequence[np.ndarray], device: torch.devic
     return out
 
 
-def run(
-    cfg: StreamingConfig | DictConfig | dict[str, Any] | None = None, *, log: Callable[[str], None] = print
-) -> StreamingRunResult:
-    """Run ``scripts/streaming.py`` (see :class:`~nemo_fastdecode.config.StreamingConfig`)."""
-    cfg = resolve_config(cfg)
+def _setup(cfg: DictConfig, log: Callable[[str], None]) -> _Setup:
     device = offline.inference_device(cfg.cuda)
     dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
-    num_slots = cfg.num_slots or cfg.num_streams
     demo = cfg.audio_dir is None and cfg.dataset_manifest is None
-
     model = offline.load_model(cfg.model, device=device, seed=cfg.seed)
     if offline.is_synthetic(cfg.model):
         log(offline.synthetic_banner(cfg.model, getattr(model, "_fastdecode_tokens_per_frame", None)))
@@ -331,31 +430,79 @@ def run(
         utterances = offline.read_inputs(cfg.audio_dir, cfg.dataset_manifest)
         names = [str(u.entry["audio_filepath"]) for u in utterances]
         audios = offline.load_audio([u.audio_path for u in utterances], sample_rate)
-    plans = plan_streams(
-        _features(model, audios, device),
-        names,
-        geometry,
-        cfg.num_streams,
+    return _Setup(model, device, dtype, geometry, _features(model, audios, device), names, demo)
+
+
+def _plans(cfg: DictConfig, setup: _Setup, num_streams: int) -> list[StreamPlan]:
+    return plan_streams(
+        setup.features,
+        setup.names,
+        setup.geometry,
+        num_streams,
         cfg.stagger_seconds,
         cfg.seed,
         cfg.max_stream_seconds,
     )
-    log(
-        f"Model {cfg.model!r} on {device}, att_context_size {list(geometry.att_context_size)} "
-        f"({geometry.chunk_seconds * 1000:.0f} ms chunks), {cfg.num_streams} streams in {num_slots} slots, "
+
+
+def _make_paths(cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int) -> list[_Path]:
+    """Ours, then (``compare_nemo``) NeMo's, both warmed up for batches up to ``max_batch`` streams."""
+    paths = [fast_path(setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs)]
+    if cfg.compare_nemo:
+        paths.append(nemo_path(setup.model, num_slots, setup.dtype, warm_streams=max_batch))
+    return paths
+
+
+def _measure(
+    cfg: DictConfig, setup: _Setup, paths: list[_Path], plans: list[StreamPlan], num_slots: int
+) -> tuple[list[PathStats], list[list[list[int]]], FixedStep | None]:
+    """Every path through the schedule, then (``fixed_step_repeats > 0``) the fixed-batch step."""
+    stats, tokens = [], []
+    for path in paths:
+        result, path_tokens = simulate(path, plans, num_slots, setup.device)
+        stats.append(result)
+        tokens.append(path_tokens)
+    fixed = None
+    if cfg.fixed_step_repeats > 0:
+        n = min(len(plans), num_slots)
+        times = {p.name: fixed_step_ms(p, plans, n, cfg.fixed_step_repeats, setup.device) for p in paths}
+        fixed = FixedStep(streams=n, slots=num_slots, repeats=cfg.fixed_step_repeats, step_ms=times)
+    return stats, tokens, fixed
+
+
+def _agreement(tokens: list[list[list[int]]]) -> float | None:
+    if len(tokens) < 2 or not tokens[0]:
+        return None
+    return sum(a == b for a, b in zip(tokens[0], tokens[1], strict=True)) / len(tokens[0])
+
+
+def _describe(cfg: DictConfig, setup: _Setup, num_slots: int, streams: str) -> str:
+    g = setup.geometry
+    return (
+        f"Model {cfg.model!r} on {setup.device}, att_context_size {list(g.att_context_size)} "
+        f"({g.chunk_seconds * 1000:.0f} ms chunks), {streams} streams in {num_slots} slots, "
         f"starts staggered over {cfg.stagger_seconds} s, {cfg.dtype}."
     )
 
-    paths = [fast_path(model, num_slots, dtype, cfg.use_cuda_graphs)]
-    if cfg.compare_nemo:
-        paths.append(nemo_path(model, num_slots, dtype))
-    stats, tokens = [], []
-    for path in paths:
-        result, path_tokens = simulate(path, plans, num_slots, device)
-        stats.append(result)
-        tokens.append(path_tokens)
 
-    to_text = model.decoding.decode_ids_to_str
+def run(
+    cfg: StreamingConfig | DictConfig | dict[str, Any] | None = None, *, log: Callable[[str], None] = print
+) -> StreamingRunResult | SweepResult:
+    """Run ``scripts/streaming.py`` (see :class:`~nemo_fastdecode.config.StreamingConfig`).
+
+    With ``num_streams_sweep`` set, runs :func:`run_sweep` instead and returns its :class:`SweepResult`.
+    """
+    cfg = resolve_config(cfg)
+    setup = _setup(cfg, log)
+    if cfg.num_streams_sweep:
+        return run_sweep(cfg, setup, log)
+    num_slots = cfg.num_slots or cfg.num_streams
+    plans = _plans(cfg, setup, cfg.num_streams)
+    log(_describe(cfg, setup, num_slots, str(cfg.num_streams)))
+    paths = _make_paths(cfg, setup, num_slots, min(cfg.num_streams, num_slots))
+    stats, tokens, fixed = _measure(cfg, setup, paths, plans, num_slots)
+
+    to_text = setup.model.decoding.decode_ids_to_str
     transcripts = []
     for i, plan in enumerate(plans):
         record = {"stream": i, "audio": plan.name, "start": round(plan.start, 4), "pred_text": to_text(tokens[0][i])}
@@ -363,24 +510,63 @@ def run(
             record["nemo_pred_text"] = to_text(tokens[1][i])
             record["identical"] = tokens[0][i] == tokens[1][i]
         transcripts.append(record)
-    identical = None
-    if cfg.compare_nemo:
-        identical = sum(r["identical"] for r in transcripts) / len(transcripts)
 
     result = StreamingRunResult(
         config=OmegaConf.to_container(cfg),
-        environment=_environment(device),
-        geometry=asdict(geometry),
+        environment=_environment(setup.device),
+        geometry=asdict(setup.geometry),
         paths=stats,
         transcripts=transcripts,
-        identical_streams=identical,
+        identical_streams=_agreement(tokens),
+        fixed_step=fixed,
     )
     _write(result, Path(cfg.output_dir), cfg.tag)
-    for record in transcripts[: 4 if not demo else len(transcripts)]:
+    for record in transcripts[: 4 if not setup.demo else len(transcripts)]:
         log(f"stream {record['stream']} ({Path(record['audio']).name}): {record['pred_text']!r}")
     log(format_markdown(result))
     log("Wrote " + ", ".join(result.files.values()))
     return result
+
+
+def run_sweep(cfg: DictConfig, setup: _Setup, log: Callable[[str], None] = print) -> SweepResult:
+    """Ours and NeMo's path at every stream count of ``cfg.num_streams_sweep``: latency vs streams.
+
+    One streamer per path serves every count (slots: ``num_slots`` or the largest count; warmed up once for
+    the largest batch). Writes ``streaming_sweep{_tag}.json`` / ``.md`` and the plot ``.png`` (matplotlib) or,
+    without matplotlib, ``.svg``.
+    """
+    counts = sorted(set(int(n) for n in cfg.num_streams_sweep))
+    num_slots = max(cfg.num_slots or 0, counts[-1])
+    log(_describe(cfg, setup, num_slots, "/".join(map(str, counts))))
+    paths = _make_paths(cfg, setup, num_slots, counts[-1])
+    points = []
+    for n in counts:
+        stats, tokens, fixed = _measure(cfg, setup, paths, _plans(cfg, setup, n), num_slots)
+        points.append(SweepPoint(n, stats, fixed, _agreement(tokens)))
+        summary = "; ".join(f"{p.name}: p95 {p.latency_p95_ms} ms, busy {p.busy_share:.2f}" for p in stats)
+        log(f"{n} streams: {summary}")
+    target = cfg.latency_target_ms
+    best: dict[str, int | None] = {}
+    for i, path in enumerate(paths):
+        ok = [pt.num_streams for pt in points if _realtime(pt.paths[i], target)]
+        best[path.name] = max(ok) if ok else None
+    result = SweepResult(
+        config=OmegaConf.to_container(cfg),
+        environment=_environment(setup.device),
+        geometry=asdict(setup.geometry),
+        num_slots=num_slots,
+        points=points,
+        max_realtime_streams=best,
+    )
+    _write_sweep(result, Path(cfg.output_dir), cfg.tag)
+    log(format_sweep_markdown(result))
+    log("Wrote " + ", ".join(result.files.values()))
+    return result
+
+
+def _realtime(stats: PathStats, target_ms: float) -> bool:
+    """Served in real time: the server keeps up (busy < 1) with p95 chunk latency within the target."""
+    return stats.busy_share < 1.0 and stats.latency_p95_ms <= target_ms
 
 
 def _environment(device: torch.device) -> dict[str, Any]:
@@ -392,37 +578,94 @@ def _environment(device: torch.device) -> dict[str, Any]:
     return env
 
 
+def _setup_lines(
+    config: dict[str, Any], environment: dict[str, Any], g: dict[str, Any], streams: str, slots: int
+) -> list[str]:
+    return [
+        f"- device: {environment.get('gpu', environment['device'])}, torch {environment['torch']}",
+        f"- att_context_size {list(g['att_context_size'])}: {g['chunk'] * 10} ms chunks, {g['out_frames']} encoder "
+        f"frame(s) per chunk, {g['att_cache']} frames of left context",
+        f"- {streams} streams, {slots} slots, starts uniform in "
+        f"[0, {config['stagger_seconds']}) s, streams cut to {config['max_stream_seconds']} s, dtype {config['dtype']}",
+    ]
+
+
+def _fixed_step_line(fixed: FixedStep | None) -> list[str]:
+    if fixed is None:
+        return []
+    times = ", ".join(f"{name}: {ms} ms" for name, ms in fixed.step_ms.items())
+    line = f"Step with all {fixed.streams} streams together ({fixed.slots} slots, median of {fixed.repeats}): {times}"
+    if fixed.ours_over_nemo is not None:
+        line += f"; ours / NeMo = {fixed.ours_over_nemo:.3f} (target <= 0.1)"
+    return [line + "."]
+
+
 def format_markdown(result: StreamingRunResult) -> str:
     """The results as a Markdown report: setup, one table row per path, ratios, agreement."""
-    c, g = result.config, result.geometry
+    c = result.config
     lines = [
         f"# Cache-aware streaming: {c['model']}, {c['num_streams']} streams",
         "",
-        f"- device: {result.environment.get('gpu', result.environment['device'])}, torch {result.environment['torch']}",
-        f"- att_context_size {list(g['att_context_size'])}: {g['chunk'] * 10} ms chunks, {g['out_frames']} encoder "
-        f"frame(s) per chunk, {g['att_cache']} frames of left context",
-        f"- {c['num_streams']} streams, {c['num_slots'] or c['num_streams']} slots, starts uniform in "
-        f"[0, {c['stagger_seconds']}) s, dtype {c['dtype']}",
+        *_setup_lines(
+            c, result.environment, result.geometry, str(c["num_streams"]), c["num_slots"] or c["num_streams"]
+        ),
         "",
-        "| path | steps | mean batch | step p50 / p95 (ms) | chunk latency p50 / p95 / p99 (ms) | RTFx | busy |",
-        "|---|---|---|---|---|---|---|",
+        "| path | steps | mean batch | step p50 / p95 (ms) | chunk latency p50 / p95 / p99 (ms) | RTFx | busy | warm-up (s) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in result.paths:
         lines.append(
             f"| {p.name} | {p.steps} | {p.batch_mean} | {p.step_p50_ms} / {p.step_p95_ms} | "
-            f"{p.latency_p50_ms} / {p.latency_p95_ms} / {p.latency_p99_ms} | {p.throughput} | {p.busy_share:.2f} |"
+            f"{p.latency_p50_ms} / {p.latency_p95_ms} / {p.latency_p99_ms} | {p.throughput} | {p.busy_share:.2f} | "
+            f"{p.warmup_seconds} |"
         )
+    lines.append("")
     if len(result.paths) > 1:
         ours, nemo = result.paths[0], result.paths[1]
         ratio = nemo.compute_seconds / ours.compute_seconds if ours.compute_seconds else float("nan")
-        lines += ["", f"Compute time: NeMo / ours = {ratio:.2f}x over the same chunks."]
+        lines.append(f"Compute time: NeMo / ours = {ratio:.2f}x over the same chunks.")
         lines.append(f"Streams with identical tokens (ours vs NeMo's path): {100 * result.identical_streams:.1f}%")
+    lines += _fixed_step_line(result.fixed_step)
     lines += ["", "Median step time by batch size (ms):", ""]
     lines += [f"- {p.name}: {p.step_ms_by_batch}" for p in result.paths]
     lines += [
         "",
-        "Busy = compute time / simulated time; below 1 the server keeps up with real-time arrival.",
+        "Busy = compute time / simulated time; below 1 the server keeps up with real-time arrival. Warm-up (graph",
+        "captures, lazy library set-up) ran before the simulated clock started.",
     ]
+    return "\n".join(lines)
+
+
+def format_sweep_markdown(result: SweepResult) -> str:
+    """The sweep as Markdown: one row per (stream count, path), and the largest real-time count per path."""
+    c = result.config
+    target = c["latency_target_ms"]
+    counts = "/".join(str(p.num_streams) for p in result.points)
+    lines = [
+        f"# Cache-aware streaming, latency vs streams: {c['model']}",
+        "",
+        *_setup_lines(c, result.environment, result.geometry, counts, result.num_slots),
+        "",
+        "| streams | path | chunk latency p50 / p95 / p99 (ms) | step p50 (ms) | step, all together (ms) | busy "
+        "| identical tokens |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for pt in result.points:
+        for p in pt.paths:
+            fixed = pt.fixed_step.step_ms.get(p.name, "") if pt.fixed_step else ""
+            same = f"{100 * pt.identical_streams:.1f}%" if pt.identical_streams is not None else ""
+            lines.append(
+                f"| {pt.num_streams} | {p.name} | {p.latency_p50_ms} / {p.latency_p95_ms} / {p.latency_p99_ms} | "
+                f"{p.step_p50_ms} | {fixed} | {p.busy_share:.2f} | {same} |"
+            )
+    lines.append("")
+    for name, best in result.max_realtime_streams.items():
+        lines.append(f"- {name}: largest count in real time with p95 <= {target} ms: {best if best else 'none'}")
+    for pt in result.points:
+        if pt.fixed_step is not None and pt.fixed_step.ours_over_nemo is not None:
+            lines.append(
+                f"- {pt.num_streams} streams stepping together: ours / NeMo step time = {pt.fixed_step.ours_over_nemo:.3f}"
+            )
     return "\n".join(lines)
 
 
@@ -435,8 +678,128 @@ def _write(result: StreamingRunResult, out_dir: Path, tag: str | None) -> None:
     result.files = {"json": str(json_path), "markdown": str(md_path), "transcripts": str(jsonl_path)}
     payload = asdict(result)
     payload.pop("transcripts")
+    if result.fixed_step is not None:
+        payload["fixed_step"]["ours_over_nemo"] = result.fixed_step.ours_over_nemo
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
     md_path.write_text(format_markdown(result) + "\n")
     with open(jsonl_path, "w", encoding="utf8") as f:
         for record in result.transcripts:
             f.write(json.dumps(record) + "\n")
+
+
+def _write_sweep(result: SweepResult, out_dir: Path, tag: str | None) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"streaming_sweep{f'_{tag}' if tag else ''}"
+    payload = asdict(result)
+    for point, saved in zip(result.points, payload["points"], strict=True):
+        if point.fixed_step is not None:
+            saved["fixed_step"]["ours_over_nemo"] = point.fixed_step.ours_over_nemo
+    result.files = {"json": f"{stem}.json", "markdown": f"{stem}.md"}
+    Path(f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    Path(f"{stem}.md").write_text(format_sweep_markdown(result) + "\n")
+    plot = plot_sweep(result, stem)
+    if plot is not None:
+        result.files["plot"] = str(plot)
+
+
+def plot_sweep(result: SweepResult, stem: Path) -> Path | None:
+    """p50/p95/p99 chunk latency vs streams, one colour per path: ``stem.png`` (matplotlib) or ``stem.svg``."""
+    series = _sweep_series(result)
+    target = result.config["latency_target_ms"]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        path = stem.with_suffix(".svg")
+        path.write_text(_svg_plot(series, target))
+        return path
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (name, q), (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", linestyle=_DASHES[q], color=_colour(name, series), label=f"{name} p{q}")
+    ax.axhline(target, color="grey", linewidth=0.8, linestyle=":", label=f"{target} ms")
+    ax.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="chunk latency (ms)")
+    ax.set_xticks(sorted({x for xs, _ in series.values() for x in xs}))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = stem.with_suffix(".png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+_DASHES = {50: "-", 95: "--", 99: ":"}
+_SVG_DASHES = {50: "", 95: "6,3", 99: "2,3"}
+_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+
+
+def _sweep_series(result: SweepResult) -> dict[tuple[str, int], tuple[list[int], list[float]]]:
+    series: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
+    for pt in result.points:
+        for p in pt.paths:
+            for q in (50, 95, 99):
+                xs, ys = series.setdefault((p.name, q), ([], []))
+                xs.append(pt.num_streams)
+                ys.append(max(getattr(p, f"latency_p{q}_ms"), 1e-3))
+    return series
+
+
+def _colour(name: str, series: dict) -> str:
+    names = list(dict.fromkeys(n for n, _ in series))
+    return _COLOURS[names.index(name) % len(_COLOURS)]
+
+
+def _svg_plot(series: dict[tuple[str, int], tuple[list[int], list[float]]], target: float) -> str:
+    """A dependency-free log-log line plot of ``series`` (same content as the matplotlib one)."""
+    width, height, left, right, top, bottom = 720, 450, 70, 250, 20, 50
+    xs = [x for xs, _ in series.values() for x in xs]
+    ys = [y for _, ys in series.values() for y in ys] + [target]
+    lx = (np.log10(min(xs)), np.log10(max(xs)) if max(xs) > min(xs) else np.log10(min(xs)) + 1)
+    ly = (np.floor(np.log10(min(ys))), np.ceil(np.log10(max(ys))) + (min(ys) == max(ys)))
+
+    def px(x: float) -> float:
+        return left + (np.log10(x) - lx[0]) / (lx[1] - lx[0]) * (width - left - right)
+
+    def py(y: float) -> float:
+        return height - bottom - (np.log10(y) - ly[0]) / (ly[1] - ly[0]) * (height - top - bottom)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        'font-size="11"><rect width="100%" height="100%" fill="white"/>'
+    ]
+    for e in range(int(ly[0]), int(ly[1]) + 1):
+        out.append(f'<line x1="{left}" x2="{width - right}" y1="{py(10**e):.1f}" y2="{py(10**e):.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 6}" y="{py(10**e) + 4:.1f}" text-anchor="end">{10**e:g}</text>')
+    for x in sorted(set(xs)):
+        out.append(f'<text x="{px(x):.1f}" y="{height - bottom + 16}" text-anchor="middle">{x}</text>')
+    out.append(
+        f'<text x="{(left + width - right) / 2}" y="{height - 10}" text-anchor="middle">concurrent streams</text>'
+    )
+    out.append(
+        f'<text x="14" y="{height / 2}" transform="rotate(-90 14 {height / 2})" text-anchor="middle">'
+        "chunk latency (ms)</text>"
+    )
+    out.append(
+        f'<line x1="{left}" x2="{width - right}" y1="{py(target):.1f}" y2="{py(target):.1f}" stroke="grey" '
+        'stroke-dasharray="2,2"/>'
+    )
+    for i, ((name, q), (sx, sy)) in enumerate(series.items()):
+        colour, dash = _colour(name, series), _SVG_DASHES[q]
+        points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(sx, sy, strict=True))
+        out.append(
+            f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="1.6" stroke-dasharray="{dash}"/>'
+        )
+        out += [
+            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="{colour}"/>' for x, y in zip(sx, sy, strict=True)
+        ]
+        ty = top + 14 * i + 8
+        out.append(
+            f'<line x1="{width - right + 10}" x2="{width - right + 34}" y1="{ty}" y2="{ty}" stroke="{colour}" '
+            f'stroke-width="1.6" stroke-dasharray="{dash}"/>'
+        )
+        label = f"{name[:28]} p{q}".replace("&", "&amp;").replace("<", "&lt;")
+        out.append(f'<text x="{width - right + 38}" y="{ty + 4}">{label}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
