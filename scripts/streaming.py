@@ -12,6 +12,10 @@ the logic lives in ``nemo_fastdecode.streaming.simulation``.
     # the benchmark presets (FastConformer 17 x 512 hybrid; 0.6B RNN-T), results in benchmarks/results/
     python scripts/streaming.py --config-name streaming_hybrid_17x512 tag=h200_2026-11-23
     python scripts/streaming.py --config-name streaming_rnnt_0.6b tag=h200_2026-11-23
+
+    # latency vs concurrent streams (64/256/512/1024, both paths, 8 s streams): table, JSON and plot
+    python scripts/streaming.py --config-name streaming_sweep_17x512 tag=h200_2026-11-23
+    python scripts/streaming.py num_streams_sweep=[2,4,8] max_stream_seconds=2   # tiny, on a CPU
 """
 
 from nemo.core.config import hydra_runner
