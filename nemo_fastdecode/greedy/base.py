@@ -15,6 +15,7 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.greedy import steps
+from nemo_fastdecode.greedy.fast_lstm import FastLSTMStep, fast_lstm_unsupported_reason
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.state import BatchedGreedyState, GreedyStateItem, LoopBuffers
 from nemo_fastdecode.kernels.joint_argmax import joint_argmax, num_tiles
@@ -43,6 +44,8 @@ class GreedyComputerBase:
         fused_joint: opt-in approximation: the joint's GEMM and argmax in one Triton kernel
             (:mod:`nemo_fastdecode.kernels.joint_argmax`); float32 rounding differs from cuBLAS, so a
             near-tie can resolve differently. Needs the fused kernels, NeMo's default joint, no log-softmax.
+        fast_lstm: opt-in approximation: the LSTM step as one GEMM per layer and a Triton cell kernel
+            (:mod:`nemo_fastdecode.greedy.fast_lstm`) instead of cuDNN; float32 rounding differs from cuDNN.
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class GreedyComputerBase:
         graph_mode: GraphMode | None = None,
         fused_kernels: bool | None = None,
         fused_joint: bool = False,
+        fast_lstm: bool = False,
     ):
         if max_symbols is not None and max_symbols <= 0:
             raise ValueError(f"max_symbols must be a positive int or None, got {max_symbols}")
@@ -68,6 +72,9 @@ class GreedyComputerBase:
         self.forced_mode = graph_mode
         self.fused_kernels = fused_kernels
         self.fused_joint = fused_joint
+        self.fast_lstm = fast_lstm
+        if fast_lstm and (reason := fast_lstm_unsupported_reason(decoder)):
+            raise ValueError(f"fast_lstm=True is not possible: {reason}")
         self._buffers: LoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
         self._durations: torch.Tensor | None = None
@@ -172,6 +179,11 @@ class GreedyComputerBase:
 
     def _predict_masked(self, buffers: LoopBuffers, labels: torch.Tensor, mask: torch.Tensor, fused: bool) -> None:
         """Advance the prediction network by ``labels`` for rows in ``mask``; others keep their state."""
+        if buffers.fast_lstm is not None:  # opt-in: the state advances in place, masked, inside the cell kernel
+            hidden = buffers.fast_lstm(labels, mask, buffers.predictor_states, fused)
+            output = self.joint.project_prednet(hidden.unsqueeze(1))
+            torch.where(mask[:, None, None], output, buffers.predictor_output, out=buffers.predictor_output)
+            return
         output, new_states, *_ = self.decoder.predict(
             labels.unsqueeze(1), buffers.predictor_states, add_sos=False, batch_size=buffers.batch_size
         )
@@ -216,6 +228,7 @@ class GreedyComputerBase:
         buffers.tile_labels = torch.zeros([batch_size, num_tiles(num_tokens)], dtype=torch.long, device=device)
         extra = len(self.durations_list) if self.is_tdt else 0
         buffers.extra_logits = torch.zeros([batch_size, extra], dtype=torch.float32, device=device)
+        buffers.fast_lstm = FastLSTMStep(self.decoder, batch_size) if self.fast_lstm else None
         if self.is_tdt:
             self._durations = torch.tensor(self.durations_list, dtype=torch.long, device=device)
         # the prediction network's output after <SOS> (blank) is every fresh row's starting point
@@ -314,6 +327,8 @@ class GreedyComputerBase:
         while True:
             buffers, loop = self._prepare(batch_size, max_time, projected.shape[-1], projected.device, projected.dtype)
             self._load_inputs(buffers, projected, encoder_lengths, previous, rows)
+            if buffers.fast_lstm is not None:
+                buffers.fast_lstm.refresh_weights()  # the model's weights may have changed since the capture
             loop.run()
             if self.max_symbols is not None or not buffers.hyps.overflowed(batch_size):
                 break
