@@ -58,6 +58,8 @@ class TwoLevelLoop:
         self.mode = mode
         self._full_graph: torch.cuda.CUDAGraph | None = None
         self._phase_graphs: dict[str, torch.cuda.CUDAGraph] | None = None
+        # the memory of the WHILE bodies' temporaries; it lives as long as the full graph (see _capture_full)
+        self._body_pool: torch.cuda.MemPool | None = None
 
     def run(self) -> None:
         """Run the whole loop once (capturing first if needed)."""
@@ -118,15 +120,27 @@ class TwoLevelLoop:
         from nemo_fastdecode.graphs.while_loop import captured_while_loop
 
         p = self.phases
-        set_condition_kernel(p.outer_flag.device.index)  # NVRTC + module load must happen outside the capture
+        device = p.outer_flag.device
+        set_condition_kernel(device.index)  # NVRTC + module load must happen outside the capture
+        # The WHILE bodies are captured on their own streams (cudaStreamBeginCaptureToGraph), each with a capture
+        # id of its own: PyTorch's allocator routes only the graph's own capture id to the graph's private pool, so
+        # the bodies' temporaries (joint logits, LSTM outputs, workspaces) would come from the ordinary pool, be
+        # "freed" when the capture ends, and be handed out again or released by the next capture's empty_cache()
+        # while the graph still reads and writes them (illegal memory access, or silent corruption). They go to a
+        # pool of their own that lives as long as the graph. The main capture's pool is registered first and
+        # keeps the capture stream's allocations; everything else this thread allocates meanwhile goes here.
+        if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+            raise RuntimeError("this PyTorch has no torch.cuda.MemPool / use_mem_pool for the WHILE bodies' memory")
+        body_pool = torch.cuda.MemPool()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             p.before_loop()
-            with captured_while_loop(p.outer_flag):
+            with torch.cuda.use_mem_pool(body_pool, device), captured_while_loop(p.outer_flag):
                 p.outer_start()
                 if p.inner_step is not None:
                     with captured_while_loop(p.inner_flag):
                         p.inner_step()
                 if p.outer_end is not None:
                     p.outer_end()
+        self._body_pool = body_pool
         return graph
