@@ -457,17 +457,31 @@ def _measure(
     cfg: DictConfig, setup: _Setup, paths: list[_Path], plans: list[StreamPlan], num_slots: int
 ) -> tuple[list[PathStats], list[list[list[int]]], FixedStep | None]:
     """Every path through the schedule, then (``fixed_step_repeats > 0``) the fixed-batch step."""
+    stats, tokens = _simulate_paths(setup, paths, plans, num_slots)
+    return stats, tokens, _fixed_step(cfg, setup, paths, plans, num_slots)
+
+
+def _simulate_paths(
+    setup: _Setup, paths: list[_Path], plans: list[StreamPlan], num_slots: int
+) -> tuple[list[PathStats], list[list[list[int]]]]:
+    """Every path through the simulated real-time schedule: stats and each stream's tokens, per path."""
     stats, tokens = [], []
     for path in paths:
         result, path_tokens = simulate(path, plans, num_slots, setup.device)
         stats.append(result)
         tokens.append(path_tokens)
-    fixed = None
-    if cfg.fixed_step_repeats > 0:
-        n = min(len(plans), num_slots)
-        times = {p.name: fixed_step_ms(p, plans, n, cfg.fixed_step_repeats, setup.device) for p in paths}
-        fixed = FixedStep(streams=n, slots=num_slots, repeats=cfg.fixed_step_repeats, step_ms=times)
-    return stats, tokens, fixed
+    return stats, tokens
+
+
+def _fixed_step(
+    cfg: DictConfig, setup: _Setup, paths: list[_Path], plans: list[StreamPlan], num_slots: int
+) -> FixedStep | None:
+    """The fixed-batch step time per path (``None`` with ``fixed_step_repeats == 0``)."""
+    if cfg.fixed_step_repeats <= 0:
+        return None
+    n = min(len(plans), num_slots)
+    times = {p.name: fixed_step_ms(p, plans, n, cfg.fixed_step_repeats, setup.device) for p in paths}
+    return FixedStep(streams=n, slots=num_slots, repeats=cfg.fixed_step_repeats, step_ms=times)
 
 
 def _agreement(tokens: list[list[list[int]]]) -> float | None:
@@ -500,7 +514,7 @@ def run(
     plans = _plans(cfg, setup, cfg.num_streams)
     log(_describe(cfg, setup, num_slots, str(cfg.num_streams)))
     paths = _make_paths(cfg, setup, num_slots, min(cfg.num_streams, num_slots))
-    stats, tokens, fixed = _measure(cfg, setup, paths, plans, num_slots)
+    stats, tokens = _simulate_paths(setup, paths, plans, num_slots)
 
     to_text = setup.model.decoding.decode_ids_to_str
     transcripts = []
@@ -518,9 +532,13 @@ def run(
         paths=stats,
         transcripts=transcripts,
         identical_streams=_agreement(tokens),
-        fixed_step=fixed,
     )
+    # the simulated run's results are on disk before the fixed-batch step runs: a failure there keeps them
     _write(result, Path(cfg.output_dir), cfg.tag)
+    if cfg.fixed_step_repeats > 0:
+        log(f"Simulated run written ({', '.join(result.files.values())}); now the fixed-batch step.")
+        result.fixed_step = _fixed_step(cfg, setup, paths, plans, num_slots)
+        _write(result, Path(cfg.output_dir), cfg.tag)
     for record in transcripts[: 4 if not setup.demo else len(transcripts)]:
         log(f"stream {record['stream']} ({Path(record['audio']).name}): {record['pred_text']!r}")
     log(format_markdown(result))
