@@ -84,17 +84,9 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             loop_labels=loop_labels, use_cuda_graph_decoder=graphs, **common
         )
 
-    def ours(
-        loop_labels: bool, mode: str, fused: bool | None = None, fused_joint: bool = False, fast_lstm: bool = False
-    ):
+    def ours(loop_labels: bool, mode: str, fused: bool | None = None):
         return lambda: FastGreedyBatchedInfer(
-            durations=spec.durations,
-            loop_labels=loop_labels,
-            graph_mode=mode,
-            fused_kernels=fused,
-            fused_joint=fused_joint,
-            fast_lstm=fast_lstm,
-            **common,
+            durations=spec.durations, loop_labels=loop_labels, graph_mode=mode, fused_kernels=fused, **common
         )
 
     def nemo_beam(graphs: bool):
@@ -130,8 +122,6 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             "fast_greedy_label_loop[eager]": ours(True, "eager"),
             "fast_greedy_label_loop[full_graph]": ours(True, "full_graph"),
             "fast_greedy_label_loop[full_graph,unfused]": ours(True, "full_graph", fused=False),
-            "fast_greedy_label_loop[full_graph,fused_joint]": ours(True, "full_graph", fused_joint=True),
-            "fast_greedy_label_loop[full_graph,fast_lstm]": ours(True, "full_graph", fast_lstm=True),
             **beam_rows,
         }
     return {
@@ -146,10 +136,6 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
         "fast_greedy_label_loop[full_graph]": ours(True, "full_graph"),
         "fast_greedy_frame_loop[full_graph,unfused]": ours(False, "full_graph", fused=False),
         "fast_greedy_label_loop[full_graph,unfused]": ours(True, "full_graph", fused=False),
-        "fast_greedy_frame_loop[full_graph,fused_joint]": ours(False, "full_graph", fused_joint=True),
-        "fast_greedy_label_loop[full_graph,fused_joint]": ours(True, "full_graph", fused_joint=True),
-        "fast_greedy_frame_loop[full_graph,fast_lstm]": ours(False, "full_graph", fast_lstm=True),
-        "fast_greedy_label_loop[full_graph,fast_lstm]": ours(True, "full_graph", fast_lstm=True),
         **beam_rows,
     }
 
@@ -241,7 +227,7 @@ def benchmark_model(
             continue  # beam rows are opt-in; their reference comes with any of them
         if not is_beam and strategies and name not in strategies and name != "nemo_baseline":
             continue
-        if name.endswith(("unfused]", "fused_joint]", "fast_lstm]")) and not experimental:  # ablations, opt-in rows
+        if name.endswith("unfused]") and not experimental:  # ablation rows, opt-in
             continue
         decoder = factory()
         decode_all(decoder, batches[:2])  # warm-up: graphs captured, kernels loaded

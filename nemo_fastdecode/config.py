@@ -46,10 +46,6 @@ class FastGreedyConfig:
         graph_mode: ``auto`` (best mode the driver supports), ``full_graph`` (conditional WHILE nodes,
             CUDA >= 12.3), ``no_while_graph`` (graphs without conditional nodes) or ``eager``.
         fused_kernels: fused Triton step kernels, bit-identical to the torch ops they replace; ``None``: on CUDA.
-        fused_joint: opt-in approximation: joint GEMM + argmax in one Triton kernel (float32 rounding differs
-            from cuBLAS, so a near-tie may resolve differently; the benchmark reports agreement).
-        fast_lstm: opt-in approximation: the LSTM step as one GEMM per layer + a Triton cell kernel instead of
-            cuDNN (float32 rounding differs; the benchmark reports agreement).
     """
 
     max_symbols: int | None = 10
@@ -57,8 +53,6 @@ class FastGreedyConfig:
     use_cuda_graph_decoder: bool = True
     graph_mode: str = "auto"
     fused_kernels: bool | None = None
-    fused_joint: bool = False
-    fast_lstm: bool = False
 
     def __post_init__(self) -> None:
         if self.graph_mode not in GRAPH_MODES:

@@ -44,8 +44,6 @@ FAST_GREEDY_OPTIONS = {
     "tdt_include_token_duration",
     "tdt_include_duration_confidence",
     "fused_kernels",
-    "fused_joint",
-    "fast_lstm",
 }
 # every key of NeMo's beam section (merged configs carry them all), NeMo's `max_symbols` (what malsd_batch
 # reads), and ours; NeMo's malsd_batch ignores most of its section (search parameters of other strategies)
@@ -94,8 +92,6 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
         graph_mode=greedy_cfg.get("graph_mode", "auto"),
         include_duration=decoding.tdt_include_token_duration,
         fused_kernels=greedy_cfg.get("fused_kernels", None),
-        fused_joint=bool(greedy_cfg.get("fused_joint", False)),
-        fast_lstm=bool(greedy_cfg.get("fast_lstm", False)),
     )
 
 
@@ -137,7 +133,7 @@ FAST_STRATEGIES: dict[str, FastStrategy] = {
         stand_in="greedy_batch",
         section="greedy",
         options=frozenset(FAST_GREEDY_OPTIONS),
-        own_options=frozenset({"graph_mode", "fused_kernels", "fused_joint", "fast_lstm"}),
+        own_options=frozenset({"graph_mode", "fused_kernels"}),
         graphs_switch="use_cuda_graph_decoder",
         build=_build_fast_greedy,
     ),

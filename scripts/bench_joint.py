@@ -1,15 +1,16 @@
 """One greedy joint evaluation (frame gather, hidden layer, output layer, best token) three ways, as CUDA graphs.
 
+(Until commit 8b10cbf it also timed an opt-in Triton joint kernel, GEMM + argmax fused; it was no faster than
+cuBLAS + the fused steps at B = 32 and 3x slower at B = 128 on an H200, so it was removed.)
+
 python scripts/bench_joint.py                      # Parakeet sizes: H = 640, V + 1 = 1025, B = 8..128
 python scripts/bench_joint.py --md /tmp/joint.md
 
 - ``torch``: index + add + relu + Linear (cuBLAS) + ``max`` (what NeMo's decoders launch);
 - ``fused steps`` (default): Triton gather/add/relu, cuBLAS Linear, Triton row argmax (bit-identical to torch);
-- ``fused joint`` (opt-in): one Triton kernel, GEMM and per-tile argmax included (different rounding);
 - ``fused steps, padded N``: the output layer padded to a multiple of 64 rows (aligned cuBLAS kernels);
   the last column says whether its scores and labels are bit-identical to the unpadded GEMM's.
-Times are ``triton.testing.do_bench_cudagraph`` medians (kernel time, no host launch overhead); the
-label agreement column compares the fused joint's choices with cuBLAS's on random inputs.
+Times are ``triton.testing.do_bench_cudagraph`` medians (kernel time, no host launch overhead).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ def time_batch(batch: int, linear: torch.nn.Linear, num_tokens: int, g: torch.Ge
     import triton.testing
 
     from nemo_fastdecode.greedy import steps
-    from nemo_fastdecode.kernels.joint_argmax import joint_argmax, num_tiles
 
     hidden_size = linear.in_features
     enc = torch.randn([batch, 50, hidden_size], device="cuda", generator=g)
@@ -34,12 +34,6 @@ def time_batch(batch: int, linear: torch.nn.Linear, num_tokens: int, g: torch.Ge
     rows = torch.arange(batch, device="cuda")
     hidden = torch.empty([batch, hidden_size], device="cuda")
     token_out = torch.empty([batch, 1], device="cuda"), torch.empty([batch, 1], dtype=torch.long, device="cuda")
-    tiles = num_tiles(num_tokens)
-    tile_out = (
-        torch.empty([batch, tiles], device="cuda"),
-        torch.empty([batch, tiles], dtype=torch.long, device="cuda"),
-        torch.empty([batch, 0], device="cuda"),
-    )
 
     def torch_path():
         return linear(torch.relu(enc[rows, times] + pred[:, 0])).max(dim=-1)
@@ -47,9 +41,6 @@ def time_batch(batch: int, linear: torch.nn.Linear, num_tokens: int, g: torch.Ge
     def fused_steps():
         steps.joint_hidden(enc, times, pred, hidden, fused=True)
         return steps.best_token(linear(hidden), num_tokens, *token_out, fused=True)
-
-    def fused_joint():
-        joint_argmax(enc, times, pred, linear.weight, linear.bias, num_tokens, *tile_out)
 
     # cuBLAS with the output layer padded to a multiple of 64 rows: aligned (vectorised) GEMM kernels
     padded = torch.nn.Linear(hidden_size, -(-num_tokens // 64) * 64, device="cuda")
@@ -64,18 +55,12 @@ def time_batch(batch: int, linear: torch.nn.Linear, num_tokens: int, g: torch.Ge
         return steps.best_token(padded(hidden), num_tokens, *token_out, fused=True)
 
     with torch.inference_mode():
-        paths = (torch_path, fused_steps, fused_joint, fused_steps_padded)
+        paths = (torch_path, fused_steps, fused_steps_padded)
         us = [triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3 for fn in paths]
         reference_scores, reference = torch_path()
-        fused_joint()
-        labels = tile_out[1].gather(1, tile_out[0].argmax(dim=1, keepdim=True))[:, 0]
-        agreement = (labels == reference).float().mean().item()
         padded_scores, padded_labels = fused_steps_padded()
         padded_same = torch.equal(padded_labels[:, 0], reference) and torch.equal(padded_scores[:, 0], reference_scores)
-    return (
-        f"| {batch} | {us[0]:.1f} | {us[1]:.1f} | {us[2]:.1f} | {agreement:.1%} | {us[3]:.1f} | "
-        f"{'yes' if padded_same else 'no'} |"
-    )
+    return f"| {batch} | {us[0]:.1f} | {us[1]:.1f} | {us[2]:.1f} | {'yes' if padded_same else 'no'} |"
 
 
 def main(argv: list[str]) -> None:
@@ -96,9 +81,8 @@ def main(argv: list[str]) -> None:
         "",
         f"Command: `python scripts/bench_joint.py {' '.join(argv)}`; H={args.hidden}, V+1={args.tokens}, fp32.",
         "",
-        "| B | torch us | fused steps us | fused joint us | fused joint label agreement | fused steps, padded N us "
-        "| padded bit-identical |",
-        "|---|---|---|---|---|---|---|",
+        "| B | torch us | fused steps us | fused steps, padded N us | padded bit-identical |",
+        "|---|---|---|---|---|",
     ]
     lines += [time_batch(batch, linear, args.tokens, g) for batch in args.batch]
     report = "\n".join(lines) + "\n"

@@ -14,16 +14,13 @@ from test_greedy_exactness import (
     ALGORITHMS,
     REALISTIC_BIAS,
     UNBOUNDED_SAFE,
-    as_lists,
     assert_same_hypotheses,
     baseline,
     ours,
 )
 
 from nemo_fastdecode.greedy import steps
-from nemo_fastdecode.greedy.fast_lstm import FastLSTMStep
 from nemo_fastdecode.greedy.state import LoopBuffers
-from nemo_fastdecode.kernels.joint_argmax import joint_argmax, joint_argmax_reference, num_tiles
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 BLANK = VOCAB_SIZE
@@ -163,29 +160,6 @@ def test_best_token_kernel_matches_torch_max(num_tokens):
     assert torch.equal(expected[0], actual[0]) and torch.equal(expected[1], actual[1])
 
 
-@pytest.mark.parametrize("batch,hidden,num_tokens,extra", [(3, 24, 13, 0), (20, 70, 13, 5), (33, 64, 100, 5)])
-def test_joint_argmax_kernel_matches_reference(batch, hidden, num_tokens, extra):
-    g = torch.Generator().manual_seed(batch)
-    encoder = torch.randn([batch, 6, hidden], generator=g).to(DEVICE)
-    predictor = torch.randn([batch, 1, hidden], generator=g).to(DEVICE)
-    weight = torch.randn([num_tokens + extra, hidden], generator=g).to(DEVICE)
-    bias = torch.randn([num_tokens + extra], generator=g).to(DEVICE)
-    times = torch.randint(0, 6, [batch], generator=g).to(DEVICE)
-    expected = joint_argmax_reference(encoder, times, predictor, weight, bias, num_tokens)
-    tiles = num_tiles(num_tokens)
-    actual = (
-        torch.zeros([batch, tiles], device=DEVICE),
-        torch.zeros([batch, tiles], dtype=torch.long, device=DEVICE),
-        torch.zeros([batch, extra], device=DEVICE),
-    )
-    joint_argmax(encoder, times, predictor, weight, bias, num_tokens, *actual)
-    torch.testing.assert_close(actual[0], expected[0], rtol=1e-5, atol=1e-5)
-    assert torch.equal(actual[1], expected[1])  # random data: no near-ties
-    torch.testing.assert_close(actual[2], expected[2], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="num_tokens must be in"):
-        joint_argmax(encoder, times, predictor, weight, bias, num_tokens + extra + 1, *actual)
-
-
 @pytest.mark.parametrize("layers", [1, 2])
 def test_masked_state_update_kernel_matches_reference(layers):
     g = torch.Generator().manual_seed(layers)
@@ -237,69 +211,3 @@ def test_fused_kernels_forced_without_triton_backend_is_a_clear_error(monkeypatc
     x, lengths = random_encoder_output(2, 4, seed=1)
     with pytest.raises(ValueError, match="fused_kernels=True needs a CUDA device or TRITON_INTERPRET=1, got cpu"):
         decode(encoder_output=x, encoded_lengths=lengths)
-
-
-@pytest.mark.skipif(DEVICE.type != "cpu", reason="GPU hosts run this in test_greedy_gpu.py")
-@pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
-def test_opt_in_fused_joint_agrees_with_nemo(kind, loop_labels):
-    """The fused joint rounds differently from the reference GEMM; without near-ties the decisions are the same."""
-    decoder, joint = make_networks(tdt=kind == "tdt", seed=3, blank_bias=REALISTIC_BIAS[kind])
-    joint.log_softmax = False  # raw logits on the CPU too (NeMo log-softmaxes automatically there)
-    x, lengths = random_encoder_output(6, 24, seed=4, lengths=[24, 1, 17, 0, 9, 24])
-    decode = ours(kind, decoder, joint, 3, loop_labels)
-    decode.computer.fused_kernels = decode.computer.fused_joint = True
-    actual = decode(encoder_output=x, encoded_lengths=lengths)[0]
-    # scores against our torch path on the same raw logits (NeMo's CPU frame loop log-softmaxes regardless)
-    assert_same_hypotheses(
-        ours(kind, decoder, joint, 3, loop_labels)(encoder_output=x, encoded_lengths=lengths)[0], actual
-    )
-    nemo = baseline(kind, decoder, joint, 3)(encoder_output=x, encoded_lengths=lengths)[0]
-    assert [as_lists(h, False) for h in nemo] == [as_lists(h, False) for h in actual]
-    assert sum(len(h.y_sequence) for h in actual) > 0
-    joint.log_softmax = None  # automatic log-softmax on the CPU: the fused joint cannot reproduce it
-    with pytest.raises(ValueError, match="fused_joint=True needs raw logits"):
-        decode(encoder_output=x, encoded_lengths=lengths)
-
-
-@pytest.mark.parametrize("layers", [1, 2])
-@pytest.mark.parametrize("fused", [False, True], ids=["torch", "triton"])
-def test_fast_lstm_step_matches_nemo_predict_to_rounding(layers, fused):
-    """The opt-in LSTM step (one GEMM + cell kernel per layer) is NeMo's predict + masked replace, up to rounding."""
-    decoder, _ = make_networks(pred_layers=layers)
-    decoder.to(DEVICE)
-    batch = 5
-    g = torch.Generator().manual_seed(layers)
-    state = [torch.randn([layers, batch, 24], generator=g).to(DEVICE) for _ in range(2)]
-    labels = torch.tensor([1, BLANK, 3, 4, 5], device=DEVICE)  # a blank (padding) label embeds as zeros
-    mask = torch.tensor([True, False, True, True, False], device=DEVICE)
-    with torch.inference_mode():
-        output, new_state, *_ = decoder.predict(labels[:, None], state, add_sos=False, batch_size=batch)
-        expected = [s.clone() for s in state]
-        decoder.batch_replace_states_mask(new_state, expected, mask)
-        actual = [s.clone() for s in state]
-        hidden = FastLSTMStep(decoder, batch)(labels, mask, actual, fused)
-    torch.testing.assert_close(hidden, output[:, 0], rtol=1e-5, atol=1e-6)
-    for e, a in zip(expected, actual, strict=True):
-        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
-        assert torch.equal(a[:, ~mask], e[:, ~mask]), "unmasked rows keep their state bit for bit"
-
-
-@pytest.mark.skipif(DEVICE.type != "cpu", reason="GPU hosts run this in test_greedy_gpu.py")
-@pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
-def test_opt_in_fast_lstm_agrees_with_nemo(kind, loop_labels):
-    layers, seed = (2, 5) if kind == "tdt" else (1, 3)
-    decoder, joint = make_networks(tdt=kind == "tdt", seed=seed, blank_bias=REALISTIC_BIAS[kind], pred_layers=layers)
-    x, lengths = random_encoder_output(6, 24, seed=4, lengths=[24, 1, 17, 0, 9, 24])
-    decode = ours(kind, decoder, joint, 3, loop_labels)
-    decode.computer.fused_kernels = True
-    decode.computer.fast_lstm = True
-    actual = decode(encoder_output=x, encoded_lengths=lengths)[0]
-    assert_same_hypotheses(baseline(kind, decoder, joint, 3)(encoder_output=x, encoded_lengths=lengths)[0], actual)
-    assert sum(len(h.y_sequence) for h in actual) > 0
-
-
-def test_fast_lstm_refuses_other_prediction_networks():
-    decoder, _ = make_networks()
-    decoder.prediction["dec_rnn"] = torch.nn.GRU(24, 24)
-    with pytest.raises(ValueError, match="fast_lstm=True is not possible: the prediction network is GRU"):
-        FastLSTMStep(decoder, 2)

@@ -15,10 +15,8 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.greedy import steps
-from nemo_fastdecode.greedy.fast_lstm import FastLSTMStep, fast_lstm_unsupported_reason
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.state import BatchedGreedyState, GreedyStateItem, LoopBuffers
-from nemo_fastdecode.kernels.joint_argmax import joint_argmax, num_tiles
 
 # With max_symbols=None the number of labels per frame is unbounded: start with this many slots per
 # frame and grow (re-running the batch) when a row overflows; past the limit the model is not emitting
@@ -41,11 +39,6 @@ class GreedyComputerBase:
         fused_kernels: use the fused Triton step kernels (:mod:`nemo_fastdecode.greedy.steps`); ``None``: on
             CUDA. They are bit-identical to the torch ops they replace; ``True`` on the CPU needs
             ``TRITON_INTERPRET=1`` (tests).
-        fused_joint: opt-in approximation: the joint's GEMM and argmax in one Triton kernel
-            (:mod:`nemo_fastdecode.kernels.joint_argmax`); float32 rounding differs from cuBLAS, so a
-            near-tie can resolve differently. Needs the fused kernels, NeMo's default joint, no log-softmax.
-        fast_lstm: opt-in approximation: the LSTM step as one GEMM per layer and a Triton cell kernel
-            (:mod:`nemo_fastdecode.greedy.fast_lstm`) instead of cuDNN; float32 rounding differs from cuDNN.
     """
 
     def __init__(
@@ -58,8 +51,6 @@ class GreedyComputerBase:
         use_cuda_graphs: bool = True,
         graph_mode: GraphMode | None = None,
         fused_kernels: bool | None = None,
-        fused_joint: bool = False,
-        fast_lstm: bool = False,
     ):
         if max_symbols is not None and max_symbols <= 0:
             raise ValueError(f"max_symbols must be a positive int or None, got {max_symbols}")
@@ -71,10 +62,6 @@ class GreedyComputerBase:
         self.use_cuda_graphs = use_cuda_graphs
         self.forced_mode = graph_mode
         self.fused_kernels = fused_kernels
-        self.fused_joint = fused_joint
-        self.fast_lstm = fast_lstm
-        if fast_lstm and (reason := fast_lstm_unsupported_reason(decoder)):
-            raise ValueError(f"fast_lstm=True is not possible: {reason}")
         self._buffers: LoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
         self._durations: torch.Tensor | None = None
@@ -116,19 +103,6 @@ class GreedyComputerBase:
             raise ValueError(f"fused_kernels=True needs a CUDA device or TRITON_INTERPRET=1, got {device}")
         return available and (self.fused_kernels or device.type == "cuda")
 
-    def _check_fused_joint(self, device: torch.device) -> None:
-        if not self.fused_joint:
-            return
-        problems = []
-        if not self._use_fused(device):
-            problems.append(f"the fused kernels (fused_kernels={self.fused_kernels}, device {device})")
-        if not self._joint_is_fusable():
-            problems.append("NeMo's default joint (ReLU, dropout, Linear; no adapters; eval mode)")
-        if self.joint.log_softmax or (self.joint.log_softmax is None and device.type != "cuda"):
-            problems.append("raw logits (the joint log-softmaxes on this device)")
-        if problems:
-            raise ValueError(f"fused_joint=True needs {' and '.join(problems)}")
-
     def _joint_is_fusable(self) -> bool:
         """The fused joint covers NeMo's default joint: ReLU, (dropout), Linear, no adapters, eval mode."""
         layers = list(self.joint.joint_net)
@@ -161,29 +135,14 @@ class GreedyComputerBase:
     def _candidates_at(
         self, b: LoopBuffers, time_indices: torch.Tensor, fused: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Best-token candidates ``[B, P]`` (scores, labels) at each row's frame, and TDT duration logits.
-
-        One candidate per row (the full-row argmax) unless the opt-in fused joint leaves one per column tile.
-        """
+        """Best token at each row's frame as ``[B, 1]`` candidates (scores, labels), and TDT duration logits."""
         num_tokens = self.blank_index + 1
-        if fused and self.fused_joint:
-            linear = self.joint.joint_net[-1]
-            joint_argmax(
-                b.encoder_projected, time_indices, b.predictor_output, linear.weight, linear.bias, num_tokens,
-                b.tile_scores, b.tile_labels, b.extra_logits,
-            )  # fmt: skip
-            return b.tile_scores, b.tile_labels, b.extra_logits if self.is_tdt else None
         logits = self._logits_at(b, time_indices, fused)
         scores, labels = steps.best_token(logits, num_tokens, b.token_scores, b.token_labels, fused)
         return scores, labels, logits[:, num_tokens:] if self.is_tdt else None
 
     def _predict_masked(self, buffers: LoopBuffers, labels: torch.Tensor, mask: torch.Tensor, fused: bool) -> None:
         """Advance the prediction network by ``labels`` for rows in ``mask``; others keep their state."""
-        if buffers.fast_lstm is not None:  # opt-in: the state advances in place, masked, inside the cell kernel
-            hidden = buffers.fast_lstm(labels, mask, buffers.predictor_states, fused)
-            output = self.joint.project_prednet(hidden.unsqueeze(1))
-            torch.where(mask[:, None, None], output, buffers.predictor_output, out=buffers.predictor_output)
-            return
         output, new_states, *_ = self.decoder.predict(
             labels.unsqueeze(1), buffers.predictor_states, add_sos=False, batch_size=buffers.batch_size
         )
@@ -220,15 +179,9 @@ class GreedyComputerBase:
 
     def _allocate(self, batch_size, max_time, hidden, capacity, device, dtype) -> LoopBuffers:
         buffers = LoopBuffers(batch_size, max_time, hidden, capacity, device, dtype, self.score_dtype)
-        # best-token candidates: one per row, or one per column tile of the fused joint
-        num_tokens = self.blank_index + 1
+        # the best token of each row, as one candidate per row (steps.best_token)
         buffers.token_scores = torch.zeros([batch_size, 1], dtype=torch.float32, device=device)
         buffers.token_labels = torch.zeros([batch_size, 1], dtype=torch.long, device=device)
-        buffers.tile_scores = torch.zeros([batch_size, num_tiles(num_tokens)], dtype=torch.float32, device=device)
-        buffers.tile_labels = torch.zeros([batch_size, num_tiles(num_tokens)], dtype=torch.long, device=device)
-        extra = len(self.durations_list) if self.is_tdt else 0
-        buffers.extra_logits = torch.zeros([batch_size, extra], dtype=torch.float32, device=device)
-        buffers.fast_lstm = FastLSTMStep(self.decoder, batch_size) if self.fast_lstm else None
         if self.is_tdt:
             self._durations = torch.tensor(self.durations_list, dtype=torch.long, device=device)
         # the prediction network's output after <SOS> (blank) is every fresh row's starting point
@@ -323,12 +276,9 @@ class GreedyComputerBase:
         """Run the loop over ``[B, T, D]``, rows ``rows`` (all if ``None``) continuing from ``previous``."""
         batch_size, max_time, _ = encoder_output.shape
         projected = self.joint.project_encoder(encoder_output)
-        self._check_fused_joint(projected.device)
         while True:
             buffers, loop = self._prepare(batch_size, max_time, projected.shape[-1], projected.device, projected.dtype)
             self._load_inputs(buffers, projected, encoder_lengths, previous, rows)
-            if buffers.fast_lstm is not None:
-                buffers.fast_lstm.refresh_weights()  # the model's weights may have changed since the capture
             loop.run()
             if self.max_symbols is not None or not buffers.hyps.overflowed(batch_size):
                 break

@@ -33,8 +33,6 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         graph_mode: "auto" (default), "full_graph", "no_while_graph" or "eager".
         include_duration: fill ``Hypothesis.token_duration`` (TDT).
         fused_kernels: fused Triton step kernels (``None``: on CUDA); bit-identical to the torch path.
-        fused_joint: opt-in: joint GEMM + argmax in one Triton kernel (float32 rounding differs from cuBLAS).
-        fast_lstm: opt-in: LSTM step as GEMM + Triton cell kernel instead of cuDNN (rounding differs).
     """
 
     def __init__(
@@ -49,8 +47,6 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         graph_mode: str | GraphMode | None = "auto",
         include_duration: bool = False,
         fused_kernels: bool | None = None,
-        fused_joint: bool = False,
-        fast_lstm: bool = False,
     ):
         super().__init__(
             decoder_model=decoder_model,
@@ -70,8 +66,6 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             use_cuda_graphs=use_cuda_graph_decoder,
             graph_mode=GraphMode.parse(graph_mode),
             fused_kernels=fused_kernels,
-            fused_joint=fused_joint,
-            fast_lstm=fast_lstm,
         )
 
     def disable_cuda_graphs(self) -> bool:

@@ -227,8 +227,8 @@ def _candidate_args(cand_scores: torch.Tensor) -> dict:
 
 # ----- best token: candidates per row -----------------------------------------------------------------
 # The joint's best token per row arrives as P candidates (score, label) per row: P = 1 after a full-row
-# argmax, P = number of column tiles from the fused joint kernel (kernels/joint_argmax.py). Tiles are in
-# column order, so the first maximal candidate holds the lowest label among equal scores, as torch.max does.
+# argmax; a kernel that splits the row into column tiles can leave one per tile (in column order, so the
+# first maximal candidate holds the lowest label among equal scores, as torch.max does).
 @triton.jit
 def _best_candidate(cand_scores, cand_labels, rows, in_batch, P: tl.constexpr, BLOCK_P: tl.constexpr):
     cols = tl.arange(0, BLOCK_P)
@@ -619,63 +619,3 @@ def frame_emit(b: LoopBuffers, fused: bool) -> None:
     torch.logical_not(b.blank, out=b.found)
     b.hyps.add_(b.found, b.labels, b.frame.expand_as(b.labels), b.scores)
     b.symbols_at_frame.add_(1)
-
-
-# ----- prediction network: one LSTM step with the masked state update fused in (opt-in) ---------------
-@triton.jit
-def _sigmoid(x):
-    return 1.0 / (1.0 + tl.exp(-x))
-
-
-@triton.jit
-def _lstm_cell_kernel(
-    gates, mask, h_state, c_state, h_out, hidden, gates_stride, state_stride, out_stride, BLOCK: tl.constexpr
-):
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    valid = cols < hidden
-    base = gates + row * gates_stride + cols
-    # PyTorch's gate order: input, forget, cell, output
-    i = _sigmoid(tl.load(base, mask=valid, other=0.0).to(tl.float32))
-    f = _sigmoid(tl.load(base + hidden, mask=valid, other=0.0).to(tl.float32))
-    g = 2.0 * _sigmoid(2.0 * tl.load(base + 2 * hidden, mask=valid, other=0.0).to(tl.float32)) - 1.0  # tanh
-    o = _sigmoid(tl.load(base + 3 * hidden, mask=valid, other=0.0).to(tl.float32))
-    c_prev = tl.load(c_state + row * state_stride + cols, mask=valid, other=0.0).to(tl.float32)
-    c_new = f * c_prev + i * g
-    h_new = o * (2.0 * _sigmoid(2.0 * c_new) - 1.0)
-    tl.store(h_out + row * out_stride + cols, h_new.to(h_out.dtype.element_ty), mask=valid)
-    if tl.load(mask + row).to(tl.int1):  # only masked rows advance their state
-        tl.store(c_state + row * state_stride + cols, c_new.to(c_state.dtype.element_ty), mask=valid)
-        tl.store(h_state + row * state_stride + cols, h_new.to(h_state.dtype.element_ty), mask=valid)
-
-
-def lstm_cell_masked(
-    gates: torch.Tensor,
-    mask: torch.Tensor,
-    h_state: torch.Tensor,
-    c_state: torch.Tensor,
-    h_out: torch.Tensor,
-    fused: bool,
-) -> torch.Tensor:
-    """One LSTM cell from its pre-activations; the state advances only where ``mask``.
-
-    Shapes: gates ``[B, 4H]`` (``x W_ih^T + h W_hh^T + b``, PyTorch's i, f, g, o order); mask ``[B]``;
-    h_state / c_state ``[B, H]`` (one layer of the state, updated in place); h_out ``[B, H]`` receives the
-    new hidden state of every row (the next layer's input). Returns ``h_out``.
-    """
-    if not fused:
-        i, f, g, o = gates.float().chunk(4, dim=1)
-        c_new = torch.sigmoid(f) * c_state.float() + torch.sigmoid(i) * torch.tanh(g)
-        h_new = torch.sigmoid(o) * torch.tanh(c_new)
-        h_out.copy_(h_new)
-        keep = mask[:, None]
-        torch.where(keep, c_new.to(c_state.dtype), c_state, out=c_state)
-        torch.where(keep, h_new.to(h_state.dtype), h_state, out=h_state)
-        return h_out
-    batch, hidden = h_out.shape
-    assert h_state.stride(1) == 1 and c_state.stride() == h_state.stride() and gates.stride(1) == 1
-    block = min(triton.next_power_of_2(hidden), 1024)
-    _lstm_cell_kernel[(batch, triton.cdiv(hidden, block))](
-        gates, mask, h_state, c_state, h_out, hidden, gates.stride(0), h_state.stride(0), h_out.stride(0), BLOCK=block
-    )
-    return h_out
