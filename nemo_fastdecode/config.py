@@ -34,6 +34,13 @@ __all__ = [
 GRAPH_MODES: tuple[str, ...] = ("auto", *(mode.value for mode in GraphMode))
 
 
+def _check_graph_mode_and_max_symbols(graph_mode: str, max_symbols: int | None) -> None:
+    if graph_mode not in GRAPH_MODES:
+        raise ValueError(f"graph_mode={graph_mode!r} is not valid; valid values: {', '.join(GRAPH_MODES)}")
+    if max_symbols is not None and max_symbols < 1:
+        raise ValueError(f"max_symbols must be >= 1 or None, got {max_symbols}")
+
+
 @dataclass
 class FastGreedyConfig:
     """``decoding.greedy`` for ``strategy: fast_greedy``.
@@ -55,10 +62,7 @@ class FastGreedyConfig:
     fused_kernels: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.graph_mode not in GRAPH_MODES:
-            raise ValueError(f"graph_mode={self.graph_mode!r} is not valid; valid values: {', '.join(GRAPH_MODES)}")
-        if self.max_symbols is not None and self.max_symbols < 1:
-            raise ValueError(f"max_symbols must be >= 1 or None, got {self.max_symbols}")
+        _check_graph_mode_and_max_symbols(self.graph_mode, self.max_symbols)
 
 
 @dataclass
@@ -116,12 +120,9 @@ class FastBeamConfig:
     fused_topk: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.graph_mode not in GRAPH_MODES:
-            raise ValueError(f"graph_mode={self.graph_mode!r} is not valid; valid values: {', '.join(GRAPH_MODES)}")
+        _check_graph_mode_and_max_symbols(self.graph_mode, self.max_symbols)
         if not 1 <= self.beam_size <= 16:
             raise ValueError(f"beam_size must be in 1..16, got {self.beam_size}")
-        if self.max_symbols is not None and self.max_symbols < 1:
-            raise ValueError(f"max_symbols must be >= 1 or None, got {self.max_symbols}")
 
 
 @dataclass

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from nemo_fastdecode.beam.hyps import INACTIVE_SCORE, NON_EXISTENT_LABEL_VALUE, BeamHypsBuffer
 from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
+from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
 
 # With max_symbols=None a hypothesis may emit any number of labels per frame: start with room for this
@@ -41,7 +42,7 @@ UNBOUNDED_STEPS_START = 4
 UNBOUNDED_STEPS_LIMIT = 1024
 
 
-class MALSDBeamComputer:
+class MALSDBeamComputer(CapturedLoopOwner):
     """Batched exact modified-ALSD beam search; ``__call__`` returns NeMo ``BatchedBeamHyps``.
 
     Args:
@@ -95,19 +96,6 @@ class MALSDBeamComputer:
     @property
     def is_tdt(self) -> bool:
         return self.durations_list is not None
-
-    def force_mode(self, mode: GraphMode | str | None) -> None:
-        """Force a graph mode (``None``/"auto" to choose automatically); drops captured graphs."""
-        self.forced_mode = GraphMode.parse(mode)
-        self.reset_graphs()
-
-    def reset_graphs(self) -> None:
-        self._buffers, self._loop = None, None
-
-    @property
-    def graph_mode(self) -> GraphMode | None:
-        """The mode of the last run (a failed WHILE capture shows here as ``NO_WHILE_GRAPH``)."""
-        return None if self._loop is None else self._loop.mode
 
     # ----- one search step -----------------------------------------------------------------
     def _top_k(self, logits: torch.Tensor, batch_size: int, dtype: torch.dtype):

@@ -14,6 +14,7 @@ import torch
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
+from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.state import BatchedGreedyState, GreedyStateItem, LoopBuffers
@@ -25,7 +26,7 @@ UNBOUNDED_SYMBOLS_START = 2
 UNBOUNDED_SYMBOLS_LIMIT = 1024
 
 
-class GreedyComputerBase:
+class GreedyComputerBase(CapturedLoopOwner):
     """Batched exact greedy decoding of a transducer; ``__call__`` returns NeMo hypotheses.
 
     Args:
@@ -76,19 +77,6 @@ class GreedyComputerBase:
     def score_dtype(self) -> torch.dtype:
         """Scores accumulate like the baseline: NeMo's RNN-T frame loop adds Python floats, its TDT loop fp32."""
         return torch.float32 if self.is_tdt else torch.float64
-
-    def force_mode(self, mode: GraphMode | str | None) -> None:
-        """Force a graph mode (``None``/"auto" to choose automatically); drops captured graphs."""
-        self.forced_mode = GraphMode.parse(mode)
-        self.reset_graphs()
-
-    def reset_graphs(self) -> None:
-        self._buffers, self._loop = None, None
-
-    @property
-    def graph_mode(self) -> GraphMode | None:
-        """The mode of the last run (a failed WHILE capture shows here as ``NO_WHILE_GRAPH``)."""
-        return None if self._loop is None else self._loop.mode
 
     # ----- phases: defined by the algorithm ------------------------------------------------
     def _phases(self, buffers: LoopBuffers) -> LoopPhases:

@@ -1,0 +1,33 @@
+"""What every decoding computer that owns a captured loop shares: its graph mode and the loop's lifetime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nemo_fastdecode.graphs.modes import GraphMode
+from nemo_fastdecode.graphs.two_level_loop import TwoLevelLoop
+
+
+class CapturedLoopOwner:
+    """Mixin for computers that keep pre-allocated buffers and a :class:`TwoLevelLoop` between calls.
+
+    Subclasses set ``forced_mode``, ``_buffers`` and ``_loop`` in ``__init__``; dropping the buffers drops the
+    captured graphs with them (the next call re-captures).
+    """
+
+    forced_mode: GraphMode | None
+    _buffers: Any
+    _loop: TwoLevelLoop | None
+
+    def force_mode(self, mode: GraphMode | str | None) -> None:
+        """Force a graph mode (``None``/"auto" to choose automatically); drops captured graphs."""
+        self.forced_mode = GraphMode.parse(mode)
+        self.reset_graphs()
+
+    def reset_graphs(self) -> None:
+        self._buffers, self._loop = None, None
+
+    @property
+    def graph_mode(self) -> GraphMode | None:
+        """The mode of the last run (a failed WHILE capture shows here as ``NO_WHILE_GRAPH``)."""
+        return None if self._loop is None else self._loop.mode
