@@ -23,7 +23,7 @@ from nemo.collections.asr.parts.submodules.tdt_beam_decoding import BeamBatchedT
 
 from nemo_fastdecode import synthetic
 from nemo_fastdecode.beam.infer import FastBeamBatchedInfer
-from nemo_fastdecode.comparison import _synchronize, agreement, best_time, decode_all
+from nemo_fastdecode.comparison import _synchronize, agreement, best_time, decode_all, profile_pass
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 
 
@@ -143,16 +143,8 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
 def _gpu_busy_share(decoder, batches) -> float | None:
     """Sum of GPU kernel time over wall time for one pass (how much of the decoder time the GPU works)."""
     try:
-        from torch.profiler import ProfilerActivity, profile
-
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            start = time.perf_counter()
-            decode_all(decoder, batches)
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - start
-        kernel_us = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0 and not e.is_legacy)
-        return kernel_us * 1e-6 / wall
+        wall, kernels = profile_pass(decoder, batches)
+        return sum(total for _, total in kernels.values()) * 1e-6 / wall
     except Exception:  # profiler unavailable on this host: report nothing rather than a wrong number
         return None
 

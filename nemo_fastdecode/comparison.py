@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,3 +60,25 @@ def agreement(reference: Sequence[Hypothesis], hyps: Sequence[Hypothesis]) -> tu
         )
         worst = max(worst, abs(float(r.score) - float(h.score)))
     return same / max(len(reference), 1), worst
+
+
+def profile_pass(decoder: Any, batches: Batches) -> tuple[float, dict[str, list[float]]]:
+    """Wall seconds of one pass (CUDA) under torch.profiler and, per GPU kernel name, ``[count, total us]``.
+
+    Kernels replayed from CUDA graphs count too; memcpy/memset entries are included under their names.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        decode_all(decoder, batches)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:  # a kernel (or memcpy/memset) on the GPU
+            entry = kernels[event.name[:90]]
+            entry[0] += 1
+            entry[1] += event.time_range.elapsed_us()
+    return wall, kernels

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import defaultdict
 
 import torch
 from omegaconf import OmegaConf
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
 from nemo_fastdecode.benchmark import decoder_factories, prepare_synthetic_set
-from nemo_fastdecode.comparison import decode_all
+from nemo_fastdecode.comparison import decode_all, profile_pass
 
 DEFAULTS = {
     "preset": "rnnt-0.6b",
@@ -36,25 +35,6 @@ DEFAULTS = {
     "top": 12,
     "out": None,
 }
-
-
-def profile_pass(decoder, batches) -> tuple[float, dict[str, list[float]]]:
-    """Wall seconds of one pass and, per kernel name, ``[count, total microseconds]``."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        start = time.perf_counter()
-        decode_all(decoder, batches)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - start
-    kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:  # a kernel (or memcpy/memset) on the GPU
-            entry = kernels[event.name[:90]]
-            entry[0] += 1
-            entry[1] += event.time_range.elapsed_us()
-    return wall, kernels
 
 
 def main(argv: list[str]) -> None:
