@@ -17,10 +17,11 @@ from nemo.core.neural_types import AcousticEncodedRepresentation, HypothesisType
 
 from nemo_fastdecode.beam.malsd import MALSDBeamComputer
 from nemo_fastdecode.graphs import GraphMode
+from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.infer import _check_inputs
 
 
-class FastBeamBatchedInfer(Typing, WithOptionalCudaGraphs):
+class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs):
     """Batched beam search for RNN-T and TDT, exactly NeMo's ``malsd_batch``, as CUDA graphs where possible.
 
     Args:
@@ -76,18 +77,6 @@ class FastBeamBatchedInfer(Typing, WithOptionalCudaGraphs):
             graph_mode=GraphMode.parse(graph_mode),
             fused_topk=fused_topk,
         )
-
-    def disable_cuda_graphs(self) -> bool:
-        """NeMo calls this around training/validation; returns whether anything changed."""
-        changed = self.computer.use_cuda_graphs
-        self.computer.use_cuda_graphs = False
-        self.computer.reset_graphs()
-        return changed
-
-    def maybe_enable_cuda_graphs(self) -> bool:
-        changed = not self.computer.use_cuda_graphs
-        self.computer.use_cuda_graphs = True
-        return changed
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)

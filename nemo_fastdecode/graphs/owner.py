@@ -16,6 +16,7 @@ class CapturedLoopOwner:
     """
 
     forced_mode: GraphMode | None
+    use_cuda_graphs: bool
     _buffers: Any
     _loop: TwoLevelLoop | None
 
@@ -31,3 +32,21 @@ class CapturedLoopOwner:
     def graph_mode(self) -> GraphMode | None:
         """The mode of the last run (a failed WHILE capture shows here as ``NO_WHILE_GRAPH``)."""
         return None if self._loop is None else self._loop.mode
+
+
+class ComputerGraphsSwitch:
+    """NeMo's ``WithOptionalCudaGraphs`` hooks for a decoding module whose ``computer`` owns the graphs."""
+
+    computer: CapturedLoopOwner
+
+    def disable_cuda_graphs(self) -> bool:
+        """NeMo calls this around training/validation; returns whether anything changed."""
+        changed = self.computer.use_cuda_graphs
+        self.computer.use_cuda_graphs = False
+        self.computer.reset_graphs()
+        return changed
+
+    def maybe_enable_cuda_graphs(self) -> bool:
+        changed = not self.computer.use_cuda_graphs
+        self.computer.use_cuda_graphs = True
+        return changed

@@ -16,13 +16,14 @@ from nemo.collections.common.parts.optional_cuda_graphs import WithOptionalCudaG
 from nemo.core.classes import typecheck
 
 from nemo_fastdecode.graphs import GraphMode
+from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
 from nemo_fastdecode.greedy.state import GreedyStateItem
 
 
-class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
+class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptionalCudaGraphs):
     """Exact batched greedy decoding for RNN-T and TDT, as CUDA graphs with WHILE nodes where possible.
 
     Args:
@@ -67,18 +68,6 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             graph_mode=GraphMode.parse(graph_mode),
             fused_kernels=fused_kernels,
         )
-
-    def disable_cuda_graphs(self) -> bool:
-        """NeMo calls this around training/validation; returns whether anything changed."""
-        changed = self.computer.use_cuda_graphs
-        self.computer.use_cuda_graphs = False
-        self.computer.reset_graphs()
-        return changed
-
-    def maybe_enable_cuda_graphs(self) -> bool:
-        changed = not self.computer.use_cuda_graphs
-        self.computer.use_cuda_graphs = True
-        return changed
 
     @typecheck()
     def forward(
