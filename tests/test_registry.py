@@ -33,7 +33,7 @@ def transcribe(model, audio, **kwargs):
     return hyps[0] if isinstance(hyps, tuple) else hyps
 
 
-@pytest.mark.parametrize("preset", ["tiny-rnnt"])  # TDT/hybrid via the transcribe script tests (open: see README)
+@pytest.mark.parametrize("preset", ["tiny-rnnt"])  # TDT, hybrid, BPE, streaming: tests/test_registry_models.py
 def test_change_decoding_strategy_and_transcribe_match_greedy_batch(preset, audio):
     model = calibrated(preset, audio)
     base = OmegaConf.create({})
