@@ -88,10 +88,8 @@ def twin_buffers(batch: int, seed: int, **kwargs):
 def test_label_select_kernel_matches_reference(batch, start, tdt):
     reference, fused = twin_buffers(batch, seed=batch * 7 + start)
     g = torch.Generator().manual_seed(batch)
-    # three candidates per row (as the fused joint's column tiles leave them), with a tie in row 0
-    best_scores = torch.randn([batch, 3], generator=g).to(DEVICE)
-    best_scores[0, 2] = best_scores[0, 1]
-    best_labels = torch.randint(0, BLANK + 1, [batch, 3], generator=g).to(DEVICE)
+    best_scores = torch.randn([batch], generator=g).to(DEVICE)
+    best_labels = torch.randint(0, BLANK + 1, [batch], generator=g).to(DEVICE)
     best_labels[::3] = BLANK
     logits = torch.randn([batch, 3 + len(TDT_DURATIONS)], generator=g).to(DEVICE)
     logits[0, 3:] = 1.0  # a tie: the lower duration index wins in both
@@ -122,8 +120,8 @@ def test_frame_kernels_match_reference(batch, max_symbols):
     steps.frame_emit(fused, fused=True)
     assert_same_state(reference, fused)
     g = torch.Generator().manual_seed(batch)
-    best_scores = torch.randn([batch, 1], generator=g).to(DEVICE)
-    best_labels = torch.randint(0, BLANK + 1, [batch, 1], generator=g).to(DEVICE)
+    best_scores = torch.randn([batch], generator=g).to(DEVICE)
+    best_labels = torch.randint(0, BLANK + 1, [batch], generator=g).to(DEVICE)
     steps.frame_select(reference, best_scores, best_labels, BLANK, max_symbols, fused=False)
     steps.frame_select(fused, best_scores, best_labels, BLANK, max_symbols, fused=True)
     assert_same_state(reference, fused)
@@ -155,7 +153,7 @@ def test_best_token_kernel_matches_torch_max(num_tokens):
     logits = torch.randn([5, num_tokens + 4], generator=g).to(DEVICE)  # 4 extra (duration) columns ignored
     logits[1, : min(3, num_tokens)] = 9.0  # ties: the lowest label wins
     expected = steps.best_token(logits, num_tokens, None, None, fused=False)
-    out = torch.zeros([5, 1], device=DEVICE), torch.zeros([5, 1], dtype=torch.long, device=DEVICE)
+    out = torch.zeros([5], device=DEVICE), torch.zeros([5], dtype=torch.long, device=DEVICE)
     actual = steps.best_token(logits, num_tokens, *out, fused=True)
     assert torch.equal(expected[0], actual[0]) and torch.equal(expected[1], actual[1])
 

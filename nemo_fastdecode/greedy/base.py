@@ -120,10 +120,10 @@ class GreedyComputerBase(CapturedLoopOwner):
             logits = logits.log_softmax(dim=-1)
         return logits
 
-    def _candidates_at(
+    def _best_token_at(
         self, b: LoopBuffers, time_indices: torch.Tensor, fused: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Best token at each row's frame as ``[B, 1]`` candidates (scores, labels), and TDT duration logits."""
+        """Best token's score and label ``[B]`` at each row's frame, and the TDT duration logits (``None``: RNN-T)."""
         num_tokens = self.blank_index + 1
         logits = self._logits_at(b, time_indices, fused)
         scores, labels = steps.best_token(logits, num_tokens, b.token_scores, b.token_labels, fused)
@@ -167,9 +167,9 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     def _allocate(self, batch_size, max_time, hidden, capacity, device, dtype) -> LoopBuffers:
         buffers = LoopBuffers(batch_size, max_time, hidden, capacity, device, dtype, self.score_dtype)
-        # the best token of each row, as one candidate per row (steps.best_token)
-        buffers.token_scores = torch.zeros([batch_size, 1], dtype=torch.float32, device=device)
-        buffers.token_labels = torch.zeros([batch_size, 1], dtype=torch.long, device=device)
+        # each row's best token (steps.best_token writes them here)
+        buffers.token_scores = torch.zeros([batch_size], dtype=torch.float32, device=device)
+        buffers.token_labels = torch.zeros([batch_size], dtype=torch.long, device=device)
         if self.is_tdt:
             self._durations = torch.tensor(self.durations_list, dtype=torch.long, device=device)
         # the prediction network's output after <SOS> (blank) is every fresh row's starting point

@@ -28,7 +28,7 @@ class FrameLoopGreedy(GreedyComputerBase):
         fused = self._use_fused(b.device)
 
         def best_label_at_frame() -> None:
-            scores, labels, _ = self._candidates_at(b, b.frame_indices, fused)
+            scores, labels, _ = self._best_token_at(b, b.frame_indices, fused)
             steps.frame_select(b, scores, labels, self.blank_index, self.max_symbols, fused)
 
         def before_loop() -> None:

@@ -23,7 +23,7 @@ class LabelLoopGreedy(GreedyComputerBase):
         fused = self._use_fused(b.device)
 
         def look_at_current_frames(start: bool) -> None:
-            scores, labels, duration_logits = self._candidates_at(b, b.safe_time_indices, fused)
+            scores, labels, duration_logits = self._best_token_at(b, b.safe_time_indices, fused)
             steps.label_select(b, scores, labels, duration_logits, self._durations, self.blank_index, start, fused)
 
         def before_loop() -> None:

@@ -220,32 +220,7 @@ def _any(flags):
     return tl.max(flags.to(tl.int32), axis=0) > 0
 
 
-def _candidate_args(cand_scores: torch.Tensor) -> dict:
-    assert cand_scores.is_contiguous(), "candidates are [B, P] contiguous"
-    return {"P": cand_scores.shape[1], "BLOCK_P": triton.next_power_of_2(max(cand_scores.shape[1], 2))}
-
-
-# ----- best token: candidates per row -----------------------------------------------------------------
-# The joint's best token per row arrives as P candidates (score, label) per row: P = 1 after a full-row
-# argmax; a kernel that splits the row into column tiles can leave one per tile (in column order, so the
-# first maximal candidate holds the lowest label among equal scores, as torch.max does).
-@triton.jit
-def _best_candidate(cand_scores, cand_labels, rows, in_batch, P: tl.constexpr, BLOCK_P: tl.constexpr):
-    cols = tl.arange(0, BLOCK_P)
-    valid = in_batch[:, None] & (cols[None, :] < P)
-    scores = tl.load(cand_scores + rows[:, None] * P + cols[None, :], mask=valid, other=float("-inf"))
-    labels = tl.load(cand_labels + rows[:, None] * P + cols[None, :], mask=valid, other=0)
-    best = tl.argmax(scores, axis=1, tie_break_left=True)
-    pick = cols[None, :] == best[:, None]
-    return tl.max(tl.where(pick, scores, float("-inf")), axis=1), tl.sum(tl.where(pick, labels, 0), axis=1)
-
-
-def best_candidate(cand_scores: torch.Tensor, cand_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch reference of the candidate reduction: ``[B, P]`` candidates -> best score and label ``[B]``."""
-    scores, index = cand_scores.max(dim=1, keepdim=True)
-    return scores[:, 0], cand_labels.gather(1, index)[:, 0]
-
-
+# ----- best token of each row -------------------------------------------------------------------------
 @triton.jit
 def _row_argmax_kernel(logits, logits_stride, num_tokens, out_scores, out_labels, BLOCK_V: tl.constexpr):
     row = tl.program_id(0)
@@ -259,14 +234,13 @@ def _row_argmax_kernel(logits, logits_stride, num_tokens, out_scores, out_labels
 def best_token(
     logits: torch.Tensor, num_tokens: int, out_scores: torch.Tensor, out_labels: torch.Tensor, fused: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Best of the first ``num_tokens`` columns (tokens + blank) of ``logits [B, N]`` as one candidate per row.
+    """Best of the first ``num_tokens`` columns (tokens + blank) of ``logits [B, N]``: ``(scores [B], labels [B])``.
 
-    Returns ``(scores [B, 1], labels [B, 1])`` (written into ``out_*`` when fused). Ties go to the lower
-    label, as ``torch.max`` does; rows holding NaN are undefined in both paths (a broken model).
+    Written into ``out_*`` (``[B]``) when fused. Ties go to the lower label, as ``torch.max`` does; rows holding
+    NaN are undefined in both paths (a broken model).
     """
     if not fused or logits.stride(1) != 1 or num_tokens > 16384:
-        scores, labels = logits[:, :num_tokens].max(dim=-1, keepdim=True)
-        return scores, labels
+        return logits[:, :num_tokens].max(dim=-1)
     _row_argmax_kernel[(logits.shape[0],)](
         logits, logits.stride(0), num_tokens, out_scores, out_labels,
         BLOCK_V=triton.next_power_of_2(num_tokens), num_warps=4,
@@ -301,13 +275,12 @@ def _label_select_kernel(
     NUM_DURATIONS: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    P: tl.constexpr,
-    BLOCK_P: tl.constexpr,
 ):
     rows = tl.arange(0, BLOCK_B)
     in_batch = rows < batch
     t = tl.load(time + rows, mask=in_batch, other=0)
-    new_scores, new_labels = _best_candidate(best_scores, best_labels, rows, in_batch, P, BLOCK_P)
+    new_scores = tl.load(best_scores + rows, mask=in_batch, other=0.0)
+    new_labels = tl.load(best_labels + rows, mask=in_batch, other=0)
     if NUM_DURATIONS > 0:
         cols = tl.arange(0, BLOCK_D)
         d_logits = tl.load(
@@ -426,7 +399,7 @@ def label_select(
 
     ``start``: the first look of an outer iteration (every active row takes the new label); otherwise
     an inner step (only rows in ``b.advance``, which held a blank, do). Shapes: best_scores/best_labels
-    ``[B, P]`` candidates (see :func:`best_token`); duration_logits ``[B, num_durations]`` (TDT) or ``None``; duration_values ``[num_durations]``.
+    ``[B]`` (see :func:`best_token`); duration_logits ``[B, num_durations]`` (TDT) or ``None``; duration_values ``[num_durations]``.
     Updates labels, scores, durations, label_time, blank, time_indices, active, advance, inner_flag.
     """
     if fused:
@@ -439,10 +412,9 @@ def label_select(
             b.time_indices, b.safe_time_indices, b.label_time, b.last_frame, b.encoder_lengths, b.active,
             b.active_before, b.advance, b.blank, b.labels, b.scores, b.durations, b.inner_flag, b.batch_size, blank_id,
             START=start, NUM_DURATIONS=num_durations, BLOCK_B=block,
-            BLOCK_D=triton.next_power_of_2(max(num_durations, 2)), num_warps=warps, **_candidate_args(best_scores),
+            BLOCK_D=triton.next_power_of_2(max(num_durations, 2)), num_warps=warps,
         )  # fmt: skip
         return
-    best_scores, best_labels = best_candidate(best_scores, best_labels)
     durations = None if duration_logits is None else duration_values[duration_logits.argmax(dim=-1)]
     if start:
         mask = b.active
@@ -520,13 +492,11 @@ def _frame_select_kernel(
     max_symbols,
     BOUNDED: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    P: tl.constexpr,
-    BLOCK_P: tl.constexpr,
 ):
     rows = tl.arange(0, BLOCK_B)
     in_batch = rows < batch
-    new_scores, new_labels = _best_candidate(best_scores, best_labels, rows, in_batch, P, BLOCK_P)
-    tl.store(scores + rows, new_scores, mask=in_batch)
+    new_labels = tl.load(best_labels + rows, mask=in_batch, other=0)
+    tl.store(scores + rows, tl.load(best_scores + rows, mask=in_batch, other=0.0), mask=in_batch)
     tl.store(labels + rows, new_labels, mask=in_batch)
     # once a row has seen blank (or its end) at this frame it is done with the frame
     done = tl.load(blank + rows, mask=in_batch, other=1).to(tl.int1) | (new_labels == blank_id)
@@ -585,17 +555,16 @@ def frame_select(
 ) -> None:
     """Take the joint's best label at the current frame; rows that saw blank are done with the frame.
 
-    Shapes: best_scores/best_labels ``[B, P]`` candidates. Updates scores, labels, blank and inner_flag.
+    Shapes: best_scores/best_labels ``[B]``. Updates scores, labels, blank and inner_flag.
     """
     if fused:
         block, warps = _batch_block(b.batch_size)
         _frame_select_kernel[(1,)](
             best_scores, best_labels, b.scores, b.labels, b.blank, b.hyps.lengths, b.hyps.capacity,
             b.symbols_at_frame, b.inner_flag, b.batch_size, blank_id, max_symbols or 0,
-            BOUNDED=max_symbols is not None, BLOCK_B=block, num_warps=warps, **_candidate_args(best_scores),
+            BOUNDED=max_symbols is not None, BLOCK_B=block, num_warps=warps,
         )  # fmt: skip
         return
-    best_scores, best_labels = best_candidate(best_scores, best_labels)
     b.scores.copy_(best_scores)
     b.labels.copy_(best_labels)
     b.blank.logical_or_(best_labels == blank_id)
