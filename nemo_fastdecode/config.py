@@ -26,6 +26,7 @@ __all__ = [
     "FastBeamDecodingConfig",
     "FastGreedyConfig",
     "FastGreedyDecodingConfig",
+    "NemoDecodingKeys",
     "StreamingConfig",
     "TranscribeConfig",
 ]
@@ -66,15 +67,13 @@ class FastGreedyConfig:
 
 
 @dataclass
-class FastGreedyDecodingConfig:
-    """The ``decoding`` section selecting ``fast_greedy`` (a subset of NeMo's ``RNNTDecodingConfig``).
+class NemoDecodingKeys:
+    """The keys of NeMo's ``RNNTDecodingConfig`` that every ``decoding`` section here carries, NeMo's meaning.
 
     Attributes:
-        strategy: ``fast_greedy``, or any NeMo transducer strategy (``greedy_batch``, ``beam``, ...).
-        greedy: options of the greedy strategies.
         compute_timestamps: fill ``Hypothesis.timestamp`` with char/word/segment timestamps
             (``None``: NeMo's default; ``transcribe(timestamps=True)`` turns it on).
-        preserve_alignments: keep per-frame alignments (not supported by ``fast_greedy``: ``None``/``False``).
+        preserve_alignments: keep per-frame alignments (not supported by our strategies: ``None``/``False``).
         tdt_include_token_duration: fill ``Hypothesis.token_duration`` for TDT models.
         fused_batch_size: NeMo's fused joint batch size (``None``: off), as in ``RNNTDecodingConfig``.
         rnnt_timestamp_type: which timestamps to compute: ``all``, ``char``, ``word`` or ``segment``.
@@ -83,8 +82,6 @@ class FastGreedyDecodingConfig:
         temperature: logit temperature applied by the joint.
     """
 
-    strategy: str = "fast_greedy"
-    greedy: FastGreedyConfig = field(default_factory=FastGreedyConfig)
     compute_timestamps: bool | None = None
     preserve_alignments: bool | None = None
     tdt_include_token_duration: bool | None = None
@@ -93,6 +90,20 @@ class FastGreedyDecodingConfig:
     word_seperator: str = " "
     segment_gap_threshold: int | None = None
     temperature: float = 1.0
+
+
+@dataclass
+class FastGreedyDecodingConfig(NemoDecodingKeys):
+    """The ``decoding`` section selecting ``fast_greedy`` (a subset of NeMo's ``RNNTDecodingConfig``).
+
+    Attributes:
+        strategy: ``fast_greedy``, or any NeMo transducer strategy (``greedy_batch``, ``beam``, ...).
+        greedy: options of the greedy strategies.
+        (the other keys: :class:`NemoDecodingKeys`)
+    """
+
+    strategy: str = "fast_greedy"
+    greedy: FastGreedyConfig = field(default_factory=FastGreedyConfig)
 
 
 @dataclass
@@ -126,27 +137,17 @@ class FastBeamConfig:
 
 
 @dataclass
-class FastBeamDecodingConfig:
-    """The ``decoding`` section selecting ``fast_beam`` (keys besides ``beam``: see FastGreedyDecodingConfig).
+class FastBeamDecodingConfig(NemoDecodingKeys):
+    """The ``decoding`` section selecting ``fast_beam``.
 
     Attributes:
         strategy: ``fast_beam``, or any NeMo transducer strategy.
         beam: options of the beam strategies.
-        compute_timestamps / preserve_alignments / tdt_include_token_duration / fused_batch_size /
-        rnnt_timestamp_type / word_seperator / segment_gap_threshold / temperature: as in
-            :class:`FastGreedyDecodingConfig` (``preserve_alignments`` is not supported by ``fast_beam`` either).
+        (the other keys: :class:`NemoDecodingKeys`; ``preserve_alignments`` is not supported by ``fast_beam``)
     """
 
     strategy: str = "fast_beam"
     beam: FastBeamConfig = field(default_factory=FastBeamConfig)
-    compute_timestamps: bool | None = None
-    preserve_alignments: bool | None = None
-    tdt_include_token_duration: bool | None = None
-    fused_batch_size: int | None = None
-    rnnt_timestamp_type: str = "all"
-    word_seperator: str = " "
-    segment_gap_threshold: int | None = None
-    temperature: float = 1.0
 
 
 @dataclass
