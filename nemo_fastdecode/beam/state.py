@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from nemo_fastdecode.beam.hyps import BeamHypsBuffer
+from nemo_fastdecode.graphs.owner import CapturedBuffers
 
 
-class BeamLoopBuffers:
+class BeamLoopBuffers(CapturedBuffers):
     """Pre-allocated state of the batched beam search for ``batch_size`` rows x ``beam_size`` beams.
 
     A CUDA graph is specialised to these addresses and shapes: inputs are copied in, the loop updates
@@ -49,12 +50,3 @@ class BeamLoopBuffers:
         self.parent_decoder_output = torch.zeros_like(self.decoder_output)
         self.sos_decoder_output = torch.zeros_like(self.decoder_output)
         self.hyps = BeamHypsBuffer(batch_size, beam_size, capacity, blank_index, device, float_dtype, tdt)
-
-    def fits(self, batch_size: int, max_time: int, capacity: int, device: torch.device, dtype: torch.dtype) -> bool:
-        return (
-            batch_size <= self.batch_size
-            and max_time <= self.max_time
-            and capacity <= self.hyps.capacity
-            and device == self.device
-            and dtype == self.float_dtype
-        )

@@ -4,8 +4,33 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from nemo_fastdecode.graphs.modes import GraphMode
 from nemo_fastdecode.graphs.two_level_loop import TwoLevelLoop
+
+
+class CapturedBuffers:
+    """Pre-allocated loop buffers that a captured graph is specialised to; larger inputs need new ones.
+
+    Subclasses set ``batch_size``, ``max_time``, ``device``, ``float_dtype`` and ``hyps`` (with ``capacity``).
+    """
+
+    batch_size: int
+    max_time: int
+    device: torch.device
+    float_dtype: torch.dtype
+    hyps: Any
+
+    def fits(self, batch_size: int, max_time: int, capacity: int, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether a batch of this size, length, label capacity, device and dtype runs in these buffers."""
+        return (
+            batch_size <= self.batch_size
+            and max_time <= self.max_time
+            and capacity <= self.hyps.capacity
+            and device == self.device
+            and dtype == self.float_dtype
+        )
 
 
 class CapturedLoopOwner:

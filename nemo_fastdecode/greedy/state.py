@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nemo_fastdecode.graphs.owner import CapturedBuffers
 from nemo_fastdecode.greedy.hyps import BatchedHypsBuffer
 
 
@@ -88,7 +89,7 @@ class BatchedGreedyState:
                 target.index_copy_(dim, rows, value.to(target.dtype))
 
 
-class LoopBuffers:
+class LoopBuffers(CapturedBuffers):
     """Every tensor the decoding loops touch, allocated once for ``batch_size x max_time``.
 
     A CUDA graph is specialised to these addresses and shapes: inputs are copied in, the loops
@@ -143,12 +144,3 @@ class LoopBuffers:
         self.sos_predictor_states: list[torch.Tensor] = []
         self.sos_predictor_output = torch.zeros_like(self.predictor_output)
         self.hyps = BatchedHypsBuffer(batch_size, capacity, device, score_dtype)
-
-    def fits(self, batch_size: int, max_time: int, capacity: int, device: torch.device, dtype: torch.dtype) -> bool:
-        return (
-            batch_size <= self.batch_size
-            and max_time <= self.max_time
-            and capacity <= self.hyps.capacity
-            and device == self.device
-            and dtype == self.float_dtype
-        )
