@@ -17,6 +17,8 @@ reduction over the batch that then needs no second kernel.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -30,8 +32,6 @@ MAX_FUSED_BATCH = 4096
 
 def fused_kernels_available(device: torch.device) -> bool:
     """Triton runs the fused kernels on CUDA, or on the CPU in its interpreter (tests)."""
-    import os
-
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
