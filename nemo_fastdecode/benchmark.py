@@ -84,9 +84,14 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             loop_labels=loop_labels, use_cuda_graph_decoder=graphs, **common
         )
 
-    def ours(loop_labels: bool, mode: str, fused: bool | None = None):
+    def ours(loop_labels: bool, mode: str, fused: bool | None = None, fast_math: bool = False):
         return lambda: FastGreedyBatchedInfer(
-            durations=spec.durations, loop_labels=loop_labels, graph_mode=mode, fused_kernels=fused, **common
+            durations=spec.durations,
+            loop_labels=loop_labels,
+            graph_mode=mode,
+            fused_kernels=fused,
+            fast_math=fast_math,
+            **common,
         )
 
     def nemo_beam(graphs: bool):
@@ -122,6 +127,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             "fast_greedy_label_loop[eager]": ours(True, "eager"),
             "fast_greedy_label_loop[full_graph]": ours(True, "full_graph"),
             "fast_greedy_label_loop[full_graph,unfused]": ours(True, "full_graph", fused=False),
+            "fast_greedy_label_loop[full_graph,fast_math]": ours(True, "full_graph", fast_math=True),
             **beam_rows,
         }
     return {
@@ -136,6 +142,8 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
         "fast_greedy_label_loop[full_graph]": ours(True, "full_graph"),
         "fast_greedy_frame_loop[full_graph,unfused]": ours(False, "full_graph", fused=False),
         "fast_greedy_label_loop[full_graph,unfused]": ours(True, "full_graph", fused=False),
+        "fast_greedy_frame_loop[full_graph,fast_math]": ours(False, "full_graph", fast_math=True),
+        "fast_greedy_label_loop[full_graph,fast_math]": ours(True, "full_graph", fast_math=True),
         **beam_rows,
     }
 

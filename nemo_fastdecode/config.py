@@ -54,6 +54,8 @@ class FastGreedyConfig:
         graph_mode: ``auto`` (best mode the driver supports), ``full_graph`` (conditional WHILE nodes,
             CUDA >= 12.3), ``no_while_graph`` (graphs without conditional nodes) or ``eager``.
         fused_kernels: fused Triton step kernels, bit-identical to the torch ops they replace; ``None``: on CUDA.
+        fast_math: opt-in: the prediction network on near-fp32 (3xTF32) tensor-core kernels with a precomputed
+            label table; faster, not bit-identical to NeMo (the benchmark reports its agreement).
     """
 
     max_symbols: int | None = 10
@@ -61,6 +63,7 @@ class FastGreedyConfig:
     use_cuda_graph_decoder: bool = True
     graph_mode: str = "auto"
     fused_kernels: bool | None = None
+    fast_math: bool = False
 
     def __post_init__(self) -> None:
         _check_graph_mode_and_max_symbols(self.graph_mode, self.max_symbols)

@@ -44,6 +44,7 @@ FAST_GREEDY_OPTIONS = {
     "tdt_include_token_duration",
     "tdt_include_duration_confidence",
     "fused_kernels",
+    "fast_math",
 }
 # every key of NeMo's beam section (merged configs carry them all), NeMo's `max_symbols` (what malsd_batch
 # reads), and ours; NeMo's malsd_batch ignores most of its section (search parameters of other strategies)
@@ -92,6 +93,7 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
         graph_mode=greedy_cfg.get("graph_mode", "auto"),
         include_duration=decoding.tdt_include_token_duration,
         fused_kernels=greedy_cfg.get("fused_kernels", None),
+        fast_math=bool(greedy_cfg.get("fast_math", False)),
     )
 
 
@@ -133,7 +135,7 @@ FAST_STRATEGIES: dict[str, FastStrategy] = {
         stand_in="greedy_batch",
         section="greedy",
         options=frozenset(FAST_GREEDY_OPTIONS),
-        own_options=frozenset({"graph_mode", "fused_kernels"}),
+        own_options=frozenset({"graph_mode", "fused_kernels", "fast_math"}),
         graphs_switch="use_cuda_graph_decoder",
         build=_build_fast_greedy,
     ),

@@ -128,3 +128,18 @@ def test_fused_kernels_are_bit_identical_on_gpu(mode, kind, loop_labels):
     for expected, actual in zip(results[False], results[True], strict=True):
         assert torch.equal(expected.y_sequence, actual.y_sequence) and torch.equal(expected.timestamp, actual.timestamp)
         assert expected.score == actual.score
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
+def test_fast_math_in_every_mode_agrees_with_the_exact_path(mode, kind, loop_labels):
+    """Opt-in fast math (3xTF32 prediction network) in graphs: same decisions as the exact path, near-fp32 scores."""
+    from nemo_fastdecode.prediction import FastMathPredictor
+
+    decoder, joint = cuda_networks(kind, seed=21)
+    x, lengths = random_encoder_output(9, 41, seed=22, lengths=[41, 3, 0, 40, 17, 1, 41, 25, 8], device="cuda")
+    expected = ours(kind, decoder, joint, 10, loop_labels)(encoder_output=x, encoded_lengths=lengths)[0]
+    decode = ours(kind, decoder, joint, 10, loop_labels, graph_mode=mode)
+    decode.computer.fast_predictor = FastMathPredictor(decoder, joint)
+    for _ in range(2):  # the second call replays the captured graph
+        assert_same_hypotheses(expected, decode(encoder_output=x, encoded_lengths=lengths)[0])

@@ -18,6 +18,7 @@ from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.state import BatchedGreedyState, GreedyStateItem, LoopBuffers
+from nemo_fastdecode.prediction import FastMathPredictor
 
 # With max_symbols=None the number of labels per frame is unbounded: start with this many slots per
 # frame and grow (re-running the batch) when a row overflows; past the limit the model is not emitting
@@ -40,6 +41,8 @@ class GreedyComputerBase(CapturedLoopOwner):
         fused_kernels: use the fused Triton step kernels (:mod:`nemo_fastdecode.greedy.steps`); ``None``: on
             CUDA. They are bit-identical to the torch ops they replace; ``True`` on the CPU needs
             ``TRITON_INTERPRET=1`` (tests).
+        fast_math: run the prediction network on near-fp32 tensor-core kernels
+            (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         use_cuda_graphs: bool = True,
         graph_mode: GraphMode | None = None,
         fused_kernels: bool | None = None,
+        fast_math: bool = False,
     ):
         if max_symbols is not None and max_symbols <= 0:
             raise ValueError(f"max_symbols must be a positive int or None, got {max_symbols}")
@@ -63,6 +67,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         self.use_cuda_graphs = use_cuda_graphs
         self.forced_mode = graph_mode
         self.fused_kernels = fused_kernels
+        self.fast_predictor = FastMathPredictor(decoder, joint) if fast_math else None
         self._buffers: LoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
         self._durations: torch.Tensor | None = None
@@ -131,10 +136,13 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     def _predict_masked(self, buffers: LoopBuffers, labels: torch.Tensor, mask: torch.Tensor, fused: bool) -> None:
         """Advance the prediction network by ``labels`` for rows in ``mask``; others keep their state."""
-        output, new_states, *_ = self.decoder.predict(
-            labels.unsqueeze(1), buffers.predictor_states, add_sos=False, batch_size=buffers.batch_size
-        )
-        output = self.joint.project_prednet(output)
+        if self.fast_predictor is not None:
+            output, new_states = self.fast_predictor.step(labels, buffers.predictor_states, fused)
+        else:
+            output, new_states, *_ = self.decoder.predict(
+                labels.unsqueeze(1), buffers.predictor_states, add_sos=False, batch_size=buffers.batch_size
+            )
+            output = self.joint.project_prednet(output)
         # same as: states[:, mask] = new_states[:, mask]; predictor_output[mask] = output[mask]
         steps.masked_state_update(
             mask, buffers.predictor_states, list(new_states), buffers.predictor_output, output, fused
@@ -264,6 +272,8 @@ class GreedyComputerBase(CapturedLoopOwner):
         """Run the loop over ``[B, T, D]``, rows ``rows`` (all if ``None``) continuing from ``previous``."""
         batch_size, max_time, _ = encoder_output.shape
         projected = self.joint.project_encoder(encoder_output)
+        if self.fast_predictor is not None and self.fast_predictor.refresh():
+            self.reset_graphs()  # its weight copies moved: graphs captured before would read stale memory
         while True:
             buffers, loop = self._prepare(batch_size, max_time, projected.shape[-1], projected.device, projected.dtype)
             self._load_inputs(buffers, projected, encoder_lengths, previous, rows)

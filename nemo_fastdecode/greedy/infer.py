@@ -34,6 +34,8 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         graph_mode: "auto" (default), "full_graph", "no_while_graph" or "eager".
         include_duration: fill ``Hypothesis.token_duration`` (TDT).
         fused_kernels: fused Triton step kernels (``None``: on CUDA); bit-identical to the torch path.
+        fast_math: opt-in near-fp32 tensor-core prediction network (:mod:`nemo_fastdecode.prediction`);
+            faster, not bit-identical to NeMo's baseline.
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         graph_mode: str | GraphMode | None = "auto",
         include_duration: bool = False,
         fused_kernels: bool | None = None,
+        fast_math: bool = False,
     ):
         super().__init__(
             decoder_model=decoder_model,
@@ -67,6 +70,7 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             use_cuda_graphs=use_cuda_graph_decoder,
             graph_mode=GraphMode.parse(graph_mode),
             fused_kernels=fused_kernels,
+            fast_math=fast_math,
         )
 
     @typecheck()

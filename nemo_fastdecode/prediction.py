@@ -1,0 +1,129 @@
+"""NeMo's LSTM prediction network and the joint's prediction projection, one step, in fast math (opt-in).
+
+The exact decoders call ``decoder.predict`` (embedding, cuDNN LSTM) and ``joint.project_prednet``, so they
+match NeMo bit for bit. :class:`FastMathPredictor` computes the same step with fewer and faster kernels:
+
+- the first layer's input GEMM and both its biases depend only on the label, so they are one lookup in a
+  table ``embedding @ W_ih^T + b_ih + b_hh`` computed once in float64 (``[V + 1, 4H]``);
+- each layer is one 3xTF32 tensor-core kernel with the LSTM cell in its epilogue
+  (:func:`~nemo_fastdecode.kernels.lstm_step.lstm_cell_step`), the projection one more
+  (:func:`~nemo_fastdecode.kernels.lstm_step.linear`).
+
+Results are near fp32 but not bit-identical (see :mod:`nemo_fastdecode.kernels.lstm_step`). Without a Triton
+backend (CPU) it runs the kernels' torch references, which is how the CPU tests check the algebra.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nemo_fastdecode.kernels import lstm_step
+
+
+def fast_math_unsupported_reason(decoder: torch.nn.Module, joint: torch.nn.Module) -> str | None:
+    """Why :class:`FastMathPredictor` cannot replace this prediction network (``None``: it can)."""
+    modules = getattr(decoder, "prediction", None)
+    rnn = modules["dec_rnn"] if isinstance(modules, torch.nn.ModuleDict) and "dec_rnn" in modules else None
+    lstm = getattr(rnn, "lstm", None)
+    if not isinstance(lstm, torch.nn.LSTM):
+        return f"fast_math needs NeMo's plain LSTM prediction network (LSTMDropout), got {type(rnn).__name__}"
+    if lstm.proj_size or not lstm.bias or lstm.batch_first or lstm.bidirectional:
+        return "fast_math needs an LSTM without projection, with biases, unidirectional, time-major"
+    if decoder.is_adapter_available():
+        return "fast_math does not cover prediction-network adapters"
+    if not isinstance(getattr(joint, "pred", None), torch.nn.Linear):
+        return f"fast_math needs the joint's prediction projection to be a Linear, got {type(joint.pred).__name__}"
+    return None
+
+
+class FastMathPredictor:
+    """One prediction-network step for a batch of labels, in the layout of NeMo's ``(h, c)`` states.
+
+    Args:
+        decoder: NeMo ``RNNTDecoder`` with an LSTM prediction network (:func:`fast_math_unsupported_reason`).
+        joint: NeMo ``RNNTJoint``; its ``pred`` Linear projects the LSTM output.
+    """
+
+    def __init__(self, decoder: torch.nn.Module, joint: torch.nn.Module):
+        reason = fast_math_unsupported_reason(decoder, joint)
+        if reason is not None:
+            raise ValueError(reason)
+        self.embedding = decoder.prediction["embed"]
+        self.lstm: torch.nn.LSTM = decoder.prediction["dec_rnn"].lstm
+        self.projection: torch.nn.Linear = joint.pred
+        self._weights: dict[str, torch.Tensor] = {}
+        self._source_versions: tuple | None = None
+
+    def _parameters(self) -> list[torch.Tensor]:
+        return [self.embedding.weight, *self.lstm.parameters(), *self.projection.parameters()]
+
+    @torch.no_grad()
+    def refresh(self) -> bool:
+        """(Re)build the label table and fp32 weight copies when the model's parameters changed or moved.
+
+        Call before a decode, outside graph capture. Returns ``True`` when the copies were reallocated (shape or
+        device changed): graphs captured before read stale memory and must be re-captured. Same-shape updates
+        are written in place.
+        """
+        versions = tuple((p.data_ptr(), p.device, p._version) for p in self._parameters())
+        if versions == self._source_versions:
+            return False
+        lstm = self.lstm
+        weights = {
+            # layer 0: the input GEMM and both biases per label, rounded once from float64
+            "table": (
+                self.embedding.weight.double() @ lstm.weight_ih_l0.double().T
+                + lstm.bias_ih_l0.double()
+                + lstm.bias_hh_l0.double()
+            ).float(),
+            "projection_weight": self.projection.weight.detach().float(),
+            "projection_bias": self.projection.bias.detach().float()
+            if self.projection.bias is not None
+            else torch.zeros(self.projection.out_features, device=self.projection.weight.device),
+        }
+        for layer in range(lstm.num_layers):
+            weights[f"weight_hh_{layer}"] = getattr(lstm, f"weight_hh_l{layer}").detach().float()
+            if layer > 0:
+                weights[f"weight_ih_{layer}"] = getattr(lstm, f"weight_ih_l{layer}").detach().float()
+                bias = getattr(lstm, f"bias_ih_l{layer}").double() + getattr(lstm, f"bias_hh_l{layer}").double()
+                weights[f"bias_{layer}"] = bias.float()
+        same_layout = self._weights.keys() == weights.keys() and all(
+            self._weights[k].shape == w.shape and self._weights[k].device == w.device for k, w in weights.items()
+        )
+        if same_layout:
+            for key, value in weights.items():
+                self._weights[key].copy_(value)
+        else:
+            self._weights = {key: value.contiguous() for key, value in weights.items()}
+        self._source_versions = versions
+        return not same_layout
+
+    def step(
+        self, labels: torch.Tensor, states: list[torch.Tensor], fused: bool
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The prediction network advanced by ``labels``: ``(projected output [B, 1, H_joint], [h, c])``.
+
+        Shapes: labels ``[B]`` int64; states ``[h, c]`` each ``[L, B, H]`` float32 (not modified).
+        ``fused``: the Triton kernels (CUDA, or the interpreter); otherwise their torch references.
+        """
+        w = self._weights
+        if not w:
+            raise RuntimeError("FastMathPredictor.refresh() must run before step()")
+        h, c = states
+        if h.dtype != torch.float32:
+            raise ValueError(f"fast_math decodes in float32; the prediction-network state is {h.dtype}")
+        h_new, c_new = torch.empty_like(h), torch.empty_like(c)
+        cell = lstm_step.lstm_cell_step if fused else lstm_step.lstm_cell_step_reference
+        for layer in range(h.shape[0]):
+            if layer == 0:
+                row_bias, bias_index, x, weight_x = w["table"], labels, None, None
+            else:
+                row_bias, bias_index = w[f"bias_{layer}"], None
+                x, weight_x = h_new[layer - 1], w[f"weight_ih_{layer}"]
+            cell(row_bias, bias_index, x, weight_x, h[layer], w[f"weight_hh_{layer}"], c[layer], h_new[layer],
+                 c_new[layer])  # fmt: skip
+        last = h_new[-1]
+        output = torch.empty([last.shape[0], w["projection_weight"].shape[0]], device=last.device)
+        project = lstm_step.linear if fused else lstm_step.linear_reference
+        project(last, w["projection_weight"], w["projection_bias"], output)
+        return output.unsqueeze(1), [h_new, c_new]

@@ -1,0 +1,132 @@
+"""One prediction-network step (embedding, LSTM, projection) exact vs fast math, as CUDA graphs.
+
+python scripts/bench_prediction.py                 # Parakeet sizes: H = 640, V + 1 = 1025, B = 8..128, 1-2 layers
+python scripts/bench_prediction.py --sweep --md /tmp/prediction.md
+
+- ``exact``: ``decoder.predict`` (cuDNN LSTM) + ``joint.project_prednet`` (cuBLAS), what NeMo and the exact
+  ``fast_greedy`` run;
+- ``fast math``: :class:`nemo_fastdecode.prediction.FastMathPredictor` (label table + 3xTF32 Triton kernels).
+The error columns are the largest absolute difference of the projected output from a float64 evaluation.
+``--sweep`` also times the kernels' block sizes (for choosing the defaults).
+Times are ``triton.testing.do_bench_cudagraph`` medians (kernel time, no host launch overhead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import torch
+
+
+def build(hidden: int, tokens: int, layers: int):
+    from nemo.collections.asr.modules import RNNTDecoder, RNNTJoint
+
+    torch.manual_seed(0)
+    decoder = RNNTDecoder(
+        prednet={"pred_hidden": hidden, "pred_rnn_layers": layers, "dropout": 0.0},
+        vocab_size=tokens - 1,
+        blank_as_pad=True,
+    )
+    joint = RNNTJoint(
+        jointnet={"encoder_hidden": 1024, "pred_hidden": hidden, "joint_hidden": hidden, "activation": "relu"},
+        num_classes=tokens - 1,
+    )
+    return decoder.cuda().eval(), joint.cuda().eval()
+
+
+def float64_output(decoder, joint, labels, states) -> torch.Tensor:
+    lstm = decoder.prediction["dec_rnn"].lstm.double()
+    x = decoder.prediction["embed"].weight.double()[labels][None]
+    out, _ = lstm(x, tuple(s.double() for s in states))
+    result = joint.pred.double()(out[0])
+    lstm.float()
+    joint.pred.float()
+    return result
+
+
+def time_case(batch: int, layers: int, args, sweep: bool) -> list[str]:
+    import triton.testing
+
+    from nemo_fastdecode.kernels import lstm_step
+    from nemo_fastdecode.prediction import FastMathPredictor
+
+    decoder, joint = build(args.hidden, args.tokens, layers)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    labels = torch.randint(0, args.tokens, [batch], device="cuda", generator=g)
+    states = [0.5 * torch.randn([layers, batch, args.hidden], device="cuda", generator=g) for _ in range(2)]
+    predictor = FastMathPredictor(decoder, joint)
+    predictor.refresh()
+
+    def exact():
+        out, new_states, *_ = decoder.predict(labels[:, None], states, add_sos=False, batch_size=batch)
+        return joint.project_prednet(out)[:, 0]
+
+    def fast():
+        return predictor.step(labels, states, fused=True)[0][:, 0]
+
+    with torch.inference_mode():
+        reference = float64_output(decoder, joint, labels, states)
+        errors = [(fn() - reference).abs().max().item() for fn in (exact, fast)]
+        us = [triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3 for fn in (exact, fast)]
+        rows = [f"| {batch} | {layers} | {us[0]:.1f} | {us[1]:.1f} | {us[0] / us[1]:.2f}x | {errors[0]:.1e} | "
+                f"{errors[1]:.1e} |"]  # fmt: skip
+        if not sweep:
+            return rows
+        w = predictor._weights
+        h, c = states
+        h_out, c_out = torch.empty_like(h[0]), torch.empty_like(c[0])
+        for block_h, block_k, warps in itertools.product((16, 32, 64), (32, 64, 128), (2, 4, 8)):
+
+            def cell(block_h=block_h, block_k=block_k, warps=warps):
+                lstm_step.lstm_cell_step(w["table"], labels, None, None, h[0], w["weight_hh_0"], c[0], h_out, c_out,
+                                         block_h=block_h, block_k=block_k, num_warps=warps)  # fmt: skip
+
+            t = triton.testing.do_bench_cudagraph(cell, rep=20) * 1e3
+            rows.append(f"| {batch} | cell block_h={block_h} block_k={block_k} warps={warps} | {t:.1f} | | | | |")
+        out = torch.empty([batch, args.hidden], device="cuda")
+        for block_n, block_k, warps in itertools.product((16, 32, 64), (32, 64, 128), (2, 4)):
+
+            def proj(block_n=block_n, block_k=block_k, warps=warps):
+                lstm_step.linear(h_out, w["projection_weight"], w["projection_bias"], out,
+                                 block_n=block_n, block_k=block_k, num_warps=warps)  # fmt: skip
+
+            t = triton.testing.do_bench_cudagraph(proj, rep=20) * 1e3
+            rows.append(f"| {batch} | projection block_n={block_n} block_k={block_k} warps={warps} | {t:.1f} | | | | |")
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=640)
+    parser.add_argument("--tokens", type=int, default=1025, help="V + 1 (blank included)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[8, 32, 128])
+    parser.add_argument("--layers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--sweep", action="store_true", help="also time block sizes (layer 0, one layer)")
+    parser.add_argument("--md", default=None, help="also write the Markdown table here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_prediction.py needs a CUDA GPU; nothing to do here.")
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    lines = [
+        f"# Prediction-network step on {torch.cuda.get_device_name(0)}",
+        "",
+        f"Command: `python scripts/bench_prediction.py {' '.join(argv)}`; H={args.hidden}, V+1={args.tokens}, fp32.",
+        "",
+        "| B | layers | exact us | fast math us | speed-up | exact max err | fast math max err |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for batch, layers in itertools.product(args.batch, args.layers):
+        lines += time_case(batch, layers, args, sweep=args.sweep and layers == 1)
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(report)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,147 @@
+"""Opt-in fast math (``fast_math=True``): the 3xTF32 LSTM / linear kernels and the prediction network built on them.
+
+The kernels run in Triton's CPU interpreter without a GPU (conftest sets TRITON_INTERPRET=1) and are compared
+with their torch references and with NeMo's own prediction network; whole decodes are compared with the exact
+path. Fast math is near fp32, not bit-exact, so comparisons use tolerances and decisions are compared on
+networks without near-ties.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import VOCAB_SIZE, make_networks, random_encoder_output
+from omegaconf import OmegaConf
+from test_greedy_exactness import ALGORITHMS, REALISTIC_BIAS, assert_same_hypotheses, ours
+
+from nemo_fastdecode import synthetic
+from nemo_fastdecode.config import FastGreedyConfig
+from nemo_fastdecode.kernels import lstm_step
+from nemo_fastdecode.prediction import FastMathPredictor, fast_math_unsupported_reason
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # kernels on a GPU, else interpreted
+TOLERANCE = 2e-5  # fp32 GEMM vs 3xTF32 on O(1) values with depth <= 70
+
+
+def _randn(*shape, g):
+    return torch.randn(list(shape), generator=g).to(DEVICE)
+
+
+@pytest.mark.parametrize("batch,hidden,depth", [(1, 16, 16), (5, 24, 40), (33, 40, 24), (70, 17, 9)])
+@pytest.mark.parametrize("indexed_bias", [True, False])
+def test_lstm_cell_kernel_matches_reference(batch, hidden, depth, indexed_bias):
+    g = torch.Generator().manual_seed(batch + hidden)
+    h, c = _randn(batch, hidden, g=g), _randn(batch, hidden, g=g)
+    weight_h = 0.3 * _randn(4 * hidden, hidden, g=g)
+    x, weight_x = (None, None) if indexed_bias else (_randn(batch, depth, g=g), 0.3 * _randn(4 * hidden, depth, g=g))
+    row_bias = _randn(7, 4 * hidden, g=g) if indexed_bias else _randn(4 * hidden, g=g)
+    bias_index = torch.randint(0, 7, [batch], generator=g).to(DEVICE) if indexed_bias else None
+    outputs = {}
+    for name, cell in (("kernel", lstm_step.lstm_cell_step), ("reference", lstm_step.lstm_cell_step_reference)):
+        h_out, c_out = torch.full_like(h, float("nan")), torch.full_like(c, float("nan"))
+        cell(row_bias, bias_index, x, weight_x, h, weight_h, c, h_out, c_out)
+        outputs[name] = h_out, c_out
+    for kernel, reference in zip(outputs["kernel"], outputs["reference"], strict=True):
+        torch.testing.assert_close(kernel, reference, rtol=TOLERANCE, atol=TOLERANCE)
+    assert not torch.equal(outputs["kernel"][0], h)  # the step did something
+
+
+@pytest.mark.parametrize("batch,n_out,depth", [(1, 16, 16), (5, 13, 40), (40, 70, 33)])
+def test_linear_kernel_matches_reference(batch, n_out, depth):
+    g = torch.Generator().manual_seed(batch)
+    x, weight, bias = _randn(batch, depth, g=g), _randn(n_out, depth, g=g), _randn(n_out, g=g)
+    expected = lstm_step.linear_reference(x, weight, bias, torch.empty([batch, n_out], device=DEVICE))
+    actual = lstm_step.linear(x, weight, bias, torch.full([batch, n_out], float("nan"), device=DEVICE))
+    torch.testing.assert_close(actual, expected, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_kernels_reject_non_fp32_inputs_and_bad_shapes():
+    h = torch.zeros([2, 16], device=DEVICE)
+    with pytest.raises(ValueError, match="x is torch.bfloat16"):
+        lstm_step.linear(h.bfloat16(), torch.zeros([4, 16], device=DEVICE), torch.zeros(4, device=DEVICE), h)
+    with pytest.raises(ValueError, match="LSTM shapes disagree"):
+        lstm_step.lstm_cell_step(torch.zeros(64, device=DEVICE), None, None, None, h, torch.zeros([16, 16], device=DEVICE),
+                                 h, h.clone(), h.clone())  # fmt: skip
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("fused", [True, False], ids=["kernels", "torch"])
+def test_predictor_step_matches_nemo_prediction_network(layers, fused):
+    decoder, joint = make_networks(pred_layers=layers, seed=layers)
+    decoder, joint = decoder.to(DEVICE), joint.to(DEVICE)
+    predictor = FastMathPredictor(decoder, joint)
+    assert predictor.refresh() is True and predictor.refresh() is False  # built once, then reused
+    g = torch.Generator().manual_seed(0)
+    labels = torch.tensor([0, 3, VOCAB_SIZE, 7, 1], device=DEVICE)  # VOCAB_SIZE = blank (the zero embedding)
+    states = [_randn(layers, 5, decoder.pred_hidden, g=g) for _ in range(2)]
+    with torch.inference_mode():
+        expected, expected_states, *_ = decoder.predict(labels[:, None], states, add_sos=False, batch_size=5)
+        expected = joint.project_prednet(expected)
+        output, new_states = predictor.step(labels, states, fused)
+    torch.testing.assert_close(output, expected, rtol=TOLERANCE, atol=TOLERANCE)
+    for actual, reference in zip(new_states, expected_states, strict=True):
+        torch.testing.assert_close(actual, reference, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_predictor_follows_weight_updates():
+    decoder, joint = make_networks()
+    predictor = FastMathPredictor(decoder, joint)
+    predictor.refresh()
+    labels, states = torch.tensor([2, 5]), [torch.zeros([1, 2, decoder.pred_hidden]) for _ in range(2)]
+    before = predictor.step(labels, states, fused=False)[0]
+    with torch.no_grad():
+        decoder.prediction["embed"].weight.mul_(2.0)  # an in-place update (fine-tuning, loading a checkpoint)
+    assert predictor.refresh() is False  # same shapes: rewritten in place, captured graphs stay valid
+    after = predictor.step(labels, states, fused=False)[0]
+    expected = joint.project_prednet(decoder.predict(labels[:, None], states, add_sos=False, batch_size=2)[0])
+    torch.testing.assert_close(after, expected.detach(), rtol=TOLERANCE, atol=TOLERANCE)
+    assert not torch.allclose(before, after)
+
+
+def test_unsupported_prediction_networks_are_named():
+    decoder, joint = make_networks()
+    assert fast_math_unsupported_reason(decoder, joint) is None
+    decoder.prediction["dec_rnn"] = torch.nn.GRU(4, 4)
+    with pytest.raises(ValueError, match="plain LSTM prediction network.*got GRU"):
+        FastMathPredictor(decoder, joint)
+    decoder, joint = make_networks()
+    states = [torch.zeros([1, 2, decoder.pred_hidden], dtype=torch.bfloat16) for _ in range(2)]
+    predictor = FastMathPredictor(decoder, joint)
+    predictor.refresh()
+    with pytest.raises(ValueError, match="fast_math decodes in float32; .* torch.bfloat16"):
+        predictor.step(torch.tensor([1, 2]), states, fused=False)
+
+
+@pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
+@pytest.mark.parametrize("fused", [True, False], ids=["kernels", "torch"])
+def test_fast_math_decoding_agrees_with_exact_path(kind, loop_labels, fused):
+    layers, seed = (2, 5) if kind == "tdt" else (1, 3)  # networks that emit labels at the realistic bias
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=seed, blank_bias=REALISTIC_BIAS[kind], pred_layers=layers)
+    x, lengths = random_encoder_output(6, 24, seed=4, lengths=[24, 1, 17, 0, 9, 24])
+    exact = ours(kind, decoder, joint, 3, loop_labels)(encoder_output=x, encoded_lengths=lengths)[0]
+    fast = ours(kind, decoder, joint, 3, loop_labels)
+    fast.computer.fused_kernels = fused
+    fast.computer.fast_predictor = FastMathPredictor(decoder, joint)
+    hyps = fast(encoder_output=x, encoded_lengths=lengths)[0]
+    # these networks have no near-ties, so the decisions agree; scores agree to fp32 rounding
+    assert_same_hypotheses(exact, hyps, with_durations=kind == "tdt")
+    assert sum(len(h.y_sequence) for h in hyps) > 0
+
+
+def test_fast_math_option_reaches_the_computer_from_the_config():
+    assert (
+        OmegaConf.load(Path(__file__).parents[1] / "configs" / "decoding" / "fast_greedy.yaml").greedy.fast_math
+        is False
+    )
+    assert FastGreedyConfig(fast_math=True).fast_math is True
+    model = synthetic.build_synthetic_model("tiny-rnnt")
+    config = OmegaConf.create({"strategy": "fast_greedy", "greedy": {"max_symbols": 10, "fast_math": True}})
+    model.change_decoding_strategy(config)
+    computer = model.decoding.decoding.computer
+    assert isinstance(computer.fast_predictor, FastMathPredictor)
+    audio = synthetic.synthetic_audio([1.5, 0.7], seed=2)
+    hyps = model.transcribe(audio, batch_size=2, verbose=False)
+    assert len(hyps) == 2 and all(isinstance(h.text, str) for h in hyps)
