@@ -26,6 +26,15 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # kernels
 TOLERANCE = 2e-5  # fp32 GEMM vs 3xTF32 on O(1) values with depth <= 70
 
 
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    """On a GPU the references must be true fp32 (cuDNN's LSTM may use TF32 by default)."""
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
 def _randn(*shape, g):
     return torch.randn(list(shape), generator=g).to(DEVICE)
 
@@ -120,7 +129,8 @@ def test_unsupported_prediction_networks_are_named():
 def test_fast_math_decoding_agrees_with_exact_path(kind, loop_labels, fused):
     layers, seed = (2, 5) if kind == "tdt" else (1, 3)  # networks that emit labels at the realistic bias
     decoder, joint = make_networks(tdt=kind == "tdt", seed=seed, blank_bias=REALISTIC_BIAS[kind], pred_layers=layers)
-    x, lengths = random_encoder_output(6, 24, seed=4, lengths=[24, 1, 17, 0, 9, 24])
+    decoder, joint = decoder.to(DEVICE), joint.to(DEVICE)
+    x, lengths = random_encoder_output(6, 24, seed=4, lengths=[24, 1, 17, 0, 9, 24], device=DEVICE)
     exact = ours(kind, decoder, joint, 3, loop_labels)(encoder_output=x, encoded_lengths=lengths)[0]
     fast = ours(kind, decoder, joint, 3, loop_labels)
     fast.computer.fused_kernels = fused

@@ -143,3 +143,20 @@ def test_fast_math_in_every_mode_agrees_with_the_exact_path(mode, kind, loop_lab
     decode.computer.fast_predictor = FastMathPredictor(decoder, joint)
     for _ in range(2):  # the second call replays the captured graph
         assert_same_hypotheses(expected, decode(encoder_output=x, encoded_lengths=lengths)[0])
+
+
+def test_decoders_collected_while_another_captures_do_not_abort():
+    """A dropped decoder (reference cycles) freed by the cyclic GC during another capture used to abort the process."""
+    import gc
+
+    decoder, joint = cuda_networks("rnnt", seed=21)
+    x, lengths = random_encoder_output(4, 20, seed=24, device="cuda")
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)  # collect at almost every allocation
+    try:
+        for mode in ("full_graph", "no_while_graph", "full_graph"):
+            decode = ours("rnnt", decoder, joint, 10, True, graph_mode=mode)
+            assert len(decode(encoder_output=x, encoded_lengths=lengths)[0]) == 4
+            del decode
+    finally:
+        gc.set_threshold(*threshold)

@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["capture_graph"]
+__all__ = ["capture_graph", "garbage_collection_paused"]
+
+
+@contextlib.contextmanager
+def garbage_collection_paused() -> Iterator[None]:
+    """Collect garbage now and not again until the block ends: wrap every stream capture in it.
+
+    Decoders hold reference cycles (their loops keep bound methods of their owner), so a dropped decoder's graphs
+    and memory pools are freed by the cyclic collector at an arbitrary allocation. If that happens while another
+    graph is being captured, the freed pool's ``cudaFree`` is illegal during capture and the process aborts.
+    """
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def capture_graph(
@@ -30,6 +50,7 @@ def capture_graph(
     torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with (
+        garbage_collection_paused(),
         torch.cuda.stream(stream),
         torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"),
     ):

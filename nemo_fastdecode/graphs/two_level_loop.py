@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nemo_fastdecode.graphs.capture import garbage_collection_paused
 from nemo_fastdecode.graphs.cuda_api import CudaPythonError
 from nemo_fastdecode.graphs.modes import GraphMode
 
@@ -89,6 +90,10 @@ class TwoLevelLoop:
                 end()
 
     def _capture(self) -> None:
+        with garbage_collection_paused():
+            self._capture_all()
+
+    def _capture_all(self) -> None:
         device = self.phases.outer_flag.device
         # capture on a side stream: the legacy default stream cannot be captured
         stream = torch.cuda.Stream(device)

@@ -8,8 +8,8 @@ reference) but not bit-identical to cuBLAS, so decisions may differ on near-ties
 opt-in and its agreement with the exact path is reported by the benchmark.
 
 - :func:`lstm_cell_step`: ``gates = row_bias[bias_index[b]] (+ x @ W_x^T) + h @ W_h^T``, then the LSTM cell
-  (PyTorch gate order i, f, g, o), one program per (row block, hidden block), all four gates of a hidden block
-  in the same program so that the cell runs in the GEMM's epilogue.
+  (PyTorch gate order i, f, g, o), one program per (row block, hidden block of 4-8 units), the four gates of
+  its units in one dot, so that the cell runs in the GEMM's epilogue.
 - :func:`linear`: ``x @ W^T + b``.
 
 Both have a torch reference (``*_reference``), used on the CPU and by the tests (``TRITON_INTERPRET=1``).
@@ -20,9 +20,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-# tl.dot needs at least 16 rows, columns and depth; rows are masked up to the block
-MIN_BLOCK = 16
 
 
 @triton.jit
@@ -39,36 +36,16 @@ def _sigmoid(x):
 
 
 @triton.jit
-def _accumulate_gates(
-    acc_i,
-    acc_f,
-    acc_g,
-    acc_o,
-    a_ptr,
-    a_stride,
-    w_ptr,
-    w_stride,
-    rows,
-    row_ok,
-    units,
-    unit_ok,
-    hidden,
-    depth,
-    BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """acc_gate += a[rows, :] @ W[gate * hidden + units, :]^T for the four gates."""
+def _accumulate(acc, a_ptr, a_stride, w_ptr, w_stride, w_rows, rows, row_ok, depth, BLOCK_K: tl.constexpr,
+                PRECISION: tl.constexpr):  # fmt: skip
+    """acc += a[rows, :] @ W[w_rows, :]^T over the whole depth."""
     for k0 in range(0, depth, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < depth
         a = tl.load(a_ptr + rows[:, None] * a_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w_mask = k_ok[:, None] & unit_ok[None, :]
-        w = w_ptr + units[None, :] * w_stride + ks[:, None]  # [BLOCK_K, BLOCK_H] view of W^T
-        acc_i += tl.dot(a, tl.load(w, mask=w_mask, other=0.0), input_precision=PRECISION)
-        acc_f += tl.dot(a, tl.load(w + hidden * w_stride, mask=w_mask, other=0.0), input_precision=PRECISION)
-        acc_g += tl.dot(a, tl.load(w + 2 * hidden * w_stride, mask=w_mask, other=0.0), input_precision=PRECISION)
-        acc_o += tl.dot(a, tl.load(w + 3 * hidden * w_stride, mask=w_mask, other=0.0), input_precision=PRECISION)
-    return acc_i, acc_f, acc_g, acc_o
+        w = tl.load(w_ptr + w_rows[None, :] * w_stride + ks[:, None], mask=k_ok[:, None], other=0.0)
+        acc += tl.dot(a, w, input_precision=PRECISION)
+    return acc
 
 
 @triton.jit
@@ -78,39 +55,38 @@ def _lstm_cell_kernel(
     h_ptr, h_stride, wh_ptr, wh_stride,
     c_ptr, c_stride, h_out_ptr, c_out_ptr, out_stride,
     batch, hidden,
-    HAS_X: tl.constexpr, ROW_INDEXED: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
+    HAS_X: tl.constexpr, ROW_INDEXED: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
+    # One program: BLOCK_B rows x BLOCK_H hidden units, all four gates of those units as ONE dot of 4 * BLOCK_H
+    # columns (column = gate * BLOCK_H + unit): small hidden blocks spread the weights over many SMs, and the
+    # cell runs in the epilogue. Units past `hidden` read a clamped (valid) weight row and are never stored.
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    units = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    row_ok, unit_ok = rows < batch, units < hidden
-    acc_i = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
-    acc_f = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
-    acc_g = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
-    acc_o = tl.zeros([BLOCK_B, BLOCK_H], dtype=tl.float32)
+    row_ok = rows < batch
+    cols = tl.arange(0, 4 * BLOCK_H)
+    gate_units = tl.program_id(1) * BLOCK_H + cols % BLOCK_H
+    w_rows = (cols // BLOCK_H) * hidden + tl.minimum(gate_units, hidden - 1)
+    gates = tl.zeros([BLOCK_B, 4 * BLOCK_H], dtype=tl.float32)
     if HAS_X:
-        acc_i, acc_f, acc_g, acc_o = _accumulate_gates(
-            acc_i, acc_f, acc_g, acc_o, x_ptr, x_stride, wx_ptr, wx_stride, rows, row_ok, units, unit_ok,
-            hidden, x_depth, BLOCK_K, PRECISION,
-        )  # fmt: skip
-    acc_i, acc_f, acc_g, acc_o = _accumulate_gates(
-        acc_i, acc_f, acc_g, acc_o, h_ptr, h_stride, wh_ptr, wh_stride, rows, row_ok, units, unit_ok,
-        hidden, hidden, BLOCK_K, PRECISION,
-    )  # fmt: skip
+        gates = _accumulate(gates, x_ptr, x_stride, wx_ptr, wx_stride, w_rows, rows, row_ok, x_depth, BLOCK_K,
+                            PRECISION)  # fmt: skip
+    gates = _accumulate(gates, h_ptr, h_stride, wh_ptr, wh_stride, w_rows, rows, row_ok, hidden, BLOCK_K, PRECISION)
     # the per-row bias: the table row of the row's label (layer 0), or the layer's bias shared by all rows
     if ROW_INDEXED:
         index = tl.load(bias_index_ptr + rows, mask=row_ok, other=0)
-        bias = bias_ptr + index[:, None] * bias_stride + units[None, :]
+        gates += tl.load(bias_ptr + index[:, None] * bias_stride + w_rows[None, :], mask=row_ok[:, None], other=0.0)
     else:
-        bias = bias_ptr + rows[:, None] * 0 + units[None, :]
-    mask = row_ok[:, None] & unit_ok[None, :]
-    gate_i = _sigmoid(acc_i + tl.load(bias, mask=mask, other=0.0))
-    gate_f = _sigmoid(acc_f + tl.load(bias + hidden, mask=mask, other=0.0))
-    gate_g = _tanh(acc_g + tl.load(bias + 2 * hidden, mask=mask, other=0.0))
-    gate_o = _sigmoid(acc_o + tl.load(bias + 3 * hidden, mask=mask, other=0.0))
+        gates += tl.load(bias_ptr + w_rows)[None, :]
+    # [B, gate * BLOCK_H + unit] -> four [B, BLOCK_H] gates: the gate index to the last axis, split it twice
+    gates = tl.reshape(tl.permute(tl.reshape(gates, [BLOCK_B, 4, BLOCK_H]), (0, 2, 1)), [BLOCK_B, BLOCK_H, 2, 2])
+    even, odd = tl.split(gates)  # gates 0, 2 / 1, 3 (last axis: gate // 2)
+    gate_i, gate_g = tl.split(even)
+    gate_f, gate_o = tl.split(odd)
+    units = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = row_ok[:, None] & (units < hidden)[None, :]
     c_prev = tl.load(c_ptr + rows[:, None] * c_stride + units[None, :], mask=mask, other=0.0)
-    c_new = gate_f * c_prev + gate_i * gate_g
-    h_new = gate_o * _tanh(c_new)
+    c_new = _sigmoid(gate_f) * c_prev + _sigmoid(gate_i) * _tanh(gate_g)
+    h_new = _sigmoid(gate_o) * _tanh(c_new)
     out = rows[:, None] * out_stride + units[None, :]
     tl.store(c_out_ptr + out, c_new, mask=mask)
     tl.store(h_out_ptr + out, h_new, mask=mask)
@@ -120,10 +96,6 @@ def _check_fp32(**tensors: torch.Tensor | None) -> None:
     for name, tensor in tensors.items():
         if tensor is not None and tensor.dtype != torch.float32:
             raise ValueError(f"the 3xTF32 kernels compute in float32; {name} is {tensor.dtype}")
-
-
-def _row_major(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def lstm_cell_step(
@@ -140,7 +112,8 @@ def lstm_cell_step(
     *,
     block_h: int | None = None,
     block_k: int = 64,
-    num_warps: int = 4,
+    num_warps: int | None = None,
+    num_stages: int = 4,
 ) -> None:
     """One LSTM step, written to ``h_out`` / ``c_out`` (which must not alias ``h`` / ``c``).
 
@@ -148,7 +121,7 @@ def lstm_cell_step(
     gates (a table of precomputed input gates indexed by label); or ``row_bias [4H]`` with ``bias_index=None``
     (a layer's summed biases, added to every row); ``x [B, K]`` and ``weight_x [4H, K]`` (``None``: no input GEMM); ``h, c [B, H]``,
     ``weight_h [4H, H]``; ``h_out, c_out [B, H]``. Everything float32. The keyword-only block sizes are for
-    tuning (``scripts/bench_prediction.py``); ``block_h=None`` picks by batch size.
+    tuning (``scripts/bench_prediction.py``); ``None`` picks by batch size.
     """
     _check_fp32(row_bias=row_bias, x=x, weight_x=weight_x, h=h, weight_h=weight_h, c=c)
     batch, hidden = h.shape
@@ -162,8 +135,10 @@ def lstm_cell_step(
                          f"row_bias {tuple(row_bias.shape)}")  # fmt: skip
     has_x = x is not None
     x_args = (x, x.stride(0), weight_x, weight_x.stride(0), x.shape[1]) if has_x else (h, 0, weight_h, 0, 0)
-    block_b = min(max(triton.next_power_of_2(batch), MIN_BLOCK), 32)
-    block_h = block_h or (MIN_BLOCK if batch <= 32 else 32)
+    # tuned on an H200 at H = 640 (scripts/bench_prediction.py --sweep): many small programs beat few large ones
+    block_b = 32 if batch <= 32 else 64
+    block_h = block_h or (4 if batch <= 32 else 8)
+    num_warps = num_warps or (2 if batch <= 32 else 4)
     grid = (triton.cdiv(batch, block_b), triton.cdiv(hidden, block_h))
     _lstm_cell_kernel[grid](
         row_bias, row_bias.stride(0), bias_index if row_indexed else row_bias,
@@ -172,7 +147,7 @@ def lstm_cell_step(
         c, c.stride(0), h_out, c_out, h_out.stride(0),
         batch, hidden,
         HAS_X=has_x, ROW_INDEXED=row_indexed, BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=block_k, PRECISION=precision,
-        num_warps=num_warps,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
 
@@ -223,9 +198,10 @@ def linear(
     out: torch.Tensor,
     precision: str = "tf32x3",
     *,
-    block_n: int = 32,
+    block_n: int = 16,
     block_k: int = 64,
-    num_warps: int = 4,
+    num_warps: int | None = None,
+    num_stages: int = 4,
 ) -> torch.Tensor:
     """``out = x @ weight^T + bias``; x ``[B, K]``, weight ``[N, K]``, bias ``[N]``, out ``[B, N]``, float32.
 
@@ -234,11 +210,12 @@ def linear(
     _check_fp32(x=x, weight=weight, bias=bias)
     batch, depth = x.shape
     n_out = weight.shape[0]
-    block_b = min(max(triton.next_power_of_2(batch), MIN_BLOCK), 32)
+    block_b = 32 if batch <= 32 else 64
     grid = (triton.cdiv(batch, block_b), triton.cdiv(n_out, block_n))
     _linear_kernel[grid](
         x, x.stride(0), weight, weight.stride(0), bias, out, out.stride(0), batch, n_out, depth,
-        BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, num_warps=num_warps,
+        BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
+        num_warps=num_warps or (2 if batch <= 32 else 4), num_stages=num_stages,
     )  # fmt: skip
     return out
 
