@@ -1,4 +1,4 @@
-"""NeMo's LSTM prediction network and the joint's prediction projection, one step, in fast math (opt-in).
+"""NeMo's LSTM prediction network, the joint's prediction projection and its output layer in fast math (opt-in).
 
 The exact decoders call ``decoder.predict`` (embedding, cuDNN LSTM) and ``joint.project_prednet``, so they
 match NeMo bit for bit. :class:`FastMathPredictor` computes the same step with fewer and faster kernels:
@@ -7,7 +7,9 @@ match NeMo bit for bit. :class:`FastMathPredictor` computes the same step with f
   table ``embedding @ W_ih^T + b_ih + b_hh`` computed once in float64 (``[V + 1, 4H]``);
 - each layer is one 3xTF32 tensor-core kernel with the LSTM cell in its epilogue
   (:func:`~nemo_fastdecode.kernels.lstm_step.lstm_cell_step`), the projection one more
-  (:func:`~nemo_fastdecode.kernels.lstm_step.linear`).
+  (:func:`~nemo_fastdecode.kernels.lstm_step.linear`);
+- the joint's output layer (``[B, H] -> [B, V + 1 (+ durations)]``, evaluated every step) is the same 3xTF32
+  linear kernel instead of cuBLAS's fp32 SIMT GEMM and its split-K reduction.
 
 Results are near fp32 but not bit-identical (see :mod:`nemo_fastdecode.kernels.lstm_step`). Without a Triton
 backend (CPU) it runs the kernels' torch references, which is how the CPU tests check the algebra.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from nemo_fastdecode.greedy.steps import fused_kernels_available
 from nemo_fastdecode.kernels import lstm_step
 
 
@@ -33,6 +36,8 @@ def fast_math_unsupported_reason(decoder: torch.nn.Module, joint: torch.nn.Modul
         return "fast_math does not cover prediction-network adapters"
     if not isinstance(getattr(joint, "pred", None), torch.nn.Linear):
         return f"fast_math needs the joint's prediction projection to be a Linear, got {type(joint.pred).__name__}"
+    if not isinstance(joint.joint_net[-1], torch.nn.Linear):
+        return f"fast_math needs the joint's last layer to be a Linear, got {type(joint.joint_net[-1]).__name__}"
     return None
 
 
@@ -51,11 +56,17 @@ class FastMathPredictor:
         self.embedding = decoder.prediction["embed"]
         self.lstm: torch.nn.LSTM = decoder.prediction["dec_rnn"].lstm
         self.projection: torch.nn.Linear = joint.pred
+        self.joint_output_layer: torch.nn.Linear = joint.joint_net[-1]
         self._weights: dict[str, torch.Tensor] = {}
         self._source_versions: tuple | None = None
 
     def _parameters(self) -> list[torch.Tensor]:
-        return [self.embedding.weight, *self.lstm.parameters(), *self.projection.parameters()]
+        return [
+            self.embedding.weight,
+            *self.lstm.parameters(),
+            *self.projection.parameters(),
+            *self.joint_output_layer.parameters(),
+        ]
 
     @torch.no_grad()
     def refresh(self) -> bool:
@@ -77,9 +88,9 @@ class FastMathPredictor:
                 + lstm.bias_hh_l0.double()
             ).float(),
             "projection_weight": self.projection.weight.detach().float(),
-            "projection_bias": self.projection.bias.detach().float()
-            if self.projection.bias is not None
-            else torch.zeros(self.projection.out_features, device=self.projection.weight.device),
+            "projection_bias": _bias_of(self.projection),
+            "joint_weight": self.joint_output_layer.weight.detach().float(),
+            "joint_bias": _bias_of(self.joint_output_layer),
         }
         for layer in range(lstm.num_layers):
             weights[f"weight_hh_{layer}"] = getattr(lstm, f"weight_hh_l{layer}").detach().float()
@@ -127,3 +138,19 @@ class FastMathPredictor:
         project = lstm_step.linear if fused else lstm_step.linear_reference
         project(last, w["projection_weight"], w["projection_bias"], output)
         return output.unsqueeze(1), [h_new, c_new]
+
+    def joint_output(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The joint's last Linear on its hidden activations: ``[B, H_joint] -> [B, V + 1 (+ durations)]`` (fp32).
+
+        The 3xTF32 kernel where Triton runs (CUDA, or the interpreter), else the torch reference.
+        """
+        weight, bias = self._weights["joint_weight"], self._weights["joint_bias"]
+        out = torch.empty([hidden.shape[0], weight.shape[0]], device=hidden.device)
+        project = lstm_step.linear if fused_kernels_available(hidden.device) else lstm_step.linear_reference
+        return project(hidden, weight, bias, out)
+
+
+def _bias_of(layer: torch.nn.Linear) -> torch.Tensor:
+    if layer.bias is not None:
+        return layer.bias.detach().float()
+    return torch.zeros(layer.out_features, device=layer.weight.device)

@@ -93,6 +93,11 @@ def test_predictor_step_matches_nemo_prediction_network(layers, fused):
     torch.testing.assert_close(output, expected, rtol=TOLERANCE, atol=TOLERANCE)
     for actual, reference in zip(new_states, expected_states, strict=True):
         torch.testing.assert_close(actual, reference, rtol=TOLERANCE, atol=TOLERANCE)
+    hidden = torch.relu(_randn(5, joint.joint_net[-1].in_features, g=g))
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            predictor.joint_output(hidden), joint.joint_net[-1](hidden), rtol=TOLERANCE, atol=TOLERANCE
+        )
 
 
 def test_predictor_follows_weight_updates():

@@ -117,7 +117,10 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     def _joint_output(self, hidden: torch.Tensor) -> torch.Tensor:
         """The joint's last layer and output normalisation, as ``RNNTJoint.joint_after_projection`` applies them."""
-        logits = self.joint.joint_net[-1](hidden)
+        if self.fast_predictor is not None and hidden.dtype == torch.float32:
+            logits = self.fast_predictor.joint_output(hidden)
+        else:
+            logits = self.joint.joint_net[-1](hidden)
         log_softmax = self.joint.log_softmax
         if log_softmax or (log_softmax is None and not logits.is_cuda):  # NeMo: automatic = on the CPU only
             if self.joint.temperature != 1.0:

@@ -43,8 +43,9 @@ def _accumulate(acc, a_ptr, a_stride, w_ptr, w_stride, w_rows, rows, row_ok, dep
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < depth
         a = tl.load(a_ptr + rows[:, None] * a_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptr + w_rows[None, :] * w_stride + ks[:, None], mask=k_ok[:, None], other=0.0)
-        acc += tl.dot(a, w, input_precision=PRECISION)
+        # W is row-major [N, K]: load its tile along K (coalesced, vectorised), transpose in registers
+        w = tl.load(w_ptr + w_rows[:, None] * w_stride + ks[None, :], mask=k_ok[None, :], other=0.0)
+        acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
     return acc
 
 
@@ -185,8 +186,8 @@ def _linear_kernel(
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < depth
         a = tl.load(x_ptr + rows[:, None] * x_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptr + cols[None, :] * w_stride + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc += tl.dot(a, w, input_precision=PRECISION)
+        w = tl.load(w_ptr + cols[:, None] * w_stride + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
     acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
     tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
 
