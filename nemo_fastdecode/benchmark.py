@@ -61,6 +61,7 @@ BEAM_STRATEGIES = (
     "fast_beam[eager]",
     "fast_beam[full_graph]",
     "fast_beam[full_graph,torch_topk]",
+    "fast_beam[full_graph,fast_math]",
 )
 
 
@@ -100,9 +101,14 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             return lambda: BeamBatchedTDTInfer(durations=spec.durations, **beam)
         return lambda: BeamBatchedRNNTInfer(**beam)
 
-    def fast_beam(mode: str, fused_topk: bool | None = None):
+    def fast_beam(mode: str, fused_topk: bool | None = None, fast_math: bool = False):
         return lambda: FastBeamBatchedInfer(
-            durations=spec.durations, beam_size=beam_size, graph_mode=mode, fused_topk=fused_topk, **common
+            durations=spec.durations,
+            beam_size=beam_size,
+            graph_mode=mode,
+            fused_topk=fused_topk,
+            fast_math=fast_math,
+            **common,
         )
 
     beam_rows = dict(
@@ -115,6 +121,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
                 fast_beam("eager"),
                 fast_beam("full_graph"),
                 fast_beam("full_graph", fused_topk=False),
+                fast_beam("full_graph", fast_math=True),
             ),
             strict=True,
         )

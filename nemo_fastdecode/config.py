@@ -123,6 +123,8 @@ class FastBeamConfig:
         graph_mode: as for ``fast_greedy`` (``auto``, ``full_graph``, ``no_while_graph``, ``eager``).
         fused_topk: ``None``: the Triton beam-step kernel on CUDA, its torch reference elsewhere; ``False``
             keeps PyTorch's log-softmax arithmetic on CUDA too (bit-identical to ``malsd_batch``).
+        fast_math: opt-in, as for ``fast_greedy``: the prediction network and the joint's output layer on
+            near-fp32 (3xTF32) tensor-core kernels; not bit-identical (the benchmark reports its agreement).
     """
 
     beam_size: int = 4
@@ -132,6 +134,7 @@ class FastBeamConfig:
     allow_cuda_graphs: bool = True
     graph_mode: str = "auto"
     fused_topk: bool | None = None
+    fast_math: bool = False
 
     def __post_init__(self) -> None:
         _check_graph_mode_and_max_symbols(self.graph_mode, self.max_symbols)

@@ -23,6 +23,27 @@ from nemo_fastdecode.greedy.steps import fused_kernels_available
 from nemo_fastdecode.kernels import lstm_step
 
 
+def is_default_joint(joint: torch.nn.Module) -> bool:
+    """NeMo's default joint network: ReLU, (dropout), Linear, no adapters."""
+    layers = list(joint.joint_net)
+    return (
+        isinstance(layers[0], torch.nn.ReLU)
+        and isinstance(layers[-1], torch.nn.Linear)
+        and all(isinstance(layer, torch.nn.Dropout) for layer in layers[1:-1])
+        and not joint.is_adapter_available()
+    )
+
+
+def normalise_joint_logits(joint: torch.nn.Module, logits: torch.Tensor) -> torch.Tensor:
+    """The joint's output normalisation, as ``RNNTJoint.joint_after_projection`` applies it after its last layer."""
+    log_softmax = joint.log_softmax
+    if log_softmax or (log_softmax is None and not logits.is_cuda):  # NeMo: automatic = on the CPU only
+        if joint.temperature != 1.0:
+            logits = logits / joint.temperature
+        logits = logits.log_softmax(dim=-1)
+    return logits
+
+
 def fast_math_unsupported_reason(decoder: torch.nn.Module, joint: torch.nn.Module) -> str | None:
     """Why :class:`FastMathPredictor` cannot replace this prediction network (``None``: it can)."""
     modules = getattr(decoder, "prediction", None)
@@ -36,8 +57,9 @@ def fast_math_unsupported_reason(decoder: torch.nn.Module, joint: torch.nn.Modul
         return "fast_math does not cover prediction-network adapters"
     if not isinstance(getattr(joint, "pred", None), torch.nn.Linear):
         return f"fast_math needs the joint's prediction projection to be a Linear, got {type(joint.pred).__name__}"
-    if not isinstance(joint.joint_net[-1], torch.nn.Linear):
-        return f"fast_math needs the joint's last layer to be a Linear, got {type(joint.joint_net[-1]).__name__}"
+    if not is_default_joint(joint):
+        layers = ", ".join(type(layer).__name__ for layer in joint.joint_net)
+        return f"fast_math needs NeMo's default joint (ReLU, Dropout, Linear; no adapters), got {layers}"
     return None
 
 
@@ -148,6 +170,13 @@ class FastMathPredictor:
         out = torch.empty([hidden.shape[0], weight.shape[0]], device=hidden.device)
         project = lstm_step.linear if fused_kernels_available(hidden.device) else lstm_step.linear_reference
         return project(hidden, weight, bias, out)
+
+    def joint_logits(self, joint: torch.nn.Module, frames: torch.Tensor, predictor_output: torch.Tensor):
+        """The whole joint after its projections: ``relu(frames + predictor_output)``, output layer, normalisation.
+
+        Shapes: frames, predictor_output ``[N, H_joint]``; returns ``[N, V + 1 (+ durations)]``.
+        """
+        return normalise_joint_logits(joint, self.joint_output(torch.relu(frames + predictor_output)))
 
 
 def _bias_of(layer: torch.nn.Linear) -> torch.Tensor:

@@ -52,6 +52,7 @@ FAST_BEAM_OPTIONS = {field.name for field in dataclasses.fields(BeamRNNTInferCon
     "max_symbols",
     "graph_mode",
     "fused_topk",
+    "fast_math",
 }
 
 
@@ -127,6 +128,7 @@ def _build_fast_beam(decoding, decoding_cfg: DictConfig, decoder, joint):
         allow_cuda_graphs=beam_cfg.get("allow_cuda_graphs", True),
         graph_mode=beam_cfg.get("graph_mode", "auto"),
         fused_topk=beam_cfg.get("fused_topk", None),
+        fast_math=bool(beam_cfg.get("fast_math", False)),
     )
 
 
@@ -143,7 +145,7 @@ FAST_STRATEGIES: dict[str, FastStrategy] = {
         stand_in="malsd_batch",
         section="beam",
         options=frozenset(FAST_BEAM_OPTIONS),
-        own_options=frozenset({"graph_mode", "fused_topk"}),
+        own_options=frozenset({"graph_mode", "fused_topk", "fast_math"}),
         graphs_switch="allow_cuda_graphs",
         build=_build_fast_beam,
     ),

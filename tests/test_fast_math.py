@@ -160,3 +160,44 @@ def test_fast_math_option_reaches_the_computer_from_the_config():
     audio = synthetic.synthetic_audio([1.5, 0.7], seed=2)
     hyps = model.transcribe(audio, batch_size=2, verbose=False)
     assert len(hyps) == 2 and all(isinstance(h.text, str) for h in hyps)
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+@pytest.mark.parametrize("fused", [True, False], ids=["kernels", "torch"])
+def test_fast_math_beam_search_agrees_with_the_exact_search(kind, fused, monkeypatch):
+    from test_beam_exactness import LENGTHS, as_tuples, fast_beam
+
+    if not fused:  # the torch references: what fast_math runs where Triton does not
+        monkeypatch.setattr("nemo_fastdecode.beam.malsd.fused_kernels_available", lambda device: False)
+        monkeypatch.setattr("nemo_fastdecode.prediction.fused_kernels_available", lambda device: False)
+    layers = 2 if kind == "tdt" else 1
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=3, blank_bias=REALISTIC_BIAS[kind], pred_layers=layers)
+    decoder, joint = decoder.to(DEVICE), joint.to(DEVICE)
+    x, lengths = random_encoder_output(6, 24, seed=4, lengths=LENGTHS, device=DEVICE)
+    exact = fast_beam(kind, decoder, joint, 4, 3, return_best_hypothesis=False)
+    fast = fast_beam(kind, decoder, joint, 4, 3, return_best_hypothesis=False, fast_math=True)
+    expected = as_tuples(exact(encoder_output=x, encoded_lengths=lengths)[0], nbest=True)
+    actual = as_tuples(fast(encoder_output=x, encoded_lengths=lengths)[0], nbest=True)
+    # same n-best lists (tokens, timestamps, durations); scores to fp32 rounding
+    assert [[h[:3] for h in n] for n in actual] == [[h[:3] for h in n] for n in expected]
+    for n_actual, n_expected in zip(actual, expected, strict=True):
+        assert [h[3] for h in n_actual] == pytest.approx([h[3] for h in n_expected], rel=1e-5, abs=1e-5)
+    assert any(len(h[0]) for n in actual for h in n)
+
+
+def test_fast_beam_config_reaches_the_computer():
+    assert OmegaConf.load(Path(__file__).parents[1] / "configs" / "decoding" / "fast_beam.yaml").beam.fast_math is False
+    model = synthetic.build_synthetic_model("tiny-rnnt")
+    model.change_decoding_strategy(
+        OmegaConf.create({"strategy": "fast_beam", "beam": {"beam_size": 2, "fast_math": True}})
+    )
+    assert isinstance(model.decoding.decoding.computer.fast_predictor, FastMathPredictor)
+
+
+def test_non_default_joint_is_rejected_by_name():
+    decoder, joint = make_networks()
+    joint.joint_net[0] = torch.nn.Tanh()
+    with pytest.raises(
+        ValueError, match="fast_math needs NeMo's default joint .* got Tanh, Dropout, Linear|got Tanh, Linear"
+    ):
+        FastMathPredictor(decoder, joint)

@@ -34,6 +34,8 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
         graph_mode: "auto" (default), "full_graph", "no_while_graph" or "eager".
         fused_topk: ``None`` (default): the Triton beam-step kernel on CUDA, its torch reference elsewhere;
             ``True``/``False`` force one (``False`` gives PyTorch's log-softmax bit for bit on CUDA too).
+        fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
+            (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to ``malsd_batch``.
     """
 
     @property
@@ -61,6 +63,7 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
         allow_cuda_graphs: bool = True,
         graph_mode: str | GraphMode | None = "auto",
         fused_topk: bool | None = None,
+        fast_math: bool = False,
     ):
         super().__init__()
         self.decoder, self.joint = decoder_model, joint_model
@@ -76,6 +79,7 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             use_cuda_graphs=allow_cuda_graphs,
             graph_mode=GraphMode.parse(graph_mode),
             fused_topk=fused_topk,
+            fast_math=fast_math,
         )
 
     def __call__(self, *args, **kwargs):

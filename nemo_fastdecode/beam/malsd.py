@@ -33,7 +33,9 @@ from nemo_fastdecode.beam.hyps import INACTIVE_SCORE, NON_EXISTENT_LABEL_VALUE, 
 from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
+from nemo_fastdecode.greedy.steps import fused_kernels_available
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
+from nemo_fastdecode.prediction import FastMathPredictor
 
 # With max_symbols=None a hypothesis may emit any number of labels per frame: start with room for this
 # many steps per frame and grow (re-running the batch) when the storage fills; past the limit the model
@@ -57,6 +59,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
         graph_mode: force a :class:`GraphMode` (tests); ``None`` chooses automatically.
         fused_topk: ``None``: the Triton beam-step kernel on CUDA, its torch reference elsewhere;
             ``True``/``False`` force one of them.
+        fast_math: run the prediction network and the joint's output layer on near-fp32 tensor-core kernels
+            (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         use_cuda_graphs: bool = True,
         graph_mode: GraphMode | None = None,
         fused_topk: bool | None = None,
+        fast_math: bool = False,
     ):
         largest_beam = min(MAX_K, blank_index)
         if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= largest_beam:
@@ -88,6 +93,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         self.use_cuda_graphs = use_cuda_graphs
         self.forced_mode = graph_mode
         self.fused_topk = fused_topk
+        self.fast_predictor = FastMathPredictor(decoder, joint) if fast_math else None
         self._buffers: BeamLoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
         self._steps_per_frame = max_symbols + 1 if max_symbols is not None else UNBOUNDED_STEPS_START
@@ -153,7 +159,10 @@ class MALSDBeamComputer(CapturedLoopOwner):
         def step() -> None:
             # 1. joint at every beam's frame, its K best extensions
             frames = b.encoder_projected[b.beam_rows, b.safe_time_indices.view(-1)].unsqueeze(1)
-            logits = self.joint.joint_after_projection(frames, b.decoder_output)[:, 0, 0, :]
+            if self.fast_predictor is not None:
+                logits = self.fast_predictor.joint_logits(self.joint, frames[:, 0], b.decoder_output[:, 0])
+            else:
+                logits = self.joint.joint_after_projection(frames, b.decoder_output)[:, 0, 0, :]
             top_scores, top_labels, top_durations, blank_scores = self._top_k(logits, batch, b.float_dtype)
 
             # 2. candidates (NeMo's steps 2.1-2.3, same float ops): finished beams stay, once, with their score
@@ -190,14 +199,17 @@ class MALSDBeamComputer(CapturedLoopOwner):
                 out=b.parent_decoder_output.view(batch, k, 1, -1),
             )
             self.decoder.batch_aggregate_states_beam(b.decoder_state, batch, k, parents, b.parent_decoder_state)
-            output, new_state, *_ = self.decoder.predict(
-                step_labels, b.parent_decoder_state, add_sos=False, batch_size=batch * k
-            )
+            if self.fast_predictor is not None:
+                fused = fused_kernels_available(step_labels.device)
+                output, new_state = self.fast_predictor.step(step_labels.view(-1), b.parent_decoder_state, fused)
+            else:
+                output, new_state, *_ = self.decoder.predict(
+                    step_labels, b.parent_decoder_state, add_sos=False, batch_size=batch * k
+                )
+                output = self.joint.project_prednet(output)
             keep = ~emitted.view(-1)
             # same as: output[keep] = parent_output[keep]; state[keep] = parent_state[keep]; else the new ones
-            torch.where(
-                keep[:, None, None], b.parent_decoder_output, self.joint.project_prednet(output), out=b.decoder_output
-            )
+            torch.where(keep[:, None, None], b.parent_decoder_output, output, out=b.decoder_output)
             self.decoder.batch_replace_states_mask(
                 src_states=b.parent_decoder_state, dst_states=b.decoder_state, mask=keep, other_src_states=new_state
             )
@@ -270,6 +282,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
         """
         batch_size, max_time, _ = encoder_output.shape
         projected = self.joint.project_encoder(encoder_output)
+        if self.fast_predictor is not None and self.fast_predictor.refresh():
+            self.reset_graphs()  # its weight copies moved: graphs captured before would read stale memory
         while True:
             b, loop = self._prepare(batch_size, max_time, projected.shape[-1], projected.device, projected.dtype)
             b.encoder_projected[:batch_size, :max_time].copy_(projected)

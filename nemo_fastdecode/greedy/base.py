@@ -18,7 +18,7 @@ from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.state import BatchedGreedyState, GreedyStateItem, LoopBuffers
-from nemo_fastdecode.prediction import FastMathPredictor
+from nemo_fastdecode.prediction import FastMathPredictor, is_default_joint, normalise_joint_logits
 
 # With max_symbols=None the number of labels per frame is unbounded: start with this many slots per
 # frame and grow (re-running the batch) when a row overflows; past the limit the model is not emitting
@@ -98,14 +98,7 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     def _joint_is_fusable(self) -> bool:
         """The fused joint covers NeMo's default joint: ReLU, (dropout), Linear, no adapters, eval mode."""
-        layers = list(self.joint.joint_net)
-        return (
-            isinstance(layers[0], torch.nn.ReLU)
-            and isinstance(layers[-1], torch.nn.Linear)
-            and all(isinstance(layer, torch.nn.Dropout) for layer in layers[1:-1])
-            and not self.joint.is_adapter_available()
-            and not self.joint.training
-        )
+        return is_default_joint(self.joint) and not self.joint.training
 
     def _logits_at(self, b: LoopBuffers, time_indices: torch.Tensor, fused: bool) -> torch.Tensor:
         """Joint logits ``[B, V + 1 (+ durations)]`` of each row's frame ``time_indices[b]`` and predictor output."""
@@ -121,12 +114,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             logits = self.fast_predictor.joint_output(hidden)
         else:
             logits = self.joint.joint_net[-1](hidden)
-        log_softmax = self.joint.log_softmax
-        if log_softmax or (log_softmax is None and not logits.is_cuda):  # NeMo: automatic = on the CPU only
-            if self.joint.temperature != 1.0:
-                logits = logits / self.joint.temperature
-            logits = logits.log_softmax(dim=-1)
-        return logits
+        return normalise_joint_logits(self.joint, logits)
 
     def _best_token_at(
         self, b: LoopBuffers, time_indices: torch.Tensor, fused: bool
