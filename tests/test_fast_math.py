@@ -197,7 +197,5 @@ def test_fast_beam_config_reaches_the_computer():
 def test_non_default_joint_is_rejected_by_name():
     decoder, joint = make_networks()
     joint.joint_net[0] = torch.nn.Tanh()
-    with pytest.raises(
-        ValueError, match="fast_math needs NeMo's default joint .* got Tanh, Dropout, Linear|got Tanh, Linear"
-    ):
+    with pytest.raises(ValueError, match="fast_math needs NeMo's default joint .*got Tanh"):
         FastMathPredictor(decoder, joint)
