@@ -284,3 +284,34 @@ def test_bad_inputs_raise_with_clear_message(case):
 
 def test_bad_input_case_count():
     assert len(_bad_input_cases()[0]) == 16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("d", "h", "t", "tq", "rel_pos"), [(24, 3, 72, 2, True), (16, 1, 130, 4, False), (64, 2, 7, 1, True)]
+)
+def test_ring_buffer_starts_equal_the_rolled_plain_layout(dtype, d, h, t, tq, rel_pos):
+    """key_starts: logical key j at (start + j) mod T, the same result as the plain cache rolled by -start."""
+    q, k_cache, v_cache, slot_ids, lengths, extra = _make_inputs(4, 5, h, t, tq, d, dtype, seed=t + d, rel_pos=rel_pos)
+    g = torch.Generator().manual_seed(t)
+    starts = torch.randint(0, t, (4,), generator=g).to(DEVICE)
+    starts[0] = t - 1  # the window wraps around the end of the slot
+    # the plain layout of each stream's slot, written into a ring at its start (repeated slots share a start)
+    starts[-1] = starts[0] if slot_ids[-1] == slot_ids[0] else starts[-1]
+    ring_k, ring_v = k_cache.clone(), v_cache.clone()
+    for i in range(4):
+        slot, shift = int(slot_ids[i]), int(starts[i])
+        ring_k[slot] = torch.roll(k_cache[slot], shifts=shift, dims=1)
+        ring_v[slot] = torch.roll(v_cache[slot], shifts=shift, dims=1)
+    expected = _reference64(q, k_cache, v_cache, slot_ids, lengths, extra)
+    for use_triton in (True, False):
+        out = indexed_attention(q, ring_k, ring_v, slot_ids, lengths, use_triton=use_triton, key_starts=starts, **extra)
+        _assert_close(out, expected, dtype)
+
+
+def test_ring_buffer_starts_are_checked():
+    q, k_cache, v_cache, slot_ids, lengths, _ = _make_inputs(3, 4, 1, 9, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match=r"key_starts\[1\] = 9 is out of range; valid: \[0, 9\)"):
+        indexed_attention(q, k_cache, v_cache, slot_ids, lengths, key_starts=torch.tensor([0, 9, 1], device=DEVICE))
+    with pytest.raises(TypeError, match="key_starts dtype torch.float32"):
+        indexed_attention(q, k_cache, v_cache, slot_ids, lengths, key_starts=torch.zeros(3, device=DEVICE))

@@ -17,7 +17,9 @@ with ``u = pos_bias_u`` (zero if not given), the second term present only when `
 ``c = (P - 1) // 2`` and ``qpos_t = L - Tq + t``. All ``Tq`` queries of a stream see the same keys
 ``[0, L)``: the caller writes this step's keys into the cache before the call, as cache-aware streaming
 (chunked attention with left context) does, so query ``t`` of the chunk is the frame at cache position
-``L - Tq + t``.
+``L - Tq + t``. With ``key_starts`` the slot is a ring buffer: key ``j`` lives at position
+``(key_starts[i] + j) mod T``, so a streaming server drops its oldest frames by moving the start instead of
+copying the window (positions and distances above are the logical ``j``).
 
 Three implementations share these semantics: the Triton kernel ``_indexed_attention_fwd`` (one program
 per (stream, head, query block), flash-attention style online softmax over key blocks), its checked
@@ -61,6 +63,7 @@ if triton is not None:
         Out,
         SlotIds,
         Lengths,
+        Starts,
         BiasU,
         BiasV,
         Pos,
@@ -97,6 +100,7 @@ if triton is not None:
         HAS_BIAS_U: tl.constexpr,
         HAS_REL_POS: tl.constexpr,
         HAS_BIAS_V: tl.constexpr,
+        HAS_STARTS: tl.constexpr,
         UPCAST_DOT: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         BLOCK_M: tl.constexpr,
@@ -116,6 +120,11 @@ if triton is not None:
         length = tl.where((slot >= 0) & (slot < S), length, 0)
         length = tl.minimum(tl.maximum(length, 0), T)
         slot = tl.where((slot >= 0) & (slot < S), slot, 0)
+        if HAS_STARTS:  # ring buffer: logical key j at (start + j) mod T; out-of-range starts wrap (memory-safe)
+            ring_start = tl.load(Starts + n).to(tl.int32) % T
+            ring_start = tl.where(ring_start < 0, ring_start + T, ring_start)
+        else:
+            ring_start = 0
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
@@ -149,8 +158,12 @@ if triton is not None:
         for start_n in range(0, length, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             mask_n = offs_n < length
+            if HAS_STARTS:  # noqa: SIM108 (a static branch of the Triton kernel, resolved at compile time)
+                phys_n = (ring_start + offs_n) % T
+            else:
+                phys_n = offs_n
             k = tl.load(
-                k_base + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd,
+                k_base + phys_n[None, :] * stride_kt + offs_d[:, None] * stride_kd,
                 mask=mask_n[None, :] & mask_d[:, None],
                 other=0.0,
             )  # [BLOCK_D, BLOCK_N]
@@ -188,7 +201,7 @@ if triton is not None:
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v = tl.load(
-                v_base + offs_n[:, None] * stride_vt + offs_d[None, :] * stride_vd,
+                v_base + phys_n[:, None] * stride_vt + offs_d[None, :] * stride_vd,
                 mask=mask_n[:, None] & mask_d[None, :],
                 other=0.0,
             )  # [BLOCK_N, BLOCK_D]
@@ -227,8 +240,12 @@ def _pick_blocks(tq: int, d: int, has_rel_pos: bool) -> tuple[int, int, int, int
 # --------------------------------------------------------------------------------------------------
 # Input checks
 # --------------------------------------------------------------------------------------------------
-def _check_inputs(q, k_cache, v_cache, slot_ids, lengths, pos_bias_u, pos_bias_v, pos_emb, check_values):
+def _check_inputs(
+    q, k_cache, v_cache, slot_ids, lengths, pos_bias_u, pos_bias_v, pos_emb, check_values, key_starts=None
+):
     tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "slot_ids": slot_ids, "lengths": lengths}
+    if key_starts is not None:
+        tensors["key_starts"] = key_starts
     for name, value in tensors.items():
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
@@ -249,7 +266,10 @@ def _check_inputs(q, k_cache, v_cache, slot_ids, lengths, pos_bias_u, pos_bias_v
     for name, value in (("k_cache", k_cache), ("v_cache", v_cache)):
         if value.dtype != q.dtype:
             raise TypeError(f"{name} dtype {value.dtype} must equal q dtype {q.dtype}")
-    for name, value in (("slot_ids", slot_ids), ("lengths", lengths)):
+    indices = (("slot_ids", slot_ids), ("lengths", lengths)) + (
+        (("key_starts", key_starts),) if key_starts is not None else ()
+    )
+    for name, value in indices:
         if value.dtype not in _INDEX_DTYPES:
             raise TypeError(f"{name} dtype {value.dtype} is not supported; valid: torch.int32, torch.int64")
         if value.shape != (n,):
@@ -301,6 +321,12 @@ def _check_inputs(q, k_cache, v_cache, slot_ids, lengths, pos_bias_u, pos_bias_v
             raise ValueError(
                 f"lengths[{i}] = {int(host[1, i])} is out of range; valid lengths: [0, {t}] (cache T = {t})"
             )
+        if key_starts is not None:
+            starts = key_starts.to(torch.int64).cpu()
+            bad = ((starts < 0) | (starts >= t)).nonzero()
+            if bad.numel():
+                i = int(bad[0, 0])
+                raise ValueError(f"key_starts[{i}] = {int(starts[i])} is out of range; valid: [0, {t}) (cache T = {t})")
 
 
 def _should_check_values(check_values: bool | None, q: torch.Tensor) -> bool:
@@ -325,6 +351,7 @@ def indexed_attention(
     pos_emb: torch.Tensor | None = None,
     use_triton: bool | None = None,
     check_values: bool | None = None,
+    key_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of ``N`` query chunks to their streams' slots of a pre-allocated cache, read in place.
 
@@ -360,6 +387,9 @@ def indexed_attention(
         check_values: check slot ids and lengths on the host (one device-to-host copy). ``None`` checks
             unless a CUDA graph is being captured; the kernel is memory-safe either way (a bad slot gives
             zeros, lengths are clamped to ``[0, T]``).
+        key_starts: optional ``[N]`` int32/int64 in ``[0, T)``: each slot is a ring buffer whose logical key
+            ``j`` sits at position ``(key_starts[i] + j) mod T`` (``None``: 0, the plain layout). Positions in
+            the relative term are logical.
 
     Returns:
         ``[N, H, Tq, D]`` contiguous, in ``q``'s dtype (accumulation in fp32).
@@ -369,13 +399,31 @@ def indexed_attention(
         slot ids outside ``[0, S)``, lengths outside ``[0, T]``).
     """
     _check_inputs(
-        q, k_cache, v_cache, slot_ids, lengths, pos_bias_u, pos_bias_v, pos_emb, _should_check_values(check_values, q)
+        q,
+        k_cache,
+        v_cache,
+        slot_ids,
+        lengths,
+        pos_bias_u,
+        pos_bias_v,
+        pos_emb,
+        _should_check_values(check_values, q),
+        key_starts,
     )
     if use_triton is None:
         use_triton = q.is_cuda and triton is not None
     if not use_triton:
         return indexed_attention_reference(
-            q, k_cache, v_cache, slot_ids, lengths, scale, pos_bias_u=pos_bias_u, pos_bias_v=pos_bias_v, pos_emb=pos_emb
+            q,
+            k_cache,
+            v_cache,
+            slot_ids,
+            lengths,
+            scale,
+            pos_bias_u=pos_bias_u,
+            pos_bias_v=pos_bias_v,
+            pos_emb=pos_emb,
+            key_starts=key_starts,
         )
     if triton is None:
         raise RuntimeError("use_triton=True but triton is not installed; valid: use_triton=None or False")
@@ -413,6 +461,7 @@ def indexed_attention(
             out,
             slot_ids,
             lengths,
+            key_starts if key_starts is not None else lengths,  # placeholder, never read without HAS_STARTS
             bias_u,
             bias_v,
             pos,
@@ -433,6 +482,7 @@ def indexed_attention(
             HAS_BIAS_U=pos_bias_u is not None,
             HAS_REL_POS=has_rel,
             HAS_BIAS_V=pos_bias_v is not None,
+            HAS_STARTS=key_starts is not None,
             UPCAST_DOT=not q.is_cuda and q.dtype == torch.bfloat16,
             # fp32 inputs: exact products ("ieee"), not TF32; fp16/bf16: Triton's default (tensor cores).
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -456,6 +506,7 @@ def indexed_attention_reference(
     pos_bias_u: torch.Tensor | None = None,
     pos_bias_v: torch.Tensor | None = None,
     pos_emb: torch.Tensor | None = None,
+    key_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch reference and CPU fallback, same semantics as :func:`indexed_attention` (inputs unchecked).
 
@@ -472,6 +523,10 @@ def indexed_attention_reference(
     lengths = lengths.to(torch.int64)
     k = k_cache.index_select(0, slot_ids)  # [N, H, T, D]
     v = v_cache.index_select(0, slot_ids)
+    if key_starts is not None:  # ring buffer: put logical key j at index j
+        ring = (key_starts.to(torch.int64)[:, None] + torch.arange(t, device=q.device)[None, :]) % t  # [N, T]
+        ring = ring[:, None, :, None].expand(n, h, t, d)
+        k, v = k.gather(2, ring), v.gather(2, ring)
     key_pos = torch.arange(t, device=q.device)
     valid = key_pos[None, :] < lengths[:, None]  # [N, T]
     empty = (lengths == 0).view(n, 1, 1, 1)

@@ -4,17 +4,20 @@ One slot per stream, ``S`` slots plus one dummy slot (index ``S``) that absorbs 
 rows, so a step's batch can be padded to a fixed bucket size without branches (CUDA graphs). Layouts
 (``Ly`` layers, ``H`` heads of ``Dh``, ``W`` attention left context, ``Tq`` frames per chunk)::
 
-    keys, values   [Ly, S + 1, W + Tq, H, Dh]  projected keys/values (linear_k/linear_v of the layer input):
-                   a slot holds its last <= W frames at [0, att_len), then this step's frames after them
+    keys, values   [Ly, S + 1, W + Tq, H, Dh]  projected keys/values (linear_k/linear_v of the layer input), a
+                   ring buffer per slot: logical frame j at (ring_start + j) mod (W + Tq); a slot holds its
+                   last <= W frames at logical [0, att_len), then this step's frames after them
     conv           [Ly, S + 1, C, K - 1]       last K - 1 inputs of each depthwise convolution (NeMo's
                                                cache_last_time)
     pre_encode     [S + 1, F, P]               last P feature frames (NeMo's pre-encode cache)
     att_len        [S + 1]                     valid frames in the attention caches (cache_last_channel_len)
+    ring_start     [S + 1]                     where a slot's logical frame 0 sits in its ring buffer
     started        [S + 1]                     the stream's first chunk was processed
 
 Keys are stored projected (not the layer inputs, as NeMo's ``cache_last_channel`` does): the left
 context is not re-projected every step, and the attention kernel reads them where they are. The
-caches are kept in ``dtype`` (fp32 by default; bf16 halves their memory).
+caches are kept in ``dtype`` (fp32 by default; bf16 halves their memory). Dropping the oldest frames of
+the window moves ``ring_start`` instead of copying the window every step.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class SlotState:
         # features stay fp32: the subsampling runs on them as NeMo does
         self.pre_encode = torch.zeros((rows, geometry.feat_in, geometry.pre_encode_cache), device=device)
         self.att_len = torch.zeros(rows, dtype=torch.long, device=device)
+        self.ring_start = torch.zeros(rows, dtype=torch.long, device=device)
         self.started = torch.zeros(rows, dtype=torch.bool, device=device)
 
     @property
@@ -75,9 +79,10 @@ class SlotState:
         self.conv[:, slot].zero_()
         self.pre_encode[slot].zero_()
         self.att_len[slot] = 0
+        self.ring_start[slot] = 0
         self.started[slot] = False
 
     def nbytes(self) -> int:
         """Memory held by the caches."""
-        tensors = (self.keys, self.values, self.conv, self.pre_encode, self.att_len, self.started)
+        tensors = (self.keys, self.values, self.conv, self.pre_encode, self.att_len, self.ring_start, self.started)
         return sum(t.numel() * t.element_size() for t in tensors)
