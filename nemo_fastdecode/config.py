@@ -213,6 +213,7 @@ class StreamingConfig:
         max_stream_seconds: cut each stream's audio to this length (``None``: whole files).
         dtype: ``float32`` (exact) or ``bfloat16`` (caches and encoder compute).
         use_cuda_graphs: one CUDA graph replay per step and batch-size bucket (GPU only).
+        fast_math: decode with ``fast_greedy``'s opt-in fast math (near fp32, not bit-identical to NeMo).
         compare_nemo: run the same streams through NeMo's path (slot gather/scatter +
             ``conformer_stream_step``) and compare transcripts and timings.
         cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.
@@ -237,6 +238,7 @@ class StreamingConfig:
     max_stream_seconds: float | None = None
     dtype: str = "float32"
     use_cuda_graphs: bool = True
+    fast_math: bool = False
     compare_nemo: bool = True
     cuda: int | None = None
     seed: int = 0

@@ -161,7 +161,7 @@ def test_rel_shift_reference_matches_explicit_distances():
     for i in range(2):
         length, slot = int(lengths[i]), int(slot_ids[i])
         k, v = k_cache[slot, 0, :length], v_cache[slot, 0, :length]
-        scores = torch.empty(4, length, dtype=torch.float64)
+        scores = torch.empty(4, length, dtype=torch.float64, device=q.device)
         for tt, j in itertools.product(range(4), range(length)):
             qpos = length - 4 + tt
             ac = (q[i, 0, tt] + extra["pos_bias_u"][0]) @ k[j]

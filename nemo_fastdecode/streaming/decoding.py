@@ -46,6 +46,8 @@ class SlotDecoder:
         loop_labels: label looping (default) or frame looping (RNN-T only).
         use_cuda_graphs: let the greedy computers use CUDA graphs on a GPU (then one computer per batch size).
         token_capacity: initial tokens per slot (grows as needed).
+        fast_math: opt-in near-fp32 tensor-core prediction network and joint output
+            (:mod:`nemo_fastdecode.prediction`); not bit-identical to NeMo.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class SlotDecoder:
         loop_labels: bool = True,
         use_cuda_graphs: bool = True,
         token_capacity: int = INITIAL_TOKEN_CAPACITY,
+        fast_math: bool = False,
     ):
         decoding_cfg = model.cfg.get("decoding", {}) or {}
         greedy = decoding_cfg.get("greedy", {}) or {}
@@ -73,6 +76,7 @@ class SlotDecoder:
             "max_symbols": int(max_symbols),
             "durations": list(durations) if durations else None,
             "use_cuda_graphs": use_cuda_graphs,
+            "fast_math": fast_math,
         }
         self._computer_class = LabelLoopGreedy if loop_labels else FrameLoopGreedy
         # graphs are specialised to a batch size: one computer per bucket; eagerly one is enough

@@ -278,13 +278,15 @@ def fixed_step_ms(
     return round(1000 * float(np.median(times)), 3) if times else 0.0
 
 
-def fast_path(model: ASRModel, num_slots: int, dtype: torch.dtype, use_cuda_graphs: bool) -> _Path:
+def fast_path(
+    model: ASRModel, num_slots: int, dtype: torch.dtype, use_cuda_graphs: bool, fast_math: bool = False
+) -> _Path:
     """Ours: slot caches read in place, one graph replay per step (GPU), per-slot state of ``fast_greedy``.
 
     Warmed up before the clock starts: every encoder bucket's graph and the decoder's graph per bucket are
     captured (:meth:`StreamingTranscriber.warm_up`), so no step of the timed run captures.
     """
-    streamer = StreamingTranscriber(model, num_slots, dtype=dtype, use_cuda_graphs=use_cuda_graphs)
+    streamer = StreamingTranscriber(model, num_slots, dtype=dtype, use_cuda_graphs=use_cuda_graphs, fast_math=fast_math)
     warmup = streamer.warm_up().total_seconds
 
     def finish(slot: int) -> list[int]:
@@ -292,7 +294,7 @@ def fast_path(model: ASRModel, num_slots: int, dtype: torch.dtype, use_cuda_grap
         streamer.close(slot)
         return tokens
 
-    mode = "CUDA graph per bucket" if streamer.runner.use_graphs else "eager"
+    mode = ("CUDA graph per bucket" if streamer.runner.use_graphs else "eager") + (", fast_math" if fast_math else "")
     return _Path(f"nemo_fastdecode ({mode})", streamer.open, streamer.step, finish, warmup)
 
 
@@ -447,7 +449,7 @@ def _plans(cfg: DictConfig, setup: _Setup, num_streams: int) -> list[StreamPlan]
 
 def _make_paths(cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int) -> list[_Path]:
     """Ours, then (``compare_nemo``) NeMo's, both warmed up for batches up to ``max_batch`` streams."""
-    paths = [fast_path(setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs)]
+    paths = [fast_path(setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math)]
     if cfg.compare_nemo:
         paths.append(nemo_path(setup.model, num_slots, setup.dtype, warm_streams=max_batch))
     return paths

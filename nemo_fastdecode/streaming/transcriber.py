@@ -99,6 +99,7 @@ class StreamingTranscriber:
         use_triton: attention kernel (``None``: Triton on CUDA, torch reference on the CPU).
         max_symbols: greedy ``max_symbols`` (default: the model's).
         pad_to_bucket: pad eager steps to their bucket too (for tests; graphs always pad).
+        fast_math: decode with ``fast_greedy``'s opt-in fast math (not bit-identical to NeMo's decoding).
     """
 
     def __init__(
@@ -113,6 +114,7 @@ class StreamingTranscriber:
         use_triton: bool | None = None,
         max_symbols: int | None = None,
         pad_to_bucket: bool = False,
+        fast_math: bool = False,
     ):
         if not isinstance(num_slots, int) or num_slots < 1:
             raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
@@ -149,7 +151,9 @@ class StreamingTranscriber:
             pad_to_bucket=pad_to_bucket,
         )
         self.decoder = (
-            SlotDecoder(model, num_slots, max_symbols=max_symbols, use_cuda_graphs=use_cuda_graphs) if decode else None
+            SlotDecoder(model, num_slots, max_symbols=max_symbols, use_cuda_graphs=use_cuda_graphs, fast_math=fast_math)
+            if decode
+            else None
         )
         self._open = [False] * num_slots
         self._started = np.zeros(num_slots, dtype=bool)  # host mirror of slots.started: checks without a sync
