@@ -62,6 +62,7 @@ BEAM_STRATEGIES = (
     "fast_beam[full_graph]",
     "fast_beam[full_graph,torch_topk]",
     "fast_beam[full_graph,fast_math]",
+    "fast_beam[full_graph,fast_math,compiled]",
 )
 
 
@@ -101,13 +102,14 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             return lambda: BeamBatchedTDTInfer(durations=spec.durations, **beam)
         return lambda: BeamBatchedRNNTInfer(**beam)
 
-    def fast_beam(mode: str, fused_topk: bool | None = None, fast_math: bool = False):
+    def fast_beam(mode: str, fused_topk: bool | None = None, fast_math: bool = False, compiled: bool = False):
         return lambda: FastBeamBatchedInfer(
             durations=spec.durations,
             beam_size=beam_size,
             graph_mode=mode,
             fused_topk=fused_topk,
             fast_math=fast_math,
+            compiled_step=compiled,
             **common,
         )
 
@@ -122,6 +124,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
                 fast_beam("full_graph"),
                 fast_beam("full_graph", fused_topk=False),
                 fast_beam("full_graph", fast_math=True),
+                fast_beam("full_graph", fast_math=True, compiled=True),
             ),
             strict=True,
         )

@@ -36,6 +36,8 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             ``True``/``False`` force one (``False`` gives PyTorch's log-softmax bit for bit on CUDA too).
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to ``malsd_batch``.
+        compiled_step: experimental (benchmark only): each step's candidate selection and hypothesis update
+            compiled by ``torch.compile`` on CUDA.
     """
 
     @property
@@ -64,6 +66,7 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
         graph_mode: str | GraphMode | None = "auto",
         fused_topk: bool | None = None,
         fast_math: bool = False,
+        compiled_step: bool = False,
     ):
         super().__init__()
         self.decoder, self.joint = decoder_model, joint_model
@@ -80,6 +83,7 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             graph_mode=GraphMode.parse(graph_mode),
             fused_topk=fused_topk,
             fast_math=fast_math,
+            compiled_step=compiled_step,
         )
 
     def __call__(self, *args, **kwargs):

@@ -61,6 +61,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
             ``True``/``False`` force one of them.
         fast_math: run the prediction network and the joint's output layer on near-fp32 tensor-core kernels
             (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo.
+        compiled_step: experimental, CUDA only: the candidate selection and hypothesis update of each step
+            compiled by ``torch.compile`` (fewer, fused kernels; compiles on first use).
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         graph_mode: GraphMode | None = None,
         fused_topk: bool | None = None,
         fast_math: bool = False,
+        compiled_step: bool = False,
     ):
         largest_beam = min(MAX_K, blank_index)
         if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= largest_beam:
@@ -94,6 +97,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
         self.forced_mode = graph_mode
         self.fused_topk = fused_topk
         self.fast_predictor = FastMathPredictor(decoder, joint) if fast_math else None
+        # experimental: steps 2-3 (dozens of tiny ops) fused by torch.compile on CUDA
+        self._compiled_extend = torch.compile(self._extend, dynamic=False) if compiled_step else None
         self._buffers: BeamLoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
         self._steps_per_frame = max_symbols + 1 if max_symbols is not None else UNBOUNDED_STEPS_START
@@ -137,6 +142,38 @@ class MALSDBeamComputer(CapturedLoopOwner):
         blank_scores = blank_scores + duration_scores.max(dim=-1).values
         return scores.view(shape), labels.view(shape), durations.view(shape), blank_scores.view(shape[:2])
 
+    def _extend(self, b: BeamLoopBuffers, top_scores, top_labels, top_durations, blank_scores):
+        """Steps 2-3 of a search step: the new beams' ``(parents, labels, TDT duration indices or None)`` ``[B, K]``.
+
+        The hypotheses are updated in place.
+        """
+        batch, k, blank = b.batch_size, self.beam_size, self.blank_index
+        hyps: BeamHypsBuffer = b.hyps
+        # 2. candidates (NeMo's steps 2.1-2.3, same float ops): finished beams stay, once, with their score
+        candidates = hyps.scores.unsqueeze(-1) + top_scores  # [B, K, K]
+        forced_blank_scores = hyps.scores + blank_scores
+        active = b.active
+        candidates = torch.where(active.unsqueeze(-1), candidates, INACTIVE_SCORE)
+        candidates[..., 0] = torch.where(active, candidates[..., 0], hyps.scores)
+        top_labels = torch.where(active.unsqueeze(-1), top_labels, NON_EXISTENT_LABEL_VALUE)
+        if self.max_symbols is not None:
+            # max_symbols labels at this frame already: the only extension is blank
+            force_blank = (hyps.labels_at_time >= self.max_symbols) & active
+            candidates = torch.where(force_blank.unsqueeze(-1), INACTIVE_SCORE, candidates)
+            candidates[..., 0] = torch.where(force_blank, forced_blank_scores, candidates[..., 0])
+            top_labels = torch.where(force_blank.unsqueeze(-1), blank, top_labels)
+            if self.is_tdt:
+                top_durations = torch.where(force_blank.unsqueeze(-1) & (top_durations == 0), 1, top_durations)
+
+        # 3. the K best of K x K, into the hypotheses; merge equal ones
+        next_scores, picked = torch.topk(candidates.view(batch, -1), k=k, largest=True, sorted=True)
+        parents = picked // k
+        next_labels = top_labels.view(batch, -1).gather(1, picked)
+        next_durations = top_durations.view(batch, -1).gather(1, picked) if self.is_tdt else None
+        hyps.add_(parents, next_labels, next_scores, next_durations)
+        hyps.recombine_()
+        return parents, next_labels, next_durations
+
     def _phases(self, b: BeamLoopBuffers) -> LoopPhases:
         batch, k, blank = b.batch_size, self.beam_size, self.blank_index
         hyps: BeamHypsBuffer = b.hyps
@@ -165,29 +202,9 @@ class MALSDBeamComputer(CapturedLoopOwner):
                 logits = self.joint.joint_after_projection(frames, b.decoder_output)[:, 0, 0, :]
             top_scores, top_labels, top_durations, blank_scores = self._top_k(logits, batch, b.float_dtype)
 
-            # 2. candidates (NeMo's steps 2.1-2.3, same float ops): finished beams stay, once, with their score
-            candidates = hyps.scores.unsqueeze(-1) + top_scores  # [B, K, K]
-            forced_blank_scores = hyps.scores + blank_scores
-            active = b.active
-            candidates = torch.where(active.unsqueeze(-1), candidates, INACTIVE_SCORE)
-            candidates[..., 0] = torch.where(active, candidates[..., 0], hyps.scores)
-            top_labels = torch.where(active.unsqueeze(-1), top_labels, NON_EXISTENT_LABEL_VALUE)
-            if self.max_symbols is not None:
-                # max_symbols labels at this frame already: the only extension is blank
-                force_blank = (hyps.labels_at_time >= self.max_symbols) & active
-                candidates = torch.where(force_blank.unsqueeze(-1), INACTIVE_SCORE, candidates)
-                candidates[..., 0] = torch.where(force_blank, forced_blank_scores, candidates[..., 0])
-                top_labels = torch.where(force_blank.unsqueeze(-1), blank, top_labels)
-                if self.is_tdt:
-                    top_durations = torch.where(force_blank.unsqueeze(-1) & (top_durations == 0), 1, top_durations)
-
-            # 3. the K best of K x K, into the hypotheses; merge equal ones
-            next_scores, picked = torch.topk(candidates.view(batch, -1), k=k, largest=True, sorted=True)
-            parents = picked // k
-            next_labels = top_labels.view(batch, -1).gather(1, picked)
-            next_durations = top_durations.view(batch, -1).gather(1, picked) if self.is_tdt else None
-            hyps.add_(parents, next_labels, next_scores, next_durations)
-            hyps.recombine_()
+            # 2.-3. candidates, the K best of K x K into the hypotheses, equal ones merged
+            extend = self._compiled_extend if self._compiled_extend is not None and logits.is_cuda else self._extend
+            parents, next_labels, next_durations = extend(b, top_scores, top_labels, top_durations, blank_scores)
 
             # 4. prediction network: beams that emitted a label advance from their parent's state
             emitted = (next_labels >= 0) & (next_labels != blank)
