@@ -90,3 +90,18 @@ def test_auto_mode_uses_while_nodes_where_the_driver_has_them():
     decode(encoder_output=x, encoded_lengths=lengths)
     expected = GraphMode.NO_WHILE_GRAPH if while_nodes_unavailable_reason(x.device) else GraphMode.FULL_GRAPH
     assert decode.computer.graph_mode is expected
+
+
+@pytest.mark.parametrize("mode", ["full_graph", "eager"])
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_compiled_step_matches_the_exact_search(mode, kind):
+    """Experimental compiled_step (torch.compile of the step's torch parts): the same n-best lists."""
+    decoder, joint = cuda_networks(kind, seed=21)
+    x, lengths = random_encoder_output(9, 41, seed=22, lengths=[41, 3, 1, 40, 17, 1, 41, 25, 8], device="cuda")
+    expected = fast_beam(kind, decoder, joint, 4, 3, return_best_hypothesis=False, graph_mode=mode, fused_topk=False)
+    compiled = fast_beam(
+        kind, decoder, joint, 4, 3, return_best_hypothesis=False, graph_mode=mode, fused_topk=False, compiled_step=True
+    )
+    for _ in range(2):  # the second call replays the captured graph
+        actual = as_tuples(compiled(encoder_output=x, encoded_lengths=lengths)[0], nbest=True)
+        assert_same(actual, as_tuples(expected(encoder_output=x, encoded_lengths=lengths)[0], nbest=True), False)

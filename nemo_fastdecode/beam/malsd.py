@@ -97,8 +97,12 @@ class MALSDBeamComputer(CapturedLoopOwner):
         self.forced_mode = graph_mode
         self.fused_topk = fused_topk
         self.fast_predictor = FastMathPredictor(decoder, joint) if fast_math else None
-        # experimental: steps 2-3 (dozens of tiny ops) fused by torch.compile on CUDA
-        self._compiled_extend = torch.compile(self._extend, dynamic=False) if compiled_step else None
+        # experimental: the step's pure-torch parts (about a hundred tiny kernels) fused by torch.compile on CUDA
+        self._compiled_parts = (
+            tuple(torch.compile(f, dynamic=False) for f in (self._extend, self._select_parents, self._advance))
+            if compiled_step
+            else None
+        )
         self._buffers: BeamLoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
         self._steps_per_frame = max_symbols + 1 if max_symbols is not None else UNBOUNDED_STEPS_START
@@ -174,15 +178,55 @@ class MALSDBeamComputer(CapturedLoopOwner):
         hyps.recombine_()
         return parents, next_labels, next_durations
 
-    def _phases(self, b: BeamLoopBuffers) -> LoopPhases:
-        batch, k, blank = b.batch_size, self.beam_size, self.blank_index
-        hyps: BeamHypsBuffer = b.hyps
+    def _select_parents(self, b: BeamLoopBuffers, parents, next_labels):
+        """Step 4a: each new beam's parent output and state; returns ``(labels to predict [B*K, 1], keep [B*K])``.
 
-        def update_time_flags() -> None:
-            torch.minimum(b.time_indices, b.last_frame, out=b.safe_time_indices)
-            b.safe_time_indices.clamp_(min=0)  # rows of length 0 (never active) read frame 0
-            torch.less_equal(b.time_indices, b.last_frame, out=b.active)
-            torch.logical_and(b.active.any(), hyps.step < hyps.capacity, out=b.flag)
+        ``keep``: beams that did not emit a label keep their parent's prediction-network output and state.
+        """
+        batch, k, blank = b.batch_size, self.beam_size, self.blank_index
+        emitted = (next_labels >= 0) & (next_labels != blank)
+        step_labels = torch.where(emitted, next_labels, blank).view(-1, 1)
+        torch.gather(
+            b.decoder_output.view(batch, k, 1, -1),
+            dim=1,
+            index=parents[:, :, None, None].expand(batch, k, 1, b.decoder_output.shape[-1]),
+            out=b.parent_decoder_output.view(batch, k, 1, -1),
+        )
+        self.decoder.batch_aggregate_states_beam(b.decoder_state, batch, k, parents, b.parent_decoder_state)
+        return step_labels, ~emitted.view(-1)
+
+    def _advance(self, b: BeamLoopBuffers, parents, next_labels, next_durations, output, new_state, keep) -> None:
+        """Steps 4b-5: the new prediction-network outputs and states, then time and the loop flags."""
+        # same as: output[keep] = parent_output[keep]; state[keep] = parent_state[keep]; else the new ones
+        torch.where(keep[:, None, None], b.parent_decoder_output, output, out=b.decoder_output)
+        self.decoder.batch_replace_states_mask(
+            src_states=b.parent_decoder_state, dst_states=b.decoder_state, mask=keep, other_src_states=new_state
+        )
+        # 5. time: blank moves on one frame (RNN-T); TDT moves by the duration (finished beams stay)
+        parent_time = torch.gather(b.time_indices, -1, parents)
+        if self.is_tdt:
+            b.time_indices.copy_(parent_time + torch.where(next_labels >= 0, next_durations, 0))
+        else:
+            b.time_indices.copy_(parent_time + (next_labels == self.blank_index))
+        self._update_time_flags(b)
+
+    @staticmethod
+    def _update_time_flags(b: BeamLoopBuffers) -> None:
+        torch.minimum(b.time_indices, b.last_frame, out=b.safe_time_indices)
+        b.safe_time_indices.clamp_(min=0)  # rows of length 0 (never active) read frame 0
+        torch.less_equal(b.time_indices, b.last_frame, out=b.active)
+        torch.logical_and(b.active.any(), b.hyps.step < b.hyps.capacity, out=b.flag)
+
+    def _step_parts(self, device: torch.device):
+        """The step's pure-torch parts: compiled (``compiled_step`` on CUDA) or as written."""
+        if self._compiled_parts is not None and device.type == "cuda":
+            return self._compiled_parts
+        return self._extend, self._select_parents, self._advance
+
+    def _phases(self, b: BeamLoopBuffers) -> LoopPhases:
+        batch, k = b.batch_size, self.beam_size
+        hyps: BeamHypsBuffer = b.hyps
+        extend, select_parents, advance = self._step_parts(b.time_indices.device)
 
         def before_loop() -> None:
             hyps.reset_()
@@ -191,7 +235,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
             b.decoder_output.copy_(b.sos_decoder_output)
             b.time_indices.zero_()
             torch.sub(b.encoder_lengths[:, None].expand(batch, k), 1, out=b.last_frame)
-            update_time_flags()
+            self._update_time_flags(b)
 
         def step() -> None:
             # 1. joint at every beam's frame, its K best extensions
@@ -201,21 +245,10 @@ class MALSDBeamComputer(CapturedLoopOwner):
             else:
                 logits = self.joint.joint_after_projection(frames, b.decoder_output)[:, 0, 0, :]
             top_scores, top_labels, top_durations, blank_scores = self._top_k(logits, batch, b.float_dtype)
-
             # 2.-3. candidates, the K best of K x K into the hypotheses, equal ones merged
-            extend = self._compiled_extend if self._compiled_extend is not None and logits.is_cuda else self._extend
             parents, next_labels, next_durations = extend(b, top_scores, top_labels, top_durations, blank_scores)
-
             # 4. prediction network: beams that emitted a label advance from their parent's state
-            emitted = (next_labels >= 0) & (next_labels != blank)
-            step_labels = torch.where(emitted, next_labels, blank).view(-1, 1)
-            torch.gather(
-                b.decoder_output.view(batch, k, 1, -1),
-                dim=1,
-                index=parents[:, :, None, None].expand(batch, k, 1, b.decoder_output.shape[-1]),
-                out=b.parent_decoder_output.view(batch, k, 1, -1),
-            )
-            self.decoder.batch_aggregate_states_beam(b.decoder_state, batch, k, parents, b.parent_decoder_state)
+            step_labels, keep = select_parents(b, parents, next_labels)
             if self.fast_predictor is not None:
                 fused = fused_kernels_available(step_labels.device)
                 output, new_state = self.fast_predictor.step(step_labels.view(-1), b.parent_decoder_state, fused)
@@ -224,20 +257,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
                     step_labels, b.parent_decoder_state, add_sos=False, batch_size=batch * k
                 )
                 output = self.joint.project_prednet(output)
-            keep = ~emitted.view(-1)
-            # same as: output[keep] = parent_output[keep]; state[keep] = parent_state[keep]; else the new ones
-            torch.where(keep[:, None, None], b.parent_decoder_output, output, out=b.decoder_output)
-            self.decoder.batch_replace_states_mask(
-                src_states=b.parent_decoder_state, dst_states=b.decoder_state, mask=keep, other_src_states=new_state
-            )
-
-            # 5. time: blank moves on one frame (RNN-T); TDT moves by the duration (finished beams stay)
-            parent_time = torch.gather(b.time_indices, -1, parents)
-            if self.is_tdt:
-                b.time_indices.copy_(parent_time + torch.where(next_labels >= 0, next_durations, 0))
-            else:
-                b.time_indices.copy_(parent_time + (next_labels == blank))
-            update_time_flags()
+            advance(b, parents, next_labels, next_durations, output, new_state, keep)
 
         return LoopPhases.one_level(before_loop, step, b.flag)
 
