@@ -125,6 +125,8 @@ class FastBeamConfig:
             keeps PyTorch's log-softmax arithmetic on CUDA too (bit-identical to ``malsd_batch``).
         fast_math: opt-in, as for ``fast_greedy``: the prediction network and the joint's output layer on
             near-fp32 (3xTF32) tensor-core kernels; not bit-identical (the benchmark reports its agreement).
+        compiled_step: experimental, CUDA only: each search step's pure-torch parts (candidate selection,
+            hypothesis update, state gathers) fused by ``torch.compile`` (compiles on first use, tens of seconds).
     """
 
     beam_size: int = 4
@@ -135,6 +137,7 @@ class FastBeamConfig:
     graph_mode: str = "auto"
     fused_topk: bool | None = None
     fast_math: bool = False
+    compiled_step: bool = False
 
     def __post_init__(self) -> None:
         _check_graph_mode_and_max_symbols(self.graph_mode, self.max_symbols)

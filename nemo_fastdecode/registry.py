@@ -53,6 +53,7 @@ FAST_BEAM_OPTIONS = {field.name for field in dataclasses.fields(BeamRNNTInferCon
     "graph_mode",
     "fused_topk",
     "fast_math",
+    "compiled_step",
 }
 
 
@@ -129,6 +130,7 @@ def _build_fast_beam(decoding, decoding_cfg: DictConfig, decoder, joint):
         graph_mode=beam_cfg.get("graph_mode", "auto"),
         fused_topk=beam_cfg.get("fused_topk", None),
         fast_math=bool(beam_cfg.get("fast_math", False)),
+        compiled_step=bool(beam_cfg.get("compiled_step", False)),
     )
 
 
@@ -145,7 +147,7 @@ FAST_STRATEGIES: dict[str, FastStrategy] = {
         stand_in="malsd_batch",
         section="beam",
         options=frozenset(FAST_BEAM_OPTIONS),
-        own_options=frozenset({"graph_mode", "fused_topk", "fast_math"}),
+        own_options=frozenset({"graph_mode", "fused_topk", "fast_math", "compiled_step"}),
         graphs_switch="allow_cuda_graphs",
         build=_build_fast_beam,
     ),

@@ -192,6 +192,12 @@ def test_fast_beam_config_reaches_the_computer():
         OmegaConf.create({"strategy": "fast_beam", "beam": {"beam_size": 2, "fast_math": True}})
     )
     assert isinstance(model.decoding.decoding.computer.fast_predictor, FastMathPredictor)
+    model.change_decoding_strategy(
+        OmegaConf.create({"strategy": "fast_beam", "beam": {"beam_size": 2, "compiled_step": True}})
+    )
+    computer = model.decoding.decoding.computer
+    assert computer._compiled_parts is not None  # compiled on CUDA only: the CPU runs the parts as written
+    assert computer._step_parts(torch.device("cpu")) == (computer._extend, computer._select_parents, computer._advance)
 
 
 def test_non_default_joint_is_rejected_by_name():

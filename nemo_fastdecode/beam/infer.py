@@ -36,8 +36,8 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             ``True``/``False`` force one (``False`` gives PyTorch's log-softmax bit for bit on CUDA too).
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to ``malsd_batch``.
-        compiled_step: experimental (benchmark only): each step's candidate selection and hypothesis update
-            compiled by ``torch.compile`` on CUDA.
+        compiled_step: experimental: each step's pure-torch parts (candidate selection, hypothesis update,
+            state gathers) compiled by ``torch.compile`` on CUDA.
     """
 
     @property
