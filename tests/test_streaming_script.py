@@ -196,3 +196,15 @@ def test_script_end_to_end(tmp_path):
     assert "Streams with identical tokens (ours vs NeMo's path): 100.0%" in done.stdout
     assert (tmp_path / "out" / "streaming_results.json").is_file()
     assert not (tmp_path / "outputs").exists()  # no Hydra run folders
+
+
+def test_profile_streaming_script_prints_the_step_and_its_top_ops(capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import profile_streaming
+    finally:
+        sys.path.pop(0)
+    profile_streaming.main(["config=streaming", "streams=2", "slots=3", "repeats=1", "top=3", "max_stream_seconds=1"])
+    out = capsys.readouterr().out
+    assert "nemo_fastdecode (eager): 2 streams stepping together, step" in out
+    assert "Name" in out and "aten::" in out

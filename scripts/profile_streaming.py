@@ -1,0 +1,47 @@
+"""Where a streaming step's time goes on the GPU: the kernels of N streams stepping together (ours only).
+
+python scripts/profile_streaming.py                                   # 17 x 512 hybrid, [70, 1], 256 of 1024 slots
+python scripts/profile_streaming.py config=streaming_rnnt_0.6b streams=128 top=30 fast_math=true
+
+Builds the model and streams as ``scripts/streaming.py --config-name <config>`` does, warms our path up, then
+profiles ``repeats`` fixed-batch steps (torch.profiler/CUPTI) and prints the kernels by total GPU time.
+This is how the per-step window copy of the attention caches was found (replaced by ring buffers).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from nemo_fastdecode.streaming import simulation
+
+DEFAULTS = {"config": "streaming_hybrid_17x512", "streams": 256, "slots": 1024, "repeats": 3, "top": 25}
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def main(argv: list[str]) -> None:
+    options = OmegaConf.merge(OmegaConf.create(DEFAULTS), OmegaConf.from_dotlist(argv))
+    overrides = [f"{key}={value}" for key, value in options.items() if key not in DEFAULTS]
+    with initialize_config_dir(str(CONFIGS), version_base=None):
+        cfg = simulation.resolve_config(compose(options.config, overrides=overrides))
+    setup = simulation._setup(cfg, print)
+    plans = simulation._plans(cfg, setup, options.streams)
+    path = simulation.fast_path(setup.model, options.slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math)
+    warm = simulation.fixed_step_ms(path, plans, options.streams, options.repeats, setup.device)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if setup.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        step_ms = simulation.fixed_step_ms(path, plans, options.streams, options.repeats, setup.device)
+    sort_by = "cuda_time_total" if setup.device.type == "cuda" else "cpu_time_total"
+    print(f"{path.name}: {options.streams} streams stepping together, step {warm:.2f} ms ({step_ms:.2f} ms profiled)")
+    print("(the profile also holds the streams' first chunk and their open/close)")
+    print(profile.key_averages().table(sort_by=sort_by, row_limit=options.top, max_name_column_width=90))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
