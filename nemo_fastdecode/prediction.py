@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from nemo_fastdecode.greedy.steps import fused_kernels_available
-from nemo_fastdecode.kernels import lstm_step
+from nemo_fastdecode.kernels import lstm_step, triton_runs_on
 
 
 def is_default_joint(joint: torch.nn.Module) -> bool:
@@ -168,7 +167,7 @@ class FastMathPredictor:
         """
         weight, bias = self._weights["joint_weight"], self._weights["joint_bias"]
         out = torch.empty([hidden.shape[0], weight.shape[0]], device=hidden.device)
-        project = lstm_step.linear if fused_kernels_available(hidden.device) else lstm_step.linear_reference
+        project = lstm_step.linear if triton_runs_on(hidden.device) else lstm_step.linear_reference
         return project(hidden, weight, bias, out)
 
     def joint_logits(self, joint: torch.nn.Module, frames: torch.Tensor, predictor_output: torch.Tensor):

@@ -168,8 +168,8 @@ def test_fast_math_beam_search_agrees_with_the_exact_search(kind, fused, monkeyp
     from test_beam_exactness import LENGTHS, as_tuples, fast_beam
 
     if not fused:  # the torch references: what fast_math runs where Triton does not
-        monkeypatch.setattr("nemo_fastdecode.beam.malsd.fused_kernels_available", lambda device: False)
-        monkeypatch.setattr("nemo_fastdecode.prediction.fused_kernels_available", lambda device: False)
+        monkeypatch.setattr("nemo_fastdecode.beam.malsd.triton_runs_on", lambda device: False)
+        monkeypatch.setattr("nemo_fastdecode.prediction.triton_runs_on", lambda device: False)
     layers = 2 if kind == "tdt" else 1
     decoder, joint = make_networks(tdt=kind == "tdt", seed=3, blank_bias=REALISTIC_BIAS[kind], pred_layers=layers)
     decoder, joint = decoder.to(DEVICE), joint.to(DEVICE)

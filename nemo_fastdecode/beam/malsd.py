@@ -33,7 +33,7 @@ from nemo_fastdecode.beam.hyps import INACTIVE_SCORE, NON_EXISTENT_LABEL_VALUE, 
 from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
-from nemo_fastdecode.greedy.steps import fused_kernels_available
+from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
 from nemo_fastdecode.prediction import FastMathPredictor
 
@@ -250,7 +250,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
             # 4. prediction network: beams that emitted a label advance from their parent's state
             step_labels, keep = select_parents(b, parents, next_labels)
             if self.fast_predictor is not None:
-                fused = fused_kernels_available(step_labels.device)
+                fused = triton_runs_on(step_labels.device)
                 output, new_state = self.fast_predictor.step(step_labels.view(-1), b.parent_decoder_state, fused)
             else:
                 output, new_state, *_ = self.decoder.predict(

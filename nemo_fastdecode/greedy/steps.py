@@ -17,22 +17,19 @@ reduction over the batch that then needs no second kernel.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from nemo_fastdecode.greedy.hyps import BatchedHypsBuffer
 from nemo_fastdecode.greedy.state import LoopBuffers
+from nemo_fastdecode.kernels import triton_runs_on
 
 # rows per program of the one-program bookkeeping kernels; larger batches use the torch path
 MAX_FUSED_BATCH = 4096
 
 
-def fused_kernels_available(device: torch.device) -> bool:
-    """Triton runs the fused kernels on CUDA, or on the CPU in its interpreter (tests)."""
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+fused_kernels_available = triton_runs_on  # the greedy computers' name for it
 
 
 def _batch_block(batch_size: int) -> tuple[int, int]:

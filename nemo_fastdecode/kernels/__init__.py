@@ -1,1 +1,12 @@
 """Triton kernels, one file each: the @triton.jit kernel, its checked launcher and a torch reference."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def triton_runs_on(device: torch.device) -> bool:
+    """Triton runs kernels on CUDA, or on the CPU in its interpreter (``TRITON_INTERPRET=1``, the CI tests)."""
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
