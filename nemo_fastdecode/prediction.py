@@ -130,6 +130,14 @@ class FastMathPredictor:
         self._source_versions = versions
         return not same_layout
 
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        """Fast math decodes in float32: a clear error up front for anything else (e.g. under bf16 autocast)."""
+        if dtype != torch.float32:
+            raise ValueError(
+                f"fast_math decodes in float32, got {dtype} (bf16/fp16 autocast?); decode in float32 or set "
+                "fast_math=false"
+            )
+
     def step(
         self, labels: torch.Tensor, states: list[torch.Tensor], fused: bool
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -142,8 +150,7 @@ class FastMathPredictor:
         if not w:
             raise RuntimeError("FastMathPredictor.refresh() must run before step()")
         h, c = states
-        if h.dtype != torch.float32:
-            raise ValueError(f"fast_math decodes in float32; the prediction-network state is {h.dtype}")
+        self.check_dtype(h.dtype)
         h_new, c_new = torch.empty_like(h), torch.empty_like(c)
         cell = lstm_step.lstm_cell_step if fused else lstm_step.lstm_cell_step_reference
         for layer in range(h.shape[0]):

@@ -125,7 +125,7 @@ def test_unsupported_prediction_networks_are_named():
     states = [torch.zeros([1, 2, decoder.pred_hidden], dtype=torch.bfloat16) for _ in range(2)]
     predictor = FastMathPredictor(decoder, joint)
     predictor.refresh()
-    with pytest.raises(ValueError, match="fast_math decodes in float32; .* torch.bfloat16"):
+    with pytest.raises(ValueError, match="fast_math decodes in float32, got torch.bfloat16"):
         predictor.step(torch.tensor([1, 2]), states, fused=False)
 
 
@@ -205,3 +205,21 @@ def test_non_default_joint_is_rejected_by_name():
     joint.joint_net[0] = torch.nn.Tanh()
     with pytest.raises(ValueError, match="fast_math needs NeMo's default joint .*got Tanh"):
         FastMathPredictor(decoder, joint)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_fast_math_under_autocast_is_a_clear_error(search):
+    from test_beam_exactness import fast_beam
+
+    decoder, joint = make_networks()
+    x, lengths = random_encoder_output(2, 6, seed=1)
+    if search == "greedy":
+        decode = ours("rnnt", decoder, joint, 3)
+        decode.computer.fast_predictor = FastMathPredictor(decoder, joint)
+    else:
+        decode = fast_beam("rnnt", decoder, joint, 2, 3, fast_math=True)
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16),
+        pytest.raises(ValueError, match="fast_math decodes in float32, got torch.bfloat16"),
+    ):
+        decode(encoder_output=x, encoded_lengths=lengths)

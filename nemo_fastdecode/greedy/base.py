@@ -263,6 +263,8 @@ class GreedyComputerBase(CapturedLoopOwner):
         """Run the loop over ``[B, T, D]``, rows ``rows`` (all if ``None``) continuing from ``previous``."""
         batch_size, max_time, _ = encoder_output.shape
         projected = self.joint.project_encoder(encoder_output)
+        if self.fast_predictor is not None:
+            self.fast_predictor.check_dtype(projected.dtype)
         if self.fast_predictor is not None and self.fast_predictor.refresh():
             self.reset_graphs()  # its weight copies moved: graphs captured before would read stale memory
         while True:
