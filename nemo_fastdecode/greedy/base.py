@@ -41,7 +41,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         fused_kernels: use the fused Triton step kernels (:mod:`nemo_fastdecode.greedy.steps`); ``None``: on
             CUDA. They are bit-identical to the torch ops they replace; ``True`` on the CPU needs
             ``TRITON_INTERPRET=1`` (tests).
-        fast_math: run the prediction network on near-fp32 tensor-core kernels
+        fast_math: run the prediction network and the joint's output layer on near-fp32 tensor-core kernels
             (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo.
     """
 
