@@ -54,8 +54,9 @@ class FastGreedyConfig:
         graph_mode: ``auto`` (best mode the driver supports), ``full_graph`` (conditional WHILE nodes,
             CUDA >= 12.3), ``no_while_graph`` (graphs without conditional nodes) or ``eager``.
         fused_kernels: fused Triton step kernels, bit-identical to the torch ops they replace; ``None``: on CUDA.
-        fast_math: opt-in: the prediction network on near-fp32 (3xTF32) tensor-core kernels with a precomputed
-            label table; faster, not bit-identical to NeMo (the benchmark reports its agreement).
+        fast_math: opt-in: the prediction network and the joint's output layer on near-fp32 (3xTF32) tensor-core
+            kernels, with a precomputed label table; faster, not bit-identical to NeMo (the benchmark reports its
+            agreement).
     """
 
     max_symbols: int | None = 10

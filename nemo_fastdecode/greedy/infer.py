@@ -34,8 +34,8 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         graph_mode: "auto" (default), "full_graph", "no_while_graph" or "eager".
         include_duration: fill ``Hypothesis.token_duration`` (TDT).
         fused_kernels: fused Triton step kernels (``None``: on CUDA); bit-identical to the torch path.
-        fast_math: opt-in near-fp32 tensor-core prediction network (:mod:`nemo_fastdecode.prediction`);
-            faster, not bit-identical to NeMo's baseline.
+        fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
+            (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline.
     """
 
     def __init__(
