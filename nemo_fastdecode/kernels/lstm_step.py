@@ -93,6 +93,11 @@ def _lstm_cell_kernel(
     tl.store(h_out_ptr + out, h_new, mask=mask)
 
 
+def _batch_tiling(batch: int) -> tuple[int, int]:
+    """``(rows per program, warps)``, tuned on an H200 (``scripts/bench_prediction.py --sweep``)."""
+    return (32, 2) if batch <= 32 else (64, 4)
+
+
 def _check_fp32(**tensors: torch.Tensor | None) -> None:
     for name, tensor in tensors.items():
         if tensor is not None and tensor.dtype != torch.float32:
@@ -137,9 +142,9 @@ def lstm_cell_step(
     has_x = x is not None
     x_args = (x, x.stride(0), weight_x, weight_x.stride(0), x.shape[1]) if has_x else (h, 0, weight_h, 0, 0)
     # tuned on an H200 at H = 640 (scripts/bench_prediction.py --sweep): many small programs beat few large ones
-    block_b = 32 if batch <= 32 else 64
+    block_b, default_warps = _batch_tiling(batch)
     block_h = block_h or (4 if batch <= 32 else 8)
-    num_warps = num_warps or (2 if batch <= 32 else 4)
+    num_warps = num_warps or default_warps
     grid = (triton.cdiv(batch, block_b), triton.cdiv(hidden, block_h))
     _lstm_cell_kernel[grid](
         row_bias, row_bias.stride(0), bias_index if row_indexed else row_bias,
@@ -182,12 +187,9 @@ def _linear_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < batch, cols < n_out
     acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, depth, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < depth
-        a = tl.load(x_ptr + rows[:, None] * x_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptr + cols[:, None] * w_stride + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
+    # columns past n_out read a clamped (valid) weight row and are never stored
+    w_rows = tl.minimum(cols, n_out - 1)
+    acc = _accumulate(acc, x_ptr, x_stride, w_ptr, w_stride, w_rows, rows, row_ok, depth, BLOCK_K, PRECISION)
     acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
     tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
 
@@ -211,12 +213,12 @@ def linear(
     _check_fp32(x=x, weight=weight, bias=bias)
     batch, depth = x.shape
     n_out = weight.shape[0]
-    block_b = 32 if batch <= 32 else 64
+    block_b, default_warps = _batch_tiling(batch)
     grid = (triton.cdiv(batch, block_b), triton.cdiv(n_out, block_n))
     _linear_kernel[grid](
         x, x.stride(0), weight, weight.stride(0), bias, out, out.stride(0), batch, n_out, depth,
         BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
-        num_warps=num_warps or (2 if batch <= 32 else 4), num_stages=num_stages,
+        num_warps=num_warps or default_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 
