@@ -138,6 +138,14 @@ class FastMathPredictor:
                 "fast_math=false"
             )
 
+    def prepare(self, dtype: torch.dtype) -> bool:
+        """Before a decode in ``dtype``: check it (:meth:`check_dtype`) and :meth:`refresh` the weight copies.
+
+        Returns ``True`` when the copies were reallocated: the caller's captured graphs must be re-captured.
+        """
+        self.check_dtype(dtype)
+        return self.refresh()
+
     def step(
         self, labels: torch.Tensor, states: list[torch.Tensor], fused: bool
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:

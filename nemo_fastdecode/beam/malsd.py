@@ -319,9 +319,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         """
         batch_size, max_time, _ = encoder_output.shape
         projected = self.joint.project_encoder(encoder_output)
-        if self.fast_predictor is not None:
-            self.fast_predictor.check_dtype(projected.dtype)
-        if self.fast_predictor is not None and self.fast_predictor.refresh():
+        if self.fast_predictor is not None and self.fast_predictor.prepare(projected.dtype):
             self.reset_graphs()  # its weight copies moved: graphs captured before would read stale memory
         while True:
             b, loop = self._prepare(batch_size, max_time, projected.shape[-1], projected.device, projected.dtype)

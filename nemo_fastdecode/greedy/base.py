@@ -110,7 +110,7 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     def _joint_output(self, hidden: torch.Tensor) -> torch.Tensor:
         """The joint's last layer and output normalisation, as ``RNNTJoint.joint_after_projection`` applies them."""
-        if self.fast_predictor is not None and hidden.dtype == torch.float32:
+        if self.fast_predictor is not None:  # prepare() checked float32 before the decode
             logits = self.fast_predictor.joint_output(hidden)
         else:
             logits = self.joint.joint_net[-1](hidden)
@@ -263,9 +263,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         """Run the loop over ``[B, T, D]``, rows ``rows`` (all if ``None``) continuing from ``previous``."""
         batch_size, max_time, _ = encoder_output.shape
         projected = self.joint.project_encoder(encoder_output)
-        if self.fast_predictor is not None:
-            self.fast_predictor.check_dtype(projected.dtype)
-        if self.fast_predictor is not None and self.fast_predictor.refresh():
+        if self.fast_predictor is not None and self.fast_predictor.prepare(projected.dtype):
             self.reset_graphs()  # its weight copies moved: graphs captured before would read stale memory
         while True:
             buffers, loop = self._prepare(batch_size, max_time, projected.shape[-1], projected.device, projected.dtype)
