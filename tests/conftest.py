@@ -67,6 +67,15 @@ def single_thread():
 
 
 @pytest.fixture
+def exact_fp32():
+    """True fp32 GEMMs and cuDNN RNNs for a test (PyTorch lets cuDNN use TF32 by default), restored afterwards."""
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
+@pytest.fixture
 def networks():
     return make_networks
 

@@ -9,14 +9,13 @@ timestamps and n-best order must be identical and scores equal to a relative 1e-
 from __future__ import annotations
 
 import pytest
-import torch
 from conftest import make_networks, random_encoder_output
 from test_beam_exactness import REALISTIC_BIAS, as_tuples, fast_beam, nemo_malsd
 
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.graphs.cuda_api import while_nodes_unavailable_reason
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32")]
 MODES = ["full_graph", "no_while_graph", "eager"]
 SCORE_RTOL = 1e-6  # Triton's log-softmax rounds differently from PyTorch's
 
@@ -32,14 +31,6 @@ def assert_same(actual, expected, exact_scores: bool):
     expected_scores = [[t[-1] for t in row] if isinstance(row, list) else [row[-1]] for row in expected]
     for got, want in zip(scores, expected_scores, strict=True):
         assert got == pytest.approx(want, rel=SCORE_RTOL, abs=SCORE_RTOL)
-
-
-@pytest.fixture(autouse=True)
-def exact_fp32():
-    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
 
 
 def cuda_networks(kind, seed):

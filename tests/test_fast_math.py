@@ -21,18 +21,9 @@ from nemo_fastdecode.config import FastGreedyConfig
 from nemo_fastdecode.kernels import lstm_step
 from nemo_fastdecode.prediction import FastMathPredictor, fast_math_unsupported_reason
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "exact_fp32")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # kernels on a GPU, else interpreted
 TOLERANCE = 2e-5  # fp32 GEMM vs 3xTF32 on O(1) values with depth <= 70
-
-
-@pytest.fixture(autouse=True)
-def exact_fp32():
-    """On a GPU the references must be true fp32 (cuDNN's LSTM may use TF32 by default)."""
-    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
 
 
 def _randn(*shape, g):

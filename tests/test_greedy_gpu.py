@@ -13,7 +13,7 @@ from test_greedy_exactness import REALISTIC_BIAS, UNBOUNDED_SAFE, assert_same_hy
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.graphs.cuda_api import while_nodes_unavailable_reason
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32")]
 MODES = ["full_graph", "no_while_graph", "eager"]
 ALGORITHMS = [("rnnt", False), ("rnnt", True), ("tdt", True)]
 
@@ -22,14 +22,6 @@ def cuda_networks(kind, seed, device="cuda", bias=None):
     bias = REALISTIC_BIAS[kind] if bias is None else bias
     decoder, joint = make_networks(tdt=kind == "tdt", seed=seed, blank_bias=bias)
     return decoder.to(device), joint.to(device)
-
-
-@pytest.fixture(autouse=True)
-def exact_fp32():
-    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "torch"])
