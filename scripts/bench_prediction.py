@@ -14,6 +14,7 @@ Times are ``triton.testing.do_bench_cudagraph`` medians (kernel time, no host la
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import sys
 
@@ -37,13 +38,11 @@ def build(hidden: int, tokens: int, layers: int):
 
 
 def float64_output(decoder, joint, labels, states) -> torch.Tensor:
-    lstm = decoder.prediction["dec_rnn"].lstm.double()
+    """The projected output in float64, on copies (the timed modules keep their fp32 parameters)."""
+    lstm = copy.deepcopy(decoder.prediction["dec_rnn"].lstm).double()
     x = decoder.prediction["embed"].weight.double()[labels][None]
     out, _ = lstm(x, tuple(s.double() for s in states))
-    result = joint.pred.double()(out[0])
-    lstm.float()
-    joint.pred.float()
-    return result
+    return copy.deepcopy(joint.pred).double()(out[0])
 
 
 def time_case(batch: int, layers: int, args, sweep: bool) -> list[str]:
