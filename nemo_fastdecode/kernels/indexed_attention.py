@@ -306,9 +306,10 @@ def _check_inputs(
             raise ValueError(f"{name} is on {value.device}, q is on {q.device}: all inputs must be on one device")
 
     if check_values and n > 0:
-        # One device-to-host copy for both checks (skipped when check_values is False, e.g. under
-        # CUDA graph capture; the kernel then zeroes streams with a bad slot and clamps lengths).
-        host = torch.stack([slot_ids.to(torch.int64), lengths.to(torch.int64)]).cpu()
+        # One device-to-host copy for all checks (skipped when check_values is False, e.g. under
+        # CUDA graph capture; the kernel then zeroes streams with a bad slot, clamps lengths, wraps starts).
+        rows = [slot_ids, lengths] + ([key_starts] if key_starts is not None else [])
+        host = torch.stack([row.to(torch.int64) for row in rows]).cpu()
         bad = ((host[0] < 0) | (host[0] >= s)).nonzero()
         if bad.numel():
             i = int(bad[0, 0])
@@ -322,11 +323,12 @@ def _check_inputs(
                 f"lengths[{i}] = {int(host[1, i])} is out of range; valid lengths: [0, {t}] (cache T = {t})"
             )
         if key_starts is not None:
-            starts = key_starts.to(torch.int64).cpu()
-            bad = ((starts < 0) | (starts >= t)).nonzero()
+            bad = ((host[2] < 0) | (host[2] >= t)).nonzero()
             if bad.numel():
                 i = int(bad[0, 0])
-                raise ValueError(f"key_starts[{i}] = {int(starts[i])} is out of range; valid: [0, {t}) (cache T = {t})")
+                raise ValueError(
+                    f"key_starts[{i}] = {int(host[2, i])} is out of range; valid: [0, {t}) (cache T = {t})"
+                )
 
 
 def _should_check_values(check_values: bool | None, q: torch.Tensor) -> bool:
