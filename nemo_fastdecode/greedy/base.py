@@ -18,6 +18,7 @@ from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.state import BatchedGreedyState, GreedyStateItem, LoopBuffers
+from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.prediction import FastMathPredictor, is_default_joint, normalise_joint_logits
 
 # With max_symbols=None the number of labels per frame is unbounded: start with this many slots per
@@ -91,7 +92,7 @@ class GreedyComputerBase(CapturedLoopOwner):
     def _use_fused(self, device: torch.device) -> bool:
         if self.fused_kernels is False:
             return False
-        available = steps.fused_kernels_available(device)
+        available = triton_runs_on(device)
         if self.fused_kernels and not available:
             raise ValueError(f"fused_kernels=True needs a CUDA device or TRITON_INTERPRET=1, got {device}")
         return available and (self.fused_kernels or device.type == "cuda")

@@ -23,13 +23,9 @@ import triton.language as tl
 
 from nemo_fastdecode.greedy.hyps import BatchedHypsBuffer
 from nemo_fastdecode.greedy.state import LoopBuffers
-from nemo_fastdecode.kernels import triton_runs_on
 
 # rows per program of the one-program bookkeeping kernels; larger batches use the torch path
 MAX_FUSED_BATCH = 4096
-
-
-fused_kernels_available = triton_runs_on  # the greedy computers' name for it
 
 
 def _batch_block(batch_size: int) -> tuple[int, int]:
