@@ -63,6 +63,7 @@ BEAM_STRATEGIES = (
     "fast_beam[full_graph,torch_topk]",
     "fast_beam[full_graph,fast_math]",
     "fast_beam[full_graph,fast_math,compiled]",
+    "fast_beam[no_while_graph,fast_math,compiled]",
 )
 
 
@@ -125,6 +126,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
                 fast_beam("full_graph", fused_topk=False),
                 fast_beam("full_graph", fast_math=True),
                 fast_beam("full_graph", fast_math=True, compiled=True),
+                fast_beam("no_while_graph", fast_math=True, compiled=True),  # for kernel profiles
             ),
             strict=True,
         )

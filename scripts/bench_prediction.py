@@ -76,23 +76,26 @@ def time_case(batch: int, layers: int, args, sweep: bool) -> list[str]:
         w = predictor._weights
         h, c = states
         h_out, c_out = torch.empty_like(h[0]), torch.empty_like(c[0])
-        for block_h, block_k, warps in itertools.product((4, 8, 16), (32, 64), (2, 4)):
+        row_blocks = sorted({b for b in (16, 32, 64, 128) if b <= max(16, triton.next_power_of_2(batch))})
+        for block_b, block_h, block_k, warps in itertools.product(row_blocks, (4, 8, 16), (64,), (2, 4, 8)):
 
-            def cell(block_h=block_h, block_k=block_k, warps=warps):
+            def cell(block_b=block_b, block_h=block_h, block_k=block_k, warps=warps):
                 lstm_step.lstm_cell_step(w["table"], labels, None, None, h[0], w["weight_hh_0"], c[0], h_out, c_out,
-                                         block_h=block_h, block_k=block_k, num_warps=warps)  # fmt: skip
+                                         block_b=block_b, block_h=block_h, block_k=block_k, num_warps=warps)  # fmt: skip
 
             t = triton.testing.do_bench_cudagraph(cell, rep=20) * 1e3
-            rows.append(f"| {batch} | cell block_h={block_h} block_k={block_k} warps={warps} | {t:.1f} | | | | |")
+            rows.append(f"| {batch} | cell block_b={block_b} block_h={block_h} block_k={block_k} warps={warps} | "
+                        f"{t:.1f} | | | | |")  # fmt: skip
         out = torch.empty([batch, args.hidden], device="cuda")
-        for block_n, block_k, warps in itertools.product((16, 32), (32, 64), (2, 4)):
+        for block_b, block_n, block_k, warps in itertools.product(row_blocks, (16, 32), (64,), (2, 4, 8)):
 
-            def proj(block_n=block_n, block_k=block_k, warps=warps):
+            def proj(block_b=block_b, block_n=block_n, block_k=block_k, warps=warps):
                 lstm_step.linear(h_out, w["projection_weight"], w["projection_bias"], out,
-                                 block_n=block_n, block_k=block_k, num_warps=warps)  # fmt: skip
+                                 block_b=block_b, block_n=block_n, block_k=block_k, num_warps=warps)  # fmt: skip
 
             t = triton.testing.do_bench_cudagraph(proj, rep=20) * 1e3
-            rows.append(f"| {batch} | projection block_n={block_n} block_k={block_k} warps={warps} | {t:.1f} | | | | |")
+            rows.append(f"| {batch} | projection block_b={block_b} block_n={block_n} block_k={block_k} warps={warps} | "
+                        f"{t:.1f} | | | | |")  # fmt: skip
     return rows
 
 

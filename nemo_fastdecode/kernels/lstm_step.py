@@ -116,6 +116,7 @@ def lstm_cell_step(
     c_out: torch.Tensor,
     precision: str = "tf32x3",
     *,
+    block_b: int | None = None,
     block_h: int | None = None,
     block_k: int = 64,
     num_warps: int | None = None,
@@ -142,7 +143,8 @@ def lstm_cell_step(
     has_x = x is not None
     x_args = (x, x.stride(0), weight_x, weight_x.stride(0), x.shape[1]) if has_x else (h, 0, weight_h, 0, 0)
     # tuned on an H200 at H = 640 (scripts/bench_prediction.py --sweep): many small programs beat few large ones
-    block_b, default_warps = _batch_tiling(batch)
+    default_rows, default_warps = _batch_tiling(batch)
+    block_b = block_b or default_rows
     block_h = block_h or (4 if batch <= 32 else 8)
     num_warps = num_warps or default_warps
     grid = (triton.cdiv(batch, block_b), triton.cdiv(hidden, block_h))
@@ -201,6 +203,7 @@ def linear(
     out: torch.Tensor,
     precision: str = "tf32x3",
     *,
+    block_b: int | None = None,
     block_n: int = 16,
     block_k: int = 64,
     num_warps: int | None = None,
@@ -213,7 +216,8 @@ def linear(
     _check_fp32(x=x, weight=weight, bias=bias)
     batch, depth = x.shape
     n_out = weight.shape[0]
-    block_b, default_warps = _batch_tiling(batch)
+    default_rows, default_warps = _batch_tiling(batch)
+    block_b = block_b or default_rows
     grid = (triton.cdiv(batch, block_b), triton.cdiv(n_out, block_n))
     _linear_kernel[grid](
         x, x.stride(0), weight, weight.stride(0), bias, out, out.stride(0), batch, n_out, depth,
