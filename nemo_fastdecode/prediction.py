@@ -190,7 +190,11 @@ class FastMathPredictor:
 
         Shapes: frames, predictor_output ``[N, H_joint]``; returns ``[N, V + 1 (+ durations)]``.
         """
-        return normalise_joint_logits(joint, self.joint_output(torch.relu(frames + predictor_output)))
+        return self.joint_logits_from_hidden(joint, torch.relu(frames + predictor_output))
+
+    def joint_logits_from_hidden(self, joint: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """The joint's output layer and normalisation on its hidden activations ``[N, H_joint]``."""
+        return normalise_joint_logits(joint, self.joint_output(hidden))
 
 
 def _bias_of(layer: torch.nn.Linear) -> torch.Tensor:

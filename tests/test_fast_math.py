@@ -9,6 +9,7 @@ networks without near-ties.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -187,8 +188,14 @@ def test_fast_beam_config_reaches_the_computer():
         OmegaConf.create({"strategy": "fast_beam", "beam": {"beam_size": 2, "compiled_step": True}})
     )
     computer = model.decoding.decoding.computer
-    assert computer._compiled_parts is not None  # compiled on CUDA only: the CPU runs the parts as written
-    assert computer._step_parts(torch.device("cpu")) == (computer._extend, computer._select_parents, computer._advance)
+    assert computer._compiled is not None  # compiled on CUDA only: the CPU runs the parts as written
+    buffers = SimpleNamespace(device=torch.device("cpu"), float_dtype=torch.float32)
+    assert computer._step_parts(buffers) == (
+        computer._joint_hidden,
+        computer._select,
+        computer._commit,
+        computer._advance,
+    )
 
 
 def test_non_default_joint_is_rejected_by_name():

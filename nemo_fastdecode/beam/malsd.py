@@ -27,13 +27,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
-from nemo_fastdecode.beam.hyps import INACTIVE_SCORE, NON_EXISTENT_LABEL_VALUE, BeamHypsBuffer
+from nemo_fastdecode.beam.hyps import BeamHypsBuffer
 from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.kernels import triton_runs_on
+from nemo_fastdecode.kernels.beam_select import select_extensions
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
 from nemo_fastdecode.prediction import FastMathPredictor
 
@@ -98,8 +98,10 @@ class MALSDBeamComputer(CapturedLoopOwner):
         self.fused_topk = fused_topk
         self.fast_predictor = FastMathPredictor(decoder, joint) if fast_math else None
         # experimental: the step's pure-torch parts (about a hundred tiny kernels) fused by torch.compile on CUDA
-        self._compiled_parts = (
-            tuple(torch.compile(f, dynamic=False) for f in (self._extend, self._select_parents, self._advance))
+        self._compiled = (
+            tuple(
+                torch.compile(f, dynamic=False) for f in (self._joint_hidden, self._select, self._commit, self._advance)
+            )
             if compiled_step
             else None
         )
@@ -113,77 +115,46 @@ class MALSDBeamComputer(CapturedLoopOwner):
         return self.durations_list is not None
 
     # ----- one search step -----------------------------------------------------------------
-    def _top_k(self, logits: torch.Tensor, batch_size: int, dtype: torch.dtype):
-        """Each beam's ``K`` best extensions, as NeMo's ``topk`` over ``log_softmax`` finds them.
-
-        logits ``[B*K, V+1 (+D)]`` -> scores, labels, duration indices (TDT; ``None`` for RNN-T) ``[B, K, K]``
-        (descending) and the score of a forced blank ``[B, K]`` (TDT: blank plus the best duration). The kernel gives the ``K``
-        best non-blank tokens plus blank; the ``K`` best over the whole vocabulary are among them.
-        """
-        k, shape = self.beam_size, (batch_size, self.beam_size, self.beam_size)
+    def _top_k(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The beam-step kernel on the token logits: ``(values, ids) [B*K, K+1]``, the ``K`` best non-blank then blank."""
         num_durations = len(self.durations_list) if self.is_tdt else 0
         token_logits = logits[:, :-num_durations] if num_durations else logits
-        values, ids = log_softmax_topk(token_logits, k, self.blank_index, use_triton=self.fused_topk)
-        values = values.to(dtype)
-        blank_scores = values[:, k]
-        if not num_durations:
-            # blank joins the K best non-blank tokens at its rank (ties: after the tokens); keep K
-            order = values.sort(dim=-1, descending=True, stable=True).indices[:, :k]
-            return (
-                values.gather(1, order).view(shape),
-                ids.gather(1, order).view(shape),
-                None,
-                blank_scores.view(shape[:2]),
-            )
-        duration_scores = F.log_softmax(logits[:, -num_durations:], dim=-1, dtype=dtype)  # [B*K, D]
-        # (token, duration) pairs: NeMo's `log_probs[..., None] + duration_log_probs[..., None, :]`, K+1 tokens
-        pairs = values[:, :, None] + duration_scores[:, None, :]
-        scores, pair_ids = pairs.view(values.shape[0], -1).topk(k, dim=-1, largest=True, sorted=True)
-        labels = ids.gather(1, pair_ids // num_durations)
-        durations = pair_ids % num_durations
-        # a blank never stays on its frame
-        durations = torch.where((labels == self.blank_index) & (durations == 0), 1, durations)
-        blank_scores = blank_scores + duration_scores.max(dim=-1).values
-        return scores.view(shape), labels.view(shape), durations.view(shape), blank_scores.view(shape[:2])
+        return log_softmax_topk(token_logits, self.beam_size, self.blank_index, use_triton=self.fused_topk)
 
-    def _extend(self, b: BeamLoopBuffers, top_scores, top_labels, top_durations, blank_scores):
-        """Steps 2-3 of a search step: the new beams' ``(parents, labels, TDT duration indices or None)`` ``[B, K]``.
+    def _select(self, b: BeamLoopBuffers, logits, values, ids):
+        """Steps 1b-3a: each row's ``K`` best candidates ``(scores, parents, labels, TDT duration indices or None)``.
 
-        The hypotheses are updated in place.
+        From the joint's logits (TDT: their duration part) and the beam-step kernel's output (:meth:`_top_k`);
+        the candidate-selection kernel on CUDA, NeMo's torch operations elsewhere (:func:`select_extensions`).
         """
-        batch, k, blank = b.batch_size, self.beam_size, self.blank_index
+        duration_logits = logits[:, -len(self.durations_list) :] if self.is_tdt else None
         hyps: BeamHypsBuffer = b.hyps
-        # 2. candidates (NeMo's steps 2.1-2.3, same float ops): finished beams stay, once, with their score
-        candidates = hyps.scores.unsqueeze(-1) + top_scores  # [B, K, K]
-        forced_blank_scores = hyps.scores + blank_scores
-        active = b.active
-        candidates = torch.where(active.unsqueeze(-1), candidates, INACTIVE_SCORE)
-        candidates[..., 0] = torch.where(active, candidates[..., 0], hyps.scores)
-        top_labels = torch.where(active.unsqueeze(-1), top_labels, NON_EXISTENT_LABEL_VALUE)
-        if self.max_symbols is not None:
-            # max_symbols labels at this frame already: the only extension is blank
-            force_blank = (hyps.labels_at_time >= self.max_symbols) & active
-            candidates = torch.where(force_blank.unsqueeze(-1), INACTIVE_SCORE, candidates)
-            candidates[..., 0] = torch.where(force_blank, forced_blank_scores, candidates[..., 0])
-            top_labels = torch.where(force_blank.unsqueeze(-1), blank, top_labels)
-            if self.is_tdt:
-                top_durations = torch.where(force_blank.unsqueeze(-1) & (top_durations == 0), 1, top_durations)
+        return select_extensions(
+            values,
+            ids,
+            hyps.scores,
+            b.active,
+            hyps.labels_at_time,
+            self.blank_index,
+            self.max_symbols,
+            duration_logits,
+            use_triton=self._select_uses_kernel(b),
+        )
 
-        # 3. the K best of K x K, into the hypotheses; merge equal ones
-        next_scores, picked = torch.topk(candidates.view(batch, -1), k=k, largest=True, sorted=True)
-        parents = picked // k
-        next_labels = top_labels.view(batch, -1).gather(1, picked)
-        next_durations = top_durations.view(batch, -1).gather(1, picked) if self.is_tdt else None
-        hyps.add_(parents, next_labels, next_scores, next_durations)
-        hyps.recombine_()
-        return parents, next_labels, next_durations
+    def _select_uses_kernel(self, b: BeamLoopBuffers) -> bool:
+        if self.fused_topk is not None:
+            return self.fused_topk
+        return b.device.type == "cuda" and b.float_dtype == torch.float32
 
-    def _select_parents(self, b: BeamLoopBuffers, parents, next_labels):
-        """Step 4a: each new beam's parent output and state; returns ``(labels to predict [B*K, 1], keep [B*K])``.
+    def _commit(self, b: BeamLoopBuffers, next_scores, parents, next_labels, next_durations):
+        """Step 3b-4a: the new beams into the hypotheses (equal ones merged), then each new beam's parent output
+        and state; returns ``(labels to predict [B*K, 1], keep [B*K])``.
 
         ``keep``: beams that did not emit a label keep their parent's prediction-network output and state.
         """
         batch, k, blank = b.batch_size, self.beam_size, self.blank_index
+        b.hyps.add_(parents, next_labels, next_scores, next_durations)
+        b.hyps.recombine_()
         emitted = (next_labels >= 0) & (next_labels != blank)
         step_labels = torch.where(emitted, next_labels, blank).view(-1, 1)
         torch.gather(
@@ -194,6 +165,11 @@ class MALSDBeamComputer(CapturedLoopOwner):
         )
         self.decoder.batch_aggregate_states_beam(b.decoder_state, batch, k, parents, b.parent_decoder_state)
         return step_labels, ~emitted.view(-1)
+
+    def _joint_hidden(self, b: BeamLoopBuffers) -> torch.Tensor:
+        """The fast-math joint's hidden activations at every beam's frame: ``relu(frame + prediction)`` ``[B*K, H]``."""
+        frames = b.encoder_projected[b.beam_rows, b.safe_time_indices.view(-1)]
+        return torch.relu(frames + b.decoder_output[:, 0])
 
     def _advance(self, b: BeamLoopBuffers, parents, next_labels, next_durations, output, new_state, keep) -> None:
         """Steps 4b-5: the new prediction-network outputs and states, then time and the loop flags."""
@@ -217,16 +193,18 @@ class MALSDBeamComputer(CapturedLoopOwner):
         torch.less_equal(b.time_indices, b.last_frame, out=b.active)
         torch.logical_and(b.active.any(), b.hyps.step < b.hyps.capacity, out=b.flag)
 
-    def _step_parts(self, device: torch.device):
-        """The step's pure-torch parts: compiled (``compiled_step`` on CUDA) or as written."""
-        if self._compiled_parts is not None and device.type == "cuda":
-            return self._compiled_parts
-        return self._extend, self._select_parents, self._advance
+    def _step_parts(self, b: BeamLoopBuffers):
+        """The step's parts ``(joint hidden, select, commit, advance)``: with ``compiled_step`` on CUDA, the pure-torch
+        ones compiled (the candidate selection only where it is not the Triton kernel), else as written."""
+        if self._compiled is None or b.device.type != "cuda":
+            return self._joint_hidden, self._select, self._commit, self._advance
+        joint_hidden, select, commit, advance = self._compiled
+        return joint_hidden, self._select if self._select_uses_kernel(b) else select, commit, advance
 
     def _phases(self, b: BeamLoopBuffers) -> LoopPhases:
         batch, k = b.batch_size, self.beam_size
         hyps: BeamHypsBuffer = b.hyps
-        extend, select_parents, advance = self._step_parts(b.time_indices.device)
+        joint_hidden, select, commit, advance = self._step_parts(b)
 
         def before_loop() -> None:
             hyps.reset_()
@@ -239,16 +217,16 @@ class MALSDBeamComputer(CapturedLoopOwner):
 
         def step() -> None:
             # 1. joint at every beam's frame, its K best extensions
-            frames = b.encoder_projected[b.beam_rows, b.safe_time_indices.view(-1)].unsqueeze(1)
             if self.fast_predictor is not None:
-                logits = self.fast_predictor.joint_logits(self.joint, frames[:, 0], b.decoder_output[:, 0])
+                logits = self.fast_predictor.joint_logits_from_hidden(self.joint, joint_hidden(b))
             else:
+                frames = b.encoder_projected[b.beam_rows, b.safe_time_indices.view(-1)].unsqueeze(1)
                 logits = self.joint.joint_after_projection(frames, b.decoder_output)[:, 0, 0, :]
-            top_scores, top_labels, top_durations, blank_scores = self._top_k(logits, batch, b.float_dtype)
-            # 2.-3. candidates, the K best of K x K into the hypotheses, equal ones merged
-            parents, next_labels, next_durations = extend(b, top_scores, top_labels, top_durations, blank_scores)
+            values, ids = self._top_k(logits)
+            # 2.-3. candidates, the K best of K x K into the hypotheses (equal ones merged)
+            next_scores, parents, next_labels, next_durations = select(b, logits, values, ids)
             # 4. prediction network: beams that emitted a label advance from their parent's state
-            step_labels, keep = select_parents(b, parents, next_labels)
+            step_labels, keep = commit(b, next_scores, parents, next_labels, next_durations)
             if self.fast_predictor is not None:
                 fused = triton_runs_on(step_labels.device)
                 output, new_state = self.fast_predictor.step(step_labels.view(-1), b.parent_decoder_state, fused)
