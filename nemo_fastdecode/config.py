@@ -122,8 +122,8 @@ class FastBeamConfig:
         return_best_hypothesis: the best hypothesis per utterance; ``False``: NeMo ``NBestHypotheses``.
         allow_cuda_graphs: allow CUDA graphs; ignored on the CPU.
         graph_mode: as for ``fast_greedy`` (``auto``, ``full_graph``, ``no_while_graph``, ``eager``).
-        fused_topk: ``None``: the Triton beam-step kernel on CUDA, its torch reference elsewhere; ``False``
-            keeps PyTorch's log-softmax arithmetic on CUDA too (bit-identical to ``malsd_batch``).
+        fused_topk: ``None``: the Triton beam-step kernels (top-k, candidate selection) on CUDA, their torch
+            references elsewhere; ``False`` keeps PyTorch's arithmetic on CUDA too (bit-identical to ``malsd_batch``).
         fast_math: opt-in, as for ``fast_greedy``: the prediction network and the joint's output layer on
             near-fp32 (3xTF32) tensor-core kernels; not bit-identical (the benchmark reports its agreement).
         compiled_step: experimental, CUDA only: each search step's pure-torch parts (candidate selection,

@@ -32,7 +32,8 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
         return_best_hypothesis: return the best ``Hypothesis`` per utterance (else ``NBestHypotheses``).
         allow_cuda_graphs: allow CUDA graphs (ignored on the CPU).
         graph_mode: "auto" (default), "full_graph", "no_while_graph" or "eager".
-        fused_topk: ``None`` (default): the Triton beam-step kernel on CUDA, its torch reference elsewhere;
+        fused_topk: ``None`` (default): the Triton beam-step kernels (top-k, candidate selection) on CUDA, their torch
+            references elsewhere;
             ``True``/``False`` force one (``False`` gives PyTorch's log-softmax bit for bit on CUDA too).
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to ``malsd_batch``.

@@ -8,7 +8,8 @@ loop, ``before_loop(); while flag: step()``, whose phases use in-place, non-sync
 so the same code runs eagerly, as phase graphs and inside a WHILE node (:mod:`nemo_fastdecode.graphs`).
 
 What is ours: the per-step top-k is the fused beam-step kernel (:func:`log_softmax_topk`: log-softmax
-and the top-k non-blank tokens plus blank in one pass; the torch reference on the CPU), state and
+and the top-k non-blank tokens plus blank in one pass), the candidates of a row are ranked and selected
+by one more kernel (:func:`select_extensions`; both kernels' torch references run on the CPU), state and
 hypotheses live in pre-allocated buffers re-captured only when a batch is larger or longer than any
 before, and a hypothesis never depends on the rest of its batch.
 
@@ -57,8 +58,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
             uses duration *indices* as durations (equal for the usual ``[0, 1, ..., n]``).
         use_cuda_graphs: allow CUDA graphs on CUDA devices.
         graph_mode: force a :class:`GraphMode` (tests); ``None`` chooses automatically.
-        fused_topk: ``None``: the Triton beam-step kernel on CUDA, its torch reference elsewhere;
-            ``True``/``False`` force one of them.
+        fused_topk: ``None``: the Triton beam-step kernels (top-k, candidate selection) on CUDA, their torch
+            references elsewhere; ``True``/``False`` force one of them.
         fast_math: run the prediction network and the joint's output layer on near-fp32 tensor-core kernels
             (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo.
         compiled_step: experimental, CUDA only: the candidate selection and hypothesis update of each step
