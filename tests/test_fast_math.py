@@ -192,8 +192,8 @@ def test_fast_beam_config_reaches_the_computer():
     buffers = SimpleNamespace(device=torch.device("cpu"), float_dtype=torch.float32)
     assert computer._step_parts(buffers) == (
         computer._joint_hidden,
-        computer._select,
-        computer._commit,
+        computer._extend,
+        computer._select_parents,
         computer._advance,
     )
 

@@ -154,3 +154,68 @@ def test_search_with_the_kernels_matches_malsd_batch(kind):
     decode = fast_beam(kind, decoder, joint, 3, 2, return_best_hypothesis=False, fused_topk=True)
     actual = decode(encoder_output=x, encoded_lengths=lengths)[0]
     assert_same(as_tuples(actual, True), as_tuples(expected, True), exact_scores=False)
+
+
+def hypotheses_midway(batch: int, k: int, tdt: bool, seed: int, capacity: int = 6):
+    """A BeamHypsBuffer a few steps into a search: random trees, states and scores, with equal hypotheses."""
+    from nemo_fastdecode.beam.hyps import BeamHypsBuffer
+
+    g = torch.Generator().manual_seed(seed)
+    hyps = BeamHypsBuffer(batch, k, capacity, VOCAB, DEVICE, torch.float32, tdt)
+    shape = [batch, k]
+    hyps.step.fill_(3)
+    hyps.labels.copy_(torch.randint(-1, VOCAB + 1, hyps.labels.shape, generator=g))
+    hyps.scores.copy_(-10 * torch.rand(shape, generator=g))
+    hyps.lengths.copy_(torch.randint(0, 3, shape, generator=g))
+    hyps.last_label.copy_(torch.randint(0, 3, shape, generator=g))  # few values: extensions often coincide
+    hyps.hashes.copy_(torch.randint(0, 3, shape, generator=g))
+    hyps.next_time.copy_(torch.randint(0, 4, shape, generator=g))
+    hyps.labels_at_time.copy_(torch.randint(0, 3, shape, generator=g))
+    return hyps
+
+
+def hyps_state(hyps) -> dict[str, torch.Tensor]:
+    names = ["labels", "parents", "timestamps", "durations", "step", "scores", "lengths", "last_label", "hashes",
+             "next_time", "labels_at_time"]  # fmt: skip
+    return {name: getattr(hyps, name).clone().cpu() for name in names}
+
+
+@pytest.mark.parametrize("tdt", [False, True], ids=["rnnt", "tdt"])
+@pytest.mark.parametrize("k", [1, 2, 4, 5])
+@pytest.mark.parametrize("at_capacity", [False, True])
+def test_fused_update_matches_add_and_recombine(k, tdt, at_capacity):
+    """select_and_add == select_extensions_reference, then BeamHypsBuffer.add_ and recombine_ (NeMo's ops)."""
+    from nemo_fastdecode.kernels.beam_select import select_and_add
+
+    values, ids, _, active, _, blank, max_symbols, durations = search_state(4, k, tdt, 2, seed=40 + k)
+    # few distinct tokens, so that hypotheses recombine
+    ids = torch.where(ids == VOCAB, ids, ids % 2)
+    got, want = hypotheses_midway(4, k, tdt, seed=k), hypotheses_midway(4, k, tdt, seed=k)
+    if at_capacity:  # past the last slot: the last slot is overwritten
+        got.step.fill_(got.capacity), want.step.fill_(want.capacity)
+    parents, labels, got_durations = select_and_add(values, ids, got, active, blank, max_symbols, durations)
+    scores, want_parents, want_labels, want_durations = select_extensions_reference(
+        values, ids, want.scores, active, want.labels_at_time, blank, max_symbols, durations
+    )
+    want.add_(want_parents, want_labels, scores, want_durations)
+    want.recombine_()
+    finite = scores.isfinite().cpu()
+    assert torch.equal(parents.cpu()[finite], want_parents.cpu()[finite])
+    assert torch.equal(labels.cpu()[finite], want_labels.cpu()[finite])
+    if tdt:
+        assert torch.equal(got_durations.cpu()[finite], want_durations.cpu()[finite])
+    got_state, want_state = hyps_state(got), hyps_state(want)
+    merged = 0
+    for name, value in got_state.items():
+        if name == "scores":
+            torch.testing.assert_close(value, want_state[name], rtol=1e-6, atol=1e-6)
+            merged += int((value.isfinite() & (value != scores.cpu())).sum())
+        elif value.dim() == 3:  # trees: the written slot of the beams that have a finite score
+            assert torch.equal(value[..., :-1], want_state[name][..., :-1]) or at_capacity
+            assert torch.equal(value[..., -1][finite], want_state[name][..., -1][finite]) or not at_capacity
+        elif value.dim() == 2:
+            assert torch.equal(value[finite], want_state[name][finite]), name
+        else:
+            assert torch.equal(value, want_state[name]), name
+    if k > 1 and not tdt:
+        assert merged > 0, "the inputs should make some hypotheses merge"

@@ -9,7 +9,8 @@ so the same code runs eagerly, as phase graphs and inside a WHILE node (:mod:`ne
 
 What is ours: the per-step top-k is the fused beam-step kernel (:func:`log_softmax_topk`: log-softmax
 and the top-k non-blank tokens plus blank in one pass), the candidates of a row are ranked and selected
-by one more kernel (:func:`select_extensions`; both kernels' torch references run on the CPU), state and
+by one more kernel that also writes them into the hypotheses (:func:`select_and_add`; both kernels' torch
+references run on the CPU), state and
 hypotheses live in pre-allocated buffers re-captured only when a batch is larger or longer than any
 before, and a hypothesis never depends on the rest of its batch.
 
@@ -34,7 +35,7 @@ from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.kernels import triton_runs_on
-from nemo_fastdecode.kernels.beam_select import select_extensions
+from nemo_fastdecode.kernels.beam_select import select_and_add, select_extensions_reference
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
 from nemo_fastdecode.prediction import FastMathPredictor
 
@@ -101,7 +102,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
         # experimental: the step's pure-torch parts (about a hundred tiny kernels) fused by torch.compile on CUDA
         self._compiled = (
             tuple(
-                torch.compile(f, dynamic=False) for f in (self._joint_hidden, self._select, self._commit, self._advance)
+                torch.compile(f, dynamic=False)
+                for f in (self._joint_hidden, self._extend, self._select_parents, self._advance)
             )
             if compiled_step
             else None
@@ -122,40 +124,37 @@ class MALSDBeamComputer(CapturedLoopOwner):
         token_logits = logits[:, :-num_durations] if num_durations else logits
         return log_softmax_topk(token_logits, self.beam_size, self.blank_index, use_triton=self.fused_topk)
 
-    def _select(self, b: BeamLoopBuffers, logits, values, ids):
-        """Steps 1b-3a: each row's ``K`` best candidates ``(scores, parents, labels, TDT duration indices or None)``.
+    def _extend(self, b: BeamLoopBuffers, logits, values, ids):
+        """Steps 1b-3: each row's ``K`` best candidates into the hypotheses (equal ones merged); returns the new
+        beams' ``(parents, labels, TDT duration indices or None)`` ``[B, K]``.
 
-        From the joint's logits (TDT: their duration part) and the beam-step kernel's output (:meth:`_top_k`);
-        the candidate-selection kernel on CUDA, NeMo's torch operations elsewhere (:func:`select_extensions`).
+        From the joint's logits (TDT: their duration part) and the beam-step kernel's output (:meth:`_top_k`):
+        on CUDA one kernel does it all (:func:`select_and_add`); elsewhere NeMo's torch operations
+        (:func:`select_extensions_reference`, ``BeamHypsBuffer.add_`` and ``recombine_``).
         """
         duration_logits = logits[:, -len(self.durations_list) :] if self.is_tdt else None
         hyps: BeamHypsBuffer = b.hyps
-        return select_extensions(
-            values,
-            ids,
-            hyps.scores,
-            b.active,
-            hyps.labels_at_time,
-            self.blank_index,
-            self.max_symbols,
-            duration_logits,
-            use_triton=self._select_uses_kernel(b),
+        common = (self.blank_index, self.max_symbols, duration_logits)
+        if self._extend_uses_kernel(b):
+            return select_and_add(values, ids, hyps, b.active, *common)
+        scores, parents, labels, durations = select_extensions_reference(
+            values, ids, hyps.scores, b.active, hyps.labels_at_time, *common
         )
+        hyps.add_(parents, labels, scores, durations)
+        hyps.recombine_()
+        return parents, labels, durations
 
-    def _select_uses_kernel(self, b: BeamLoopBuffers) -> bool:
+    def _extend_uses_kernel(self, b: BeamLoopBuffers) -> bool:
         if self.fused_topk is not None:
             return self.fused_topk
         return b.device.type == "cuda" and b.float_dtype == torch.float32
 
-    def _commit(self, b: BeamLoopBuffers, next_scores, parents, next_labels, next_durations):
-        """Step 3b-4a: the new beams into the hypotheses (equal ones merged), then each new beam's parent output
-        and state; returns ``(labels to predict [B*K, 1], keep [B*K])``.
+    def _select_parents(self, b: BeamLoopBuffers, parents, next_labels):
+        """Step 4a: each new beam's parent output and state; returns ``(labels to predict [B*K, 1], keep [B*K])``.
 
         ``keep``: beams that did not emit a label keep their parent's prediction-network output and state.
         """
         batch, k, blank = b.batch_size, self.beam_size, self.blank_index
-        b.hyps.add_(parents, next_labels, next_scores, next_durations)
-        b.hyps.recombine_()
         emitted = (next_labels >= 0) & (next_labels != blank)
         step_labels = torch.where(emitted, next_labels, blank).view(-1, 1)
         torch.gather(
@@ -195,17 +194,17 @@ class MALSDBeamComputer(CapturedLoopOwner):
         torch.logical_and(b.active.any(), b.hyps.step < b.hyps.capacity, out=b.flag)
 
     def _step_parts(self, b: BeamLoopBuffers):
-        """The step's parts ``(joint hidden, select, commit, advance)``: with ``compiled_step`` on CUDA, the pure-torch
-        ones compiled (the candidate selection only where it is not the Triton kernel), else as written."""
+        """The step's parts ``(joint hidden, extend, select parents, advance)``: with ``compiled_step`` on CUDA,
+        the pure-torch ones compiled (``extend`` only where it is not the Triton kernel), else as written."""
         if self._compiled is None or b.device.type != "cuda":
-            return self._joint_hidden, self._select, self._commit, self._advance
-        joint_hidden, select, commit, advance = self._compiled
-        return joint_hidden, self._select if self._select_uses_kernel(b) else select, commit, advance
+            return self._joint_hidden, self._extend, self._select_parents, self._advance
+        joint_hidden, extend, select_parents, advance = self._compiled
+        return joint_hidden, self._extend if self._extend_uses_kernel(b) else extend, select_parents, advance
 
     def _phases(self, b: BeamLoopBuffers) -> LoopPhases:
         batch, k = b.batch_size, self.beam_size
         hyps: BeamHypsBuffer = b.hyps
-        joint_hidden, select, commit, advance = self._step_parts(b)
+        joint_hidden, extend, select_parents, advance = self._step_parts(b)
 
         def before_loop() -> None:
             hyps.reset_()
@@ -225,9 +224,9 @@ class MALSDBeamComputer(CapturedLoopOwner):
                 logits = self.joint.joint_after_projection(frames, b.decoder_output)[:, 0, 0, :]
             values, ids = self._top_k(logits)
             # 2.-3. candidates, the K best of K x K into the hypotheses (equal ones merged)
-            next_scores, parents, next_labels, next_durations = select(b, logits, values, ids)
+            parents, next_labels, next_durations = extend(b, logits, values, ids)
             # 4. prediction network: beams that emitted a label advance from their parent's state
-            step_labels, keep = commit(b, next_scores, parents, next_labels, next_durations)
+            step_labels, keep = select_parents(b, parents, next_labels)
             if self.fast_predictor is not None:
                 fused = triton_runs_on(step_labels.device)
                 output, new_state = self.fast_predictor.step(step_labels.view(-1), b.parent_decoder_state, fused)

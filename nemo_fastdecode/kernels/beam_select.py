@@ -5,10 +5,12 @@ non-blank tokens plus blank, a search step still has to rank each beam's extensi
 tokens at its rank; TDT: every token is paired with every duration), build the ``K x K`` candidates of a row
 (finished beams keep their score once, beams at ``max_symbols`` labels on their frame may only emit blank)
 and keep the row's ``K`` best. In torch that is a sort or a top-k per beam, a top-k per row and a dozen
-gathers and masks; here it is one Triton program per batch row, everything in registers.
+gathers and masks; here it is one Triton program per batch row, everything in registers
+(:func:`select_extensions`). :func:`select_and_add` also writes the new beams into the hypotheses and merges
+equal ones, which ``BeamHypsBuffer.add_`` and ``recombine_`` do in another dozen small torch operations.
 
-Semantics (the kernel and :func:`select_extensions_reference` agree exactly; the reference is the code that
-produces NeMo's bits on the CPU):
+Semantics (the kernel and :func:`select_extensions_reference` make the same choices, and give the same scores up
+to the last-bit differences named below; the reference is the code that produces NeMo's bits on the CPU):
 
 - Float operations are NeMo's, in NeMo's order: ``candidate = score + extension``, TDT pairs
   ``token + log_softmax(duration logits)``, forced blank ``score + blank (+ best duration)``.
@@ -17,7 +19,8 @@ produces NeMo's bits on the CPU):
   above everything (as ``torch.topk`` / ``torch.sort`` rank it), ``-inf`` below every finite value.
   ``torch.topk`` on CUDA leaves the order of exact ties unspecified, so a step whose candidates tie exactly can
   pick another of the tied candidates than NeMo's search; in float32 that needs equal sums of log-probabilities.
-- The TDT duration log-softmax is summed in another order than PyTorch's and may differ from it in the last bit.
+- The TDT duration log-softmax, and the log-sum-exp of merged hypotheses, are summed in another order than
+  PyTorch's and may differ from it in the last bit.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import triton.language as tl
 
 from nemo_fastdecode.kernels import triton_runs_on
 
-__all__ = ["NON_EXISTENT_LABEL", "select_extensions", "select_extensions_reference"]
+__all__ = ["NON_EXISTENT_LABEL", "select_and_add", "select_extensions", "select_extensions_reference"]
 
 NON_EXISTENT_LABEL = -1  # NeMo's NON_EXISTENT_LABEL_VALUE: the "label" of a finished beam's step
 _NO_LABEL = tl.constexpr(NON_EXISTENT_LABEL)
@@ -71,13 +74,17 @@ def _select_kernel(
     hyp_scores_ptr, active_ptr, labels_at_time_ptr,
     out_scores_ptr, out_parents_ptr, out_labels_ptr, out_durations_ptr,
     blank_id, max_symbols,
+    step_ptr, capacity, tree_labels_ptr, tree_parents_ptr, tree_times_ptr, tree_durations_ptr,
+    lengths_ptr, last_label_ptr, hashes_ptr, next_time_ptr,
     K: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, D: tl.constexpr, DB: tl.constexpr,
-    TDT: tl.constexpr, HAS_MAX_SYMBOLS: tl.constexpr,
+    TDT: tl.constexpr, HAS_MAX_SYMBOLS: tl.constexpr, UPDATE_HYPS: tl.constexpr,
 ):  # fmt: skip
     """One batch row per program: its K beams' extensions ranked, its K x K candidates, their K best.
 
     values/ids ``[B*K, K+1]`` (K best non-blank, then blank); TDT durations ``[B*K, D]`` (duration logits);
-    hyp scores, active, labels at time ``[B, K]``; outputs ``[B, K]``.
+    hyp scores, active, labels at time ``[B, K]``; outputs ``[B, K]``. ``UPDATE_HYPS``: also extend the
+    hypotheses (trees ``[B, K, capacity]`` at slot ``min(step, capacity - 1)``, per-beam state ``[B, K]``)
+    and merge equal ones, as ``BeamHypsBuffer.add_`` and ``recombine_`` do (the caller advances ``step``).
     """
     row = tl.program_id(0)
     beams = tl.arange(0, KB)
@@ -133,9 +140,13 @@ def _select_kernel(
         candidates = tl.where(force_blank[:, None], tl.where(first, forced_blank[:, None], float("-inf")), candidates)
         kind = tl.where(force_blank, 2, kind)
 
-    # 3. the row's K best candidates
+    # 3. the row's K best candidates, as [KB] vectors over the new beams
     flat = beams[:, None] * K + ranks[None, :]
     alive = beam_ok[:, None] & (ranks < K)[None, :]
+    new_scores = tl.full([KB], float("-inf"), dtype=tl.float32)
+    parents = tl.zeros([KB], dtype=tl.int32)
+    labels = tl.zeros([KB], dtype=tl.int64)
+    durations = tl.zeros([KB], dtype=tl.int32)
     for slot in tl.static_range(K):
         score, position = _pick_best(candidates, flat, alive)
         alive = alive & (flat != position)
@@ -146,15 +157,101 @@ def _select_kernel(
         column = extension_id // D if TDT else extension_id
         label = tl.load(ids_ptr + (row * K + parent) * ids_stride + column)
         label = tl.where(parent_kind == 1, _NO_LABEL, tl.where(parent_kind == 2, blank_id, label))
-        out = row * K + slot
-        tl.store(out_scores_ptr + out, score)
-        tl.store(out_parents_ptr + out, parent.to(tl.int64))
-        tl.store(out_labels_ptr + out, label.to(tl.int64))
+        # TDT: a blank never stays on its frame (a forced blank's pair keeps its duration, 0 made 1)
+        duration_index = extension_id % D
+        duration_index = tl.where((label == blank_id) & (duration_index == 0), 1, duration_index)
+        here = beams == slot
+        new_scores = tl.where(here, score, new_scores)
+        parents = tl.where(here, parent, parents)
+        labels = tl.where(here, label, labels)
+        durations = tl.where(here, duration_index, durations)
+    out = row * K + beams
+    tl.store(out_scores_ptr + out, new_scores, mask=beam_ok)
+    tl.store(out_parents_ptr + out, parents.to(tl.int64), mask=beam_ok)
+    tl.store(out_labels_ptr + out, labels, mask=beam_ok)
+    if TDT:
+        tl.store(out_durations_ptr + out, durations.to(tl.int64), mask=beam_ok)
+    if UPDATE_HYPS:
+        _extend_hypotheses(
+            row, beams, beam_ok, parents, labels, durations, new_scores, blank_id, hyp_scores_ptr, labels_at_time_ptr,
+            step_ptr, capacity, tree_labels_ptr, tree_parents_ptr, tree_times_ptr, tree_durations_ptr,
+            lengths_ptr, last_label_ptr, hashes_ptr, next_time_ptr, K, KB, TDT,
+        )  # fmt: skip
+
+
+@triton.jit
+def _of_parent(values, of_parent):
+    """``values[parents[j]]`` for every new beam ``j`` (``of_parent[j, i]``: ``parents[j] == i``)."""
+    return tl.sum(tl.where(of_parent, values[None, :], 0), axis=1)
+
+
+@triton.jit
+def _extend_hypotheses(
+    row, beams, beam_ok, parents, labels, durations, new_scores, blank_id, scores_ptr, labels_at_time_ptr,
+    step_ptr, capacity, tree_labels_ptr, tree_parents_ptr, tree_times_ptr, tree_durations_ptr,
+    lengths_ptr, last_label_ptr, hashes_ptr, next_time_ptr, K: tl.constexpr, KB: tl.constexpr, TDT: tl.constexpr,
+):  # fmt: skip
+    """``BeamHypsBuffer.add_`` then ``recombine_`` for one row (same integer arithmetic; the merge's log-sum-exp
+    may differ from PyTorch's in the last bit)."""
+    beam_state = row * K + beams
+    # the parents' state, read before this row's beams are overwritten (the row is this program's alone)
+    of_parent = parents[:, None] == beams[None, :]
+    parent_last_label = _of_parent(tl.load(last_label_ptr + beam_state, mask=beam_ok, other=0), of_parent)
+    parent_time = _of_parent(tl.load(next_time_ptr + beam_state, mask=beam_ok, other=0), of_parent)
+    parent_at_time = _of_parent(tl.load(labels_at_time_ptr + beam_state, mask=beam_ok, other=0), of_parent)
+    parent_length = _of_parent(tl.load(lengths_ptr + beam_state, mask=beam_ok, other=0), of_parent)
+    parent_hash = _of_parent(tl.load(hashes_ptr + beam_state, mask=beam_ok, other=0), of_parent)
+
+    is_extended = labels >= 0
+    with_blank = labels == blank_id
+    with_label = is_extended & (labels != blank_id)
+    at_time = parent_at_time + with_label.to(tl.int64)
+    if TDT:
+        durations = tl.where(is_extended, durations, 0).to(tl.int64)
+        times = parent_time + durations
+        # a label that moves on (duration > 0) starts a new frame; so does every blank
+        at_time = tl.where(is_extended & (durations > 0), 0, at_time)
+    else:
+        times = parent_time + with_blank.to(tl.int64)
+        at_time = tl.where(with_blank, 0, at_time)
+    lengths = parent_length + with_label.to(tl.int64)
+    # NeMo's hash_text: prev * 6364136223846793005 + 1 + label (int64, wrapping)
+    hashes = tl.where(with_label, parent_hash * 6364136223846793005 + 1 + labels, parent_hash)
+    last_label = tl.where(with_label, labels, parent_last_label)
+
+    slot = tl.minimum(tl.load(step_ptr), capacity - 1)
+    tree = beam_state * capacity + slot
+    tl.store(tree_labels_ptr + tree, labels, mask=beam_ok)
+    tl.store(tree_parents_ptr + tree, parents.to(tl.int64), mask=beam_ok)
+    tl.store(tree_times_ptr + tree, times, mask=beam_ok)
+    if TDT:
+        tl.store(tree_durations_ptr + tree, durations, mask=beam_ok)
+    tl.store(labels_at_time_ptr + beam_state, at_time, mask=beam_ok)
+    tl.store(next_time_ptr + beam_state, times, mask=beam_ok)
+    tl.store(lengths_ptr + beam_state, lengths, mask=beam_ok)
+    tl.store(hashes_ptr + beam_state, hashes, mask=beam_ok)
+    tl.store(last_label_ptr + beam_state, last_label, mask=beam_ok)
+
+    # recombine: equal hypotheses (same transcript; TDT: same next frame) merge into the best one (lowest
+    # beam among equal scores), which keeps the log-sum-exp of their scores; the others become inactive
+    if K > 1:
+        equal = (
+            (hashes[:, None] == hashes[None, :])
+            & (last_label[:, None] == last_label[None, :])
+            & (lengths[:, None] == lengths[None, :])
+            & beam_ok[None, :]
+        )
         if TDT:
-            duration_index = extension_id % D
-            # a blank never stays on its frame (a forced blank's pair keeps its duration, 0 made 1)
-            duration_index = tl.where((label == blank_id) & (duration_index == 0), 1, duration_index)
-            tl.store(out_durations_ptr + out, duration_index.to(tl.int64))
+            equal = equal & (times[:, None] == times[None, :])
+        matrix = tl.where(equal, new_scores[None, :], float("-inf"))
+        # torch.argmax: the first maximum (NaN counts as the maximum)
+        columns = tl.broadcast_to(beams[None, :], [KB, KB])
+        _, best = _pick_best_per_beam(matrix, columns, tl.broadcast_to(beam_ok[None, :], [KB, KB]))
+        top = tl.max(matrix, axis=1)
+        shift = tl.where(tl.abs(top) == float("inf"), 0.0, top)  # torch.logsumexp's guard
+        merged = tl.log(tl.sum(tl.exp(matrix - shift[:, None]), axis=1)) + shift
+        new_scores = tl.where(beams == best, merged, float("-inf"))
+    tl.store(scores_ptr + beam_state, new_scores, mask=beam_ok)
 
 
 def select_extensions_reference(
@@ -243,23 +340,53 @@ def select_extensions(
         ``hyp_scores``), parent beams, labels (blank, or ``-1`` for a finished beam) and, for TDT, duration
         indices (``None`` for RNN-T).
     """
-    batch, k = hyp_scores.shape
-    if values.shape != (batch * k, k + 1) or ids.shape != values.shape:
-        raise ValueError(f"values and ids must be [B*K, K+1] = [{batch * k}, {k + 1}] for hyp_scores {list(hyp_scores.shape)}, "
-                         f"got {list(values.shape)} and {list(ids.shape)}")  # fmt: skip
-    tdt = duration_logits is not None
     if use_triton is None:
         use_triton = values.is_cuda and hyp_scores.dtype == torch.float32
     if not use_triton:
         return select_extensions_reference(
             values, ids, hyp_scores, active, labels_at_time, blank_id, max_symbols, duration_logits
         )
+    return _launch(values, ids, hyp_scores, active, labels_at_time, blank_id, max_symbols, duration_logits, None)
+
+
+def select_and_add(
+    values: torch.Tensor,
+    ids: torch.Tensor,
+    hyps,
+    active: torch.Tensor,
+    blank_id: int,
+    max_symbols: int | None,
+    duration_logits: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`select_extensions` (kernel) fused with the hypothesis update: the new beams go straight into
+    ``hyps`` (a :class:`~nemo_fastdecode.beam.hyps.BeamHypsBuffer`), equal ones merged, ``step`` advanced.
+
+    The same as ``select_extensions`` followed by ``hyps.add_`` and ``hyps.recombine_``, in one program per
+    row (the merge's log-sum-exp may differ from PyTorch's in the last bit). Returns ``(parents, labels,
+    durations)`` ``[B, K]`` (``durations`` ``None`` for RNN-T).
+    """
+    for name in ("labels", "parents", "timestamps", "scores", "lengths", "last_label", "hashes", "next_time"):
+        if not getattr(hyps, name).is_contiguous():
+            raise ValueError(f"hyps.{name} must be contiguous (the kernel writes it in place)")
+    _, parents, labels, durations = _launch(
+        values, ids, hyps.scores, active, hyps.labels_at_time, blank_id, max_symbols, duration_logits, hyps
+    )
+    hyps.step.add_(1)
+    return parents, labels, durations
+
+
+def _launch(values, ids, hyp_scores, active, labels_at_time, blank_id, max_symbols, duration_logits, hyps):
+    batch, k = hyp_scores.shape
     if not triton_runs_on(values.device):
         raise ValueError(f"use_triton=True needs CUDA tensors or TRITON_INTERPRET=1, got {values.device}")
     if hyp_scores.dtype != torch.float32 or values.dtype != torch.float32:
         raise ValueError(
             f"the selection kernel scores in float32, got hyp_scores {hyp_scores.dtype}, values {values.dtype}"
         )
+    if values.shape != (batch * k, k + 1) or ids.shape != values.shape:
+        raise ValueError(f"values and ids must be [B*K, K+1] = [{batch * k}, {k + 1}] for hyp_scores {list(hyp_scores.shape)}, "
+                         f"got {list(values.shape)} and {list(ids.shape)}")  # fmt: skip
+    tdt = duration_logits is not None
     device = values.device
     scores = torch.empty([batch, k], dtype=torch.float32, device=device)
     parents = torch.empty([batch, k], dtype=torch.long, device=device)
@@ -267,14 +394,20 @@ def select_extensions(
     durations = torch.empty([batch, k], dtype=torch.long, device=device) if tdt else None
     num_durations = duration_logits.shape[-1] if tdt else 1
     extensions = (k + 1) * num_durations if tdt else k + 1
+    if hyps is not None:
+        tree = (hyps.step, hyps.capacity, hyps.labels, hyps.parents, hyps.timestamps, hyps.durations if tdt else labels,
+                hyps.lengths, hyps.last_label, hyps.hashes, hyps.next_time)  # fmt: skip
+    else:
+        tree = (labels, 1, labels, labels, labels, labels, labels, labels, labels, labels)  # never touched
     _select_kernel[(batch,)](
         values, ids, values.stride(0), ids.stride(0),
         duration_logits if tdt else values, duration_logits.stride(0) if tdt else 0,
         hyp_scores.contiguous(), active.contiguous(), labels_at_time.contiguous(),
         scores, parents, labels, durations if tdt else labels,
         blank_id, max_symbols if max_symbols is not None else 0,
+        *tree,
         K=k, KB=triton.next_power_of_2(k), EB=triton.next_power_of_2(extensions), D=num_durations,
         DB=triton.next_power_of_2(num_durations), TDT=tdt, HAS_MAX_SYMBOLS=max_symbols is not None,
-        num_warps=1 if extensions * k <= 256 else 4,
+        UPDATE_HYPS=hyps is not None, num_warps=1 if extensions * k <= 256 else 4,
     )  # fmt: skip
     return scores, parents, labels, durations
