@@ -194,7 +194,7 @@ def test_fast_beam_config_reaches_the_computer():
         computer._joint_hidden,
         computer._extend,
         computer._select_parents,
-        computer._advance,
+        computer._keep_parents,
     )
 
 

@@ -13,7 +13,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from conftest import HIDDEN, TDT_DURATIONS, make_networks  # noqa: E402
+from conftest import VOCAB_SIZE as NETWORK_VOCAB  # noqa: E402
 
+from nemo_fastdecode.beam.malsd import MALSDBeamComputer  # noqa: E402
 from nemo_fastdecode.kernels.beam_select import (  # noqa: E402
     NON_EXISTENT_LABEL,
     select_extensions,
@@ -156,66 +159,69 @@ def test_search_with_the_kernels_matches_malsd_batch(kind):
     assert_same(as_tuples(actual, True), as_tuples(expected, True), exact_scores=False)
 
 
-def hypotheses_midway(batch: int, k: int, tdt: bool, seed: int, capacity: int = 6):
-    """A BeamHypsBuffer a few steps into a search: random trees, states and scores, with equal hypotheses."""
-    from nemo_fastdecode.beam.hyps import BeamHypsBuffer
-
+def loop_midway(computer, batch: int, seed: int, capacity_left: int = 3):
+    """The search's buffers a few steps in: random trees, beam states, times and scores, with equal hypotheses."""
     g = torch.Generator().manual_seed(seed)
-    hyps = BeamHypsBuffer(batch, k, capacity, VOCAB, DEVICE, torch.float32, tdt)
+    k = computer.beam_size
+    b = computer._allocate(batch, 5, HIDDEN, DEVICE, torch.float32)
+    hyps = b.hyps
     shape = [batch, k]
-    hyps.step.fill_(3)
+    hyps.step.fill_(hyps.capacity - capacity_left)
     hyps.labels.copy_(torch.randint(-1, VOCAB + 1, hyps.labels.shape, generator=g))
     hyps.scores.copy_(-10 * torch.rand(shape, generator=g))
+    hyps.scores[0, 1:] = float("-inf")
     hyps.lengths.copy_(torch.randint(0, 3, shape, generator=g))
     hyps.last_label.copy_(torch.randint(0, 3, shape, generator=g))  # few values: extensions often coincide
     hyps.hashes.copy_(torch.randint(0, 3, shape, generator=g))
     hyps.next_time.copy_(torch.randint(0, 4, shape, generator=g))
     hyps.labels_at_time.copy_(torch.randint(0, 3, shape, generator=g))
-    return hyps
+    b.last_frame.copy_(torch.randint(-1, 5, [batch, 1], generator=g).expand(shape))
+    b.time_indices.copy_(torch.minimum(torch.randint(0, 5, shape, generator=g), b.last_frame + 1).clamp(min=0))
+    computer._update_time_flags(b)
+    return b
 
 
-def hyps_state(hyps) -> dict[str, torch.Tensor]:
-    names = ["labels", "parents", "timestamps", "durations", "step", "scores", "lengths", "last_label", "hashes",
-             "next_time", "labels_at_time"]  # fmt: skip
-    return {name: getattr(hyps, name).clone().cpu() for name in names}
+STATE = ["labels", "parents", "timestamps", "durations", "step", "scores", "lengths", "last_label", "hashes",
+         "next_time", "labels_at_time"]  # fmt: skip
+LOOP = ["time_indices", "safe_time_indices", "active", "flag"]
 
 
 @pytest.mark.parametrize("tdt", [False, True], ids=["rnnt", "tdt"])
 @pytest.mark.parametrize("k", [1, 2, 4, 5])
-@pytest.mark.parametrize("at_capacity", [False, True])
-def test_fused_update_matches_add_and_recombine(k, tdt, at_capacity):
-    """select_and_add == select_extensions_reference, then BeamHypsBuffer.add_ and recombine_ (NeMo's ops)."""
-    from nemo_fastdecode.kernels.beam_select import select_and_add
-
-    values, ids, _, active, _, blank, max_symbols, durations = search_state(4, k, tdt, 2, seed=40 + k)
-    # few distinct tokens, so that hypotheses recombine
-    ids = torch.where(ids == VOCAB, ids, ids % 2)
-    got, want = hypotheses_midway(4, k, tdt, seed=k), hypotheses_midway(4, k, tdt, seed=k)
-    if at_capacity:  # past the last slot: the last slot is overwritten
-        got.step.fill_(got.capacity), want.step.fill_(want.capacity)
-    parents, labels, got_durations = select_and_add(values, ids, got, active, blank, max_symbols, durations)
-    scores, want_parents, want_labels, want_durations = select_extensions_reference(
-        values, ids, want.scores, active, want.labels_at_time, blank, max_symbols, durations
-    )
-    want.add_(want_parents, want_labels, scores, want_durations)
-    want.recombine_()
-    finite = scores.isfinite().cpu()
-    assert torch.equal(parents.cpu()[finite], want_parents.cpu()[finite])
-    assert torch.equal(labels.cpu()[finite], want_labels.cpu()[finite])
-    if tdt:
-        assert torch.equal(got_durations.cpu()[finite], want_durations.cpu()[finite])
-    got_state, want_state = hyps_state(got), hyps_state(want)
-    merged = 0
-    for name, value in got_state.items():
+@pytest.mark.parametrize("capacity_left", [3, 1, 0])
+def test_advance_beams_matches_the_torch_step(k, tdt, capacity_left):
+    """advance_beams == the search's torch path: select_extensions_reference, BeamHypsBuffer.add_ and recombine_
+    (NeMo's ops), the time update and the loop flags; at the last slot and past it too."""
+    decoder, joint = make_networks(tdt=tdt, seed=5)
+    durations = TDT_DURATIONS if tdt else None
+    computers = [
+        MALSDBeamComputer(decoder.to(DEVICE), joint.to(DEVICE), NETWORK_VOCAB, k, 2, durations, fused_topk=f)
+        for f in (True, False)
+    ]
+    width = NETWORK_VOCAB + 1 + (len(TDT_DURATIONS) if tdt else 0)
+    logits = 3 * torch.randn([4 * k, width], generator=torch.Generator().manual_seed(k)).to(DEVICE)
+    values, ids = log_softmax_topk_reference(logits[:, : NETWORK_VOCAB + 1], k, NETWORK_VOCAB)
+    ids = torch.where(ids == NETWORK_VOCAB, ids, ids % 2)  # few distinct tokens: hypotheses recombine
+    got, want = (loop_midway(c, 4, seed=k, capacity_left=capacity_left) for c in computers)
+    got_out = computers[0]._extend(got, logits, values, ids)
+    want_out = computers[1]._extend(want, logits, values, ids)
+    # which of several -inf candidates fills a row is unspecified: compare the beams alive after the step
+    live = want.hyps.scores.isfinite().cpu()
+    assert torch.equal(live, got.hyps.scores.isfinite().cpu()) and bool(live.any())
+    assert torch.equal(got_out[0].cpu()[live], want_out[0].cpu()[live])
+    assert torch.equal(got_out[1].cpu().view(live.shape)[live], want_out[1].cpu().view(live.shape)[live])
+    assert torch.equal(got_out[2].cpu().view(live.shape)[live], want_out[2].cpu().view(live.shape)[live])
+    slot = min(int(want.hyps.step) - 1, want.hyps.capacity - 1)
+    for name in STATE + LOOP:
+        source_got, source_want = (got.hyps, want.hyps) if name in STATE else (got, want)
+        value, expected = getattr(source_got, name).cpu(), getattr(source_want, name).cpu()
         if name == "scores":
-            torch.testing.assert_close(value, want_state[name], rtol=1e-6, atol=1e-6)
-            merged += int((value.isfinite() & (value != scores.cpu())).sum())
-        elif value.dim() == 3:  # trees: the written slot of the beams that have a finite score
-            assert torch.equal(value[..., :-1], want_state[name][..., :-1]) or at_capacity
-            assert torch.equal(value[..., -1][finite], want_state[name][..., -1][finite]) or not at_capacity
+            torch.testing.assert_close(value, expected, rtol=1e-6, atol=1e-6)
+        elif value.dim() == 3:  # trees: the written slot of live beams, every other slot untouched
+            others = torch.arange(value.shape[-1]) != slot
+            assert torch.equal(value[..., others], expected[..., others]), name
+            assert torch.equal(value[..., slot][live], expected[..., slot][live]), name
         elif value.dim() == 2:
-            assert torch.equal(value[finite], want_state[name][finite]), name
+            assert torch.equal(value[live], expected[live]), name
         else:
-            assert torch.equal(value, want_state[name]), name
-    if k > 1 and not tdt:
-        assert merged > 0, "the inputs should make some hypotheses merge"
+            assert torch.equal(value, expected), name

@@ -9,8 +9,8 @@ so the same code runs eagerly, as phase graphs and inside a WHILE node (:mod:`ne
 
 What is ours: the per-step top-k is the fused beam-step kernel (:func:`log_softmax_topk`: log-softmax
 and the top-k non-blank tokens plus blank in one pass), the candidates of a row are ranked and selected
-by one more kernel that also writes them into the hypotheses (:func:`select_and_add`; both kernels' torch
-references run on the CPU), state and
+by one more kernel that also writes them into the hypotheses and moves the beams' time (:func:`advance_beams`;
+both kernels' torch references run on the CPU), state and
 hypotheses live in pre-allocated buffers re-captured only when a batch is larger or longer than any
 before, and a hypothesis never depends on the rest of its batch.
 
@@ -35,7 +35,7 @@ from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.kernels import triton_runs_on
-from nemo_fastdecode.kernels.beam_select import select_and_add, select_extensions_reference
+from nemo_fastdecode.kernels.beam_select import advance_beams, select_extensions_reference
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
 from nemo_fastdecode.prediction import FastMathPredictor
 
@@ -103,7 +103,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         self._compiled = (
             tuple(
                 torch.compile(f, dynamic=False)
-                for f in (self._joint_hidden, self._extend, self._select_parents, self._advance)
+                for f in (self._joint_hidden, self._extend, self._select_parents, self._keep_parents)
             )
             if compiled_step
             else None
@@ -125,38 +125,43 @@ class MALSDBeamComputer(CapturedLoopOwner):
         return log_softmax_topk(token_logits, self.beam_size, self.blank_index, use_triton=self.fused_topk)
 
     def _extend(self, b: BeamLoopBuffers, logits, values, ids):
-        """Steps 1b-3: each row's ``K`` best candidates into the hypotheses (equal ones merged); returns the new
-        beams' ``(parents, labels, TDT duration indices or None)`` ``[B, K]``.
+        """Steps 1b-3 and 5: each row's ``K`` best candidates into the hypotheses (equal ones merged), then every
+        beam's time and the loop flags. Returns ``(parents [B, K], labels to predict [B*K, 1], keep [B*K])``;
+        ``keep``: the beam emitted no label and keeps its parent's prediction-network output and state.
 
         From the joint's logits (TDT: their duration part) and the beam-step kernel's output (:meth:`_top_k`):
-        on CUDA one kernel does it all (:func:`select_and_add`); elsewhere NeMo's torch operations
+        on CUDA one kernel does it all (:func:`advance_beams`); elsewhere NeMo's torch operations
         (:func:`select_extensions_reference`, ``BeamHypsBuffer.add_`` and ``recombine_``).
         """
         duration_logits = logits[:, -len(self.durations_list) :] if self.is_tdt else None
-        hyps: BeamHypsBuffer = b.hyps
         common = (self.blank_index, self.max_symbols, duration_logits)
         if self._extend_uses_kernel(b):
-            return select_and_add(values, ids, hyps, b.active, *common)
+            parents, step_labels, keep = advance_beams(values, ids, b, *common)
+            return parents, step_labels.view(-1, 1), keep
+        hyps: BeamHypsBuffer = b.hyps
         scores, parents, labels, durations = select_extensions_reference(
             values, ids, hyps.scores, b.active, hyps.labels_at_time, *common
         )
         hyps.add_(parents, labels, scores, durations)
         hyps.recombine_()
-        return parents, labels, durations
+        # 5. time: blank moves on one frame (RNN-T); TDT moves by the duration (finished beams stay)
+        parent_time = torch.gather(b.time_indices, -1, parents)
+        if self.is_tdt:
+            b.time_indices.copy_(parent_time + torch.where(labels >= 0, durations, 0))
+        else:
+            b.time_indices.copy_(parent_time + (labels == self.blank_index))
+        self._update_time_flags(b)
+        emitted = (labels >= 0) & (labels != self.blank_index)
+        return parents, torch.where(emitted, labels, self.blank_index).view(-1, 1), ~emitted.view(-1)
 
     def _extend_uses_kernel(self, b: BeamLoopBuffers) -> bool:
         if self.fused_topk is not None:
             return self.fused_topk
         return b.device.type == "cuda" and b.float_dtype == torch.float32
 
-    def _select_parents(self, b: BeamLoopBuffers, parents, next_labels):
-        """Step 4a: each new beam's parent output and state; returns ``(labels to predict [B*K, 1], keep [B*K])``.
-
-        ``keep``: beams that did not emit a label keep their parent's prediction-network output and state.
-        """
-        batch, k, blank = b.batch_size, self.beam_size, self.blank_index
-        emitted = (next_labels >= 0) & (next_labels != blank)
-        step_labels = torch.where(emitted, next_labels, blank).view(-1, 1)
+    def _select_parents(self, b: BeamLoopBuffers, parents) -> None:
+        """Step 4a: each new beam's parent prediction-network output and state, into ``parent_decoder_*``."""
+        batch, k = b.batch_size, self.beam_size
         torch.gather(
             b.decoder_output.view(batch, k, 1, -1),
             dim=1,
@@ -164,27 +169,19 @@ class MALSDBeamComputer(CapturedLoopOwner):
             out=b.parent_decoder_output.view(batch, k, 1, -1),
         )
         self.decoder.batch_aggregate_states_beam(b.decoder_state, batch, k, parents, b.parent_decoder_state)
-        return step_labels, ~emitted.view(-1)
 
     def _joint_hidden(self, b: BeamLoopBuffers) -> torch.Tensor:
         """The fast-math joint's hidden activations at every beam's frame: ``relu(frame + prediction)`` ``[B*K, H]``."""
         frames = b.encoder_projected[b.beam_rows, b.safe_time_indices.view(-1)]
         return torch.relu(frames + b.decoder_output[:, 0])
 
-    def _advance(self, b: BeamLoopBuffers, parents, next_labels, next_durations, output, new_state, keep) -> None:
-        """Steps 4b-5: the new prediction-network outputs and states, then time and the loop flags."""
+    def _keep_parents(self, b: BeamLoopBuffers, output, new_state, keep) -> None:
+        """Step 4b: the new prediction-network outputs and states; beams that emitted no label keep their parent's."""
         # same as: output[keep] = parent_output[keep]; state[keep] = parent_state[keep]; else the new ones
         torch.where(keep[:, None, None], b.parent_decoder_output, output, out=b.decoder_output)
         self.decoder.batch_replace_states_mask(
             src_states=b.parent_decoder_state, dst_states=b.decoder_state, mask=keep, other_src_states=new_state
         )
-        # 5. time: blank moves on one frame (RNN-T); TDT moves by the duration (finished beams stay)
-        parent_time = torch.gather(b.time_indices, -1, parents)
-        if self.is_tdt:
-            b.time_indices.copy_(parent_time + torch.where(next_labels >= 0, next_durations, 0))
-        else:
-            b.time_indices.copy_(parent_time + (next_labels == self.blank_index))
-        self._update_time_flags(b)
 
     @staticmethod
     def _update_time_flags(b: BeamLoopBuffers) -> None:
@@ -194,17 +191,17 @@ class MALSDBeamComputer(CapturedLoopOwner):
         torch.logical_and(b.active.any(), b.hyps.step < b.hyps.capacity, out=b.flag)
 
     def _step_parts(self, b: BeamLoopBuffers):
-        """The step's parts ``(joint hidden, extend, select parents, advance)``: with ``compiled_step`` on CUDA,
-        the pure-torch ones compiled (``extend`` only where it is not the Triton kernel), else as written."""
+        """The step's parts ``(joint hidden, extend, select parents, keep parents)``: with ``compiled_step`` on
+        CUDA the pure-torch ones compiled (``extend`` only where it is not the Triton kernel), else as written."""
         if self._compiled is None or b.device.type != "cuda":
-            return self._joint_hidden, self._extend, self._select_parents, self._advance
-        joint_hidden, extend, select_parents, advance = self._compiled
-        return joint_hidden, self._extend if self._extend_uses_kernel(b) else extend, select_parents, advance
+            return self._joint_hidden, self._extend, self._select_parents, self._keep_parents
+        joint_hidden, extend, select_parents, keep_parents = self._compiled
+        return joint_hidden, self._extend if self._extend_uses_kernel(b) else extend, select_parents, keep_parents
 
     def _phases(self, b: BeamLoopBuffers) -> LoopPhases:
         batch, k = b.batch_size, self.beam_size
         hyps: BeamHypsBuffer = b.hyps
-        joint_hidden, extend, select_parents, advance = self._step_parts(b)
+        joint_hidden, extend, select_parents, keep_parents = self._step_parts(b)
 
         def before_loop() -> None:
             hyps.reset_()
@@ -223,10 +220,10 @@ class MALSDBeamComputer(CapturedLoopOwner):
                 frames = b.encoder_projected[b.beam_rows, b.safe_time_indices.view(-1)].unsqueeze(1)
                 logits = self.joint.joint_after_projection(frames, b.decoder_output)[:, 0, 0, :]
             values, ids = self._top_k(logits)
-            # 2.-3. candidates, the K best of K x K into the hypotheses (equal ones merged)
-            parents, next_labels, next_durations = extend(b, logits, values, ids)
+            # 2.-3., 5. candidates, the K best of K x K into the hypotheses (equal ones merged), time and flags
+            parents, step_labels, keep = extend(b, logits, values, ids)
             # 4. prediction network: beams that emitted a label advance from their parent's state
-            step_labels, keep = select_parents(b, parents, next_labels)
+            select_parents(b, parents)
             if self.fast_predictor is not None:
                 fused = triton_runs_on(step_labels.device)
                 output, new_state = self.fast_predictor.step(step_labels.view(-1), b.parent_decoder_state, fused)
@@ -235,7 +232,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
                     step_labels, b.parent_decoder_state, add_sos=False, batch_size=batch * k
                 )
                 output = self.joint.project_prednet(output)
-            advance(b, parents, next_labels, next_durations, output, new_state, keep)
+            keep_parents(b, output, new_state, keep)
 
         return LoopPhases.one_level(before_loop, step, b.flag)
 

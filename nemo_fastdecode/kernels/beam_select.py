@@ -6,8 +6,9 @@ tokens at its rank; TDT: every token is paired with every duration), build the `
 (finished beams keep their score once, beams at ``max_symbols`` labels on their frame may only emit blank)
 and keep the row's ``K`` best. In torch that is a sort or a top-k per beam, a top-k per row and a dozen
 gathers and masks; here it is one Triton program per batch row, everything in registers
-(:func:`select_extensions`). :func:`select_and_add` also writes the new beams into the hypotheses and merges
-equal ones, which ``BeamHypsBuffer.add_`` and ``recombine_`` do in another dozen small torch operations.
+(:func:`select_extensions`). :func:`advance_beams` also writes the new beams into the hypotheses, merges equal
+ones and moves the beams' time (``BeamHypsBuffer.add_``, ``recombine_`` and the loop's time update: another
+twenty small torch operations).
 
 Semantics (the kernel and :func:`select_extensions_reference` make the same choices, and give the same scores up
 to the last-bit differences named below; the reference is the code that produces NeMo's bits on the CPU):
@@ -31,7 +32,7 @@ import triton.language as tl
 
 from nemo_fastdecode.kernels import triton_runs_on
 
-__all__ = ["NON_EXISTENT_LABEL", "select_and_add", "select_extensions", "select_extensions_reference"]
+__all__ = ["NON_EXISTENT_LABEL", "advance_beams", "select_extensions", "select_extensions_reference"]
 
 NON_EXISTENT_LABEL = -1  # NeMo's NON_EXISTENT_LABEL_VALUE: the "label" of a finished beam's step
 _NO_LABEL = tl.constexpr(NON_EXISTENT_LABEL)
@@ -76,6 +77,7 @@ def _select_kernel(
     blank_id, max_symbols,
     step_ptr, capacity, tree_labels_ptr, tree_parents_ptr, tree_times_ptr, tree_durations_ptr,
     lengths_ptr, last_label_ptr, hashes_ptr, next_time_ptr,
+    time_ptr, last_frame_ptr, safe_time_ptr, step_labels_ptr, keep_ptr,
     K: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, D: tl.constexpr, DB: tl.constexpr,
     TDT: tl.constexpr, HAS_MAX_SYMBOLS: tl.constexpr, UPDATE_HYPS: tl.constexpr,
 ):  # fmt: skip
@@ -84,7 +86,8 @@ def _select_kernel(
     values/ids ``[B*K, K+1]`` (K best non-blank, then blank); TDT durations ``[B*K, D]`` (duration logits);
     hyp scores, active, labels at time ``[B, K]``; outputs ``[B, K]``. ``UPDATE_HYPS``: also extend the
     hypotheses (trees ``[B, K, capacity]`` at slot ``min(step, capacity - 1)``, per-beam state ``[B, K]``)
-    and merge equal ones, as ``BeamHypsBuffer.add_`` and ``recombine_`` do (the caller advances ``step``).
+    and merge equal ones, as ``BeamHypsBuffer.add_`` and ``recombine_`` do (``_finish_step_kernel`` then
+    advances ``step``), and move every beam's time and activity to its parent's plus the new step's.
     """
     row = tl.program_id(0)
     beams = tl.arange(0, KB)
@@ -177,6 +180,36 @@ def _select_kernel(
             step_ptr, capacity, tree_labels_ptr, tree_parents_ptr, tree_times_ptr, tree_durations_ptr,
             lengths_ptr, last_label_ptr, hashes_ptr, next_time_ptr, K, KB, TDT,
         )  # fmt: skip
+        # the prediction network advances the beams that emitted a label; the others keep their parent's state
+        emitted = (labels >= 0) & (labels != blank_id)
+        tl.store(step_labels_ptr + out, tl.where(emitted, labels, blank_id), mask=beam_ok)
+        tl.store(keep_ptr + out, ~emitted, mask=beam_ok)
+        # time: blank moves on one frame (RNN-T), TDT moves by the duration; finished beams stay
+        parent_time = tl.load(time_ptr + row * K + parents, mask=beam_ok, other=0)
+        if TDT:
+            time = parent_time + tl.where(labels >= 0, durations, 0).to(tl.int64)
+        else:
+            time = parent_time + (labels == blank_id).to(tl.int64)
+        last_frame = tl.load(last_frame_ptr + out, mask=beam_ok, other=0)
+        tl.debug_barrier()  # every parent's time is read before any is overwritten
+        tl.store(time_ptr + out, time, mask=beam_ok)
+        # rows of length 0 (never active) read frame 0
+        tl.store(safe_time_ptr + out, tl.maximum(tl.minimum(time, last_frame), 0), mask=beam_ok)
+        tl.store(active_ptr + out, time <= last_frame, mask=beam_ok)
+
+
+@triton.jit
+def _finish_step_kernel(step_ptr, capacity, active_ptr, flag_ptr, n, BLOCK: tl.constexpr):
+    """One program: ``step += 1``, then ``flag = any(active) and step < capacity`` (the loop's condition)."""
+    step = tl.load(step_ptr) + 1
+    tl.store(step_ptr, step)
+    any_active = tl.full([], 0, tl.int32)
+    for start in range(0, n, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        any_active = tl.maximum(
+            any_active, tl.max(tl.load(active_ptr + offsets, mask=offsets < n, other=0).to(tl.int32))
+        )
+    tl.store(flag_ptr, (any_active > 0) & (step < capacity))
 
 
 @triton.jit
@@ -221,6 +254,7 @@ def _extend_hypotheses(
 
     slot = tl.minimum(tl.load(step_ptr), capacity - 1)
     tree = beam_state * capacity + slot
+    tl.debug_barrier()  # every parent's state is read before any is overwritten (threads share the row)
     tl.store(tree_labels_ptr + tree, labels, mask=beam_ok)
     tl.store(tree_parents_ptr + tree, parents.to(tl.int64), mask=beam_ok)
     tl.store(tree_times_ptr + tree, times, mask=beam_ok)
@@ -346,36 +380,57 @@ def select_extensions(
         return select_extensions_reference(
             values, ids, hyp_scores, active, labels_at_time, blank_id, max_symbols, duration_logits
         )
-    return _launch(values, ids, hyp_scores, active, labels_at_time, blank_id, max_symbols, duration_logits, None)
+    return _launch(values, ids, hyp_scores, active, labels_at_time, blank_id, max_symbols, duration_logits, None, None)
 
 
-def select_and_add(
+def advance_beams(
     values: torch.Tensor,
     ids: torch.Tensor,
-    hyps,
-    active: torch.Tensor,
+    buffers,
     blank_id: int,
     max_symbols: int | None,
     duration_logits: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """:func:`select_extensions` (kernel) fused with the hypothesis update: the new beams go straight into
-    ``hyps`` (a :class:`~nemo_fastdecode.beam.hyps.BeamHypsBuffer`), equal ones merged, ``step`` advanced.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A whole search step but the networks, on the selection kernel: select each row's ``K`` best candidates
+    (:func:`select_extensions`), write them into the hypotheses and merge equal ones (``BeamHypsBuffer.add_``
+    and ``recombine_``), move every beam's time and activity, and set the loop's flag.
 
-    The same as ``select_extensions`` followed by ``hyps.add_`` and ``hyps.recombine_``, in one program per
-    row (the merge's log-sum-exp may differ from PyTorch's in the last bit). Returns ``(parents, labels,
-    durations)`` ``[B, K]`` (``durations`` ``None`` for RNN-T).
+    ``buffers``: the search's :class:`~nemo_fastdecode.beam.state.BeamLoopBuffers` (``hyps``, ``active``,
+    ``time_indices``, ``last_frame``, ``safe_time_indices``, ``flag``), updated in place; one program per row,
+    then one to count the step (the merge's log-sum-exp may differ from PyTorch's in the last bit).
+
+    Returns:
+        ``(parents [B, K], labels to predict [B*K], keep [B*K])``: the new beams' parents, the label each
+        beam feeds the prediction network (blank where it emitted none) and whether it keeps its parent's
+        prediction-network state instead (it emitted no label).
     """
-    for name in ("labels", "parents", "timestamps", "scores", "lengths", "last_label", "hashes", "next_time"):
+    hyps = buffers.hyps
+    state = ("labels", "parents", "timestamps", "scores", "lengths", "last_label", "hashes", "next_time")
+    for name in state:
         if not getattr(hyps, name).is_contiguous():
             raise ValueError(f"hyps.{name} must be contiguous (the kernel writes it in place)")
-    _, parents, labels, durations = _launch(
-        values, ids, hyps.scores, active, hyps.labels_at_time, blank_id, max_symbols, duration_logits, hyps
+    step_labels = torch.empty([buffers.active.numel()], dtype=torch.long, device=values.device)
+    keep = torch.empty([buffers.active.numel()], dtype=torch.bool, device=values.device)
+    loop = (buffers.time_indices, buffers.last_frame, buffers.safe_time_indices, step_labels, keep)
+    _, parents, _, _ = _launch(
+        values,
+        ids,
+        hyps.scores,
+        buffers.active,
+        hyps.labels_at_time,
+        blank_id,
+        max_symbols,
+        duration_logits,
+        hyps,
+        loop,
     )
-    hyps.step.add_(1)
-    return parents, labels, durations
+    _finish_step_kernel[(1,)](
+        hyps.step, hyps.capacity, buffers.active, buffers.flag, buffers.active.numel(), BLOCK=1024
+    )
+    return parents, step_labels, keep
 
 
-def _launch(values, ids, hyp_scores, active, labels_at_time, blank_id, max_symbols, duration_logits, hyps):
+def _launch(values, ids, hyp_scores, active, labels_at_time, blank_id, max_symbols, duration_logits, hyps, loop):
     batch, k = hyp_scores.shape
     if not triton_runs_on(values.device):
         raise ValueError(f"use_triton=True needs CUDA tensors or TRITON_INTERPRET=1, got {values.device}")
@@ -397,15 +452,19 @@ def _launch(values, ids, hyp_scores, active, labels_at_time, blank_id, max_symbo
     if hyps is not None:
         tree = (hyps.step, hyps.capacity, hyps.labels, hyps.parents, hyps.timestamps, hyps.durations if tdt else labels,
                 hyps.lengths, hyps.last_label, hyps.hashes, hyps.next_time)  # fmt: skip
+        for tensor in (active, *loop):
+            if not tensor.is_contiguous():
+                raise ValueError("the loop's state must be contiguous (the kernel writes it in place)")
     else:
         tree = (labels, 1, labels, labels, labels, labels, labels, labels, labels, labels)  # never touched
+        loop = (labels,) * 5
     _select_kernel[(batch,)](
         values, ids, values.stride(0), ids.stride(0),
         duration_logits if tdt else values, duration_logits.stride(0) if tdt else 0,
         hyp_scores.contiguous(), active.contiguous(), labels_at_time.contiguous(),
         scores, parents, labels, durations if tdt else labels,
         blank_id, max_symbols if max_symbols is not None else 0,
-        *tree,
+        *tree, *loop,
         K=k, KB=triton.next_power_of_2(k), EB=triton.next_power_of_2(extensions), D=num_durations,
         DB=triton.next_power_of_2(num_durations), TDT=tdt, HAS_MAX_SYMBOLS=max_symbols is not None,
         UPDATE_HYPS=hyps is not None, num_warps=1 if extensions * k <= 256 else 4,
