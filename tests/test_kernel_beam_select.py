@@ -175,8 +175,9 @@ def loop_midway(computer, batch: int, seed: int, capacity_left: int = 3):
     hyps.hashes.copy_(torch.randint(0, 3, shape, generator=g))
     hyps.next_time.copy_(torch.randint(0, 4, shape, generator=g))
     hyps.labels_at_time.copy_(torch.randint(0, 3, shape, generator=g))
-    b.last_frame.copy_(torch.randint(-1, 5, [batch, 1], generator=g).expand(shape))
-    b.time_indices.copy_(torch.minimum(torch.randint(0, 5, shape, generator=g), b.last_frame + 1).clamp(min=0))
+    last_frame = torch.randint(-1, 5, [batch, 1], generator=g).expand(shape)
+    b.last_frame.copy_(last_frame)
+    b.time_indices.copy_(torch.minimum(torch.randint(0, 5, shape, generator=g), last_frame + 1).clamp(min=0))
     computer._update_time_flags(b)
     return b
 
