@@ -294,8 +294,9 @@ def write_reports(reports: list[ModelReport], command: str, json_path: str, mark
     env = environment()
     with open(json_path, "w") as f:
         json.dump({"environment": env, "command": command, "models": [asdict(r) for r in reports]}, f, indent=2)
+    beam = any(r.strategy in BEAM_STRATEGIES for report in reports for r in report.results)
     lines = [
-        f"# Greedy decoding benchmark on {env['gpu']}",
+        f"# {'Beam search' if beam else 'Greedy'} decoding benchmark on {env['gpu']}",
         "",
         f"Command: `{command}`",
         "",

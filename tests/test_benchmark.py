@@ -1,0 +1,33 @@
+"""scripts/benchmark.py's engine on a tiny synthetic model (CPU): rows, agreement with the references, reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nemo_fastdecode.benchmark import benchmark_model, write_reports
+
+
+@pytest.mark.parametrize("preset", ["tiny-rnnt", "tiny-tdt"])
+def test_greedy_and_beam_rows_agree_with_their_references(preset, tmp_path):
+    strategies = ["fast_greedy_label_loop[eager]", "fast_beam[eager]"]
+    report = benchmark_model(
+        preset, total_seconds=12, batch_size=4, repeats=1, strategies=strategies, beam_size=2, device="cpu",
+        log=lambda _: None,
+    )  # fmt: skip
+    rows = {r.strategy: r for r in report.results}
+    # each family's reference comes with it: NeMo's baseline greedy, NeMo's malsd_batch for beam rows
+    assert set(rows) == {"nemo_baseline", "nemo_malsd_batch", *strategies}
+    for name in strategies:
+        assert rows[name].identical_utterances == 1.0
+        assert rows[name].speedup_vs_fastest_nemo is not None and rows[name].decoder_seconds > 0
+    assert rows["fast_beam[eager]"].tokens == rows["nemo_malsd_batch"].tokens
+    assert rows["fast_greedy_label_loop[eager]"].tokens == rows["nemo_baseline"].tokens
+    text = write_reports([report], "pytest", str(tmp_path / "r.json"), str(tmp_path / "r.md"))
+    assert text.startswith("# Beam search decoding benchmark") and "| fast_beam[eager] | eager |" in text
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert [r["strategy"] for r in saved["models"][0]["results"]] == [r.strategy for r in report.results]
+    report.results = [r for r in report.results if "beam" not in r.strategy and "malsd" not in r.strategy]
+    greedy = write_reports([report], "pytest", str(tmp_path / "g.json"), str(tmp_path / "g.md"))
+    assert greedy.startswith("# Greedy decoding benchmark")
