@@ -27,19 +27,25 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def best_time(decoder: Any, batches: Batches, repeats: int) -> tuple[float, list[Hypothesis]]:
-    """Best wall-clock seconds of ``repeats`` passes (synchronised on a GPU) and the last pass's hypotheses."""
+def timed_passes(decoder: Any, batches: Batches, repeats: int) -> tuple[list[float], list[Hypothesis]]:
+    """Wall-clock seconds of each of ``repeats`` passes (synchronised on a GPU) and the last pass's hypotheses."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     device = batches[0][0].device if len(batches) else torch.device("cpu")
-    best, hyps = float("inf"), []
+    seconds, hyps = [], []
     for _ in range(repeats):
         _synchronize(device)
         start = time.perf_counter()
         hyps = decode_all(decoder, batches)
         _synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best, hyps
+        seconds.append(time.perf_counter() - start)
+    return seconds, hyps
+
+
+def best_time(decoder: Any, batches: Batches, repeats: int) -> tuple[float, list[Hypothesis]]:
+    """Best wall-clock seconds of ``repeats`` passes (:func:`timed_passes`) and the last pass's hypotheses."""
+    seconds, hyps = timed_passes(decoder, batches, repeats)
+    return min(seconds), hyps
 
 
 def as_int_list(value: Any) -> list[int]:

@@ -6,6 +6,7 @@ python3 benchmarks/experiments/tf32_split_weights.py OUT.md   (CUDA; result: tf3
 Open question it left: the split variant is 15-25% faster but its error against float64 is ~1e-5, not the
 ~1e-6 of tf32x3; the split (rounded W_hi, truncated A_hi) or Triton's tf32 operand handling needs a look.
 """
+
 import itertools
 import sys
 
@@ -36,8 +37,24 @@ def _acc_split(acc, a_ptr, a_stride, whi_ptr, wlo_ptr, w_stride, w_rows, rows, r
 
 
 @triton.jit
-def _cell_split(bias_ptr, bias_stride, idx_ptr, h_ptr, h_stride, whi_ptr, wlo_ptr, w_stride, c_ptr, h_out, c_out,
-                batch, hidden, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+def _cell_split(
+    bias_ptr,
+    bias_stride,
+    idx_ptr,
+    h_ptr,
+    h_stride,
+    whi_ptr,
+    wlo_ptr,
+    w_stride,
+    c_ptr,
+    h_out,
+    c_out,
+    batch,
+    hidden,
+    BLOCK_B: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < batch
     cols = tl.arange(0, 4 * BLOCK_H)
@@ -62,8 +79,22 @@ def _cell_split(bias_ptr, bias_stride, idx_ptr, h_ptr, h_stride, whi_ptr, wlo_pt
 
 
 @triton.jit
-def _linear_split(x_ptr, x_stride, whi_ptr, wlo_ptr, w_stride, b_ptr, out_ptr, out_stride, batch, n_out, depth,
-                  BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _linear_split(
+    x_ptr,
+    x_stride,
+    whi_ptr,
+    wlo_ptr,
+    w_stride,
+    b_ptr,
+    out_ptr,
+    out_stride,
+    batch,
+    n_out,
+    depth,
+    BLOCK_B: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < batch
@@ -108,8 +139,26 @@ def main():
             grid = (triton.cdiv(B, bb), triton.cdiv(H, bh))
 
             def run(bb=bb, bh=bh, bk=bk, warps=warps, stages=stages, grid=grid):
-                _cell_split[grid](table, table.stride(0), labels, h, h.stride(0), whi, wlo, whi.stride(0), c, ho, co,
-                                  B, H, BLOCK_B=bb, BLOCK_H=bh, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+                _cell_split[grid](
+                    table,
+                    table.stride(0),
+                    labels,
+                    h,
+                    h.stride(0),
+                    whi,
+                    wlo,
+                    whi.stride(0),
+                    c,
+                    ho,
+                    co,
+                    B,
+                    H,
+                    BLOCK_B=bb,
+                    BLOCK_H=bh,
+                    BLOCK_K=bk,
+                    num_warps=warps,
+                    num_stages=stages,
+                )
 
             try:
                 ho.zero_()
@@ -117,7 +166,9 @@ def main():
                 err = (ho.double() - h_ref).abs().max().item()
                 t = triton.testing.do_bench_cudagraph(run, rep=20) * 1e3
             except Exception as e:  # noqa: BLE001
-                lines.append(f"| {B} | cell split | bb={bb} bh={bh} bk={bk} w={warps} s={stages} | fail {type(e).__name__} | |")
+                lines.append(
+                    f"| {B} | cell split | bb={bb} bh={bh} bk={bk} w={warps} s={stages} | fail {type(e).__name__} | |"
+                )
                 continue
             lines.append(f"| {B} | cell split | bb={bb} bh={bh} bk={bk} w={warps} s={stages} | {t:.1f} | {err:.1e} |")
         # linear (joint output)
@@ -140,8 +191,24 @@ def main():
             grid = (triton.cdiv(B, bb), triton.cdiv(V, bn))
 
             def run(bb=bb, bn=bn, bk=bk, warps=warps, stages=stages, grid=grid):
-                _linear_split[grid](h, h.stride(0), jhi, jlo, jhi.stride(0), bj, out, out.stride(0), B, V, H,
-                                    BLOCK_B=bb, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+                _linear_split[grid](
+                    h,
+                    h.stride(0),
+                    jhi,
+                    jlo,
+                    jhi.stride(0),
+                    bj,
+                    out,
+                    out.stride(0),
+                    B,
+                    V,
+                    H,
+                    BLOCK_B=bb,
+                    BLOCK_N=bn,
+                    BLOCK_K=bk,
+                    num_warps=warps,
+                    num_stages=stages,
+                )
 
             try:
                 out.zero_()
@@ -149,7 +216,9 @@ def main():
                 err = (out.double() - ref).abs().max().item()
                 t = triton.testing.do_bench_cudagraph(run, rep=20) * 1e3
             except Exception as e:  # noqa: BLE001
-                lines.append(f"| {B} | linear split | bb={bb} bn={bn} bk={bk} w={warps} s={stages} | fail {type(e).__name__} | |")
+                lines.append(
+                    f"| {B} | linear split | bb={bb} bn={bn} bk={bk} w={warps} s={stages} | fail {type(e).__name__} | |"
+                )
                 continue
             lines.append(f"| {B} | linear split | bb={bb} bn={bn} bk={bk} w={warps} s={stages} | {t:.1f} | {err:.1e} |")
     report = "\n".join(lines) + "\n"
