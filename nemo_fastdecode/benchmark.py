@@ -10,6 +10,7 @@ with and without graphs, ``fast_beam``) are opt-in through ``strategies`` and ar
 
 from __future__ import annotations
 
+import gc
 import json
 import platform
 import time
@@ -269,7 +270,10 @@ def benchmark_model(
         result.decoder_share = seconds / (encoder_seconds + seconds)
         report.results.append(result)
         log(f"  {name:42s} {seconds:8.3f} s  tokens {result.tokens}  identical {identical:.3f}  busy {busy}")
+        # a decoder's loop holds reference cycles: collect it now, so its CUDA graphs and memory pools do not
+        # outlive it into the next rows' timings
         del decoder
+        gc.collect()
     for is_beam in (False, True):  # greedy rows against NeMo's greedy, beam rows against NeMo's beam search
         family = [r for r in report.results if (r.strategy in BEAM_STRATEGIES) == is_beam]
         fastest_nemo = min((r.decoder_seconds for r in family if r.strategy.startswith("nemo")), default=None)
