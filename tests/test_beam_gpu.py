@@ -1,9 +1,9 @@
 """GPU behaviour of fast_beam: every graph mode against NeMo's malsd_batch, both top-k paths, graph lifetime.
 
 Marked ``gpu``: skipped on machines without CUDA (CI); run on a GPU host with ``pytest -m gpu``.
-With ``fused_topk=False`` the log-probabilities are PyTorch's, so results must be identical; the Triton
-kernel's agree to float32 rounding (measured on an H200: scores differ in the 7th digit), so with it tokens,
-timestamps and n-best order must be identical and scores equal to a relative 1e-6.
+With ``fused_topk=False`` the log-probabilities and the step's selection are PyTorch's, so results must be
+identical; the Triton kernels' agree to float32 rounding (measured on an H200: scores differ in the 7th digit),
+so with them tokens, timestamps and n-best order must be identical and scores equal to a relative 1e-6.
 """
 
 from __future__ import annotations

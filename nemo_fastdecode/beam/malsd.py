@@ -99,7 +99,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
         self.forced_mode = graph_mode
         self.fused_topk = fused_topk
         self.fast_predictor = FastMathPredictor(decoder, joint) if fast_math else None
-        # experimental: the step's pure-torch parts (about a hundred tiny kernels) fused by torch.compile on CUDA
+        # experimental: the step's remaining torch ops (joint hidden layer, parent gathers and selects; the candidate
+        # selection where it is not the Triton kernel) fused by torch.compile on CUDA
         self._compiled = (
             tuple(
                 torch.compile(f, dynamic=False)
