@@ -190,12 +190,7 @@ def test_fast_beam_config_reaches_the_computer():
     computer = model.decoding.decoding.computer
     assert computer._compiled is not None  # compiled on CUDA only: the CPU runs the parts as written
     buffers = SimpleNamespace(device=torch.device("cpu"), float_dtype=torch.float32)
-    assert computer._step_parts(buffers) == (
-        computer._joint_hidden,
-        computer._extend,
-        computer._select_parents,
-        computer._keep_parents,
-    )
+    assert computer._step_parts(buffers) == (computer._extend, computer._select_parents, computer._keep_parents)
 
 
 def test_non_default_joint_is_rejected_by_name():

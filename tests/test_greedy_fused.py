@@ -147,6 +147,20 @@ def test_joint_hidden_kernel_matches_reference(hidden, dtype, frame_loop):
     assert (actual == 0).any() and (actual > 0).any(), "setup: relu should clip some entries"
 
 
+def test_joint_hidden_kernel_with_beams_sharing_an_encoder_row():
+    """Beam search: R decoder rows per utterance read that utterance's encoder row, each at its own frame."""
+    g = torch.Generator().manual_seed(3)
+    beams = 3
+    encoder = torch.randn([2, 5, 40], generator=g).to(DEVICE)
+    predictor = torch.randn([2 * beams, 1, 40], generator=g).to(DEVICE)
+    times = torch.tensor([0, 4, 2, 1, 1, 3], device=DEVICE)
+    out = torch.empty([2 * beams, 40], device=DEVICE)
+    expected = torch.relu(encoder.repeat_interleave(beams, 0)[torch.arange(2 * beams), times] + predictor[:, 0])
+    for fused in (False, True):
+        actual = steps.joint_hidden(encoder, times, predictor, out.fill_(7.0), fused, rows_per_frame_row=beams)
+        assert torch.equal(actual, expected), fused
+
+
 @pytest.mark.parametrize("num_tokens", [1, 13, 1025])
 def test_best_token_kernel_matches_torch_max(num_tokens):
     g = torch.Generator().manual_seed(num_tokens)

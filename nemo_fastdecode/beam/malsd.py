@@ -34,6 +34,7 @@ from nemo_fastdecode.beam.hyps import BeamHypsBuffer
 from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
+from nemo_fastdecode.greedy.steps import joint_hidden
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.beam_select import advance_beams, select_extensions_reference
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
@@ -99,13 +100,10 @@ class MALSDBeamComputer(CapturedLoopOwner):
         self.forced_mode = graph_mode
         self.fused_topk = fused_topk
         self.fast_predictor = FastMathPredictor(decoder, joint) if fast_math else None
-        # experimental: the step's remaining torch ops (joint hidden layer, parent gathers and selects; the candidate
-        # selection where it is not the Triton kernel) fused by torch.compile on CUDA
+        # experimental: the step's remaining torch ops (parent gathers and selects; the candidate selection where it
+        # is not the Triton kernel) fused by torch.compile on CUDA
         self._compiled = (
-            tuple(
-                torch.compile(f, dynamic=False)
-                for f in (self._joint_hidden, self._extend, self._select_parents, self._keep_parents)
-            )
+            tuple(torch.compile(f, dynamic=False) for f in (self._extend, self._select_parents, self._keep_parents))
             if compiled_step
             else None
         )
@@ -172,9 +170,14 @@ class MALSDBeamComputer(CapturedLoopOwner):
         self.decoder.batch_aggregate_states_beam(b.decoder_state, batch, k, parents, b.parent_decoder_state)
 
     def _joint_hidden(self, b: BeamLoopBuffers) -> torch.Tensor:
-        """The fast-math joint's hidden activations at every beam's frame: ``relu(frame + prediction)`` ``[B*K, H]``."""
-        frames = b.encoder_projected[b.beam_rows, b.safe_time_indices.view(-1)]
-        return torch.relu(frames + b.decoder_output[:, 0])
+        """The fast-math joint's hidden activations at every beam's frame: ``relu(frame + prediction)`` ``[B*K, H]``
+        (one kernel where Triton runs: the greedy search's, with the ``K`` beams of a row sharing its frames)."""
+        out = torch.empty_like(b.decoder_output[:, 0])
+        fused = triton_runs_on(out.device)
+        frames = b.safe_time_indices.view(-1)
+        return joint_hidden(
+            b.encoder_projected, frames, b.decoder_output, out, fused, rows_per_frame_row=self.beam_size
+        )
 
     def _keep_parents(self, b: BeamLoopBuffers, output, new_state, keep) -> None:
         """Step 4b: the new prediction-network outputs and states; beams that emitted no label keep their parent's."""
@@ -192,17 +195,17 @@ class MALSDBeamComputer(CapturedLoopOwner):
         torch.logical_and(b.active.any(), b.hyps.step < b.hyps.capacity, out=b.flag)
 
     def _step_parts(self, b: BeamLoopBuffers):
-        """The step's parts ``(joint hidden, extend, select parents, keep parents)``: with ``compiled_step`` on
-        CUDA the pure-torch ones compiled (``extend`` only where it is not the Triton kernel), else as written."""
+        """The step's torch parts ``(extend, select parents, keep parents)``: with ``compiled_step`` on CUDA
+        compiled (``extend`` only where it is not the Triton kernel), else as written."""
         if self._compiled is None or b.device.type != "cuda":
-            return self._joint_hidden, self._extend, self._select_parents, self._keep_parents
-        joint_hidden, extend, select_parents, keep_parents = self._compiled
-        return joint_hidden, self._extend if self._extend_uses_kernel(b) else extend, select_parents, keep_parents
+            return self._extend, self._select_parents, self._keep_parents
+        extend, select_parents, keep_parents = self._compiled
+        return self._extend if self._extend_uses_kernel(b) else extend, select_parents, keep_parents
 
     def _phases(self, b: BeamLoopBuffers) -> LoopPhases:
         batch, k = b.batch_size, self.beam_size
         hyps: BeamHypsBuffer = b.hyps
-        joint_hidden, extend, select_parents, keep_parents = self._step_parts(b)
+        extend, select_parents, keep_parents = self._step_parts(b)
 
         def before_loop() -> None:
             hyps.reset_()
@@ -216,7 +219,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         def step() -> None:
             # 1. joint at every beam's frame, its K best extensions
             if self.fast_predictor is not None:
-                logits = self.fast_predictor.joint_logits_from_hidden(self.joint, joint_hidden(b))
+                logits = self.fast_predictor.joint_logits_from_hidden(self.joint, self._joint_hidden(b))
             else:
                 frames = b.encoder_projected[b.beam_rows, b.safe_time_indices.view(-1)].unsqueeze(1)
                 logits = self.joint.joint_after_projection(frames, b.decoder_output)[:, 0, 0, :]

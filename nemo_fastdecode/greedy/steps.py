@@ -46,13 +46,14 @@ def _joint_hidden_kernel(
     out_ptr,
     out_stride_b,
     hidden,
+    ROWS_PER_FRAME_ROW: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     in_row = cols < hidden
     t = tl.load(time_ptr + row * time_stride)
-    enc = tl.load(enc_ptr + row * enc_stride_b + t * enc_stride_t + cols, mask=in_row)
+    enc = tl.load(enc_ptr + (row // ROWS_PER_FRAME_ROW) * enc_stride_b + t * enc_stride_t + cols, mask=in_row)
     pred = tl.load(pred_ptr + row * pred_stride_b + cols, mask=in_row)
     # one add in fp32, rounded once to the storage type (what torch does for fp32, fp16 and bf16 alike);
     # rounding keeps the sign, so relu before the rounding equals torch's relu after it (NaN stays NaN)
@@ -67,14 +68,16 @@ def joint_hidden(
     predictor_output: torch.Tensor,
     out: torch.Tensor,
     fused: bool,
+    rows_per_frame_row: int = 1,
 ) -> torch.Tensor:
-    """``out[b] = relu(encoder_projected[b, time_indices[b]] + predictor_output[b, 0])``.
+    """``out[r] = relu(encoder_projected[r // R, time_indices[r]] + predictor_output[r, 0])``, ``R = rows_per_frame_row``.
 
-    Shapes: encoder_projected ``[B, T, H]``, time_indices ``[B]`` (may be an expanded 0-d tensor),
-    predictor_output ``[B, 1, H]``, out ``[B, H]``. Indices must be in ``[0, T)``.
+    Shapes: encoder_projected ``[B, T, H]``, time_indices ``[B*R]`` (may be an expanded 0-d tensor),
+    predictor_output ``[B*R, 1, H]``, out ``[B*R, H]``. Indices must be in ``[0, T)``. ``R > 1``: the ``R`` beams
+    of each utterance (beam search) share its encoder row.
     """
     if not fused:
-        rows = torch.arange(out.shape[0], device=out.device)
+        rows = torch.arange(out.shape[0], device=out.device) // rows_per_frame_row
         torch.add(encoder_projected[rows, time_indices], predictor_output[:, 0], out=out)
         return torch.relu_(out)
     batch, hidden = out.shape
@@ -83,7 +86,7 @@ def joint_hidden(
     _joint_hidden_kernel[(batch, triton.cdiv(hidden, block))](
         encoder_projected, encoder_projected.stride(0), encoder_projected.stride(1),
         time_indices, time_indices.stride(0), predictor_output, predictor_output.stride(0), out, out.stride(0),
-        hidden, BLOCK_H=block,
+        hidden, ROWS_PER_FRAME_ROW=rows_per_frame_row, BLOCK_H=block,
     )  # fmt: skip
     return out
 
