@@ -185,13 +185,6 @@ class FastMathPredictor:
         project = lstm_step.linear if triton_runs_on(hidden.device) else lstm_step.linear_reference
         return project(hidden, weight, bias, out)
 
-    def joint_logits(self, joint: torch.nn.Module, frames: torch.Tensor, predictor_output: torch.Tensor):
-        """The whole joint after its projections: ``relu(frames + predictor_output)``, output layer, normalisation.
-
-        Shapes: frames, predictor_output ``[N, H_joint]``; returns ``[N, V + 1 (+ durations)]``.
-        """
-        return self.joint_logits_from_hidden(joint, torch.relu(frames + predictor_output))
-
     def joint_logits_from_hidden(self, joint: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """The joint's output layer and normalisation on its hidden activations ``[N, H_joint]``."""
         return normalise_joint_logits(joint, self.joint_output(hidden))

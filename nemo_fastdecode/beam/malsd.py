@@ -36,7 +36,7 @@ from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_g
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.greedy.steps import joint_hidden
 from nemo_fastdecode.kernels import triton_runs_on
-from nemo_fastdecode.kernels.beam_select import advance_beams, select_extensions_reference
+from nemo_fastdecode.kernels.beam_select import advance_beams, kernel_by_default, select_extensions_reference
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
 from nemo_fastdecode.prediction import FastMathPredictor
 
@@ -156,7 +156,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
     def _extend_uses_kernel(self, b: BeamLoopBuffers) -> bool:
         if self.fused_topk is not None:
             return self.fused_topk
-        return b.device.type == "cuda" and b.float_dtype == torch.float32
+        return kernel_by_default(b.device, b.float_dtype)
 
     def _select_parents(self, b: BeamLoopBuffers, parents) -> None:
         """Step 4a: each new beam's parent prediction-network output and state, into ``parent_decoder_*``."""

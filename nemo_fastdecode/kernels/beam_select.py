@@ -32,7 +32,13 @@ import triton.language as tl
 
 from nemo_fastdecode.kernels import triton_runs_on
 
-__all__ = ["NON_EXISTENT_LABEL", "advance_beams", "select_extensions", "select_extensions_reference"]
+__all__ = [
+    "NON_EXISTENT_LABEL",
+    "advance_beams",
+    "kernel_by_default",
+    "select_extensions",
+    "select_extensions_reference",
+]
 
 NON_EXISTENT_LABEL = -1  # NeMo's NON_EXISTENT_LABEL_VALUE: the "label" of a finished beam's step
 _NO_LABEL = tl.constexpr(NON_EXISTENT_LABEL)
@@ -343,6 +349,12 @@ def select_extensions_reference(
     return next_scores, parents, next_labels, next_durations
 
 
+def kernel_by_default(device: torch.device, scores_dtype: torch.dtype) -> bool:
+    """Whether the selection kernels run when not forced: CUDA tensors with float32 scores (the CPU keeps NeMo's
+    bits through the torch reference; other score dtypes are the reference's)."""
+    return device.type == "cuda" and scores_dtype == torch.float32
+
+
 def select_extensions(
     values: torch.Tensor,
     ids: torch.Tensor,
@@ -375,7 +387,7 @@ def select_extensions(
         indices (``None`` for RNN-T).
     """
     if use_triton is None:
-        use_triton = values.is_cuda and hyp_scores.dtype == torch.float32
+        use_triton = kernel_by_default(values.device, hyp_scores.dtype)
     if not use_triton:
         return select_extensions_reference(
             values, ids, hyp_scores, active, labels_at_time, blank_id, max_symbols, duration_logits
