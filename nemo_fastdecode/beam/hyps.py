@@ -18,6 +18,9 @@ from nemo.collections.asr.parts.utils.batched_beam_decoding_utils import (
     BatchedBeamHyps,
     hash_text,
 )
+from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis, NBestHypotheses
+
+from nemo_fastdecode.kernels.beam_backtrack import backtrack
 
 __all__ = ["INACTIVE_SCORE", "NON_EXISTENT_LABEL_VALUE", "BeamHypsBuffer"]
 
@@ -132,8 +135,52 @@ class BeamHypsBuffer:
         """True once every slot is written (the search may have had more steps to make; host sync)."""
         return int(self.step) >= self.capacity
 
+    def to_hypotheses(
+        self, batch_size: int, score_norm: bool = True, nbest: bool = False, use_triton: bool | None = None
+    ) -> list[Hypothesis] | list[NBestHypotheses]:
+        """The first ``batch_size`` rows as NeMo hypotheses: what ``to_nemo(batch_size).to_hyps_list(score_norm)``
+        (or ``to_nbest_hyps_list`` with ``nbest``) returns, field for field, at a fraction of its cost.
+
+        NeMo's export walks the tree with a few gathers per step and copies every hypothesis to the host on its
+        own; here the walk is one kernel (:func:`backtrack`; on CUDA) and the host receives everything in one copy.
+        Beams are ranked as NeMo ranks them (the same ``torch.sort`` of the same normalised scores, so ties go
+        the same way); ``nbest`` leaves out inactive beams, as NeMo does.
+        """
+        steps = min(int(self.step), self.capacity)
+        rows = slice(0, batch_size)
+        scores = self.scores[rows]
+        normalised = scores / (self.lengths[rows].to(scores.dtype) + 1) if score_norm else scores
+        order = torch.sort(normalised, dim=-1, descending=True)[1]
+        if not nbest:
+            order = order[:, :1]
+        durations = self.durations[rows] if self.tdt else None
+        paths = backtrack(self.labels[rows], self.parents[rows], self.timestamps[rows], durations, order, steps,
+                          use_triton)  # fmt: skip
+        labels, end_times, durations = (p.cpu().numpy() if p is not None else None for p in paths)
+        ranked_scores = torch.gather(scores, -1, order).tolist()
+
+        def hypothesis(b: int, j: int) -> Hypothesis:
+            emitted = (labels[b, j] >= 0) & (labels[b, j] != self.blank_index)
+            ends = end_times[b, j][emitted]
+            token_durations = durations[b, j][emitted] if durations is not None else None
+            return Hypothesis(
+                score=ranked_scores[b][j],
+                y_sequence=labels[b, j][emitted],
+                timestamp=ends - token_durations if token_durations is not None else ends,  # TDT: start frames
+                token_duration=token_durations,
+                alignments=None,
+                dec_state=None,
+            )
+
+        if not nbest:
+            return [hypothesis(b, 0) for b in range(batch_size)]
+        return [
+            NBestHypotheses([hypothesis(b, j) for j in range(order.shape[1]) if ranked_scores[b][j] > INACTIVE_SCORE])
+            for b in range(batch_size)
+        ]
+
     def to_nemo(self, batch_size: int) -> BatchedBeamHyps:
-        """The first ``batch_size`` rows as NeMo's ``BatchedBeamHyps`` (for its Hypothesis/NBest export)."""
+        """The first ``batch_size`` rows as NeMo's ``BatchedBeamHyps`` (the reference for :meth:`to_hypotheses`)."""
         steps = min(int(self.step), self.capacity)
         nemo = BatchedBeamHyps(
             batch_size=batch_size,

@@ -111,10 +111,9 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
         self.joint.eval()
         try:
             with torch.inference_mode():
-                hyps = self.computer(encoder_output.transpose(1, 2), encoded_lengths).to_nemo(batch_size)
-                if self.return_best_hypothesis:
-                    return (hyps.to_hyps_list(score_norm=self.score_norm),)
-                return (hyps.to_nbest_hyps_list(score_norm=self.score_norm),)
+                hyps = self.computer(encoder_output.transpose(1, 2), encoded_lengths)
+                nbest = not self.return_best_hypothesis
+                return (hyps.to_hypotheses(batch_size, score_norm=self.score_norm, nbest=nbest),)
         finally:
             self.decoder.train(training[0])
             self.joint.train(training[1])

@@ -294,7 +294,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
             encoder_lengths: ``[B]`` valid frames per row (0 allowed).
 
         Returns:
-            The hypotheses buffer (rows ``0..B-1`` are the batch; :meth:`BeamHypsBuffer.to_nemo` exports them).
+            The hypotheses buffer (rows ``0..B-1`` are the batch; :meth:`BeamHypsBuffer.to_hypotheses` exports them).
         """
         batch_size, max_time, _ = encoder_output.shape
         projected = self.joint.project_encoder(encoder_output)
