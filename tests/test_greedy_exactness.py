@@ -195,3 +195,28 @@ def test_unbounded_symbols_on_a_model_that_never_stops_raise(loop_labels):
     x, lengths = random_encoder_output(2, 2, seed=4)
     with pytest.raises(RuntimeError, match="max_symbols"):
         ours("rnnt", decoder, joint, None, loop_labels)(encoder_output=x, encoded_lengths=lengths)
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_training_modules_decode_in_eval_and_are_restored(strategy):
+    from nemo_fastdecode.beam import FastBeamBatchedInfer
+
+    decoder, joint = make_networks(seed=1)
+    decoder.train()  # e.g. decoding for validation inside a training loop; the joint stays in eval
+    if strategy == "greedy":
+        infer = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, graph_mode="eager")
+    else:
+        infer = FastBeamBatchedInfer(decoder, joint, VOCAB_SIZE, beam_size=2, graph_mode="eager")
+    seen = []
+    inner = infer.computer.__class__.__call__
+
+    class Recording(infer.computer.__class__):
+        def __call__(self, *args, **kwargs):
+            seen.append((decoder.training, decoder.prediction.training, joint.training))
+            return inner(self, *args, **kwargs)
+
+    infer.computer.__class__ = Recording
+    x, lengths = random_encoder_output(2, 5)
+    infer(encoder_output=x, encoded_lengths=lengths)
+    assert seen == [(False, False, False)]
+    assert decoder.training and decoder.prediction.training and not joint.training

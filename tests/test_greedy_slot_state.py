@@ -78,3 +78,18 @@ def test_state_batch_checks_and_stacking():
     x, lengths = random_encoder_output(2, 4)
     with pytest.raises(ValueError, match="state has 3 rows for a batch of 2"):
         c.decode_with_state(x.transpose(1, 2), lengths, state)
+
+
+def test_split_items_own_their_memory():
+    # the batched state may be views of loop buffers that the next decode overwrites: the items must not change
+    c = computer("tdt", LabelLoopGreedy)
+    state = c.initial_state(3, torch.device("cpu"), torch.float32)
+    items = state.split()
+    before = [(item.label.clone(), item.predictor_output.clone(), [s.clone() for s in item.predictor_state])
+              for item in items]  # fmt: skip
+    for tensor in [*state.predictor_states, state.predictor_outputs, state.labels, state.decoded_lengths]:
+        tensor.add_(1)
+    for item, (label, output, states) in zip(items, before, strict=True):
+        assert torch.equal(item.label, label) and torch.equal(item.predictor_output, output)
+        assert all(torch.equal(a, b) for a, b in zip(item.predictor_state, states, strict=True))
+        assert item.predictor_state[0].shape == state.predictor_states[0][:, 0].shape

