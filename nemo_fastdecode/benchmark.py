@@ -89,15 +89,26 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             loop_labels=loop_labels, use_cuda_graph_decoder=graphs, **common
         )
 
-    def ours(loop_labels: bool, mode: str, fused: bool | None = None, fast_math: bool = False):
+    def ours(
+        loop_labels: bool, mode: str, fused: bool | None = None, fast_math: bool = False, lookahead: int | None = None
+    ):
         return lambda: FastGreedyBatchedInfer(
             durations=spec.durations,
             loop_labels=loop_labels,
             graph_mode=mode,
             fused_kernels=fused,
             fast_math=fast_math,
+            lookahead_frames=lookahead,
             **common,
         )
+
+    # the label loop's look-ahead (frames per joint call while skipping blanks; default automatic = 8)
+    lookahead_rows = {
+        f"fast_greedy_label_loop[full_graph,fast_math,lookahead={w}]": ours(
+            True, "full_graph", fast_math=True, lookahead=w
+        )
+        for w in (1, 4, 16)
+    }
 
     def nemo_beam(graphs: bool):
         beam = {**common, "beam_size": beam_size, "search_type": "malsd_batch", "allow_cuda_graphs": graphs}
@@ -142,6 +153,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             "fast_greedy_label_loop[full_graph]": ours(True, "full_graph"),
             "fast_greedy_label_loop[full_graph,unfused]": ours(True, "full_graph", fused=False),
             "fast_greedy_label_loop[full_graph,fast_math]": ours(True, "full_graph", fast_math=True),
+            **lookahead_rows,
             **beam_rows,
         }
     return {
@@ -158,6 +170,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
         "fast_greedy_label_loop[full_graph,unfused]": ours(True, "full_graph", fused=False),
         "fast_greedy_frame_loop[full_graph,fast_math]": ours(False, "full_graph", fast_math=True),
         "fast_greedy_label_loop[full_graph,fast_math]": ours(True, "full_graph", fast_math=True),
+        **lookahead_rows,
         **beam_rows,
     }
 
@@ -241,7 +254,8 @@ def benchmark_model(
             continue  # beam rows are opt-in; their reference comes with any of them
         if not is_beam and strategies and name not in strategies and name != "nemo_baseline":
             continue
-        if name.endswith("unfused]") and not experimental:  # ablation rows, opt-in
+        ablation = name.endswith("unfused]") or "lookahead=" in name
+        if ablation and not experimental and name not in (strategies or ()):  # opt-in: named or experimental
             continue
         decoder = factory()
         decode_all(decoder, batches[:2])  # warm-up: graphs captured, kernels loaded

@@ -175,15 +175,19 @@ class FastMathPredictor:
         project(last, w["projection_weight"], w["projection_bias"], output)
         return output.unsqueeze(1), [h_new, c_new]
 
-    def joint_output(self, hidden: torch.Tensor) -> torch.Tensor:
+    def joint_output(self, hidden: torch.Tensor, tile_rows: int | None = None) -> torch.Tensor:
         """The joint's last Linear on its hidden activations: ``[B, H_joint] -> [B, V + 1 (+ durations)]`` (fp32).
 
-        The 3xTF32 kernel where Triton runs (CUDA, or the interpreter), else the torch reference.
+        The 3xTF32 kernel where Triton runs (CUDA, or the interpreter), else the torch reference. ``tile_rows``:
+        tile the kernel as for a batch of that many rows (each row then comes out bit for bit as in that batch;
+        the greedy look-ahead relies on it); ``None``: as for ``B``.
         """
         weight, bias = self._weights["joint_weight"], self._weights["joint_bias"]
         out = torch.empty([hidden.shape[0], weight.shape[0]], device=hidden.device)
-        project = lstm_step.linear if triton_runs_on(hidden.device) else lstm_step.linear_reference
-        return project(hidden, weight, bias, out)
+        if not triton_runs_on(hidden.device):
+            return lstm_step.linear_reference(hidden, weight, bias, out)
+        block_b, num_warps = lstm_step.batch_tiling(tile_rows or hidden.shape[0])
+        return lstm_step.linear(hidden, weight, bias, out, block_b=block_b, num_warps=num_warps)
 
     def joint_logits_from_hidden(self, joint: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """The joint's output layer and normalisation on its hidden activations ``[N, H_joint]``."""

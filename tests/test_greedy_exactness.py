@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
+from conftest import GREEDY_UNBOUNDED_SAFE, TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
 from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import GreedyBatchedRNNTInfer, GreedyBatchedTDTInfer
 
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 
 # blank-logit shifts: about 0.3 labels per frame, never blank (max_symbols labels every frame), always blank
 REALISTIC_BIAS = {"rnnt": 0.9, "tdt": 0.5}
-# with max_symbols=None most random networks get stuck emitting forever (NeMo then never returns):
-# (seed, blank shift) of networks that always come back to blank on the test inputs
-UNBOUNDED_SAFE = {"rnnt": (3, 1.7), "tdt": (31, 0.6)}
+UNBOUNDED_SAFE = GREEDY_UNBOUNDED_SAFE
 NEVER_BLANK, ALWAYS_BLANK = -6.0, 6.0
 SCORE_RTOL = 1e-5
 

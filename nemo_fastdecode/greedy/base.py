@@ -140,6 +140,9 @@ class GreedyComputerBase(CapturedLoopOwner):
             mask, buffers.predictor_states, list(new_states), buffers.predictor_output, output, fused
         )
 
+    def _extra_buffers(self, buffers: LoopBuffers) -> None:
+        """Buffers a loop needs beyond :class:`LoopBuffers` (allocated with them)."""
+
     def _restart_predictor(self, buffers: LoopBuffers) -> None:
         for state, initial in zip(buffers.predictor_states, buffers.initial_predictor_states, strict=True):
             state.copy_(initial)
@@ -170,6 +173,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         # each row's best token (steps.best_token writes them here)
         buffers.token_scores = torch.zeros([batch_size], dtype=torch.float32, device=device)
         buffers.token_labels = torch.zeros([batch_size], dtype=torch.long, device=device)
+        self._extra_buffers(buffers)
         if self.is_tdt:
             self._durations = torch.tensor(self.durations_list, dtype=torch.long, device=device)
         # the prediction network's output after <SOS> (blank) is every fresh row's starting point

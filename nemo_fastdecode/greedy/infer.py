@@ -37,6 +37,8 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         fused_kernels: fused Triton step kernels (``None``: on CUDA); bit-identical to the torch path.
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline.
+        lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic, 16 at batch 32
+            with ``fast_math`` on CUDA, else 1); the same hypotheses as 1, see :class:`LabelLoopGreedy`.
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         include_duration: bool = False,
         fused_kernels: bool | None = None,
         fast_math: bool = False,
+        lookahead_frames: int | None = None,
     ):
         super().__init__(
             decoder_model=decoder_model,
@@ -59,6 +62,9 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             blank_index=blank_index,
             max_symbols_per_step=max_symbols_per_step,
         )
+        if not loop_labels and lookahead_frames not in (None, 1):
+            raise ValueError(f"lookahead_frames={lookahead_frames} applies to the label loop only (loop_labels=True)")
+        label_loop_options = {"lookahead_frames": lookahead_frames} if loop_labels else {}
         computer_class = LabelLoopGreedy if loop_labels else FrameLoopGreedy
         self.loop_labels = loop_labels
         self.include_duration = include_duration
@@ -72,6 +78,7 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             graph_mode=GraphMode.parse(graph_mode),
             fused_kernels=fused_kernels,
             fast_math=fast_math,
+            **label_loop_options,
         )
 
     @typecheck()

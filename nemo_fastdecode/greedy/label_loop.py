@@ -14,15 +14,81 @@ from nemo_fastdecode.graphs import LoopPhases
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.state import LoopBuffers
+from nemo_fastdecode.prediction import normalise_joint_logits
+
+# automatic look-ahead where it is exact (fast_math on Triton; see LabelLoopGreedy): about this many joint rows
+# per look, at most MAX_AUTO_LOOKAHEAD_FRAMES frames (H200, 1 h, batch 32: 16 frames beat 8 and 4 on RNN-T,
+# equal on TDT; benchmarks/results, fifth session)
+AUTO_LOOKAHEAD_ROWS = 512
+MAX_AUTO_LOOKAHEAD_FRAMES = 16
+
+
+def auto_lookahead_frames(batch_size: int) -> int:
+    """Frames per look for ``batch_size`` rows when chosen automatically (1: single-frame steps)."""
+    return max(1, min(MAX_AUTO_LOOKAHEAD_FRAMES, AUTO_LOOKAHEAD_ROWS // max(batch_size, 1)))
 
 
 class LabelLoopGreedy(GreedyComputerBase):
-    """Label-looping greedy computer; TDT when ``durations`` are given."""
+    """Label-looping greedy computer; TDT when ``durations`` are given.
+
+    ``lookahead_frames`` (``None``: automatic): while rows skip blanks (the inner loop), look at each row's next
+    ``W`` frames at once, one joint call of ``B * W`` rows instead of up to ``W`` calls of ``B`` rows; the inner
+    loop ends in the same state (:func:`steps.window_select`). Exact only where each row's joint output does not
+    depend on the batch it is computed in: ``fast_math``'s joint kernel with fixed tiling on Triton. Automatic:
+    :func:`auto_lookahead_frames` there (16 frames at batch 32), else 1 (one frame per look).
+    """
+
+    def __init__(self, *args, lookahead_frames: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if lookahead_frames is not None and lookahead_frames < 1:
+            raise ValueError(f"lookahead_frames must be a positive int or None (automatic), got {lookahead_frames}")
+        if lookahead_frames is not None and lookahead_frames > 1 and self.fast_predictor is None:
+            raise ValueError(
+                f"lookahead_frames={lookahead_frames} needs fast_math=True: only its joint kernel computes every row "
+                "the same way at any batch size (exactness); use 1 or None"
+            )
+        self.lookahead_frames = lookahead_frames
+
+    def _lookahead(self, device: torch.device, batch_size: int) -> int:
+        """Frames per look in the inner loop for a batch of ``batch_size`` rows (1: single-frame steps)."""
+        windowed = self.fast_predictor is not None and self._use_fused(device) and self._joint_is_fusable()
+        if self.lookahead_frames is not None and self.lookahead_frames > 1 and not windowed:
+            raise ValueError(
+                f"lookahead_frames={self.lookahead_frames} needs the Triton kernels (CUDA, or TRITON_INTERPRET=1 "
+                f"with fused_kernels=True) and NeMo's default joint; got device {device}"
+            )
+        if self.lookahead_frames is not None:
+            return self.lookahead_frames
+        return auto_lookahead_frames(batch_size) if windowed else 1
+
+    def _extra_buffers(self, b: LoopBuffers) -> None:
+        window = self._lookahead(b.device, b.batch_size)
+        if window > 1:
+            rows = b.batch_size * window
+            b.window_hidden = torch.empty([rows, b.predictor_output.shape[-1]], dtype=b.float_dtype, device=b.device)
+            b.window_scores = torch.empty([rows], dtype=torch.float32, device=b.device)
+            b.window_labels = torch.empty([rows], dtype=torch.long, device=b.device)
+
+    def _look_ahead(self, b: LoopBuffers, window: int) -> None:
+        """Up to ``window`` inner steps from one joint call at each row's next ``window`` frames."""
+        hidden = steps.joint_hidden_window(
+            b.encoder_projected, b.time_indices, b.last_frame, b.predictor_output, b.window_hidden, window, True
+        )
+        # tiled as for B rows, so that each row's logits are the single-frame step's, bit for bit
+        logits = normalise_joint_logits(self.joint, self.fast_predictor.joint_output(hidden, tile_rows=b.batch_size))
+        num_tokens = self.blank_index + 1
+        scores, labels = steps.best_token(logits, num_tokens, b.window_scores, b.window_labels, True)
+        duration_logits = logits[:, num_tokens:] if self.is_tdt else None
+        steps.window_select(b, scores, labels, duration_logits, self._durations, self.blank_index, window)
 
     def _phases(self, b: LoopBuffers) -> LoopPhases:
         fused = self._use_fused(b.device)
+        window = self._lookahead(b.device, b.batch_size)
 
         def look_at_current_frames(start: bool) -> None:
+            if window > 1 and not start:
+                self._look_ahead(b, window)
+                return
             scores, labels, duration_logits = self._best_token_at(b, b.safe_time_indices, fused)
             steps.label_select(b, scores, labels, duration_logits, self._durations, self.blank_index, start, fused)
 

@@ -46,15 +46,25 @@ def _joint_hidden_kernel(
     out_ptr,
     out_stride_b,
     hidden,
+    last_frame_ptr,
     ROWS_PER_FRAME_ROW: tl.constexpr,
+    WINDOW: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     in_row = cols < hidden
-    t = tl.load(time_ptr + row * time_stride)
-    enc = tl.load(enc_ptr + (row // ROWS_PER_FRAME_ROW) * enc_stride_b + t * enc_stride_t + cols, mask=in_row)
-    pred = tl.load(pred_ptr + row * pred_stride_b + cols, mask=in_row)
+    if WINDOW > 1:
+        # row (b, w) of a look-ahead window: utterance b's frame time[b] + w (its last frame at most)
+        source = row // WINDOW
+        t = tl.load(time_ptr + source * time_stride) + row % WINDOW
+        t = tl.maximum(tl.minimum(t, tl.load(last_frame_ptr + source)), 0)
+        enc_row, pred_row = source, source
+    else:
+        t = tl.load(time_ptr + row * time_stride)
+        enc_row, pred_row = row // ROWS_PER_FRAME_ROW, row
+    enc = tl.load(enc_ptr + enc_row * enc_stride_b + t * enc_stride_t + cols, mask=in_row)
+    pred = tl.load(pred_ptr + pred_row * pred_stride_b + cols, mask=in_row)
     # one add in fp32, rounded once to the storage type (what torch does for fp32, fp16 and bf16 alike);
     # rounding keeps the sign, so relu before the rounding equals torch's relu after it (NaN stays NaN)
     x = enc.to(tl.float32) + pred.to(tl.float32)
@@ -86,7 +96,43 @@ def joint_hidden(
     _joint_hidden_kernel[(batch, triton.cdiv(hidden, block))](
         encoder_projected, encoder_projected.stride(0), encoder_projected.stride(1),
         time_indices, time_indices.stride(0), predictor_output, predictor_output.stride(0), out, out.stride(0),
-        hidden, ROWS_PER_FRAME_ROW=rows_per_frame_row, BLOCK_H=block,
+        hidden, time_indices, ROWS_PER_FRAME_ROW=rows_per_frame_row, WINDOW=1, BLOCK_H=block,
+    )  # fmt: skip
+    return out
+
+
+def joint_hidden_window(
+    encoder_projected: torch.Tensor,
+    time_indices: torch.Tensor,
+    last_frame: torch.Tensor,
+    predictor_output: torch.Tensor,
+    out: torch.Tensor,
+    window: int,
+    fused: bool,
+) -> torch.Tensor:
+    """The joint's hidden activations at each utterance's next ``window`` frames, for one prediction output.
+
+    ``out[b * W + w] = relu(encoder_projected[b, f] + predictor_output[b, 0])`` with
+    ``f = max(min(time_indices[b] + w, last_frame[b]), 0)``. Shapes: encoder_projected ``[B, T, H]``,
+    time_indices / last_frame ``[B]``, predictor_output ``[B, 1, H]``, out ``[B * W, H]``.
+    Row ``(b, w)`` is what :func:`joint_hidden` gives row ``b`` at frame ``f``, value for value.
+    """
+    batch = time_indices.shape[0]
+    if out.shape[0] != batch * window:
+        raise ValueError(f"out must have B * window = {batch * window} rows, got {out.shape[0]}")
+    if not fused:
+        offsets = torch.arange(window, device=out.device)
+        frames = torch.minimum(time_indices[:, None] + offsets, last_frame[:, None]).clamp_(min=0)
+        rows = torch.arange(batch, device=out.device).repeat_interleave(window)
+        torch.add(encoder_projected[rows, frames.view(-1)], predictor_output[rows, 0], out=out)
+        return torch.relu_(out)
+    hidden = out.shape[1]
+    assert encoder_projected.stride(2) == 1 and predictor_output.stride(2) == 1 and out.stride(1) == 1
+    block = min(triton.next_power_of_2(hidden), 1024)
+    _joint_hidden_kernel[(out.shape[0], triton.cdiv(hidden, block))](
+        encoder_projected, encoder_projected.stride(0), encoder_projected.stride(1),
+        time_indices, time_indices.stride(0), predictor_output, predictor_output.stride(0), out, out.stride(0),
+        hidden, last_frame, ROWS_PER_FRAME_ROW=1, WINDOW=window, BLOCK_H=block,
     )  # fmt: skip
     return out
 
@@ -436,6 +482,115 @@ def label_select(
     update_time_flags(b)
     torch.logical_and(b.active, b.blank, out=b.advance)
     torch.any(b.advance, dim=0, out=b.inner_flag)
+
+
+@triton.jit
+def _window_select_kernel(
+    best_scores,
+    best_labels,
+    duration_logits,
+    duration_logits_stride,
+    duration_values,
+    time,
+    safe_time,
+    label_time,
+    last_frame,
+    lengths,
+    active,
+    advance,
+    blank,
+    labels,
+    scores,
+    durations,
+    inner_flag,
+    batch,
+    blank_id,
+    WINDOW: tl.constexpr,
+    NUM_DURATIONS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # Up to WINDOW inner steps of the label loop (label_select with START=False) in registers: a row that holds
+    # a blank takes the joint's answer at its new frame, read from the window (row b, offset new - first frame).
+    rows = tl.arange(0, BLOCK_B)
+    in_batch = rows < batch
+    first = tl.load(time + rows, mask=in_batch, other=0)
+    t = first
+    seq_len = tl.load(lengths + rows, mask=in_batch, other=0)
+    moving = tl.load(advance + rows, mask=in_batch, other=0).to(tl.int1)
+    cur_time = tl.load(label_time + rows, mask=in_batch, other=0)
+    cur_labels = tl.load(labels + rows, mask=in_batch, other=0)
+    cur_scores = tl.load(scores + rows, mask=in_batch, other=0.0)
+    cur_durations = tl.load(durations + rows, mask=in_batch, other=0)
+    is_blank = tl.load(blank + rows, mask=in_batch, other=0).to(tl.int1)
+    now_active = tl.load(active + rows, mask=in_batch, other=0).to(tl.int1)
+    for _ in tl.static_range(WINDOW):
+        offset = t - first
+        look = moving & (offset < WINDOW) & in_batch  # rows past the window wait for the next look
+        slot = rows * WINDOW + tl.minimum(offset, WINDOW - 1)
+        new_labels = tl.load(best_labels + slot, mask=look, other=0)
+        new_scores = tl.load(best_scores + slot, mask=look, other=0.0)
+        cur_time = tl.where(look, t, cur_time)
+        cur_labels = tl.where(look, new_labels, cur_labels)
+        cur_scores = tl.where(look, new_scores, cur_scores)
+        is_blank = cur_labels == blank_id
+        if NUM_DURATIONS > 0:
+            cols = tl.arange(0, BLOCK_D)
+            d_logits = tl.load(
+                duration_logits + slot[:, None] * duration_logits_stride + cols[None, :],
+                mask=look[:, None] & (cols[None, :] < NUM_DURATIONS),
+                other=float("-inf"),
+            )
+            best_duration = tl.argmax(d_logits, axis=1, tie_break_left=True)
+            new_durations = tl.load(duration_values + best_duration, mask=look, other=0)
+            cur_durations = tl.where(look, new_durations, cur_durations)
+            cur_durations = tl.where((cur_durations == 0) & is_blank, 1, cur_durations)
+            t = t + tl.where(look, cur_durations, 0)
+        else:
+            t = t + (look & is_blank).to(t.dtype)
+        now_active = t < seq_len
+        moving = now_active & is_blank
+    tl.store(label_time + rows, cur_time, mask=in_batch)
+    tl.store(labels + rows, cur_labels, mask=in_batch)
+    tl.store(scores + rows, cur_scores, mask=in_batch)
+    if NUM_DURATIONS > 0:
+        tl.store(durations + rows, cur_durations, mask=in_batch)
+    tl.store(blank + rows, is_blank, mask=in_batch)
+    tl.store(time + rows, t, mask=in_batch)
+    tl.store(safe_time + rows, tl.minimum(t, tl.load(last_frame + rows, mask=in_batch, other=0)), mask=in_batch)
+    tl.store(active + rows, now_active, mask=in_batch)
+    tl.store(advance + rows, moving, mask=in_batch)
+    tl.store(inner_flag, _any(moving & in_batch))
+
+
+def window_select(
+    b: LoopBuffers,
+    best_scores: torch.Tensor,
+    best_labels: torch.Tensor,
+    duration_logits: torch.Tensor | None,
+    duration_values: torch.Tensor | None,
+    blank_id: int,
+    window: int,
+) -> None:
+    """Up to ``window`` inner steps of the label loop at once (Triton; CUDA or the interpreter).
+
+    The best tokens come from the joint at each row's next ``window`` frames (:func:`joint_hidden_window`):
+    ``best_scores / best_labels [B * W]``, ``duration_logits [B * W, num_durations]`` (TDT) or ``None``. A row
+    that holds a blank moves on as :func:`label_select` (``start=False``) would, step after step, until it finds
+    a label, runs out of frames or leaves the window (it then continues at the next look). Every row's
+    evolution depends only on its own frames, so the loop ends in the state the single-frame steps reach.
+    """
+    block, warps = _batch_block(b.batch_size)
+    num_durations = 0 if duration_logits is None else duration_logits.shape[1]
+    _window_select_kernel[(1,)](
+        best_scores, best_labels,
+        duration_logits if num_durations else best_scores, duration_logits.stride(0) if num_durations else 0,
+        duration_values if num_durations else best_labels,
+        b.time_indices, b.safe_time_indices, b.label_time, b.last_frame, b.encoder_lengths, b.active,
+        b.advance, b.blank, b.labels, b.scores, b.durations, b.inner_flag, b.batch_size, blank_id,
+        WINDOW=window, NUM_DURATIONS=num_durations, BLOCK_B=block,
+        BLOCK_D=triton.next_power_of_2(max(num_durations, 2)), num_warps=warps,
+    )  # fmt: skip
 
 
 def label_emit(b: LoopBuffers, max_symbols: int | None, with_durations: bool, fused: bool) -> None:

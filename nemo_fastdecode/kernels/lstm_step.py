@@ -93,7 +93,7 @@ def _lstm_cell_kernel(
     tl.store(h_out_ptr + out, h_new, mask=mask)
 
 
-def _batch_tiling(batch: int) -> tuple[int, int]:
+def batch_tiling(batch: int) -> tuple[int, int]:
     """``(rows per program, warps)``, tuned on an H200 (``scripts/bench_prediction.py --sweep``)."""
     return (32, 2) if batch <= 32 else (64, 4)
 
@@ -143,7 +143,7 @@ def lstm_cell_step(
     has_x = x is not None
     x_args = (x, x.stride(0), weight_x, weight_x.stride(0), x.shape[1]) if has_x else (h, 0, weight_h, 0, 0)
     # tuned on an H200 at H = 640 (scripts/bench_prediction.py --sweep): many small programs beat few large ones
-    default_rows, default_warps = _batch_tiling(batch)
+    default_rows, default_warps = batch_tiling(batch)
     block_b = block_b or default_rows
     block_h = block_h or (4 if batch <= 32 else 8)
     num_warps = num_warps or default_warps
@@ -216,7 +216,7 @@ def linear(
     _check_fp32(x=x, weight=weight, bias=bias)
     batch, depth = x.shape
     n_out = weight.shape[0]
-    default_rows, default_warps = _batch_tiling(batch)
+    default_rows, default_warps = batch_tiling(batch)
     block_b = block_b or default_rows
     grid = (triton.cdiv(batch, block_b), triton.cdiv(n_out, block_n))
     _linear_kernel[grid](

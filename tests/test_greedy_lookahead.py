@@ -1,0 +1,114 @@
+"""Label-loop look-ahead (``lookahead_frames``): the inner loop's blank skipping from one joint call over each
+row's next W frames ends in exactly the state of single-frame steps (same tokens, frames, durations, scores).
+
+Without CUDA the Triton kernels run in the interpreter (TRITON_INTERPRET=1, set by conftest).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import GREEDY_UNBOUNDED_SAFE, TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
+
+from nemo_fastdecode.greedy import steps
+from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
+from nemo_fastdecode.greedy.label_loop import auto_lookahead_frames
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+LENGTHS = [24, 1, 17, 0, 9, 24, 3]
+
+
+def decoder_for(kind, decoder, joint, max_symbols, lookahead_frames, mode="eager"):
+    return FastGreedyBatchedInfer(
+        decoder,
+        joint,
+        VOCAB_SIZE,
+        max_symbols_per_step=max_symbols,
+        durations=TDT_DURATIONS if kind == "tdt" else None,
+        graph_mode=mode,
+        include_duration=True,
+        fused_kernels=True,
+        fast_math=True,
+        lookahead_frames=lookahead_frames,
+    )
+
+
+def everything(hyps):
+    return [(h.y_sequence.tolist(), h.timestamp.tolist(), h.token_duration.tolist(), float(h.score)) for h in hyps]
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+@pytest.mark.parametrize(
+    "window,max_symbols,blank_bias",
+    [(2, 1, 0.7), (8, 3, 0.7), (3, 3, 0.8), (8, 1, 0.8), (3, None, None)],
+    ids=["2-1", "8-3", "3-3-more-blanks", "8-1-more-blanks", "3-unbounded"],
+)
+def test_lookahead_matches_single_frame_steps(kind, window, max_symbols, blank_bias):
+    # these networks skip up to 20 frames at a time (blank runs longer than every window here)
+    seed, layers = 5, 2
+    if max_symbols is None:
+        (seed, blank_bias), layers = GREEDY_UNBOUNDED_SAFE[kind], 1
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=seed, blank_bias=blank_bias, pred_layers=layers)
+    decoder, joint = decoder.to(DEVICE), joint.to(DEVICE)
+    x, lengths = random_encoder_output(len(LENGTHS), 24, seed=4, lengths=LENGTHS, device=DEVICE)
+    single = decoder_for(kind, decoder, joint, max_symbols, 1)(encoder_output=x, encoded_lengths=lengths)[0]
+    ahead = decoder_for(kind, decoder, joint, max_symbols, window)
+    assert ahead.computer._lookahead(x.device, len(LENGTHS)) == window
+    windowed = ahead(encoder_output=x, encoded_lengths=lengths)[0]
+    assert everything(windowed) == everything(single)
+    assert sum(len(h.y_sequence) for h in single) > 0
+
+
+def test_lookahead_in_graphs_on_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU")
+    decoder, joint = make_networks(tdt=True, seed=5, blank_bias=3.0, pred_layers=2)
+    decoder, joint = decoder.cuda(), joint.cuda()
+    x, lengths = random_encoder_output(len(LENGTHS), 24, seed=4, lengths=LENGTHS, device="cuda")
+    single = decoder_for("tdt", decoder, joint, 3, 1)(encoder_output=x, encoded_lengths=lengths)[0]
+    for mode in ("full_graph", "no_while_graph"):
+        windowed = decoder_for("tdt", decoder, joint, 3, None, mode)
+        assert windowed.computer._lookahead(x.device, len(LENGTHS)) == 16
+        assert everything(windowed(encoder_output=x, encoded_lengths=lengths)[0]) == everything(single)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "torch"])
+def test_window_rows_are_the_single_frame_hidden_rows(fused):
+    g = torch.Generator().manual_seed(0)
+    encoder = torch.randn([3, 6, 5], generator=g).to(DEVICE)
+    predictor = torch.randn([3, 1, 5], generator=g).to(DEVICE)
+    time = torch.tensor([0, 4, 2], device=DEVICE)
+    last_frame = torch.tensor([5, 5, 0], device=DEVICE)  # row 2: a zero-length row (always frame 0)
+    window = 4
+    got = steps.joint_hidden_window(encoder, time, last_frame, predictor, torch.empty([12, 5], device=DEVICE),
+                                    window, fused)  # fmt: skip
+    for b in range(3):
+        for w in range(window):
+            frame = max(min(int(time[b]) + w, int(last_frame[b])), 0)
+            expected = torch.relu(encoder[b, frame] + predictor[b, 0])
+            assert torch.equal(got[b * window + w], expected), (b, w)
+    with pytest.raises(ValueError, match="B \\* window = 12 rows"):
+        steps.joint_hidden_window(encoder, time, last_frame, predictor, torch.empty([9, 5]), window, fused)
+
+
+def test_automatic_choice_and_bad_values_are_named():
+    decoder, joint = make_networks()
+    assert [auto_lookahead_frames(b) for b in (1, 32, 64, 128, 512, 513)] == [16, 16, 8, 4, 1, 1]
+    rows = 32
+    forced_kernels = decoder_for("rnnt", decoder, joint, 3, None)  # fused_kernels=True: CUDA or the interpreter
+    assert forced_kernels.computer._lookahead(DEVICE, rows) == 16
+    plain = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fast_math=True)
+    # fused kernels by default on CUDA only; the CPU runs the torch references, one frame per look
+    assert plain.computer._lookahead(DEVICE, rows) == (16 if DEVICE.type == "cuda" else 1)
+    exact = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fused_kernels=True)
+    assert exact.computer._lookahead(DEVICE, rows) == 1  # exact path: cuBLAS rows may depend on the batch size
+    with pytest.raises(ValueError, match="lookahead_frames must be a positive int or None.*got 0"):
+        decoder_for("rnnt", decoder, joint, 3, 0)
+    with pytest.raises(ValueError, match="lookahead_frames=4 needs fast_math=True"):
+        FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, lookahead_frames=4)
+    with pytest.raises(ValueError, match="applies to the label loop only"):
+        FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, 3, loop_labels=False, fast_math=True, lookahead_frames=4)
+    forced = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fast_math=True,
+                                    fused_kernels=False, lookahead_frames=4)  # fmt: skip
+    with pytest.raises(ValueError, match="lookahead_frames=4 needs the Triton kernels"):
+        forced.computer._lookahead(DEVICE, rows)
