@@ -31,11 +31,12 @@ def auto_lookahead_frames(batch_size: int) -> int:
 class LabelLoopGreedy(GreedyComputerBase):
     """Label-looping greedy computer; TDT when ``durations`` are given.
 
-    ``lookahead_frames`` (``None``: automatic): while rows skip blanks (the inner loop), look at each row's next
-    ``W`` frames at once, one joint call of ``B * W`` rows instead of up to ``W`` calls of ``B`` rows; the inner
-    loop ends in the same state (:func:`steps.window_select`). Exact only where each row's joint output does not
-    depend on the batch it is computed in: ``fast_math``'s joint kernel with fixed tiling on Triton. Automatic:
-    :func:`auto_lookahead_frames` there (16 frames at batch 32), else 1 (one frame per look).
+    ``lookahead_frames`` (``None``: automatic): each look at the joint (the first of an outer iteration, and the
+    inner loop's while rows skip blanks) covers each row's next ``W`` frames, one joint call of ``B * W`` rows
+    instead of up to ``W`` calls of ``B`` rows; the loop ends in the same state (:func:`steps.window_select`).
+    Exact only where each row's joint output does not depend on the batch it is computed in: ``fast_math``'s
+    joint kernel with fixed tiling on Triton. Automatic: :func:`auto_lookahead_frames` there (16 frames at
+    batch 32), else 1 (one frame per look).
     """
 
     def __init__(self, *args, lookahead_frames: int | None = None, **kwargs):
@@ -69,8 +70,8 @@ class LabelLoopGreedy(GreedyComputerBase):
             b.window_scores = torch.empty([rows], dtype=torch.float32, device=b.device)
             b.window_labels = torch.empty([rows], dtype=torch.long, device=b.device)
 
-    def _look_ahead(self, b: LoopBuffers, window: int) -> None:
-        """Up to ``window`` inner steps from one joint call at each row's next ``window`` frames."""
+    def _look_ahead(self, b: LoopBuffers, window: int, start: bool) -> None:
+        """Up to ``window`` looks from one joint call at each row's next ``window`` frames."""
         hidden = steps.joint_hidden_window(
             b.encoder_projected, b.time_indices, b.last_frame, b.predictor_output, b.window_hidden, window, True
         )
@@ -79,15 +80,15 @@ class LabelLoopGreedy(GreedyComputerBase):
         num_tokens = self.blank_index + 1
         scores, labels = steps.best_token(logits, num_tokens, b.window_scores, b.window_labels, True)
         duration_logits = logits[:, num_tokens:] if self.is_tdt else None
-        steps.window_select(b, scores, labels, duration_logits, self._durations, self.blank_index, window)
+        steps.window_select(b, scores, labels, duration_logits, self._durations, self.blank_index, window, start)
 
     def _phases(self, b: LoopBuffers) -> LoopPhases:
         fused = self._use_fused(b.device)
         window = self._lookahead(b.device, b.batch_size)
 
         def look_at_current_frames(start: bool) -> None:
-            if window > 1 and not start:
-                self._look_ahead(b, window)
+            if window > 1:
+                self._look_ahead(b, window, start)
                 return
             scores, labels, duration_logits = self._best_token_at(b, b.safe_time_indices, fused)
             steps.label_select(b, scores, labels, duration_logits, self._durations, self.blank_index, start, fused)

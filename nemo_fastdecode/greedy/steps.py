@@ -497,6 +497,7 @@ def _window_select_kernel(
     last_frame,
     lengths,
     active,
+    active_before,
     advance,
     blank,
     labels,
@@ -505,19 +506,25 @@ def _window_select_kernel(
     inner_flag,
     batch,
     blank_id,
+    START: tl.constexpr,
     WINDOW: tl.constexpr,
     NUM_DURATIONS: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    # Up to WINDOW inner steps of the label loop (label_select with START=False) in registers: a row that holds
-    # a blank takes the joint's answer at its new frame, read from the window (row b, offset new - first frame).
+    # Up to WINDOW steps of the label loop's look (label_select) in registers: a row that holds a blank takes the
+    # joint's answer at its new frame, read from the window (row b, offset new - first frame). START: the first
+    # look of an outer iteration, where every active row takes the answer at its current frame (offset 0).
     rows = tl.arange(0, BLOCK_B)
     in_batch = rows < batch
     first = tl.load(time + rows, mask=in_batch, other=0)
     t = first
     seq_len = tl.load(lengths + rows, mask=in_batch, other=0)
-    moving = tl.load(advance + rows, mask=in_batch, other=0).to(tl.int1)
+    if START:
+        moving = tl.load(active + rows, mask=in_batch, other=0).to(tl.int1)
+        tl.store(active_before + rows, moving, mask=in_batch)
+    else:
+        moving = tl.load(advance + rows, mask=in_batch, other=0).to(tl.int1)
     cur_time = tl.load(label_time + rows, mask=in_batch, other=0)
     cur_labels = tl.load(labels + rows, mask=in_batch, other=0)
     cur_scores = tl.load(scores + rows, mask=in_batch, other=0.0)
@@ -571,14 +578,17 @@ def window_select(
     duration_values: torch.Tensor | None,
     blank_id: int,
     window: int,
+    start: bool,
 ) -> None:
-    """Up to ``window`` inner steps of the label loop at once (Triton; CUDA or the interpreter).
+    """Up to ``window`` looks of the label loop at once (Triton; CUDA or the interpreter).
 
     The best tokens come from the joint at each row's next ``window`` frames (:func:`joint_hidden_window`):
     ``best_scores / best_labels [B * W]``, ``duration_logits [B * W, num_durations]`` (TDT) or ``None``. A row
-    that holds a blank moves on as :func:`label_select` (``start=False``) would, step after step, until it finds
-    a label, runs out of frames or leaves the window (it then continues at the next look). Every row's
-    evolution depends only on its own frames, so the loop ends in the state the single-frame steps reach.
+    moves on as :func:`label_select` would, look after look (``start``: the first look of an outer iteration,
+    for every active row; then only rows that hold a blank), until it finds a label, runs out of frames or
+    leaves the window (it then continues at the next look). Every row's evolution depends only on its own
+    frames, so the loop ends in the state the single-frame looks reach (rows that are not decoding may keep
+    other junk labels; nothing reads them).
     """
     block, warps = _batch_block(b.batch_size)
     num_durations = 0 if duration_logits is None else duration_logits.shape[1]
@@ -587,8 +597,8 @@ def window_select(
         duration_logits if num_durations else best_scores, duration_logits.stride(0) if num_durations else 0,
         duration_values if num_durations else best_labels,
         b.time_indices, b.safe_time_indices, b.label_time, b.last_frame, b.encoder_lengths, b.active,
-        b.advance, b.blank, b.labels, b.scores, b.durations, b.inner_flag, b.batch_size, blank_id,
-        WINDOW=window, NUM_DURATIONS=num_durations, BLOCK_B=block,
+        b.active_before, b.advance, b.blank, b.labels, b.scores, b.durations, b.inner_flag, b.batch_size, blank_id,
+        START=start, WINDOW=window, NUM_DURATIONS=num_durations, BLOCK_B=block,
         BLOCK_D=triton.next_power_of_2(max(num_durations, 2)), num_warps=warps,
     )  # fmt: skip
 
