@@ -68,7 +68,7 @@ def test_lookahead_in_graphs_on_the_gpu():
     single = decoder_for("tdt", decoder, joint, 3, 1)(encoder_output=x, encoded_lengths=lengths)[0]
     for mode in ("full_graph", "no_while_graph"):
         windowed = decoder_for("tdt", decoder, joint, 3, None, mode)
-        assert windowed.computer._lookahead(x.device, len(LENGTHS)) == 16
+        assert windowed.computer._lookahead(x.device, len(LENGTHS)) == 16  # TDT: 128 rows // 7 > 16
         assert everything(windowed(encoder_output=x, encoded_lengths=lengths)[0]) == everything(single)
 
 
@@ -94,6 +94,7 @@ def test_window_rows_are_the_single_frame_hidden_rows(fused):
 def test_automatic_choice_and_bad_values_are_named():
     decoder, joint = make_networks()
     assert [auto_lookahead_frames(b) for b in (1, 32, 64, 128, 512, 513)] == [16, 16, 8, 4, 1, 1]
+    assert [auto_lookahead_frames(b, tdt=True) for b in (1, 8, 32, 64, 128, 129)] == [16, 16, 4, 2, 1, 1]
     rows = 32
     forced_kernels = decoder_for("rnnt", decoder, joint, 3, None)  # fused_kernels=True: CUDA or the interpreter
     assert forced_kernels.computer._lookahead(DEVICE, rows) == 16

@@ -37,8 +37,8 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         fused_kernels: fused Triton step kernels (``None``: on CUDA); bit-identical to the torch path.
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline.
-        lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic, 16 at batch 32
-            with ``fast_math`` on CUDA, else 1); the same hypotheses as 1, see :class:`LabelLoopGreedy`.
+        lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic, 16 (RNN-T) or 4 (TDT)
+            at batch 32 with ``fast_math`` on CUDA, else 1); the same hypotheses as 1, see :class:`LabelLoopGreedy`.
     """
 
     def __init__(

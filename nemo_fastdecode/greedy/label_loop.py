@@ -17,15 +17,17 @@ from nemo_fastdecode.greedy.state import LoopBuffers
 from nemo_fastdecode.prediction import normalise_joint_logits
 
 # automatic look-ahead where it is exact (fast_math on Triton; see LabelLoopGreedy): about this many joint rows
-# per look, at most MAX_AUTO_LOOKAHEAD_FRAMES frames (H200, 1 h, batch 32: 16 frames beat 8 and 4 on RNN-T,
-# equal on TDT; benchmarks/results, fifth session)
-AUTO_LOOKAHEAD_ROWS = 512
+# per look, at most MAX_AUTO_LOOKAHEAD_FRAMES frames. H200, 1 h, batch 32 (benchmarks/results, fifth session):
+# RNN-T 16 frames beat 8 and 4 (blank runs are long); TDT 4 beat 8 and 16 (blanks jump by their durations, so
+# most looks end within a few frames and wider windows only add joint rows)
+AUTO_LOOKAHEAD_ROWS = {"rnnt": 512, "tdt": 128}
 MAX_AUTO_LOOKAHEAD_FRAMES = 16
 
 
-def auto_lookahead_frames(batch_size: int) -> int:
+def auto_lookahead_frames(batch_size: int, tdt: bool = False) -> int:
     """Frames per look for ``batch_size`` rows when chosen automatically (1: single-frame steps)."""
-    return max(1, min(MAX_AUTO_LOOKAHEAD_FRAMES, AUTO_LOOKAHEAD_ROWS // max(batch_size, 1)))
+    rows = AUTO_LOOKAHEAD_ROWS["tdt" if tdt else "rnnt"]
+    return max(1, min(MAX_AUTO_LOOKAHEAD_FRAMES, rows // max(batch_size, 1)))
 
 
 class LabelLoopGreedy(GreedyComputerBase):
@@ -36,7 +38,7 @@ class LabelLoopGreedy(GreedyComputerBase):
     instead of up to ``W`` calls of ``B`` rows; the loop ends in the same state (:func:`steps.window_select`).
     Exact only where each row's joint output does not depend on the batch it is computed in: ``fast_math``'s
     joint kernel with fixed tiling on Triton. Automatic: :func:`auto_lookahead_frames` there (16 frames at
-    batch 32), else 1 (one frame per look).
+    batch 32 for RNN-T, 4 for TDT), else 1 (one frame per look).
     """
 
     def __init__(self, *args, lookahead_frames: int | None = None, **kwargs):
@@ -60,7 +62,7 @@ class LabelLoopGreedy(GreedyComputerBase):
             )
         if self.lookahead_frames is not None:
             return self.lookahead_frames
-        return auto_lookahead_frames(batch_size) if windowed else 1
+        return auto_lookahead_frames(batch_size, self.is_tdt) if windowed else 1
 
     def _extra_buffers(self, b: LoopBuffers) -> None:
         window = self._lookahead(b.device, b.batch_size)
