@@ -73,7 +73,9 @@ def main(preset: str, names: list[str]) -> None:
             decode_all(decoder, batches)
             _sync()
             profiler.disable()
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+            stats = pstats.Stats(profiler)
+            stats.sort_stats("tottime").print_stats(30)
+            stats.sort_stats("cumulative").print_stats(45)
 
 
 if __name__ == "__main__":
