@@ -292,6 +292,35 @@ def best_token(
 
 # ----- label loop ----------------------------------------------------------------------------------
 @triton.jit
+def _best_durations(duration_logits, duration_logits_stride, duration_values, logit_rows, mask,
+                    NUM_DURATIONS: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """The TDT duration (value) with the highest logit in each of ``logit_rows`` (ties: the lower index)."""
+    cols = tl.arange(0, BLOCK_D)
+    d_logits = tl.load(
+        duration_logits + logit_rows[:, None] * duration_logits_stride + cols[None, :],
+        mask=mask[:, None] & (cols[None, :] < NUM_DURATIONS),
+        other=float("-inf"),
+    )
+    best_duration = tl.argmax(d_logits, axis=1, tie_break_left=True)
+    return tl.load(duration_values + best_duration, mask=mask, other=0)
+
+
+@triton.jit
+def _store_look(rows, in_batch, cur_time, cur_labels, cur_scores, is_blank, t, now_active, now_advance,
+                label_time, labels, scores, blank, time, safe_time, last_frame, active, advance, inner_flag):  # fmt: skip
+    """A look's result into the loop buffers (the state both label-loop select kernels leave)."""
+    tl.store(label_time + rows, cur_time, mask=in_batch)
+    tl.store(labels + rows, cur_labels, mask=in_batch)
+    tl.store(scores + rows, cur_scores, mask=in_batch)
+    tl.store(blank + rows, is_blank, mask=in_batch)
+    tl.store(time + rows, t, mask=in_batch)
+    tl.store(safe_time + rows, tl.minimum(t, tl.load(last_frame + rows, mask=in_batch, other=0)), mask=in_batch)
+    tl.store(active + rows, now_active, mask=in_batch)
+    tl.store(advance + rows, now_advance, mask=in_batch)
+    tl.store(inner_flag, _any(now_advance & in_batch))
+
+
+@triton.jit
 def _label_select_kernel(
     best_scores,
     best_labels,
@@ -324,14 +353,9 @@ def _label_select_kernel(
     new_scores = tl.load(best_scores + rows, mask=in_batch, other=0.0)
     new_labels = tl.load(best_labels + rows, mask=in_batch, other=0)
     if NUM_DURATIONS > 0:
-        cols = tl.arange(0, BLOCK_D)
-        d_logits = tl.load(
-            duration_logits + rows[:, None] * duration_logits_stride + cols[None, :],
-            mask=in_batch[:, None] & (cols[None, :] < NUM_DURATIONS),
-            other=float("-inf"),
+        new_durations = _best_durations(
+            duration_logits, duration_logits_stride, duration_values, rows, in_batch, NUM_DURATIONS, BLOCK_D
         )
-        best_duration = tl.argmax(d_logits, axis=1, tie_break_left=True)
-        new_durations = tl.load(duration_values + best_duration, mask=in_batch, other=0)
     else:
         new_durations = tl.zeros([BLOCK_B], dtype=tl.int64)
     if START:
@@ -355,15 +379,8 @@ def _label_select_kernel(
         t = t + (mask & is_blank).to(t.dtype)
     now_active = t < tl.load(lengths + rows, mask=in_batch, other=0)
     now_advance = now_active & is_blank
-    tl.store(label_time + rows, cur_time, mask=in_batch)
-    tl.store(labels + rows, cur_labels, mask=in_batch)
-    tl.store(scores + rows, cur_scores, mask=in_batch)
-    tl.store(blank + rows, is_blank, mask=in_batch)
-    tl.store(time + rows, t, mask=in_batch)
-    tl.store(safe_time + rows, tl.minimum(t, tl.load(last_frame + rows, mask=in_batch, other=0)), mask=in_batch)
-    tl.store(active + rows, now_active, mask=in_batch)
-    tl.store(advance + rows, now_advance, mask=in_batch)
-    tl.store(inner_flag, _any(now_advance & in_batch))
+    _store_look(rows, in_batch, cur_time, cur_labels, cur_scores, is_blank, t, now_active, now_advance,
+                label_time, labels, scores, blank, time, safe_time, last_frame, active, advance, inner_flag)  # fmt: skip
 
 
 @triton.jit
@@ -542,14 +559,9 @@ def _window_select_kernel(
         cur_scores = tl.where(look, new_scores, cur_scores)
         is_blank = cur_labels == blank_id
         if NUM_DURATIONS > 0:
-            cols = tl.arange(0, BLOCK_D)
-            d_logits = tl.load(
-                duration_logits + slot[:, None] * duration_logits_stride + cols[None, :],
-                mask=look[:, None] & (cols[None, :] < NUM_DURATIONS),
-                other=float("-inf"),
+            new_durations = _best_durations(
+                duration_logits, duration_logits_stride, duration_values, slot, look, NUM_DURATIONS, BLOCK_D
             )
-            best_duration = tl.argmax(d_logits, axis=1, tie_break_left=True)
-            new_durations = tl.load(duration_values + best_duration, mask=look, other=0)
             cur_durations = tl.where(look, new_durations, cur_durations)
             cur_durations = tl.where((cur_durations == 0) & is_blank, 1, cur_durations)
             t = t + tl.where(look, cur_durations, 0)
@@ -557,17 +569,10 @@ def _window_select_kernel(
             t = t + (look & is_blank).to(t.dtype)
         now_active = t < seq_len
         moving = now_active & is_blank
-    tl.store(label_time + rows, cur_time, mask=in_batch)
-    tl.store(labels + rows, cur_labels, mask=in_batch)
-    tl.store(scores + rows, cur_scores, mask=in_batch)
     if NUM_DURATIONS > 0:
         tl.store(durations + rows, cur_durations, mask=in_batch)
-    tl.store(blank + rows, is_blank, mask=in_batch)
-    tl.store(time + rows, t, mask=in_batch)
-    tl.store(safe_time + rows, tl.minimum(t, tl.load(last_frame + rows, mask=in_batch, other=0)), mask=in_batch)
-    tl.store(active + rows, now_active, mask=in_batch)
-    tl.store(advance + rows, moving, mask=in_batch)
-    tl.store(inner_flag, _any(moving & in_batch))
+    _store_look(rows, in_batch, cur_time, cur_labels, cur_scores, is_blank, t, now_active, moving,
+                label_time, labels, scores, blank, time, safe_time, last_frame, active, advance, inner_flag)  # fmt: skip
 
 
 def window_select(
