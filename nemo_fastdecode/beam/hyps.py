@@ -156,7 +156,9 @@ class BeamHypsBuffer:
         durations = self.durations[rows] if self.tdt else None
         paths = backtrack(self.labels[rows], self.parents[rows], self.timestamps[rows], durations, order, steps,
                           use_triton)  # fmt: skip
-        labels, end_times, durations = (p.cpu().numpy() if p is not None else None for p in paths)
+        # one device-to-host copy of every path (labels, end frames, TDT durations)
+        host = torch.stack([p for p in paths if p is not None]).cpu().numpy()
+        labels, end_times, durations = host[0], host[1], host[2] if self.tdt else None
         ranked_scores = torch.gather(scores, -1, order).tolist()
 
         def hypothesis(b: int, j: int) -> Hypothesis:

@@ -50,6 +50,13 @@ def _check(labels: torch.Tensor, parents: torch.Tensor, times: torch.Tensor, dur
         raise ValueError(f"steps must be in [0, {labels.shape[2]}] (the tree's capacity), got {steps}")
 
 
+def _empty_paths(labels: torch.Tensor, durations: torch.Tensor | None, start: torch.Tensor, steps: int):
+    """Uninitialised ``(labels, times, durations)`` paths, each ``[B, J, steps]`` like ``labels`` (int64)."""
+    shape = [start.shape[0], start.shape[1], steps]
+    out_labels = labels.new_empty(shape)
+    return out_labels, torch.empty_like(out_labels), torch.empty_like(out_labels) if durations is not None else None
+
+
 def backtrack(
     labels: torch.Tensor,
     parents: torch.Tensor,
@@ -72,17 +79,14 @@ def backtrack(
     Returns:
         ``(labels, times, durations)`` along the paths, each ``[B, J, steps]`` (``durations`` ``None`` for RNN-T).
     """
-    _check(labels, parents, times, durations, start, steps)
     if use_triton is None:
         use_triton = labels.device.type == "cuda"
     if not use_triton:
         return backtrack_reference(labels, parents, times, durations, start, steps)
+    _check(labels, parents, times, durations, start, steps)
     batch, beams, capacity = labels.shape
     chosen = start.shape[1]
-    shape = [batch, chosen, steps]
-    out_labels = torch.empty(shape, dtype=labels.dtype, device=labels.device)
-    out_times = torch.empty_like(out_labels)
-    out_durations = torch.empty_like(out_labels) if durations is not None else None
+    out_labels, out_times, out_durations = _empty_paths(labels, durations, start, steps)
     if batch and chosen and steps:
         _backtrack_kernel[(batch,)](
             labels.contiguous(), parents.contiguous(), times.contiguous(),
@@ -104,10 +108,7 @@ def backtrack_reference(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`backtrack` as a torch loop over the steps (NeMo's ``_flatten_with_permutation_`` walk)."""
     _check(labels, parents, times, durations, start, steps)
-    shape = [start.shape[0], start.shape[1], steps]
-    out_labels = labels.new_empty(shape)
-    out_times = times.new_empty(shape)
-    out_durations = durations.new_empty(shape) if durations is not None else None
+    out_labels, out_times, out_durations = _empty_paths(labels, durations, start, steps)
     rows = torch.arange(start.shape[0], device=start.device)[:, None]
     beam = start
     for t in range(steps - 1, -1, -1):
