@@ -38,7 +38,8 @@ def baseline(kind: str, decoder, joint, max_symbols):
     )
 
 
-def ours(kind: str, decoder, joint, max_symbols, loop_labels=True, graph_mode="auto"):
+def ours(kind: str, decoder, joint, max_symbols, loop_labels=True, graph_mode="auto", **options):
+    """fast_greedy on these networks; ``options``: further FastGreedyBatchedInfer arguments (e.g. fast_math)."""
     return FastGreedyBatchedInfer(
         decoder,
         joint,
@@ -48,6 +49,7 @@ def ours(kind: str, decoder, joint, max_symbols, loop_labels=True, graph_mode="a
         loop_labels=loop_labels,
         graph_mode=graph_mode,
         include_duration=kind == "tdt",
+        **options,
     )
 
 

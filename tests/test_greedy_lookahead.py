@@ -1,5 +1,5 @@
-"""Label-loop look-ahead (``lookahead_frames``): the inner loop's blank skipping from one joint call over each
-row's next W frames ends in exactly the state of single-frame steps (same tokens, frames, durations, scores).
+"""Label-loop look-ahead (``lookahead_frames``): looks at the joint (and blank skipping) from one call over each
+row's next W frames end in exactly the state of single-frame looks (same tokens, frames, durations, scores).
 
 Without CUDA the Triton kernels run in the interpreter (TRITON_INTERPRET=1, set by conftest).
 """
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import GREEDY_UNBOUNDED_SAFE, TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
+from conftest import GREEDY_UNBOUNDED_SAFE, VOCAB_SIZE, make_networks, random_encoder_output
+from test_greedy_exactness import ours
 
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
@@ -19,18 +20,8 @@ LENGTHS = [24, 1, 17, 0, 9, 24, 3]
 
 
 def decoder_for(kind, decoder, joint, max_symbols, lookahead_frames, mode="eager"):
-    return FastGreedyBatchedInfer(
-        decoder,
-        joint,
-        VOCAB_SIZE,
-        max_symbols_per_step=max_symbols,
-        durations=TDT_DURATIONS if kind == "tdt" else None,
-        graph_mode=mode,
-        include_duration=True,
-        fused_kernels=True,
-        fast_math=True,
-        lookahead_frames=lookahead_frames,
-    )
+    return ours(kind, decoder, joint, max_symbols, graph_mode=mode, fused_kernels=True, fast_math=True,
+                lookahead_frames=lookahead_frames)  # fmt: skip
 
 
 def everything(hyps):
