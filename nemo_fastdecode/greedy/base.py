@@ -213,6 +213,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         encoder_output: torch.Tensor,
         encoder_lengths: torch.Tensor,
         previous_states: Sequence[GreedyStateItem | None] | None = None,
+        with_durations: bool = True,
     ) -> list[Hypothesis]:
         """Decode a batch.
 
@@ -220,6 +221,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             encoder_output: ``[B, T, D]`` encoder output (time-major per row).
             encoder_lengths: ``[B]`` valid frames per row (0 allowed).
             previous_states: per row, the state a previous chunk ended in (``None``: start fresh).
+            with_durations: TDT: fill ``Hypothesis.token_duration`` (else it is empty, as for RNN-T).
 
         Returns:
             ``B`` hypotheses; each ``dec_state`` is a :class:`GreedyStateItem` to continue from.
@@ -230,8 +232,12 @@ class GreedyComputerBase(CapturedLoopOwner):
         row_ids = torch.tensor(rows, dtype=torch.long, device=encoder_output.device) if rows else None
         buffers = self._decode(encoder_output, encoder_lengths, previous, row_ids)
         state = self._final_state(buffers, batch_size, encoder_lengths, previous, row_ids)
-        hyps = buffers.hyps.to_hypotheses(batch_size, with_durations=self.is_tdt, time_offsets=state.offsets)
-        for hyp, item in zip(hyps, state.final.split(), strict=True):
+        # the per-row states need no results on the host: built while the GPU still runs the loop
+        items = state.final.split()
+        offsets = state.offsets if previous is not None else None  # zeros otherwise: skip the addition
+        emitted = buffers.hyps.emitted(batch_size, self.is_tdt and with_durations, offsets)
+        hyps = emitted.to_hypotheses()  # the first host synchronisation of the decode
+        for hyp, item in zip(hyps, items, strict=True):
             hyp.dec_state = item
         return hyps
 

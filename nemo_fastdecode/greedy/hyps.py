@@ -82,12 +82,6 @@ class BatchedHypsBuffer:
             scores=self.scores[:batch_size],
         )
 
-    def to_hypotheses(
-        self, batch_size: int, with_durations: bool, time_offsets: torch.Tensor | None = None
-    ) -> list[Hypothesis]:
-        """The first ``batch_size`` rows as NeMo hypotheses (tensors on the CPU, like NeMo's label loop)."""
-        return self.emitted(batch_size, with_durations, time_offsets).to_hypotheses()
-
 
 @dataclass
 class EmittedTokens:
@@ -104,21 +98,28 @@ class EmittedTokens:
     scores: torch.Tensor
 
     def to_hypotheses(self) -> list[Hypothesis]:
-        """NeMo hypotheses (tensors on the CPU, like NeMo's label loop); one host synchronisation."""
-        lengths = self.lengths.cpu().tolist()
+        """NeMo hypotheses (tensors on the CPU, like NeMo's label loop); two small host copies.
+
+        The per-row tensors are views of one host copy of the padded block, cut by one ``split`` per field into
+        alternating (row, padding) pieces: slicing each row separately had cost more host time than the copies.
+        """
+        # lengths and scores in one copy (scores as the bits of float64: exact for float32 too)
+        summary = torch.stack([self.lengths, self.scores.to(torch.float64).view(torch.long)]).cpu()
+        lengths, scores = summary[0].tolist(), summary[1].view(torch.float64).tolist()
         longest = max(lengths, default=0)
-        labels = self.labels[:, :longest].cpu()
-        timestamps = self.timestamps[:, :longest].cpu()
-        durations = self.durations[:, :longest].cpu() if self.durations is not None else None
-        scores = self.scores.cpu().tolist()
+        fields = [self.labels, self.timestamps] + ([self.durations] if self.durations is not None else [])
+        block = torch.stack([field[:, :longest] for field in fields]).cpu()  # [fields, B, longest]
+        pieces = [size for length in lengths for size in (length, longest - length)]
+        labels, timestamps, *durations = (field.reshape(-1).split(pieces)[::2] for field in block)
+        durations = durations[0] if durations else [torch.empty(0)] * len(lengths)  # RNN-T: none (shared, empty)
         return [
             Hypothesis(
-                score=scores[i],
-                y_sequence=labels[i, : lengths[i]],
-                timestamp=timestamps[i, : lengths[i]],
-                token_duration=durations[i, : lengths[i]] if durations is not None else torch.empty(0),
+                score=score,
+                y_sequence=y_sequence,
+                timestamp=timestamp,
+                token_duration=duration,
                 alignments=None,
                 dec_state=None,
             )
-            for i in range(len(lengths))
+            for score, y_sequence, timestamp, duration in zip(scores, labels, timestamps, durations, strict=True)
         ]

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
-from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import _GreedyRNNTInfer, pack_hypotheses
+from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import _GreedyRNNTInfer
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo.collections.common.parts.optional_cuda_graphs import WithOptionalCudaGraphs
 from nemo.core.classes import typecheck
@@ -89,21 +89,23 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         partial_hypotheses: list[Hypothesis | None] | None = None,
     ) -> tuple[list[Hypothesis]]:
         """Decode ``encoder_output [B, D, T]`` with ``encoded_lengths [B]``; returns ``(hypotheses,)``."""
-        _check_inputs(encoder_output, encoded_lengths, partial_hypotheses)
+        lengths_on_host = _check_inputs(encoder_output, encoded_lengths, partial_hypotheses)
         previous_states = None
         if partial_hypotheses is not None:
             previous_states = [_state_of(h) for h in partial_hypotheses]
         with eval_mode(self.decoder, self.joint), torch.inference_mode():
-            hyps = self.computer(encoder_output.transpose(1, 2), encoded_lengths, previous_states)
-            if not self.include_duration:
-                for hyp in hyps:
-                    hyp.token_duration = torch.empty(0)
+            hyps = self.computer(
+                encoder_output.transpose(1, 2), encoded_lengths, previous_states, with_durations=self.include_duration
+            )
             if partial_hypotheses is not None:  # continue the previous chunk's hypotheses, as NeMo does
                 hyps = [
                     hyp if previous is None else previous.merge_(hyp)
                     for previous, hyp in zip(partial_hypotheses, hyps, strict=True)
                 ]
-            return (pack_hypotheses(hyps, encoded_lengths),)
+            # NeMo's pack_hypotheses: the encoded length of each row as a 0-d CPU tensor (labels are int64 already)
+            for hyp, length in zip(hyps, lengths_on_host.unbind(0), strict=True):
+                hyp.length = length
+            return (hyps,)
 
 
 @contextmanager
@@ -134,7 +136,8 @@ def _state_of(hyp: Hypothesis | None) -> GreedyStateItem | None:
     return hyp.dec_state
 
 
-def _check_inputs(encoder_output, encoded_lengths, partial_hypotheses) -> None:
+def _check_inputs(encoder_output, encoded_lengths, partial_hypotheses) -> torch.Tensor:
+    """Raise a ValueError naming what is wrong with a decoder's inputs; returns ``encoded_lengths`` on the CPU."""
     if encoder_output.dim() != 3:
         raise ValueError(f"encoder_output must be [B, D, T], got shape {tuple(encoder_output.shape)}")
     if not encoder_output.is_floating_point():
@@ -148,9 +151,11 @@ def _check_inputs(encoder_output, encoded_lengths, partial_hypotheses) -> None:
         raise ValueError(
             f"encoded_lengths is on {encoded_lengths.device} but encoder_output on {encoder_output.device}"
         )
+    lengths_on_host = encoded_lengths.cpu()  # one host synchronisation
     if batch_size:
-        shortest, longest = (int(v) for v in torch.aminmax(encoded_lengths))  # one host synchronisation
+        shortest, longest = (int(v) for v in torch.aminmax(lengths_on_host))
         if shortest < 0 or longest > max_time:
             raise ValueError(f"encoded_lengths must be in [0, T={max_time}], got min {shortest} max {longest}")
     if partial_hypotheses is not None and len(partial_hypotheses) != batch_size:
         raise ValueError(f"partial_hypotheses has {len(partial_hypotheses)} entries for a batch of {batch_size}")
+    return lengths_on_host
