@@ -80,6 +80,8 @@ class FastMathPredictor:
         self.joint_output_layer: torch.nn.Linear = joint.joint_net[-1]
         self._weights: dict[str, torch.Tensor] = {}
         self._source_versions: tuple | None = None
+        # split-K tile counters, one set per stream that may run a kernel concurrently with the other
+        self._counters: dict[str, torch.Tensor] = {}
 
     def _parameters(self) -> list[torch.Tensor]:
         return [
@@ -112,6 +114,7 @@ class FastMathPredictor:
             "projection_bias": _bias_of(self.projection),
             "joint_weight": self.joint_output_layer.weight.detach().float(),
             "joint_bias": _bias_of(self.joint_output_layer),
+            "no_gate_bias": torch.zeros(4 * lstm.hidden_size, device=lstm.weight_hh_l0.device),
         }
         for layer in range(lstm.num_layers):
             weights[f"weight_hh_{layer}"] = getattr(lstm, f"weight_hh_l{layer}").detach().float()
@@ -127,6 +130,8 @@ class FastMathPredictor:
                 self._weights[key].copy_(value)
         else:
             self._weights = {key: value.contiguous() for key, value in weights.items()}
+            device = self._weights["table"].device
+            self._counters = {stream: lstm_step.split_k_counters(device) for stream in ("main", "recurrent")}
         self._source_versions = versions
         return not same_layout
 
@@ -147,12 +152,18 @@ class FastMathPredictor:
         return self.refresh()
 
     def step(
-        self, labels: torch.Tensor, states: list[torch.Tensor], fused: bool
+        self,
+        labels: torch.Tensor,
+        states: list[torch.Tensor],
+        fused: bool,
+        recurrent_gates: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The prediction network advanced by ``labels``: ``(projected output [B, 1, H_joint], [h, c])``.
 
-        Shapes: labels ``[B]`` int64; states ``[h, c]`` each ``[L, B, H]`` float32 (not modified).
-        ``fused``: the Triton kernels (CUDA, or the interpreter); otherwise their torch references.
+        Shapes: labels ``[B]`` int64; states ``[h, c]`` each ``[L, B, H]`` float32 (not modified);
+        ``recurrent_gates [L, B, 4H]``: :meth:`recurrent_gates` of these states, computed beforehand (``None``:
+        computed here, inside the cell kernels). ``fused``: the Triton kernels (CUDA, or the interpreter);
+        otherwise their torch references.
         """
         w = self._weights
         if not w:
@@ -167,13 +178,37 @@ class FastMathPredictor:
             else:
                 row_bias, bias_index = w[f"bias_{layer}"], None
                 x, weight_x = h_new[layer - 1], w[f"weight_ih_{layer}"]
-            cell(row_bias, bias_index, x, weight_x, h[layer], w[f"weight_hh_{layer}"], c[layer], h_new[layer],
-                 c_new[layer])  # fmt: skip
+            if recurrent_gates is None:
+                cell(row_bias, bias_index, x, weight_x, h[layer], w[f"weight_hh_{layer}"], c[layer], h_new[layer],
+                     c_new[layer])  # fmt: skip
+            else:
+                cell(row_bias, bias_index, x, weight_x, None, None, c[layer], h_new[layer], c_new[layer],
+                     recurrent_gates=recurrent_gates[layer])  # fmt: skip
         last = h_new[-1]
         output = torch.empty([last.shape[0], w["projection_weight"].shape[0]], device=last.device)
-        project = lstm_step.linear if fused else lstm_step.linear_reference
-        project(last, w["projection_weight"], w["projection_bias"], output)
+        self._linear(last, w["projection_weight"], w["projection_bias"], output, fused, "main")
         return output.unsqueeze(1), [h_new, c_new]
+
+    def recurrent_gates(self, states: list[torch.Tensor], out: torch.Tensor, fused: bool) -> torch.Tensor:
+        """``out[l] = h[l] @ W_hh_l^T`` for every layer: the part of the next step's gates that needs no label.
+
+        Shapes: states ``[h, c]`` each ``[L, B, H]``; out ``[L, B, 4H]`` float32. It depends only on the state
+        before the step, so a decoder can start it early, on a parallel stream (split-K counters of their own),
+        and pass it to :meth:`step`.
+        """
+        w = self._weights
+        h = states[0]
+        self.check_dtype(h.dtype)
+        for layer in range(h.shape[0]):
+            self._linear(h[layer], w[f"weight_hh_{layer}"], w["no_gate_bias"], out[layer], fused, "recurrent")
+        return out
+
+    def _linear(self, x, weight, bias, out, fused: bool, stream: str) -> None:
+        if not fused:
+            lstm_step.linear_reference(x, weight, bias, out)
+            return
+        options = lstm_step.linear_tiling(x.shape[0])
+        lstm_step.linear(x, weight, bias, out, counters=self._counters[stream], **options)
 
     def joint_output(self, hidden: torch.Tensor, tile_rows: int | None = None) -> torch.Tensor:
         """The joint's last Linear on its hidden activations: ``[B, H_joint] -> [B, V + 1 (+ durations)]`` (fp32).

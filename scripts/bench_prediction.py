@@ -65,37 +65,67 @@ def time_case(batch: int, layers: int, args, sweep: bool) -> list[str]:
     def fast():
         return predictor.step(labels, states, fused=True)[0][:, 0]
 
+    recurrent = torch.empty([layers, batch, 4 * args.hidden], device="cuda")
+
+    def fast_precomputed():  # the step after the label loop's parallel branch computed the recurrent gates
+        return predictor.step(labels, states, fused=True, recurrent_gates=recurrent)[0][:, 0]
+
     with torch.inference_mode():
         reference = float64_output(decoder, joint, labels, states)
-        errors = [(fn() - reference).abs().max().item() for fn in (exact, fast)]
-        us = [triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3 for fn in (exact, fast)]
+        predictor.recurrent_gates(states, recurrent, fused=True)
+        errors = [(fn() - reference).abs().max().item() for fn in (exact, fast, fast_precomputed)]
+        us = [triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3 for fn in (exact, fast, fast_precomputed)]
+        branch_us = (
+            triton.testing.do_bench_cudagraph(lambda: predictor.recurrent_gates(states, recurrent, fused=True), rep=50)
+            * 1e3
+        )
         rows = [f"| {batch} | {layers} | {us[0]:.1f} | {us[1]:.1f} | {us[0] / us[1]:.2f}x | {errors[0]:.1e} | "
-                f"{errors[1]:.1e} |"]  # fmt: skip
+                f"{errors[1]:.1e} | {us[2]:.1f} (+ {branch_us:.1f} in parallel) | {errors[2]:.1e} |"]  # fmt: skip
         if not sweep:
             return rows
         w = predictor._weights
         h, c = states
         h_out, c_out = torch.empty_like(h[0]), torch.empty_like(c[0])
-        row_blocks = sorted({b for b in (16, 32, 64, 128) if b <= max(16, triton.next_power_of_2(batch))})
-        for block_b, block_h, block_k, warps in itertools.product(row_blocks, (4, 8, 16), (64,), (2, 4, 8)):
+        counters = lstm_step.split_k_counters(h.device)
+        row_blocks = [lstm_step.batch_tiling(batch)[0]]
+        # layer 0 (label table + h @ W_hh, depth H), a deeper layer (x @ W_ih + h @ W_hh, depth 2H), and both with
+        # h @ W_hh precomputed (the label loop's parallel branch)
+        g = torch.randn([batch, 4 * args.hidden], device="cuda")
+        inputs = {
+            "cell0": (w["table"], labels, None, None, h[0], w["weight_hh_0"], None),
+            "cell1": (w["table"][0], None, h[0], w["weight_hh_0"], h[0], w["weight_hh_0"], None),
+            "cell0 precomputed": (w["table"], labels, None, None, None, None, g),
+            "cell1 precomputed": (w["table"][0], None, h[0], w["weight_hh_0"], None, None, g),
+        }
+        for (name, args_), block_b, block_h, block_k, warps in itertools.product(
+            inputs.items(), row_blocks, (4, 8), (32, 64), (2, 4)
+        ):
+            bias, index, x, wx, h_in, wh, gates = args_
 
-            def cell(block_b=block_b, block_h=block_h, block_k=block_k, warps=warps):
-                lstm_step.lstm_cell_step(w["table"], labels, None, None, h[0], w["weight_hh_0"], c[0], h_out, c_out,
+            def cell(bias=bias, index=index, x=x, wx=wx, h_in=h_in, wh=wh, gates=gates, block_b=block_b,
+                     block_h=block_h, block_k=block_k, warps=warps):  # fmt: skip
+                lstm_step.lstm_cell_step(bias, index, x, wx, h_in, wh, c[0], h_out, c_out, recurrent_gates=gates,
                                          block_b=block_b, block_h=block_h, block_k=block_k, num_warps=warps)  # fmt: skip
 
             t = triton.testing.do_bench_cudagraph(cell, rep=20) * 1e3
-            rows.append(f"| {batch} | cell block_b={block_b} block_h={block_h} block_k={block_k} warps={warps} | "
-                        f"{t:.1f} | | | | |")  # fmt: skip
-        out = torch.empty([batch, args.hidden], device="cuda")
-        for block_b, block_n, block_k, warps in itertools.product(row_blocks, (16, 32), (64,), (2, 4, 8)):
+            rows.append(f"| {batch} | {name} block_b={block_b} block_h={block_h} block_k={block_k} warps={warps} | "
+                        f"{t:.1f} | | | | | | |")  # fmt: skip
+        # the projection (H -> H_joint) and a layer's recurrent GEMM (H -> 4H, the label loop's parallel branch)
+        linears = {"projection": (w["projection_weight"], w["projection_bias"]),
+                   "recurrent": (w["weight_hh_0"], w["no_gate_bias"])}  # fmt: skip
+        for (name, (weight, bias)), block_b, block_n, block_k, warps, split_k in itertools.product(
+            linears.items(), row_blocks, (16, 32), (32, 64), (2, 4), (1, 2, 4, 8)
+        ):
+            out = torch.empty([batch, weight.shape[0]], device="cuda")
 
-            def proj(block_b=block_b, block_n=block_n, block_k=block_k, warps=warps):
-                lstm_step.linear(h_out, w["projection_weight"], w["projection_bias"], out,
-                                 block_b=block_b, block_n=block_n, block_k=block_k, num_warps=warps)  # fmt: skip
+            def run(weight=weight, bias=bias, out=out, block_b=block_b, block_n=block_n, block_k=block_k, warps=warps,
+                    split_k=split_k):  # fmt: skip
+                lstm_step.linear(h_out, weight, bias, out, split_k=split_k, counters=counters, block_b=block_b,
+                                 block_n=block_n, block_k=block_k, num_warps=warps)  # fmt: skip
 
-            t = triton.testing.do_bench_cudagraph(proj, rep=20) * 1e3
-            rows.append(f"| {batch} | projection block_b={block_b} block_n={block_n} block_k={block_k} warps={warps} | "
-                        f"{t:.1f} | | | | |")  # fmt: skip
+            t = triton.testing.do_bench_cudagraph(run, rep=20) * 1e3
+            rows.append(f"| {batch} | {name} block_b={block_b} block_n={block_n} block_k={block_k} warps={warps} "
+                        f"split_k={split_k} | {t:.1f} | | | | | | |")  # fmt: skip
     return rows
 
 
@@ -118,8 +148,9 @@ def main(argv: list[str]) -> None:
         "",
         f"Command: `python scripts/bench_prediction.py {' '.join(argv)}`; H={args.hidden}, V+1={args.tokens}, fp32.",
         "",
-        "| B | layers | exact us | fast math us | speed-up | exact max err | fast math max err |",
-        "|---|---|---|---|---|---|---|",
+        "| B | layers | exact us | fast math us | speed-up | exact max err | fast math max err | fast math after the "
+        "recurrent branch us | its max err |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for batch, layers in itertools.product(args.batch, args.layers):
         lines += time_case(batch, layers, args, sweep=args.sweep and layers == 1)

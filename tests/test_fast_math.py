@@ -31,19 +31,30 @@ def _randn(*shape, g):
     return torch.randn(list(shape), generator=g).to(DEVICE)
 
 
+def _split_k_options(split_k: int) -> dict:
+    """Kernel options for ``split_k`` programs per tile (16-deep K blocks, so that small depths really split)."""
+    if split_k == 1:
+        return {}
+    return {"split_k": split_k, "counters": lstm_step.split_k_counters(DEVICE), "block_k": 16}
+
+
 @pytest.mark.parametrize("batch,hidden,depth", [(1, 16, 16), (5, 24, 40), (33, 40, 24), (70, 17, 9)])
 @pytest.mark.parametrize("indexed_bias", [True, False])
-def test_lstm_cell_kernel_matches_reference(batch, hidden, depth, indexed_bias):
+@pytest.mark.parametrize("recurrent", ["h", "precomputed"])
+def test_lstm_cell_kernel_matches_reference(batch, hidden, depth, indexed_bias, recurrent):
     g = torch.Generator().manual_seed(batch + hidden)
     h, c = _randn(batch, hidden, g=g), _randn(batch, hidden, g=g)
     weight_h = 0.3 * _randn(4 * hidden, hidden, g=g)
     x, weight_x = (None, None) if indexed_bias else (_randn(batch, depth, g=g), 0.3 * _randn(4 * hidden, depth, g=g))
     row_bias = _randn(7, 4 * hidden, g=g) if indexed_bias else _randn(4 * hidden, g=g)
     bias_index = torch.randint(0, 7, [batch], generator=g).to(DEVICE) if indexed_bias else None
+    # h @ W_h^T inside the kernel, or computed beforehand (as the label loop does on a parallel graph branch)
+    recurrent_args = (h, weight_h, {}) if recurrent == "h" else (None, None, {"recurrent_gates": h @ weight_h.T})
     outputs = {}
     for name, cell in (("kernel", lstm_step.lstm_cell_step), ("reference", lstm_step.lstm_cell_step_reference)):
         h_out, c_out = torch.full_like(h, float("nan")), torch.full_like(c, float("nan"))
-        cell(row_bias, bias_index, x, weight_x, h, weight_h, c, h_out, c_out)
+        h_in, weight_h_in, kwargs = recurrent_args if name == "kernel" else (h, weight_h, {})
+        cell(row_bias, bias_index, x, weight_x, h_in, weight_h_in, c, h_out, c_out, **kwargs)
         outputs[name] = h_out, c_out
     for kernel, reference in zip(outputs["kernel"], outputs["reference"], strict=True):
         torch.testing.assert_close(kernel, reference, rtol=TOLERANCE, atol=TOLERANCE)
@@ -51,12 +62,26 @@ def test_lstm_cell_kernel_matches_reference(batch, hidden, depth, indexed_bias):
 
 
 @pytest.mark.parametrize("batch,n_out,depth", [(1, 16, 16), (5, 13, 40), (40, 70, 33)])
-def test_linear_kernel_matches_reference(batch, n_out, depth):
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_linear_kernel_matches_reference(batch, n_out, depth, split_k):
     g = torch.Generator().manual_seed(batch)
     x, weight, bias = _randn(batch, depth, g=g), _randn(n_out, depth, g=g), _randn(n_out, g=g)
+    options = _split_k_options(split_k)
     expected = lstm_step.linear_reference(x, weight, bias, torch.empty([batch, n_out], device=DEVICE))
-    actual = lstm_step.linear(x, weight, bias, torch.full([batch, n_out], float("nan"), device=DEVICE))
+    actual = lstm_step.linear(x, weight, bias, torch.full([batch, n_out], float("nan"), device=DEVICE), **options)
     torch.testing.assert_close(actual, expected, rtol=TOLERANCE, atol=TOLERANCE)
+    again = lstm_step.linear(x, weight, bias, torch.full([batch, n_out], float("nan"), device=DEVICE), **options)
+    assert torch.equal(actual, again)  # deterministic, whatever order the splits finish in
+    if "counters" in options:  # every launch leaves its counters at zero for the next one
+        assert not options["counters"].any()
+
+
+def test_split_k_needs_counters():
+    x = torch.zeros([2, 16], device=DEVICE)
+    with pytest.raises(ValueError, match="split_k=2 needs int32 tile counters"):
+        lstm_step.linear(x, torch.zeros([4, 16], device=DEVICE), torch.zeros(4, device=DEVICE), x, split_k=2)
+    with pytest.raises(ValueError, match="split_k must be a positive int, got 0"):
+        lstm_step.linear(x, torch.zeros([4, 16], device=DEVICE), torch.zeros(4, device=DEVICE), x, split_k=0)
 
 
 def test_kernels_reject_non_fp32_inputs_and_bad_shapes():
@@ -66,6 +91,9 @@ def test_kernels_reject_non_fp32_inputs_and_bad_shapes():
     with pytest.raises(ValueError, match="LSTM shapes disagree"):
         lstm_step.lstm_cell_step(torch.zeros(64, device=DEVICE), None, None, None, h, torch.zeros([16, 16], device=DEVICE),
                                  h, h.clone(), h.clone())  # fmt: skip
+    with pytest.raises(ValueError, match="give h and weight_h, or recurrent_gates"):  # both
+        lstm_step.lstm_cell_step(torch.zeros(64, device=DEVICE), None, None, None, h, torch.zeros([64, 16], device=DEVICE),
+                                 h, h.clone(), h.clone(), recurrent_gates=torch.zeros([2, 64], device=DEVICE))  # fmt: skip
 
 
 @pytest.mark.parametrize("layers", [1, 2])

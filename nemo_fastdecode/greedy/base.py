@@ -126,10 +126,20 @@ class GreedyComputerBase(CapturedLoopOwner):
         scores, labels = steps.best_token(logits, num_tokens, b.token_scores, b.token_labels, fused)
         return scores, labels, logits[:, num_tokens:] if self.is_tdt else None
 
-    def _predict_masked(self, buffers: LoopBuffers, labels: torch.Tensor, mask: torch.Tensor, fused: bool) -> None:
-        """Advance the prediction network by ``labels`` for rows in ``mask``; others keep their state."""
+    def _predict_masked(
+        self,
+        buffers: LoopBuffers,
+        labels: torch.Tensor,
+        mask: torch.Tensor,
+        fused: bool,
+        recurrent_gates: torch.Tensor | None = None,
+    ) -> None:
+        """Advance the prediction network by ``labels`` for rows in ``mask``; others keep their state.
+
+        ``recurrent_gates``: ``fast_math`` only, :meth:`FastMathPredictor.recurrent_gates` of the current state.
+        """
         if self.fast_predictor is not None:
-            output, new_states = self.fast_predictor.step(labels, buffers.predictor_states, fused)
+            output, new_states = self.fast_predictor.step(labels, buffers.predictor_states, fused, recurrent_gates)
         else:
             output, new_states, *_ = self.decoder.predict(
                 labels.unsqueeze(1), buffers.predictor_states, add_sos=False, batch_size=buffers.batch_size

@@ -8,6 +8,8 @@ The bookkeeping between the joint and the LSTM lives in :mod:`nemo_fastdecode.gr
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from nemo_fastdecode.graphs import LoopPhases
@@ -65,6 +67,11 @@ class LabelLoopGreedy(GreedyComputerBase):
         return auto_lookahead_frames(batch_size, self.is_tdt) if windowed else 1
 
     def _extra_buffers(self, b: LoopBuffers) -> None:
+        b.recurrent_gates, b.side_stream = None, None
+        if self.fast_predictor is not None and self._use_fused(b.device):
+            layers, hidden = self.fast_predictor.lstm.num_layers, self.fast_predictor.lstm.hidden_size
+            b.recurrent_gates = torch.empty([layers, b.batch_size, 4 * hidden], dtype=b.float_dtype, device=b.device)
+            b.side_stream = torch.cuda.Stream(b.device) if b.device.type == "cuda" else None
         window = self._lookahead(b.device, b.batch_size)
         if window > 1:
             rows = b.batch_size * window
@@ -104,7 +111,20 @@ class LabelLoopGreedy(GreedyComputerBase):
             torch.any(b.active, dim=0, out=b.outer_flag)
 
         def outer_start() -> None:
+            if b.recurrent_gates is None:
+                look_at_current_frames(start=True)
+                return
+            # fast_math: the prediction network's recurrent GEMMs need only the current state, not this
+            # iteration's labels; on CUDA they run on a parallel branch while the joint and the selection run
+            # (forked and joined within this phase, so every graph mode captures it whole)
+            main = torch.cuda.current_stream(b.device) if b.side_stream is not None else None
+            if main is not None:
+                b.side_stream.wait_stream(main)
+            with torch.cuda.stream(b.side_stream) if main is not None else contextlib.nullcontext():
+                self.fast_predictor.recurrent_gates(b.predictor_states, b.recurrent_gates, fused)
             look_at_current_frames(start=True)
+            if main is not None:
+                main.wait_stream(b.side_stream)
 
         def inner_step() -> None:
             # rows in `advance` hold a blank: look again at their new frame
@@ -113,6 +133,6 @@ class LabelLoopGreedy(GreedyComputerBase):
         def outer_end() -> None:
             # rows that were decoding and found a non-blank label emit it (TDT: even if it jumped past the end)
             steps.label_emit(b, self.max_symbols, self.is_tdt, fused)
-            self._predict_masked(b, b.labels, b.found, fused)
+            self._predict_masked(b, b.labels, b.found, fused, b.recurrent_gates)
 
         return LoopPhases(before_loop, outer_start, inner_step, outer_end, b.outer_flag, b.inner_flag)

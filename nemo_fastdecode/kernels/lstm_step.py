@@ -10,7 +10,8 @@ opt-in and its agreement with the exact path is reported by the benchmark.
 - :func:`lstm_cell_step`: ``gates = row_bias[bias_index[b]] (+ x @ W_x^T) + h @ W_h^T``, then the LSTM cell
   (PyTorch gate order i, f, g, o), one program per (row block, hidden block of 4-8 units), the four gates of
   its units in one dot, so that the cell runs in the GEMM's epilogue.
-- :func:`linear`: ``x @ W^T + b``.
+- :func:`linear`: ``x @ W^T + b``, optionally split-K (the depth over several programs per output tile, their
+  partial sums added in a fixed order): more programs in flight where a small batch leaves SMs idle.
 
 Both have a torch reference (``*_reference``), used on the CPU and by the tests (``TRITON_INTERPRET=1``).
 """
@@ -37,11 +38,14 @@ def _sigmoid(x):
 
 @triton.jit
 def _accumulate(acc, a_ptr, a_stride, w_ptr, w_stride, w_rows, rows, row_ok, depth, BLOCK_K: tl.constexpr,
-                PRECISION: tl.constexpr):  # fmt: skip
-    """acc += a[rows, :] @ W[w_rows, :]^T over the whole depth."""
-    for k0 in range(0, depth, BLOCK_K):
+                PRECISION: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+    """acc += a[rows, K_s] @ W[w_rows, K_s]^T over this program's share K_s of the depth (split-K: axis 2)."""
+    share = tl.cdiv(tl.cdiv(depth, BLOCK_K), SPLIT_K) * BLOCK_K
+    start = tl.program_id(2) * share
+    end = tl.minimum(start + share, depth)
+    for k0 in range(start, end, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < depth
+        k_ok = ks < end
         a = tl.load(a_ptr + rows[:, None] * a_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         # W is row-major [N, K]: load its tile along K (coalesced, vectorised), transpose in registers
         w = tl.load(w_ptr + w_rows[:, None] * w_stride + ks[None, :], mask=k_ok[None, :], other=0.0)
@@ -50,14 +54,41 @@ def _accumulate(acc, a_ptr, a_stride, w_ptr, w_stride, w_rows, rows, row_ok, dep
 
 
 @triton.jit
+def _split_k_total(acc, partial_ptr, plane, offsets, mask, counter_ptr, SPLIT_K: tl.constexpr):
+    """Split-K: ``(sum of the tile's SPLIT_K partial sums, whether this program is the tile's last to arrive)``.
+
+    Every program of a tile (axes 0 and 1; splits on axis 2) stores its partial sum ``acc`` at
+    ``partial_ptr + split * plane + offsets`` and counts itself in the tile's counter; the last to arrive adds the
+    partials in split order (deterministic, whatever the arrival order), resets the counter for the next launch
+    and gets the sum; the others get zeros and must store nothing.
+    """
+    tl.store(partial_ptr + tl.program_id(2) * plane + offsets, acc, mask=mask)
+    tl.debug_barrier()  # every thread's partial is written before the counter moves (released by the atomic)
+    tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
+    total = tl.zeros_like(acc)
+    if arrived == SPLIT_K - 1:
+        for split in tl.static_range(SPLIT_K):  # from L2 (.cg): other SMs wrote them
+            total += tl.load(partial_ptr + split * plane + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.atomic_xchg(counter_ptr + tile, 0)
+    return total, arrived == SPLIT_K - 1
+
+
+@triton.jit
+def _and_flag(mask, flag):
+    """``mask & flag`` for a scalar ``flag``, broadcast first (the interpreter's ``&`` would not give a bool mask)."""
+    return mask & ((tl.zeros(mask.shape, dtype=tl.int32) + flag.to(tl.int32)) != 0)
+
+
+@triton.jit
 def _lstm_cell_kernel(
     bias_ptr, bias_stride, bias_index_ptr,
     x_ptr, x_stride, wx_ptr, wx_stride, x_depth,
-    h_ptr, h_stride, wh_ptr, wh_stride,
+    h_ptr, h_stride, wh_ptr, wh_stride, recurrent_ptr, recurrent_stride,
     c_ptr, c_stride, h_out_ptr, c_out_ptr, out_stride,
     batch, hidden,
-    HAS_X: tl.constexpr, ROW_INDEXED: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_X: tl.constexpr, HAS_H: tl.constexpr, ROW_INDEXED: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     # One program: BLOCK_B rows x BLOCK_H hidden units, all four gates of those units as ONE dot of 4 * BLOCK_H
     # columns (column = gate * BLOCK_H + unit): small hidden blocks spread the weights over many SMs, and the
@@ -70,8 +101,15 @@ def _lstm_cell_kernel(
     gates = tl.zeros([BLOCK_B, 4 * BLOCK_H], dtype=tl.float32)
     if HAS_X:
         gates = _accumulate(gates, x_ptr, x_stride, wx_ptr, wx_stride, w_rows, rows, row_ok, x_depth, BLOCK_K,
-                            PRECISION)  # fmt: skip
-    gates = _accumulate(gates, h_ptr, h_stride, wh_ptr, wh_stride, w_rows, rows, row_ok, hidden, BLOCK_K, PRECISION)
+                            PRECISION, 1)  # fmt: skip
+    if HAS_H:
+        gates = _accumulate(gates, h_ptr, h_stride, wh_ptr, wh_stride, w_rows, rows, row_ok, hidden, BLOCK_K,
+                            PRECISION, 1)  # fmt: skip
+    else:  # h @ W_h^T computed beforehand (:func:`linear`), e.g. on a parallel branch of the decoder's graph
+        gates += tl.load(recurrent_ptr + rows[:, None] * recurrent_stride + w_rows[None, :], mask=row_ok[:, None],
+                         other=0.0)  # fmt: skip
+    units = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = row_ok[:, None] & (units < hidden)[None, :]
     # the per-row bias: the table row of the row's label (layer 0), or the layer's bias shared by all rows
     if ROW_INDEXED:
         index = tl.load(bias_index_ptr + rows, mask=row_ok, other=0)
@@ -83,8 +121,6 @@ def _lstm_cell_kernel(
     even, odd = tl.split(gates)  # gates 0, 2 / 1, 3 (last axis: gate // 2)
     gate_i, gate_g = tl.split(even)
     gate_f, gate_o = tl.split(odd)
-    units = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask = row_ok[:, None] & (units < hidden)[None, :]
     c_prev = tl.load(c_ptr + rows[:, None] * c_stride + units[None, :], mask=mask, other=0.0)
     c_new = _sigmoid(gate_f) * c_prev + _sigmoid(gate_i) * _tanh(gate_g)
     h_new = _sigmoid(gate_o) * _tanh(c_new)
@@ -98,6 +134,37 @@ def batch_tiling(batch: int) -> tuple[int, int]:
     return (32, 2) if batch <= 32 else (64, 4)
 
 
+def linear_tiling(batch: int) -> dict:
+    """:func:`linear` options for the prediction network's layers (H = 640) at ``batch`` rows, tuned on an H200
+    (``scripts/bench_prediction.py --sweep``): split-K over 8 programs at batch <= 32 (8.1 -> 5.4 us for the
+    projection); the defaults above."""
+    return {"split_k": 8, "block_n": 32, "block_k": 32, "num_warps": 2} if batch <= 32 else {}
+
+
+# split-K counters: one int32 per output tile of a launch, zero between launches (each launch resets its own)
+MAX_SPLIT_K_TILES = 8192
+
+
+def split_k_counters(device: torch.device) -> torch.Tensor:
+    """Zeroed tile counters for ``split_k > 1`` launches on ``device`` (allocate outside graph capture, keep)."""
+    return torch.zeros(MAX_SPLIT_K_TILES, dtype=torch.int32, device=device)
+
+
+def _split_k_buffers(
+    split_k: int, counters: torch.Tensor | None, tiles: int, partial_shape: list[int], like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(partials, counters)`` for a launch: the arguments of ``_split_k_total`` (dummies when ``split_k == 1``)."""
+    if split_k < 1:
+        raise ValueError(f"split_k must be a positive int, got {split_k}")
+    if split_k == 1:
+        return like, like
+    if counters is None or counters.dtype != torch.int32 or counters.device != like.device:
+        raise ValueError(f"split_k={split_k} needs int32 tile counters on {like.device} (split_k_counters())")
+    if tiles > counters.numel():
+        raise ValueError(f"split_k={split_k}: {tiles} tiles, more than the {counters.numel()} counters")
+    return torch.empty([split_k, *partial_shape], dtype=torch.float32, device=like.device), counters
+
+
 def _check_fp32(**tensors: torch.Tensor | None) -> None:
     for name, tensor in tensors.items():
         if tensor is not None and tensor.dtype != torch.float32:
@@ -109,13 +176,14 @@ def lstm_cell_step(
     bias_index: torch.Tensor | None,
     x: torch.Tensor | None,
     weight_x: torch.Tensor | None,
-    h: torch.Tensor,
-    weight_h: torch.Tensor,
+    h: torch.Tensor | None,
+    weight_h: torch.Tensor | None,
     c: torch.Tensor,
     h_out: torch.Tensor,
     c_out: torch.Tensor,
     precision: str = "tf32x3",
     *,
+    recurrent_gates: torch.Tensor | None = None,
     block_b: int | None = None,
     block_h: int | None = None,
     block_k: int = 64,
@@ -126,22 +194,28 @@ def lstm_cell_step(
 
     Shapes: ``row_bias [R, 4H]`` with ``bias_index [B]`` (int64): row ``bias_index[b]`` is added to row b's
     gates (a table of precomputed input gates indexed by label); or ``row_bias [4H]`` with ``bias_index=None``
-    (a layer's summed biases, added to every row); ``x [B, K]`` and ``weight_x [4H, K]`` (``None``: no input GEMM); ``h, c [B, H]``,
-    ``weight_h [4H, H]``; ``h_out, c_out [B, H]``. Everything float32. The keyword-only block sizes are for
-    tuning (``scripts/bench_prediction.py``); ``None`` picks by batch size.
+    (a layer's summed biases, added to every row); ``x [B, K]`` and ``weight_x [4H, K]`` (``None``: no input
+    GEMM); ``h, c [B, H]``, ``weight_h [4H, H]``; ``h_out, c_out [B, H]``. ``recurrent_gates [B, 4H]``: ``h @
+    weight_h^T`` computed beforehand (then ``h`` and ``weight_h`` are ``None``). Everything float32. The
+    keyword-only block sizes are for tuning (``scripts/bench_prediction.py``); ``None`` picks by batch size.
     """
-    _check_fp32(row_bias=row_bias, x=x, weight_x=weight_x, h=h, weight_h=weight_h, c=c)
-    batch, hidden = h.shape
+    _check_fp32(row_bias=row_bias, x=x, weight_x=weight_x, h=h, weight_h=weight_h, c=c, recurrent_gates=recurrent_gates)
+    batch, hidden = c.shape
     row_indexed = row_bias.dim() == 2
+    has_h = recurrent_gates is None
     if (
-        weight_h.shape != (4 * hidden, hidden)
+        (has_h and (h is None or h.shape != c.shape or weight_h is None or weight_h.shape != (4 * hidden, hidden)))
+        or (not has_h and (h is not None or weight_h is not None or recurrent_gates.shape != (batch, 4 * hidden)))
         or row_bias.shape[-1] != 4 * hidden
         or row_indexed != (bias_index is not None)
     ):
-        raise ValueError(f"LSTM shapes disagree: h {tuple(h.shape)}, weight_h {tuple(weight_h.shape)}, "
-                         f"row_bias {tuple(row_bias.shape)}")  # fmt: skip
+        shapes = {"c": c, "h": h, "weight_h": weight_h, "recurrent_gates": recurrent_gates, "row_bias": row_bias}
+        described = ", ".join(f"{k} {None if v is None else tuple(v.shape)}" for k, v in shapes.items())
+        raise ValueError(f"LSTM shapes disagree (give h and weight_h, or recurrent_gates): {described}")
     has_x = x is not None
-    x_args = (x, x.stride(0), weight_x, weight_x.stride(0), x.shape[1]) if has_x else (h, 0, weight_h, 0, 0)
+    x_args = (x, x.stride(0), weight_x, weight_x.stride(0), x.shape[1]) if has_x else (c, 0, c, 0, 0)
+    h_args = (h, h.stride(0), weight_h, weight_h.stride(0), c, 0) if has_h else (c, 0, c, 0, recurrent_gates,
+                                                                                recurrent_gates.stride(0))  # fmt: skip
     # tuned on an H200 at H = 640 (scripts/bench_prediction.py --sweep): many small programs beat few large ones
     default_rows, default_warps = batch_tiling(batch)
     block_b = block_b or default_rows
@@ -151,11 +225,11 @@ def lstm_cell_step(
     _lstm_cell_kernel[grid](
         row_bias, row_bias.stride(0), bias_index if row_indexed else row_bias,
         *x_args,
-        h, h.stride(0), weight_h, weight_h.stride(0),
+        *h_args,
         c, c.stride(0), h_out, c_out, h_out.stride(0),
         batch, hidden,
-        HAS_X=has_x, ROW_INDEXED=row_indexed, BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=block_k, PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages,
+        HAS_X=has_x, HAS_H=has_h, ROW_INDEXED=row_indexed, BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=block_k,
+        PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
 
@@ -164,14 +238,18 @@ def lstm_cell_step_reference(
     bias_index: torch.Tensor | None,
     x: torch.Tensor | None,
     weight_x: torch.Tensor | None,
-    h: torch.Tensor,
-    weight_h: torch.Tensor,
+    h: torch.Tensor | None,
+    weight_h: torch.Tensor | None,
     c: torch.Tensor,
     h_out: torch.Tensor,
     c_out: torch.Tensor,
+    *,
+    recurrent_gates: torch.Tensor | None = None,
 ) -> None:
     """:func:`lstm_cell_step` in torch ops (fp32 GEMMs): the CPU path and the tests' reference."""
-    gates = (row_bias[bias_index] if bias_index is not None else row_bias) + h @ weight_h.T
+    gates = (row_bias[bias_index] if bias_index is not None else row_bias) + (
+        h @ weight_h.T if recurrent_gates is None else recurrent_gates
+    )
     if x is not None:
         gates = gates + x @ weight_x.T
     gate_i, gate_f, gate_g, gate_o = gates.chunk(4, dim=-1)
@@ -182,18 +260,24 @@ def lstm_cell_step_reference(
 
 @triton.jit
 def _linear_kernel(
-    x_ptr, x_stride, w_ptr, w_stride, b_ptr, out_ptr, out_stride, batch, n_out, depth,
+    x_ptr, x_stride, w_ptr, w_stride, b_ptr, out_ptr, out_stride, partial_ptr, counter_ptr, batch, n_out, depth,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < batch, cols < n_out
+    mask = row_ok[:, None] & col_ok[None, :]
     acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     # columns past n_out read a clamped (valid) weight row and are never stored
     w_rows = tl.minimum(cols, n_out - 1)
-    acc = _accumulate(acc, x_ptr, x_stride, w_ptr, w_stride, w_rows, rows, row_ok, depth, BLOCK_K, PRECISION)
+    acc = _accumulate(acc, x_ptr, x_stride, w_ptr, w_stride, w_rows, rows, row_ok, depth, BLOCK_K, PRECISION, SPLIT_K)
+    if SPLIT_K > 1:
+        acc, last = _split_k_total(acc, partial_ptr, batch * n_out, rows[:, None] * n_out + cols[None, :], mask,
+                                   counter_ptr, SPLIT_K)  # fmt: skip
+        mask = _and_flag(mask, last)
     acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
-    tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], acc, mask=mask)
 
 
 def linear(
@@ -203,6 +287,8 @@ def linear(
     out: torch.Tensor,
     precision: str = "tf32x3",
     *,
+    split_k: int = 1,
+    counters: torch.Tensor | None = None,
     block_b: int | None = None,
     block_n: int = 16,
     block_k: int = 64,
@@ -211,17 +297,19 @@ def linear(
 ) -> torch.Tensor:
     """``out = x @ weight^T + bias``; x ``[B, K]``, weight ``[N, K]``, bias ``[N]``, out ``[B, N]``, float32.
 
-    The keyword-only block sizes are for tuning (``scripts/bench_prediction.py``).
+    ``split_k`` / ``counters``: as in :func:`lstm_cell_step`. The keyword-only block sizes are for tuning
+    (``scripts/bench_prediction.py``).
     """
     _check_fp32(x=x, weight=weight, bias=bias)
     batch, depth = x.shape
     n_out = weight.shape[0]
     default_rows, default_warps = batch_tiling(batch)
     block_b = block_b or default_rows
-    grid = (triton.cdiv(batch, block_b), triton.cdiv(n_out, block_n))
+    grid = (triton.cdiv(batch, block_b), triton.cdiv(n_out, block_n), split_k)
+    partials, counters = _split_k_buffers(split_k, counters, grid[0] * grid[1], [batch, n_out], x)
     _linear_kernel[grid](
-        x, x.stride(0), weight, weight.stride(0), bias, out, out.stride(0), batch, n_out, depth,
-        BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
+        x, x.stride(0), weight, weight.stride(0), bias, out, out.stride(0), partials, counters, batch, n_out, depth,
+        BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, SPLIT_K=split_k,
         num_warps=num_warps or default_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
