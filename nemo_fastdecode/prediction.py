@@ -189,6 +189,35 @@ class FastMathPredictor:
         self._linear(last, w["projection_weight"], w["projection_bias"], output, fused, "main")
         return output.unsqueeze(1), [h_new, c_new]
 
+    def advance_in_place(
+        self,
+        labels: torch.Tensor,
+        mask: torch.Tensor,
+        states: list[torch.Tensor],
+        output: torch.Tensor,
+        recurrent_gates: torch.Tensor,
+        fused: bool,
+    ) -> None:
+        """Where ``mask[b]``, advance row b's state and projected output by ``labels[b]``, in place; other rows keep
+        theirs. The same values as :meth:`step` followed by a masked copy, without the copy.
+
+        Shapes: labels / mask ``[B]``; states ``[h, c]`` each ``[L, B, H]``; output ``[B, 1, H_joint]``;
+        ``recurrent_gates [L, B, 4H]`` (:meth:`recurrent_gates` of these states; needed: with it the kernels read no
+        ``h`` that they overwrite).
+        """
+        w = self._weights
+        h, c = states
+        self.check_dtype(h.dtype)
+        cell = lstm_step.lstm_cell_step if fused else lstm_step.lstm_cell_step_reference
+        for layer in range(h.shape[0]):
+            if layer == 0:
+                row_bias, bias_index, x, weight_x = w["table"], labels, None, None
+            else:  # the layer below, updated in place: its rows in the mask hold their new values
+                row_bias, bias_index, x, weight_x = w[f"bias_{layer}"], None, h[layer - 1], w[f"weight_ih_{layer}"]
+            cell(row_bias, bias_index, x, weight_x, None, None, c[layer], h[layer], c[layer],
+                 recurrent_gates=recurrent_gates[layer], row_mask=mask)  # fmt: skip
+        self._linear(h[-1], w["projection_weight"], w["projection_bias"], output[:, 0], fused, "main", mask)
+
     def recurrent_gates(self, states: list[torch.Tensor], out: torch.Tensor, fused: bool) -> torch.Tensor:
         """``out[l] = h[l] @ W_hh_l^T`` for every layer: the part of the next step's gates that needs no label.
 
@@ -203,12 +232,12 @@ class FastMathPredictor:
             self._linear(h[layer], w[f"weight_hh_{layer}"], w["no_gate_bias"], out[layer], fused, "recurrent")
         return out
 
-    def _linear(self, x, weight, bias, out, fused: bool, stream: str) -> None:
+    def _linear(self, x, weight, bias, out, fused: bool, stream: str, row_mask: torch.Tensor | None = None) -> None:
         if not fused:
-            lstm_step.linear_reference(x, weight, bias, out)
+            lstm_step.linear_reference(x, weight, bias, out, row_mask)
             return
         options = lstm_step.linear_tiling(x.shape[0])
-        lstm_step.linear(x, weight, bias, out, counters=self._counters[stream], **options)
+        lstm_step.linear(x, weight, bias, out, counters=self._counters[stream], row_mask=row_mask, **options)
 
     def joint_output(self, hidden: torch.Tensor, tile_rows: int | None = None) -> torch.Tensor:
         """The joint's last Linear on its hidden activations: ``[B, H_joint] -> [B, V + 1 (+ durations)]`` (fp32).

@@ -63,11 +63,41 @@ def time_batch(batch: int, linear: torch.nn.Linear, num_tokens: int, g: torch.Ge
     return f"| {batch} | {us[0]:.1f} | {us[1]:.1f} | {us[2]:.1f} | {'yes' if padded_same else 'no'} |"
 
 
+def time_windows(batch: int, window: int, linear: torch.nn.Linear, g: torch.Generator) -> list[str]:
+    """Markdown rows: fast_math's joint output layer on a look-ahead window's ``B * W`` hidden rows, tiled as for
+    ``B`` rows (block_b, block_k) with several column widths and warp counts; each row says whether its logits
+    equal the default tiling's (block_n 16, ``batch_tiling``'s warps) bit for bit."""
+    import triton.testing
+
+    from nemo_fastdecode.kernels import lstm_step
+
+    hidden = torch.randn([batch * window, linear.in_features], device="cuda", generator=g)
+    weight, bias = linear.weight.detach(), linear.bias.detach()
+    block_b, default_warps = lstm_step.batch_tiling(batch)
+    reference = lstm_step.linear(hidden, weight, bias, torch.empty([hidden.shape[0], linear.out_features],
+                                 device="cuda"), block_b=block_b, num_warps=default_warps)  # fmt: skip
+    rows = []
+    with torch.inference_mode():
+        for block_n in (16, 32, 64):
+            for num_warps in (2, 4):
+                out = torch.empty_like(reference)
+
+                def run(block_n=block_n, num_warps=num_warps, out=out):
+                    lstm_step.linear(hidden, weight, bias, out, block_b=block_b, block_n=block_n, num_warps=num_warps)
+
+                run()
+                us = triton.testing.do_bench_cudagraph(run, rep=50) * 1e3
+                same = "yes" if torch.equal(out, reference) else "no"
+                rows.append(f"| {batch} | {window} | {block_n} | {num_warps} | {us:.1f} | {same} |")
+    return rows
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=640)
     parser.add_argument("--tokens", type=int, default=1025, help="V + 1 (blank included)")
     parser.add_argument("--batch", type=int, nargs="+", default=[8, 32, 64, 128])
+    parser.add_argument("--windows", type=int, nargs="*", default=[1, 4, 16], help="look-ahead frames (fast_math)")
     parser.add_argument("--md", default=None, help="also write the Markdown table here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -85,6 +115,11 @@ def main(argv: list[str]) -> None:
         "|---|---|---|---|---|",
     ]
     lines += [time_batch(batch, linear, args.tokens, g) for batch in args.batch]
+    if args.windows:
+        lines += ["", "fast_math joint output layer on B * W rows, tiled as for B rows:", "",
+                  "| B | W | block_n | warps | us | bit-identical to block_n 16 |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for window in args.windows:
+            lines += time_windows(32, window, linear, g)
     report = "\n".join(lines) + "\n"
     print(report)
     if args.md:

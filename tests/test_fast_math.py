@@ -76,6 +76,35 @@ def test_linear_kernel_matches_reference(batch, n_out, depth, split_k):
         assert not options["counters"].any()
 
 
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_masked_in_place_step_writes_only_the_masked_rows(split_k):
+    """The label loop's in-place update: cells on the state itself (c read and written, h not read: its recurrent
+    gates come precomputed) and the projection into the output, rows outside the mask untouched."""
+    g = torch.Generator().manual_seed(5)
+    batch, hidden, n_out = 6, 16, 24
+    h, c = _randn(batch, hidden, g=g), _randn(batch, hidden, g=g)
+    weight_h, table = 0.3 * _randn(4 * hidden, hidden, g=g), _randn(7, 4 * hidden, g=g)
+    labels = torch.randint(0, 7, [batch], generator=g).to(DEVICE)
+    mask = torch.tensor([True, False, True, True, False, True], device=DEVICE)
+    expected_h, expected_c = torch.empty_like(h), torch.empty_like(c)
+    lstm_step.lstm_cell_step_reference(table, labels, None, None, h, weight_h, c, expected_h, expected_c)
+    state_h, state_c = h.clone(), c.clone()
+    lstm_step.lstm_cell_step(table, labels, None, None, None, None, state_c, state_h, state_c,
+                             recurrent_gates=h @ weight_h.T, row_mask=mask)  # fmt: skip
+    for state, new, old in ((state_h, expected_h, h), (state_c, expected_c, c)):
+        torch.testing.assert_close(state[mask], new[mask], rtol=TOLERANCE, atol=TOLERANCE)
+        assert torch.equal(state[~mask], old[~mask])
+    weight, bias = _randn(n_out, hidden, g=g), _randn(n_out, g=g)
+    out = _randn(batch, n_out, g=g)
+    before = out.clone()
+    lstm_step.linear(state_h, weight, bias, out, row_mask=mask, **_split_k_options(split_k))
+    expected = lstm_step.linear_reference(state_h, weight, bias, before.clone(), mask)
+    torch.testing.assert_close(out, expected, rtol=TOLERANCE, atol=TOLERANCE)
+    assert torch.equal(out[~mask], before[~mask]) and not torch.equal(out[mask], before[mask])
+    with pytest.raises(ValueError, match="h_out may be h only with recurrent_gates"):
+        lstm_step.lstm_cell_step(table, labels, None, None, h, weight_h, c, h, c.clone())
+
+
 def test_split_k_needs_counters():
     x = torch.zeros([2, 16], device=DEVICE)
     with pytest.raises(ValueError, match="split_k=2 needs int32 tile counters"):
@@ -118,6 +147,32 @@ def test_predictor_step_matches_nemo_prediction_network(layers, fused):
         torch.testing.assert_close(
             predictor.joint_output(hidden), joint.joint_net[-1](hidden), rtol=TOLERANCE, atol=TOLERANCE
         )
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("fused", [True, False], ids=["kernels", "torch"])
+def test_predictor_advance_in_place_is_step_then_masked_copy(layers, fused):
+    decoder, joint = make_networks(pred_layers=layers, seed=layers)
+    predictor = FastMathPredictor(decoder.to(DEVICE), joint.to(DEVICE))
+    predictor.refresh()
+    g = torch.Generator().manual_seed(3)
+    labels = torch.tensor([0, 3, VOCAB_SIZE, 7, 1], device=DEVICE)
+    mask = torch.tensor([True, True, False, True, False], device=DEVICE)
+    states = [_randn(layers, 5, decoder.pred_hidden, g=g) for _ in range(2)]
+    output = _randn(5, 1, joint.pred.out_features, g=g)
+    with torch.inference_mode():
+        new_output, new_states = predictor.step(labels, states, fused)
+        expected_output = torch.where(mask[:, None, None], new_output, output)
+        expected_states = [
+            torch.where(mask[None, :, None], new, old) for new, old in zip(new_states, states, strict=True)
+        ]
+        gates = predictor.recurrent_gates(states, torch.empty([layers, 5, 4 * decoder.pred_hidden], device=DEVICE),
+                                          fused)  # fmt: skip
+        predictor.advance_in_place(labels, mask, states, output, gates, fused)
+    torch.testing.assert_close(output, expected_output, rtol=TOLERANCE, atol=TOLERANCE)
+    for actual, expected in zip(states, expected_states, strict=True):
+        torch.testing.assert_close(actual, expected, rtol=TOLERANCE, atol=TOLERANCE)
+        assert torch.equal(actual[:, ~mask], expected[:, ~mask])  # untouched rows: bit for bit
 
 
 def test_predictor_follows_weight_updates():

@@ -136,8 +136,14 @@ class GreedyComputerBase(CapturedLoopOwner):
     ) -> None:
         """Advance the prediction network by ``labels`` for rows in ``mask``; others keep their state.
 
-        ``recurrent_gates``: ``fast_math`` only, :meth:`FastMathPredictor.recurrent_gates` of the current state.
+        ``recurrent_gates``: ``fast_math`` only, :meth:`FastMathPredictor.recurrent_gates` of the current state
+        (then the rows are updated in place by the kernels, with no separate masked copy).
         """
+        if recurrent_gates is not None:
+            self.fast_predictor.advance_in_place(
+                labels, mask, buffers.predictor_states, buffers.predictor_output, recurrent_gates, fused
+            )
+            return
         if self.fast_predictor is not None:
             output, new_states = self.fast_predictor.step(labels, buffers.predictor_states, fused, recurrent_gates)
         else:

@@ -85,10 +85,10 @@ def _lstm_cell_kernel(
     bias_ptr, bias_stride, bias_index_ptr,
     x_ptr, x_stride, wx_ptr, wx_stride, x_depth,
     h_ptr, h_stride, wh_ptr, wh_stride, recurrent_ptr, recurrent_stride,
-    c_ptr, c_stride, h_out_ptr, c_out_ptr, out_stride,
+    c_ptr, c_stride, h_out_ptr, c_out_ptr, out_stride, row_mask_ptr,
     batch, hidden,
-    HAS_X: tl.constexpr, HAS_H: tl.constexpr, ROW_INDEXED: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_X: tl.constexpr, HAS_H: tl.constexpr, ROW_INDEXED: tl.constexpr, HAS_ROW_MASK: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     # One program: BLOCK_B rows x BLOCK_H hidden units, all four gates of those units as ONE dot of 4 * BLOCK_H
     # columns (column = gate * BLOCK_H + unit): small hidden blocks spread the weights over many SMs, and the
@@ -110,6 +110,8 @@ def _lstm_cell_kernel(
                          other=0.0)  # fmt: skip
     units = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = row_ok[:, None] & (units < hidden)[None, :]
+    if HAS_ROW_MASK:  # rows outside the mask keep what the outputs held (an in-place, masked update)
+        mask = mask & (tl.load(row_mask_ptr + rows, mask=row_ok, other=0) != 0)[:, None]
     # the per-row bias: the table row of the row's label (layer 0), or the layer's bias shared by all rows
     if ROW_INDEXED:
         index = tl.load(bias_index_ptr + rows, mask=row_ok, other=0)
@@ -184,13 +186,18 @@ def lstm_cell_step(
     precision: str = "tf32x3",
     *,
     recurrent_gates: torch.Tensor | None = None,
+    row_mask: torch.Tensor | None = None,
     block_b: int | None = None,
     block_h: int | None = None,
     block_k: int = 64,
     num_warps: int | None = None,
     num_stages: int = 4,
 ) -> None:
-    """One LSTM step, written to ``h_out`` / ``c_out`` (which must not alias ``h`` / ``c``).
+    """One LSTM step, written to ``h_out`` / ``c_out``.
+
+    ``c_out`` may be ``c`` (each element is read and written by the same program); ``h_out`` may be ``h`` only with
+    ``recurrent_gates`` (then ``h`` is not read). ``row_mask [B]`` (bool): only its rows are written, the others
+    keep their values (with ``h_out is h``, ``c_out is c``: a masked update of the state in place).
 
     Shapes: ``row_bias [R, 4H]`` with ``bias_index [B]`` (int64): row ``bias_index[b]`` is added to row b's
     gates (a table of precomputed input gates indexed by label); or ``row_bias [4H]`` with ``bias_index=None``
@@ -212,6 +219,10 @@ def lstm_cell_step(
         shapes = {"c": c, "h": h, "weight_h": weight_h, "recurrent_gates": recurrent_gates, "row_bias": row_bias}
         described = ", ".join(f"{k} {None if v is None else tuple(v.shape)}" for k, v in shapes.items())
         raise ValueError(f"LSTM shapes disagree (give h and weight_h, or recurrent_gates): {described}")
+    if has_h and h_out.data_ptr() == h.data_ptr():
+        raise ValueError("h_out may be h only with recurrent_gates (the kernel reads h while others write h_out)")
+    if row_mask is not None and (row_mask.shape != (batch,) or row_mask.dtype != torch.bool):
+        raise ValueError(f"row_mask must be bool [B]=[{batch}], got {row_mask.dtype} {tuple(row_mask.shape)}")
     has_x = x is not None
     x_args = (x, x.stride(0), weight_x, weight_x.stride(0), x.shape[1]) if has_x else (c, 0, c, 0, 0)
     h_args = (h, h.stride(0), weight_h, weight_h.stride(0), c, 0) if has_h else (c, 0, c, 0, recurrent_gates,
@@ -226,10 +237,10 @@ def lstm_cell_step(
         row_bias, row_bias.stride(0), bias_index if row_indexed else row_bias,
         *x_args,
         *h_args,
-        c, c.stride(0), h_out, c_out, h_out.stride(0),
+        c, c.stride(0), h_out, c_out, h_out.stride(0), c if row_mask is None else row_mask,
         batch, hidden,
-        HAS_X=has_x, HAS_H=has_h, ROW_INDEXED=row_indexed, BLOCK_B=block_b, BLOCK_H=block_h, BLOCK_K=block_k,
-        PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
+        HAS_X=has_x, HAS_H=has_h, ROW_INDEXED=row_indexed, HAS_ROW_MASK=row_mask is not None, BLOCK_B=block_b,
+        BLOCK_H=block_h, BLOCK_K=block_k, PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
 
@@ -245,6 +256,7 @@ def lstm_cell_step_reference(
     c_out: torch.Tensor,
     *,
     recurrent_gates: torch.Tensor | None = None,
+    row_mask: torch.Tensor | None = None,
 ) -> None:
     """:func:`lstm_cell_step` in torch ops (fp32 GEMMs): the CPU path and the tests' reference."""
     gates = (row_bias[bias_index] if bias_index is not None else row_bias) + (
@@ -254,20 +266,27 @@ def lstm_cell_step_reference(
         gates = gates + x @ weight_x.T
     gate_i, gate_f, gate_g, gate_o = gates.chunk(4, dim=-1)
     c_new = gate_f.sigmoid() * c + gate_i.sigmoid() * gate_g.tanh()
+    h_new = gate_o.sigmoid() * c_new.tanh()
+    if row_mask is not None:
+        c_new, h_new = torch.where(row_mask[:, None], c_new, c_out), torch.where(row_mask[:, None], h_new, h_out)
     c_out.copy_(c_new)
-    h_out.copy_(gate_o.sigmoid() * c_new.tanh())
+    h_out.copy_(h_new)
 
 
 @triton.jit
 def _linear_kernel(
-    x_ptr, x_stride, w_ptr, w_stride, b_ptr, out_ptr, out_stride, partial_ptr, counter_ptr, batch, n_out, depth,
+    x_ptr, x_stride, w_ptr, w_stride, b_ptr, out_ptr, out_stride, partial_ptr, counter_ptr, row_mask_ptr, batch,
+    n_out, depth,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_ROW_MASK: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < batch, cols < n_out
     mask = row_ok[:, None] & col_ok[None, :]
+    store_mask = mask
+    if HAS_ROW_MASK:  # rows outside the mask keep what `out` held
+        store_mask = mask & (tl.load(row_mask_ptr + rows, mask=row_ok, other=0) != 0)[:, None]
     acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     # columns past n_out read a clamped (valid) weight row and are never stored
     w_rows = tl.minimum(cols, n_out - 1)
@@ -275,9 +294,9 @@ def _linear_kernel(
     if SPLIT_K > 1:
         acc, last = _split_k_total(acc, partial_ptr, batch * n_out, rows[:, None] * n_out + cols[None, :], mask,
                                    counter_ptr, SPLIT_K)  # fmt: skip
-        mask = _and_flag(mask, last)
+        store_mask = _and_flag(store_mask, last)
     acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
-    tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], acc, mask=mask)
+    tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], acc, mask=store_mask)
 
 
 def linear(
@@ -289,6 +308,7 @@ def linear(
     *,
     split_k: int = 1,
     counters: torch.Tensor | None = None,
+    row_mask: torch.Tensor | None = None,
     block_b: int | None = None,
     block_n: int = 16,
     block_k: int = 64,
@@ -297,8 +317,9 @@ def linear(
 ) -> torch.Tensor:
     """``out = x @ weight^T + bias``; x ``[B, K]``, weight ``[N, K]``, bias ``[N]``, out ``[B, N]``, float32.
 
-    ``split_k`` / ``counters``: as in :func:`lstm_cell_step`. The keyword-only block sizes are for tuning
-    (``scripts/bench_prediction.py``).
+    ``split_k > 1`` splits the depth over that many programs per output tile and needs ``counters``
+    (:func:`split_k_counters`); ``row_mask [B]`` (bool): only its rows of ``out`` are written. The keyword-only
+    block sizes are for tuning (``scripts/bench_prediction.py``).
     """
     _check_fp32(x=x, weight=weight, bias=bias)
     batch, depth = x.shape
@@ -307,14 +328,21 @@ def linear(
     block_b = block_b or default_rows
     grid = (triton.cdiv(batch, block_b), triton.cdiv(n_out, block_n), split_k)
     partials, counters = _split_k_buffers(split_k, counters, grid[0] * grid[1], [batch, n_out], x)
+    if row_mask is not None and (row_mask.shape != (batch,) or row_mask.dtype != torch.bool):
+        raise ValueError(f"row_mask must be bool [B]=[{batch}], got {row_mask.dtype} {tuple(row_mask.shape)}")
     _linear_kernel[grid](
-        x, x.stride(0), weight, weight.stride(0), bias, out, out.stride(0), partials, counters, batch, n_out, depth,
+        x, x.stride(0), weight, weight.stride(0), bias, out, out.stride(0), partials, counters,
+        x if row_mask is None else row_mask, batch, n_out, depth,
         BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, SPLIT_K=split_k,
-        num_warps=num_warps or default_warps, num_stages=num_stages,
+        HAS_ROW_MASK=row_mask is not None, num_warps=num_warps or default_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 
 
-def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def linear_reference(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, row_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """:func:`linear` in torch: the CPU path and the tests' reference."""
-    return torch.addmm(bias, x, weight.T, out=out)
+    if row_mask is None:
+        return torch.addmm(bias, x, weight.T, out=out)
+    return torch.where(row_mask[:, None], torch.addmm(bias, x, weight.T), out, out=out)
