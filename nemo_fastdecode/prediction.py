@@ -33,10 +33,15 @@ def is_default_joint(joint: torch.nn.Module) -> bool:
     )
 
 
+def joint_normalises(joint: torch.nn.Module, device: torch.device) -> bool:
+    """Whether the joint log-softmaxes its logits on ``device`` (NeMo's ``log_softmax=None``: on the CPU only)."""
+    log_softmax = joint.log_softmax
+    return bool(log_softmax) or (log_softmax is None and device.type != "cuda")
+
+
 def normalise_joint_logits(joint: torch.nn.Module, logits: torch.Tensor) -> torch.Tensor:
     """The joint's output normalisation, as ``RNNTJoint.joint_after_projection`` applies it after its last layer."""
-    log_softmax = joint.log_softmax
-    if log_softmax or (log_softmax is None and not logits.is_cuda):  # NeMo: automatic = on the CPU only
+    if joint_normalises(joint, logits.device):
         if joint.temperature != 1.0:
             logits = logits / joint.temperature
         logits = logits.log_softmax(dim=-1)
@@ -252,6 +257,11 @@ class FastMathPredictor:
             return lstm_step.linear_reference(hidden, weight, bias, out)
         block_b, num_warps = lstm_step.batch_tiling(tile_rows or hidden.shape[0])
         return lstm_step.linear(hidden, weight, bias, out, block_b=block_b, num_warps=num_warps)
+
+    @property
+    def joint_output_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The joint's last Linear as fp32 ``(weight [N, H_joint], bias [N])``."""
+        return self._weights["joint_weight"], self._weights["joint_bias"]
 
     def joint_logits_from_hidden(self, joint: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """The joint's output layer and normalisation on its hidden activations ``[N, H_joint]``."""

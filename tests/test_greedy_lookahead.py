@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import GREEDY_UNBOUNDED_SAFE, VOCAB_SIZE, make_networks, random_encoder_output
+from conftest import GREEDY_UNBOUNDED_SAFE, TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
 from test_greedy_exactness import ours
+from test_greedy_fused import assert_same_state, twin_buffers
 
-from nemo_fastdecode.greedy import steps
+from nemo_fastdecode.greedy import label_loop, steps
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 from nemo_fastdecode.greedy.label_loop import auto_lookahead_frames
+from nemo_fastdecode.greedy.window_look import WindowLookBuffers, look_tiling, window_look
+from nemo_fastdecode.kernels import lstm_step
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LENGTHS = [24, 1, 17, 0, 9, 24, 3]
@@ -48,6 +51,58 @@ def test_lookahead_matches_single_frame_steps(kind, window, max_symbols, blank_b
     windowed = ahead(encoder_output=x, encoded_lengths=lengths)[0]
     assert everything(windowed) == everything(single)
     assert sum(len(h.y_sequence) for h in single) > 0
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_one_kernel_look_on_raw_logits_matches_single_frame_steps(kind, monkeypatch):
+    # a joint without log-softmax (NeMo's default on CUDA): each look is one kernel (window_look)
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=5, blank_bias=0.8, pred_layers=2)
+    joint.log_softmax = False
+    decoder, joint = decoder.to(DEVICE), joint.to(DEVICE)
+    x, lengths = random_encoder_output(len(LENGTHS), 24, seed=4, lengths=LENGTHS, device=DEVICE)
+    single = decoder_for(kind, decoder, joint, 3, 1)(encoder_output=x, encoded_lengths=lengths)[0]
+    looks = []
+    monkeypatch.setattr(label_loop, "window_look", lambda *args: looks.append(window_look(*args)))
+    windowed = decoder_for(kind, decoder, joint, 3, 3)(encoder_output=x, encoded_lengths=lengths)[0]
+    assert looks, "the one-kernel look was not used"
+    assert everything(windowed) == everything(single)
+    assert sum(len(h.y_sequence) for h in single) > 0
+
+
+@pytest.mark.parametrize("batch,window", [(5, 3), (3, 2)])
+@pytest.mark.parametrize("start", [True, False])
+@pytest.mark.parametrize("tdt", [False, True])
+def test_window_look_kernel_is_linear_best_token_and_window_select(batch, window, start, tdt):
+    reference, fused = twin_buffers(batch, seed=batch * 11 + start, max_time=9)
+    g = torch.Generator().manual_seed(batch + window)
+    # 40 tokens (blank = 39): three column tiles of 16, so the kernel combines tiles; the loop state's other labels
+    # are random in both paths
+    hidden_size, num_tokens, blank = 8, 40, 39
+    n_out = num_tokens + (len(TDT_DURATIONS) if tdt else 0)
+    hidden = torch.randn([batch * window, hidden_size], generator=g).to(DEVICE)
+    weight = torch.randn([n_out, hidden_size], generator=g).to(DEVICE)
+    bias = torch.randn([n_out], generator=g).to(DEVICE)
+    weight[1] = weight[blank] = 4 * hidden[0]  # row 0: labels 1 and blank tie (different tiles): 1 wins
+    bias[1] = bias[blank] = 0.0
+    hidden[2] = 0.0  # a row whose logits are the bias
+    values = torch.tensor(TDT_DURATIONS, device=DEVICE) if tdt else None
+    block_b, warps = lstm_step.batch_tiling(batch)
+    logits = lstm_step.linear(hidden, weight, bias, torch.empty([batch * window, n_out], device=DEVICE),
+                              block_b=block_b, num_warps=warps)  # fmt: skip
+    scores, labels = steps.best_token(logits, num_tokens, torch.empty([batch * window], device=DEVICE),
+                                      torch.empty([batch * window], dtype=torch.long, device=DEVICE), True)  # fmt: skip
+    assert labels[0] == 1 and logits[0, blank] == scores[0], "setup: row 0's best is the tie"
+    durations = logits[:, num_tokens:] if tdt else None
+    steps.window_select(reference, scores, labels, durations, values, blank, window, start)
+    scratch = WindowLookBuffers.allocate(batch, window, n_out, DEVICE)
+    for repeat in range(2):  # the second launch finds its counters reset
+        twin = fused if repeat == 0 else twin_buffers(batch, seed=batch * 11 + start, max_time=9)[1]
+        window_look(twin, scratch, hidden, weight, bias, num_tokens, values, blank, window, start)
+        assert torch.equal(scratch.logits, logits)
+        assert torch.equal(scratch.best_scores, scores) and torch.equal(scratch.best_labels, labels)
+        assert_same_state(reference, twin)
+        assert not scratch.counters.any()
+    assert look_tiling(32, 16)[1] == 32 and look_tiling(32, 4)[1] == 16
 
 
 def test_lookahead_in_graphs_on_the_gpu():

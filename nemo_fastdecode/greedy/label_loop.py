@@ -16,7 +16,8 @@ from nemo_fastdecode.graphs import LoopPhases
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.state import LoopBuffers
-from nemo_fastdecode.prediction import normalise_joint_logits
+from nemo_fastdecode.greedy.window_look import WindowLookBuffers, window_look
+from nemo_fastdecode.prediction import joint_normalises, normalise_joint_logits
 
 # automatic look-ahead where it is exact (fast_math on Triton; see LabelLoopGreedy): about this many joint rows
 # per look, at most MAX_AUTO_LOOKAHEAD_FRAMES frames. H200, 1 h, batch 32 (benchmarks/results, fifth session):
@@ -73,20 +74,30 @@ class LabelLoopGreedy(GreedyComputerBase):
             b.recurrent_gates = torch.empty([layers, b.batch_size, 4 * hidden], dtype=b.float_dtype, device=b.device)
             b.side_stream = torch.cuda.Stream(b.device) if b.device.type == "cuda" else None
         window = self._lookahead(b.device, b.batch_size)
+        b.window_look = None
         if window > 1:
             rows = b.batch_size * window
             b.window_hidden = torch.empty([rows, b.predictor_output.shape[-1]], dtype=b.float_dtype, device=b.device)
-            b.window_scores = torch.empty([rows], dtype=torch.float32, device=b.device)
-            b.window_labels = torch.empty([rows], dtype=torch.long, device=b.device)
+            if not joint_normalises(self.joint, b.device):  # the logits are the scores: one kernel per look
+                n_out = self.fast_predictor.joint_output_weights[0].shape[0]
+                b.window_look = WindowLookBuffers.allocate(b.batch_size, window, n_out, b.device)
+            else:
+                b.window_scores = torch.empty([rows], dtype=torch.float32, device=b.device)
+                b.window_labels = torch.empty([rows], dtype=torch.long, device=b.device)
 
     def _look_ahead(self, b: LoopBuffers, window: int, start: bool) -> None:
         """Up to ``window`` looks from one joint call at each row's next ``window`` frames."""
         hidden = steps.joint_hidden_window(
             b.encoder_projected, b.time_indices, b.last_frame, b.predictor_output, b.window_hidden, window, True
         )
+        num_tokens = self.blank_index + 1
+        if b.window_look is not None:
+            weight, bias = self.fast_predictor.joint_output_weights
+            window_look(b, b.window_look, hidden, weight, bias, num_tokens, self._durations, self.blank_index, window,
+                        start)  # fmt: skip
+            return
         # tiled as for B rows, so that each row's logits are the single-frame step's, bit for bit
         logits = normalise_joint_logits(self.joint, self.fast_predictor.joint_output(hidden, tile_rows=b.batch_size))
-        num_tokens = self.blank_index + 1
         scores, labels = steps.best_token(logits, num_tokens, b.window_scores, b.window_labels, True)
         duration_logits = logits[:, num_tokens:] if self.is_tdt else None
         steps.window_select(b, scores, labels, duration_logits, self._durations, self.blank_index, window, start)

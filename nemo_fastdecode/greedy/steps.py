@@ -293,13 +293,14 @@ def best_token(
 # ----- label loop ----------------------------------------------------------------------------------
 @triton.jit
 def _best_durations(duration_logits, duration_logits_stride, duration_values, logit_rows, mask,
-                    NUM_DURATIONS: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+                    NUM_DURATIONS: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
     """The TDT duration (value) with the highest logit in each of ``logit_rows`` (ties: the lower index)."""
     cols = tl.arange(0, BLOCK_D)
     d_logits = tl.load(
         duration_logits + logit_rows[:, None] * duration_logits_stride + cols[None, :],
         mask=mask[:, None] & (cols[None, :] < NUM_DURATIONS),
         other=float("-inf"),
+        cache_modifier=CACHE,
     )
     best_duration = tl.argmax(d_logits, axis=1, tie_break_left=True)
     return tl.load(duration_values + best_duration, mask=mask, other=0)
@@ -354,7 +355,7 @@ def _label_select_kernel(
     new_labels = tl.load(best_labels + rows, mask=in_batch, other=0)
     if NUM_DURATIONS > 0:
         new_durations = _best_durations(
-            duration_logits, duration_logits_stride, duration_values, rows, in_batch, NUM_DURATIONS, BLOCK_D
+            duration_logits, duration_logits_stride, duration_values, rows, in_batch, NUM_DURATIONS, BLOCK_D, ""
         )
     else:
         new_durations = tl.zeros([BLOCK_B], dtype=tl.int64)
@@ -502,7 +503,7 @@ def label_select(
 
 
 @triton.jit
-def _window_select_kernel(
+def _window_select_rows(
     best_scores,
     best_labels,
     duration_logits,
@@ -528,7 +529,10 @@ def _window_select_kernel(
     NUM_DURATIONS: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    CACHE: tl.constexpr,
 ):
+    """The look's rows (one program). CACHE: the loads' cache modifier for the joint's answers (".cg" when other
+    programs of the same launch wrote them, as in :mod:`~nemo_fastdecode.greedy.window_look`)."""
     # Up to WINDOW steps of the label loop's look (label_select) in registers: a row that holds a blank takes the
     # joint's answer at its new frame, read from the window (row b, offset new - first frame). START: the first
     # look of an outer iteration, where every active row takes the answer at its current frame (offset 0).
@@ -552,15 +556,15 @@ def _window_select_kernel(
         offset = t - first
         look = moving & (offset < WINDOW) & in_batch  # rows past the window wait for the next look
         slot = rows * WINDOW + tl.minimum(offset, WINDOW - 1)
-        new_labels = tl.load(best_labels + slot, mask=look, other=0)
-        new_scores = tl.load(best_scores + slot, mask=look, other=0.0)
+        new_labels = tl.load(best_labels + slot, mask=look, other=0, cache_modifier=CACHE)
+        new_scores = tl.load(best_scores + slot, mask=look, other=0.0, cache_modifier=CACHE)
         cur_time = tl.where(look, t, cur_time)
         cur_labels = tl.where(look, new_labels, cur_labels)
         cur_scores = tl.where(look, new_scores, cur_scores)
         is_blank = cur_labels == blank_id
         if NUM_DURATIONS > 0:
             new_durations = _best_durations(
-                duration_logits, duration_logits_stride, duration_values, slot, look, NUM_DURATIONS, BLOCK_D
+                duration_logits, duration_logits_stride, duration_values, slot, look, NUM_DURATIONS, BLOCK_D, CACHE
             )
             cur_durations = tl.where(look, new_durations, cur_durations)
             cur_durations = tl.where((cur_durations == 0) & is_blank, 1, cur_durations)
@@ -573,6 +577,19 @@ def _window_select_kernel(
         tl.store(durations + rows, cur_durations, mask=in_batch)
     _store_look(rows, in_batch, cur_time, cur_labels, cur_scores, is_blank, t, now_active, moving,
                 label_time, labels, scores, blank, time, safe_time, last_frame, active, advance, inner_flag)  # fmt: skip
+
+
+@triton.jit
+def _window_select_kernel(
+    best_scores, best_labels, duration_logits, duration_logits_stride, duration_values, time, safe_time, label_time,
+    last_frame, lengths, active, active_before, advance, blank, labels, scores, durations, inner_flag, batch, blank_id,
+    START: tl.constexpr, WINDOW: tl.constexpr, NUM_DURATIONS: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    _window_select_rows(best_scores, best_labels, duration_logits, duration_logits_stride, duration_values, time,
+                        safe_time, label_time, last_frame, lengths, active, active_before, advance, blank, labels,
+                        scores, durations, inner_flag, batch, blank_id, START, WINDOW, NUM_DURATIONS, BLOCK_B, BLOCK_D,
+                        "")  # fmt: skip
 
 
 def window_select(
