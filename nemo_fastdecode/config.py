@@ -218,6 +218,8 @@ class StreamingConfig:
         dtype: ``float32`` (exact) or ``bfloat16`` (caches and encoder compute).
         use_cuda_graphs: one CUDA graph replay per step and batch-size bucket (GPU only).
         fast_math: decode with ``fast_greedy``'s opt-in fast math (near fp32, not bit-identical to NeMo).
+        encoder_matmul: ``fp32`` (NeMo's modules, exact reference) or opt-in ``tf32x3`` (the encoder's GEMMs on
+            near-fp32 3xTF32 tensor-core kernels; float32 dtype only).
         compare_nemo: run the same streams through NeMo's path (slot gather/scatter +
             ``conformer_stream_step``) and compare transcripts and timings.
         cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.
@@ -243,6 +245,7 @@ class StreamingConfig:
     dtype: str = "float32"
     use_cuda_graphs: bool = True
     fast_math: bool = False
+    encoder_matmul: str = "fp32"
     compare_nemo: bool = True
     cuda: int | None = None
     seed: int = 0
@@ -255,6 +258,10 @@ class StreamingConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r} is not valid; valid values: float32, bfloat16")
+        if self.encoder_matmul not in ("fp32", "tf32x3"):
+            raise ValueError(f"encoder_matmul={self.encoder_matmul!r} is not valid; valid values: fp32, tf32x3")
+        if self.encoder_matmul != "fp32" and self.dtype != "float32":
+            raise ValueError(f"encoder_matmul={self.encoder_matmul!r} needs dtype=float32, got {self.dtype}")
         if self.fixed_step_repeats < 0:
             raise ValueError(f"fixed_step_repeats must be >= 0, got {self.fixed_step_repeats}")
         if self.num_streams_sweep is not None and (

@@ -319,13 +319,22 @@ def test_bad_chunks(streamer, features):
         streamer.close(slot)
 
 
-def test_bad_configuration(model):
+def test_bad_configuration(model, monkeypatch):
     with pytest.raises(ValueError, match=r"att_context_size=\[16, 2\] is not one of .*valid: \[\[16, 3\], \[16, 1\]"):
         StreamingTranscriber(model, num_slots=2, att_context_size=[16, 2])
     with pytest.raises(ValueError, match="num_slots must be a positive int, got 0"):
         StreamingTranscriber(model, num_slots=0)
     with pytest.raises(ValueError, match=r"dtype torch.int32 is not supported; valid: torch.float32"):
         StreamingTranscriber(model, num_slots=1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"matmul_precision must be one of \('fp32', 'tf32x3'\), got 'fp16'"):
+        StreamingTranscriber(model, num_slots=1, encoder_matmul="fp16")
+    with pytest.raises(ValueError, match=r"matmul_precision='tf32x3' needs fp32 compute, got torch.bfloat16"):
+        StreamingTranscriber(model, num_slots=1, dtype=torch.bfloat16, encoder_matmul="tf32x3")
+    if not next(model.parameters()).is_cuda:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        with pytest.raises(ValueError, match=r"'tf32x3' runs a Triton kernel: needs CUDA .* got device cpu"):
+            StreamingTranscriber(model, num_slots=1, encoder_matmul="tf32x3")
+        monkeypatch.undo()
     offline = S.build_synthetic_model("tiny-rnnt", seed=0)
     with pytest.raises(ValueError, match=r"att_context_style='regular' \(valid: 'chunked_limited'\)"):
         StreamingTranscriber(offline, num_slots=1)
@@ -342,15 +351,23 @@ def test_bf16_caches_run_close_to_fp32(model, features):
     assert relative_error(outputs[torch.bfloat16], outputs[torch.float32]) < 0.1
 
 
-def test_triton_kernel_path_matches_nemo_alone(model, features, reference):
-    """The encoder with the Triton indexed-attention kernel (its CPU interpreter here), padded buckets."""
+@pytest.mark.parametrize("encoder_matmul", ["fp32", "tf32x3"])
+def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encoder_matmul, monkeypatch):
+    """The encoder with the Triton indexed-attention kernel (its CPU interpreter here), padded buckets; with
+    ``tf32x3`` its GEMMs on the Triton 3xTF32 kernel too."""
+    from nemo_fastdecode.kernels import matmul
+
+    gemms = []
+    monkeypatch.setattr(matmul, "linear", lambda *args, linear=matmul.linear: gemms.append(1) or linear(*args))
+    monkeypatch.setattr(matmul, "tensor_cores_win", lambda *shape: True)  # tiny shapes: the kernel anyway
     att, runs = reference
     if att != [16, 1]:
         pytest.skip("one look-ahead is enough for the (slow) Triton interpreter")
     pytest.importorskip("triton")
     if not next(model.parameters()).is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs the model on CUDA or TRITON_INTERPRET=1")
-    streamer = StreamingTranscriber(model, num_slots=3, att_context_size=att, use_triton=True, pad_to_bucket=True)
+    streamer = StreamingTranscriber(model, num_slots=3, att_context_size=att, use_triton=True, pad_to_bucket=True,
+                                    encoder_matmul=encoder_matmul)  # fmt: skip
     chunks = [split_features(f, streamer.geometry)[:4] for f in features[:3]]
     slots = [streamer.open() for _ in range(3)]
     order = [[0], [1, 0], [2, 0, 1], [1, 2], [0, 2, 1], [2]]  # staggered, out of order, subsets
@@ -361,6 +378,8 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference):
             ref = runs[s][0][position[s]]
             assert relative_error(result.encoded[row, : int(result.encoded_lengths[row])], ref) <= 1e-4
             position[s] += 1
+    gemms_per_layer = 10  # feed-forwards 2 x 2, attention q k v out, pointwise convolutions 2
+    assert len(gemms) == (len(order) * len(model.encoder.layers) * gemms_per_layer if encoder_matmul == "tf32x3" else 0)
 
 
 def test_fast_math_decoding_agrees_with_nemo_alone(model, features, reference):

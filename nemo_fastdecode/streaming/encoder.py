@@ -24,10 +24,15 @@ import math
 import torch
 import torch.nn.functional as F
 
+from nemo_fastdecode.kernels import matmul, triton_runs_on
 from nemo_fastdecode.kernels.indexed_attention import build_rel_pos_table, indexed_attention
 from nemo_fastdecode.streaming.slots import SlotState
 
-__all__ = ["StreamingEncoderStep", "check_streaming_encoder"]
+__all__ = ["ENCODER_MATMULS", "StreamingEncoderStep", "check_streaming_encoder"]
+
+# how the encoder's Linear and pointwise-convolution GEMMs run: "fp32" = NeMo's modules (cuBLAS/cuDNN fp32, the
+# exact reference); "tf32x3" = kernels/matmul.py on tensor cores (near fp32; CUDA and fp32 compute only)
+ENCODER_MATMULS = ("fp32", "tf32x3")
 
 
 def check_streaming_encoder(encoder: torch.nn.Module) -> None:
@@ -67,11 +72,33 @@ class StreamingEncoderStep:
             :func:`check_streaming_encoder`); its look-ahead is ``encoder.att_context_size``.
         slots: the slot caches (its geometry must be the encoder's).
         use_triton: attention kernel choice passed to ``indexed_attention`` (``None``: Triton on CUDA).
+        matmul_precision: one of :data:`ENCODER_MATMULS`: ``"fp32"`` (default) runs NeMo's Linear and Conv1d
+            modules; ``"tf32x3"`` (opt-in) runs their GEMMs, the pointwise convolutions as GEMMs over
+            ``[B, T, C]``, on the 3xTF32 Triton kernel (fp32 slots only; Triton's interpreter on the CPU).
     """
 
-    def __init__(self, encoder: torch.nn.Module, slots: SlotState, use_triton: bool | None = None):
+    def __init__(
+        self,
+        encoder: torch.nn.Module,
+        slots: SlotState,
+        use_triton: bool | None = None,
+        matmul_precision: str = "fp32",
+    ):
         check_streaming_encoder(encoder)
+        if matmul_precision not in ENCODER_MATMULS:
+            raise ValueError(f"matmul_precision must be one of {ENCODER_MATMULS}, got {matmul_precision!r}")
+        if matmul_precision != "fp32" and slots.dtype != torch.float32:
+            raise ValueError(
+                f"matmul_precision={matmul_precision!r} needs fp32 compute, got {slots.dtype}: with "
+                f"{slots.dtype} the encoder's GEMMs already run on tensor cores (use 'fp32')"
+            )
+        if matmul_precision != "fp32" and not triton_runs_on(slots.device):
+            raise ValueError(
+                f"matmul_precision={matmul_precision!r} runs a Triton kernel: needs CUDA (or TRITON_INTERPRET=1 on "
+                f"the CPU), got device {slots.device}"
+            )
         self.encoder, self.slots, self.use_triton = encoder, slots, use_triton
+        self.tensor_core_matmul = matmul_precision == "tf32x3"
         g = self.geometry = slots.geometry
         self.tq = g.out_frames
         self.num_heads = encoder.layers[0].self_attn.h
@@ -180,14 +207,28 @@ class StreamingEncoderStep:
         x = sub.gather(1, src.clamp(min=0, max=sub.shape[1] - 1)[:, :, None].expand(-1, -1, sub.shape[2]))
         return x, frames
 
+    def _linear(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A Linear (or a kernel-size-1 Conv1d, on ``[B, T, C]``) applied to the last dim of ``x``."""
+        if not self.tensor_core_matmul:
+            return module(x)
+        weight = module.weight if module.weight.dim() == 2 else module.weight[:, :, 0]
+        # shapes are fixed per batch-size bucket, so each captured graph makes this choice once
+        if matmul.tensor_cores_win(x.numel() // x.shape[-1], weight.shape[0], weight.shape[1]):
+            return matmul.linear(x, weight, module.bias)
+        return F.linear(x, weight, module.bias)  # cuBLAS fp32 where the 3xTF32 kernel would be slower
+
+    def _feed_forward(self, ff: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """``ConformerFeedForward.forward`` (eval mode: dropout is identity)."""
+        return self._linear(ff.linear2, ff.activation(self._linear(ff.linear1, x)))
+
     def _layer(self, index, layer, x, slot_ids, write_slot, write_pos, lengths, ring_start, conv_src):
         """``ConformerLayer.forward`` with the caches of the slots (eval mode: dropout is identity)."""
-        residual = x + 0.5 * layer.feed_forward1(layer.norm_feed_forward1(x))
+        residual = x + 0.5 * self._feed_forward(layer.feed_forward1, layer.norm_feed_forward1(x))
         residual = residual + self._attention(
             index, layer.self_attn, layer.norm_self_att(residual), slot_ids, write_slot, write_pos, lengths, ring_start
         )
         residual = residual + self._convolution(index, layer.conv, layer.norm_conv(residual), slot_ids, conv_src)
-        residual = residual + 0.5 * layer.feed_forward2(layer.norm_feed_forward2(residual))
+        residual = residual + 0.5 * self._feed_forward(layer.feed_forward2, layer.norm_feed_forward2(residual))
         return layer.norm_out(residual)
 
     def _attention(self, index, attn, x, slot_ids, write_slot, write_pos, lengths, ring_start):
@@ -195,11 +236,11 @@ class StreamingEncoderStep:
         s = self.slots
         b, tq, d = x.shape
         h, dh = self.num_heads, self.head_dim
-        q = attn.linear_q(x).view(b, tq, h, dh)
+        q = self._linear(attn.linear_q, x).view(b, tq, h, dh)
         keys, values = s.keys[index], s.values[index]  # [S + 1, W + Tq, H, Dh]
         # same as: keys[slot, pos] = k for every valid row (in place, no concatenation)
-        keys.index_put_((write_slot, write_pos), attn.linear_k(x).view(b * tq, h, dh).to(s.dtype))
-        values.index_put_((write_slot, write_pos), attn.linear_v(x).view(b * tq, h, dh).to(s.dtype))
+        keys.index_put_((write_slot, write_pos), self._linear(attn.linear_k, x).view(b * tq, h, dh).to(s.dtype))
+        values.index_put_((write_slot, write_pos), self._linear(attn.linear_v, x).view(b * tq, h, dh).to(s.dtype))
         bias_u, bias_v = self.pos_bias[index]
         out = indexed_attention(
             q.transpose(1, 2).to(s.dtype),
@@ -215,12 +256,15 @@ class StreamingEncoderStep:
             check_values=False,  # slot ids are checked on the host once per step; lengths are in range
             key_starts=ring_start,
         )  # [B, H, Tq, Dh]
-        return attn.linear_out(out.transpose(1, 2).reshape(b, tq, d).to(x.dtype))
+        return self._linear(attn.linear_out, out.transpose(1, 2).reshape(b, tq, d).to(x.dtype))
 
     def _convolution(self, index, conv, x, slot_ids, conv_src):
         """``ConformerConvolution`` with the causal depthwise convolution's left context from the slots."""
         s = self.slots
-        x = F.glu(conv.pointwise_conv1(x.transpose(1, 2)), dim=1)  # [B, C, Tq]
+        if self.tensor_core_matmul:  # the pointwise convolutions as GEMMs over [B, Tq, C]
+            x = F.glu(self._linear(conv.pointwise_conv1, x).transpose(1, 2), dim=1)  # [B, C, Tq]
+        else:
+            x = F.glu(conv.pointwise_conv1(x.transpose(1, 2)), dim=1)  # [B, C, Tq]
         cache = s.conv[index]
         joined = torch.cat([cache.index_select(0, slot_ids).to(x.dtype), x], 2)  # [B, C, K - 1 + Tq]
         joined = joined.gather(2, conv_src[:, None, :].expand(-1, joined.shape[1], -1))
@@ -230,8 +274,9 @@ class StreamingEncoderStep:
         # NeMo's layer_norm variant normalises over channels, time-major
         layer_norm = conv.norm_type == "layer_norm"
         x = conv.batch_norm(x.transpose(1, 2)).transpose(1, 2) if layer_norm else conv.batch_norm(x)
-        x = conv.pointwise_conv2(conv.activation(x))
-        return x.transpose(1, 2)
+        if self.tensor_core_matmul:
+            return self._linear(conv.pointwise_conv2, conv.activation(x).transpose(1, 2))
+        return conv.pointwise_conv2(conv.activation(x)).transpose(1, 2)
 
     def _drop_oldest_frames(self, slot_ids, lengths, ring_start):
         """Keep each slot's last ``W`` attention frames (NeMo's cache_last_channel update) by moving its ring start.

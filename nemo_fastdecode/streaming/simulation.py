@@ -279,14 +279,22 @@ def fixed_step_ms(
 
 
 def fast_path(
-    model: ASRModel, num_slots: int, dtype: torch.dtype, use_cuda_graphs: bool, fast_math: bool = False
+    model: ASRModel,
+    num_slots: int,
+    dtype: torch.dtype,
+    use_cuda_graphs: bool,
+    fast_math: bool = False,
+    encoder_matmul: str = "fp32",
 ) -> _Path:
     """Ours: slot caches read in place, one graph replay per step (GPU), per-slot state of ``fast_greedy``.
 
     Warmed up before the clock starts: every encoder bucket's graph and the decoder's graph per bucket are
     captured (:meth:`StreamingTranscriber.warm_up`), so no step of the timed run captures.
     """
-    streamer = StreamingTranscriber(model, num_slots, dtype=dtype, use_cuda_graphs=use_cuda_graphs, fast_math=fast_math)
+    streamer = StreamingTranscriber(
+        model, num_slots, dtype=dtype, use_cuda_graphs=use_cuda_graphs, fast_math=fast_math,
+        encoder_matmul=encoder_matmul,
+    )  # fmt: skip
     warmup = streamer.warm_up().total_seconds
 
     def finish(slot: int) -> list[int]:
@@ -294,7 +302,8 @@ def fast_path(
         streamer.close(slot)
         return tokens
 
-    mode = ("CUDA graph per bucket" if streamer.runner.use_graphs else "eager") + (", fast_math" if fast_math else "")
+    mode = "CUDA graph per bucket" if streamer.runner.use_graphs else "eager"
+    mode += (", fast_math" if fast_math else "") + (f", {encoder_matmul} encoder" if encoder_matmul != "fp32" else "")
     return _Path(f"nemo_fastdecode ({mode})", streamer.open, streamer.step, finish, warmup)
 
 
@@ -449,7 +458,7 @@ def _plans(cfg: DictConfig, setup: _Setup, num_streams: int) -> list[StreamPlan]
 
 def _make_paths(cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int) -> list[_Path]:
     """Ours, then (``compare_nemo``) NeMo's, both warmed up for batches up to ``max_batch`` streams."""
-    paths = [fast_path(setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math)]
+    paths = [fast_path(setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul)]
     if cfg.compare_nemo:
         paths.append(nemo_path(setup.model, num_slots, setup.dtype, warm_streams=max_batch))
     return paths

@@ -100,6 +100,8 @@ class StreamingTranscriber:
         max_symbols: greedy ``max_symbols`` (default: the model's).
         pad_to_bucket: pad eager steps to their bucket too (for tests; graphs always pad).
         fast_math: decode with ``fast_greedy``'s opt-in fast math (not bit-identical to NeMo's decoding).
+        encoder_matmul: ``"fp32"`` (NeMo's Linear / Conv1d modules) or, opt-in, ``"tf32x3"``: the encoder's GEMMs
+            on near-fp32 tensor-core kernels (fp32 ``dtype`` only; :class:`StreamingEncoderStep`).
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class StreamingTranscriber:
         max_symbols: int | None = None,
         pad_to_bucket: bool = False,
         fast_math: bool = False,
+        encoder_matmul: str = "fp32",
     ):
         if not isinstance(num_slots, int) or num_slots < 1:
             raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
@@ -139,7 +142,9 @@ class StreamingTranscriber:
             device=self.device,
             dtype=dtype,
         )
-        self.encoder_step = StreamingEncoderStep(encoder, self.slots, use_triton=use_triton)
+        self.encoder_step = StreamingEncoderStep(
+            encoder, self.slots, use_triton=use_triton, matmul_precision=encoder_matmul
+        )
         self.runner = BucketedStep(
             self._encode,
             num_slots,

@@ -1,0 +1,78 @@
+"""The 3xTF32 GEMM kernel (kernels/matmul.py) against a float64 reference; interpreted on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nemo_fastdecode.kernels import matmul
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def random(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+def close_to_float64(got, x, weight, bias, rtol=2e-6):
+    expected = x.double() @ weight.double().T + (bias.double() if bias is not None else 0)
+    # relative to the size of the products summed (a sum near zero has no relative accuracy)
+    scale = (x.double().abs() @ weight.double().abs().T).clamp(min=1e-30)
+    error = ((got.double() - expected).abs() / scale).max().item()
+    assert error < rtol, f"max scaled error {error:.2e}"
+
+
+@pytest.mark.parametrize(
+    "rows,n_out,depth,overrides",
+    [
+        (1, 5, 3, {}),
+        (7, 33, 17, {}),
+        (70, 130, 96, {}),  # odd tiles
+        (70, 130, 96, {"block_m": 16, "block_n": 16, "block_k": 16}),  # many tiles, grouped program order
+        (300, 64, 40, {"block_m": 32, "block_n": 32}),
+    ],
+    ids=["1x5x3", "7x33x17", "70x130x96", "70x130x96-small-tiles", "300x64x40"],
+)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_matches_float64(rows, n_out, depth, overrides, with_bias):
+    x, weight = random(rows, depth, seed=rows), random(n_out, depth, seed=n_out)
+    bias = random(n_out, seed=1) if with_bias else None
+    got = matmul.linear(x, weight, bias, **overrides)
+    assert got.shape == (rows, n_out) and got.dtype == torch.float32
+    close_to_float64(got, x, weight, bias)
+
+
+def test_leading_dims_and_strided_input():
+    x = random(3, 10, 24).transpose(0, 1)  # [10, 3, 24], not contiguous
+    weight, bias = random(40, 24, seed=2), random(40, seed=3)
+    got = matmul.linear(x, weight, bias)
+    assert got.shape == (10, 3, 40)
+    close_to_float64(got.reshape(-1, 40), x.reshape(-1, 24), weight, bias)
+    assert torch.allclose(got, matmul.linear_reference(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_empty_rows_and_zero_depth():
+    weight, bias = random(6, 4), random(6, seed=1)
+    assert matmul.linear(random(0, 4), weight, bias).shape == (0, 6)
+    got = matmul.linear(random(3, 0), random(6, 0), bias)
+    assert torch.equal(got, bias.expand(3, 6))
+
+
+def test_tensor_cores_only_where_they_won_the_sweep():
+    assert matmul.tensor_cores_win(512, 2048, 512) and matmul.tensor_cores_win(2048, 512, 2048)
+    assert not matmul.tensor_cores_win(32, 512, 512) and not matmul.tensor_cores_win(512, 512, 2048)
+
+
+def test_bad_inputs_are_named():
+    x, weight = random(4, 8), random(5, 8)
+    with pytest.raises(ValueError, match="x must be float32, got torch.float64"):
+        matmul.linear(x.double(), weight)
+    with pytest.raises(ValueError, match=r"shapes disagree: x \(4, 8\) \[..., K\], weight \(5, 7\)"):
+        matmul.linear(x, random(5, 7))
+    with pytest.raises(ValueError, match=r"bias \(4,\) \[N\]"):
+        matmul.linear(x, weight, random(4))
+    with pytest.raises(ValueError, match="precision must be one of .*'tf32x3'.*got 'fp16'"):
+        matmul.linear(x, weight, precision="fp16")
+    if DEVICE.type == "cuda":
+        with pytest.raises(ValueError, match="weight is on cpu"):
+            matmul.linear(x, weight.cpu())
