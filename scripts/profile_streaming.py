@@ -2,6 +2,7 @@
 
 python scripts/profile_streaming.py                                   # 17 x 512 hybrid, [70, 1], 256 of 1024 slots
 python scripts/profile_streaming.py config=streaming_rnnt_0.6b streams=128 top=30 fast_math=true
+python scripts/profile_streaming.py encoder_matmul=tf32x3                # the opt-in 3xTF32 encoder GEMMs
 
 Builds the model and streams as ``scripts/streaming.py --config-name <config>`` does, warms our path up, then
 profiles ``repeats`` fixed-batch steps (torch.profiler/CUPTI) and prints the kernels by total GPU time.
@@ -30,7 +31,9 @@ def main(argv: list[str]) -> None:
         cfg = simulation.resolve_config(compose(options.config, overrides=overrides))
     setup = simulation._setup(cfg, print)
     plans = simulation._plans(cfg, setup, options.streams)
-    path = simulation.fast_path(setup.model, options.slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math)
+    path = simulation.fast_path(
+        setup.model, options.slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul
+    )
     warm = simulation.fixed_step_ms(path, plans, options.streams, options.repeats, setup.device)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if setup.device.type == "cuda":
