@@ -28,6 +28,8 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[32, 128, 512, 2048])
     parser.add_argument("--sweep", action="store_true", help="also time other tilings")
+    parser.add_argument("--split-k", type=int, nargs="+", default=[1], help="sweep: split-K values (depth >= 1024)")
+    parser.add_argument("--shapes", default=None, help="only these N x K pairs, e.g. 512x2048,2048x512")
     parser.add_argument("--md", default=None, help="also write the Markdown table here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -53,7 +55,8 @@ def main(argv: list[str]) -> None:
         lines.append(f"| {m} | {n} | {k} | {name} | {us:.1f} | {2 * m * n * k / us / 1e6:.1f} | {error:.1e} |")
         print(lines[-1], flush=True)
 
-    for m, (n, k) in itertools.product(args.rows, SHAPES):
+    shapes = SHAPES if args.shapes is None else [tuple(map(int, p.split("x"))) for p in args.shapes.split(",")]
+    for m, (n, k) in itertools.product(args.rows, shapes):
         x = torch.randn([m, k], device="cuda", generator=g)
         w = torch.randn([n, k], device="cuda", generator=g)
         with torch.inference_mode():
@@ -61,19 +64,22 @@ def main(argv: list[str]) -> None:
                 torch.backends.cuda.matmul.allow_tf32 = tf32
                 row(m, n, k, "cuBLAS " + ("tf32" if tf32 else "fp32"), lambda x=x, w=w: x @ w.T, x, w)
             torch.backends.cuda.matmul.allow_tf32 = False
-            tiling = matmul.matmul_tiling(m, n)
-            label = f"3xTF32 default ({tiling['block_m']}x{tiling['block_n']} w{tiling['num_warps']})"
+            tiling = matmul.matmul_tiling(m, n, k)
+            label = f"3xTF32 default ({tiling['block_m']}x{tiling['block_n']} w{tiling['num_warps']}"
+            label += f" split {tiling['split_k']})"
             row(m, n, k, label, lambda x=x, w=w: matmul.linear(x, w), x, w)
             if args.sweep:
-                for bm, bn, bk, warps, stages in itertools.product((32, 64, 128), (32, 64, 128), (32,), (4, 8), (3, 4)):
-                    if bm * bn > 128 * 64 or (warps == 8 and bm * bn < 64 * 64):
+                for bm, bn, bk, warps, stages, split in itertools.product(
+                    (32, 64, 128), (32, 64, 128), (32,), (4, 8), (3, 4), args.split_k
+                ):
+                    if bm * bn > 128 * 64 or (warps == 8 and bm * bn < 64 * 64) or (split > 1 and k < 1024):
                         continue
 
-                    def fn(x=x, w=w, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages):
+                    def fn(x=x, w=w, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, split=split):
                         return matmul.linear(x, w, block_m=bm, block_n=bn, block_k=bk, num_warps=warps,
-                                             num_stages=stages)  # fmt: skip
+                                             num_stages=stages, split_k=split)  # fmt: skip
 
-                    row(m, n, k, f"3xTF32 {bm}x{bn}x{bk} w{warps} s{stages}", fn, x, w)
+                    row(m, n, k, f"3xTF32 {bm}x{bn}x{bk} w{warps} s{stages} split {split}", fn, x, w)
     report = "\n".join(lines) + "\n"
     if args.md:
         with open(args.md, "w") as f:

@@ -30,8 +30,10 @@ def close_to_float64(got, x, weight, bias, rtol=2e-6):
         (70, 130, 96, {}),  # odd tiles
         (70, 130, 96, {"block_m": 16, "block_n": 16, "block_k": 16}),  # many tiles, grouped program order
         (300, 64, 40, {"block_m": 32, "block_n": 32}),
+        (7, 33, 17, {"split_k": 2, "block_k": 16}),  # the second split holds one depth element
+        (70, 130, 96, {"block_m": 16, "block_n": 16, "block_k": 16, "split_k": 4}),
     ],
-    ids=["1x5x3", "7x33x17", "70x130x96", "70x130x96-small-tiles", "300x64x40"],
+    ids=["1x5x3", "7x33x17", "70x130x96", "70x130x96-small-tiles", "300x64x40", "split-2", "split-4"],
 )
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_matches_float64(rows, n_out, depth, overrides, with_bias):
@@ -40,6 +42,15 @@ def test_matches_float64(rows, n_out, depth, overrides, with_bias):
     got = matmul.linear(x, weight, bias, **overrides)
     assert got.shape == (rows, n_out) and got.dtype == torch.float32
     close_to_float64(got, x, weight, bias)
+
+
+def test_split_k_is_deterministic_and_leaves_its_counters_at_zero():
+    x, weight, bias = random(40, 300), random(50, 300, seed=1), random(50, seed=2)
+    first = matmul.linear(x, weight, bias, split_k=3, block_m=16, block_n=16)
+    again = matmul.linear(x, weight, bias, split_k=3, block_m=16, block_n=16)
+    assert torch.equal(first, again)
+    assert not matmul._split_k_counters(x.device).any()
+    close_to_float64(first, x, weight, bias)
 
 
 def test_leading_dims_and_strided_input():
@@ -59,8 +70,11 @@ def test_empty_rows_and_zero_depth():
 
 
 def test_tensor_cores_only_where_they_won_the_sweep():
-    assert matmul.tensor_cores_win(512, 2048, 512) and matmul.tensor_cores_win(2048, 512, 2048)
-    assert not matmul.tensor_cores_win(32, 512, 512) and not matmul.tensor_cores_win(512, 512, 2048)
+    assert matmul.tensor_cores_win(512, 2048, 512) and matmul.tensor_cores_win(32, 512, 2048)
+    assert not matmul.tensor_cores_win(32, 512, 512)
+    assert (
+        matmul.matmul_tiling(512, 512, 2048)["split_k"] == 4 and matmul.matmul_tiling(2048, 512, 2048)["split_k"] == 1
+    )
 
 
 def test_bad_inputs_are_named():

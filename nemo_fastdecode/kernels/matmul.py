@@ -18,14 +18,16 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from nemo_fastdecode.kernels import lstm_step
+
 PRECISIONS = ("tf32x3", "tf32", "ieee")
 
 
 @triton.jit
 def _linear_kernel(
-    x_ptr, x_stride, w_ptr, w_stride, b_ptr, out_ptr, out_stride, rows, n_out, depth,
+    x_ptr, x_stride, w_ptr, w_stride, b_ptr, out_ptr, out_stride, partial_ptr, counter_ptr, rows, n_out, depth,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr,
 ):  # fmt: skip
     # grouped program order: GROUP_M row tiles share each weight tile while it is in L2
     pid = tl.program_id(0)
@@ -38,23 +40,49 @@ def _linear_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok, n_ok = offs_m < rows, offs_n < n_out
+    mask = m_ok[:, None] & n_ok[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, depth, BLOCK_K):
+    # split-K (axis 2): this program's share of the depth, whole BLOCK_K tiles
+    share = tl.cdiv(tl.cdiv(depth, BLOCK_K), SPLIT_K) * BLOCK_K
+    start = tl.program_id(2) * share
+    end = tl.minimum(start + share, depth)
+    for k0 in range(start, end, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < depth
+        k_ok = ks < end
         a = tl.load(x_ptr + offs_m[:, None] * x_stride + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         # W is row-major [N, K]: its tile read along K (coalesced), used transposed
         w = tl.load(w_ptr + offs_n[:, None] * w_stride + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+    if SPLIT_K > 1:  # the tile's last program adds the partial sums in split order (deterministic)
+        acc, last = lstm_step._split_k_total(acc, partial_ptr, rows * n_out, offs_m[:, None] * n_out + offs_n[None, :],
+                                             mask, counter_ptr, SPLIT_K)  # fmt: skip
+        mask = lstm_step._and_flag(mask, last)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
-    tl.store(out_ptr + offs_m[:, None] * out_stride + offs_n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(out_ptr + offs_m[:, None] * out_stride + offs_n[None, :], acc, mask=mask)
 
 
-def matmul_tiling(rows: int, n_out: int) -> dict:
-    """Block sizes and warps for ``rows x n_out`` outputs, the best of a sweep on an H200 at the encoder's shapes
-    (``scripts/bench_matmul.py --sweep``, ``benchmarks/results/matmul_sweep_NVIDIA-H200_2026-11-22-s7.md``):
-    narrow 64 x 32 tiles keep programs in flight at a few hundred rows; 128-row tiles for wide or tall outputs."""
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _split_k_counters(device: torch.device) -> torch.Tensor:
+    """Split-K tile counters of ``device``'s current stream (launches on one stream never overlap)."""
+    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
+    key = (str(device), stream)
+    if key not in _COUNTERS:
+        _COUNTERS[key] = lstm_step.split_k_counters(device)
+    return _COUNTERS[key]
+
+
+def matmul_tiling(rows: int, n_out: int, depth: int = 512) -> dict:
+    """Block sizes, warps and split-K for ``rows x depth @ depth x n_out``, the best of sweeps on an H200 at the
+    encoder's shapes (``scripts/bench_matmul.py --sweep``, ``benchmarks/results/matmul_*sweep*_2026-11-22-s7.md``):
+    narrow 64 x 32 tiles keep programs in flight at a few hundred rows; 128-row tiles for wide or tall outputs;
+    deep products of fewer than 2048 rows split the depth over 4-8 programs per tile (512 x 2048 -> 512: 39 ->
+    23.6 us, 128 rows: 38.7 -> 11.1 us)."""
+    if depth >= 1024 and rows < 2048:
+        return {"block_m": 64, "block_n": 64 if rows >= 512 else 32, "block_k": 32, "num_warps": 4, "num_stages": 3,
+                "split_k": 4 if rows >= 512 else 8}  # fmt: skip
     if rows < 64:
         block_m, block_n, num_warps = max(16, triton.next_power_of_2(rows)), 32, 4
     elif rows >= 2048 or (rows >= 512 and n_out >= 2048):
@@ -63,15 +91,16 @@ def matmul_tiling(rows: int, n_out: int) -> dict:
         block_m, block_n, num_warps = 128, 32, 8
     else:
         block_m, block_n, num_warps = 64, 32, 4
-    return {"block_m": block_m, "block_n": block_n, "block_k": 32, "num_warps": num_warps, "num_stages": 3}
+    return {"block_m": block_m, "block_n": block_n, "block_k": 32, "num_warps": num_warps, "num_stages": 3,
+            "split_k": 1}  # fmt: skip
 
 
 def tensor_cores_win(rows: int, n_out: int, depth: int) -> bool:
-    """Whether this kernel beats cuBLAS fp32 at ``rows x depth @ depth x n_out`` on the H200 sweep above: from 128
-    rows at depths up to 1024 (e.g. 512 rows, 512 -> 2048: 32.1 -> 20.5 us), and from 2048 rows at any depth; not
-    for a few dozen rows (32 x 512 x 512: 6.8 vs 11.1 us) nor deep products of few rows (512 x 2048 -> 512: 34 vs
-    38 us), where few programs each walk a long depth."""
-    return rows >= 128 and (depth <= 1024 or rows >= 2048)
+    """Whether this kernel, tiled by :func:`matmul_tiling`, beat cuBLAS fp32 at ``rows x depth @ depth x n_out`` in
+    the H200 sweeps: from 128 rows (512 x 512 -> 2048: 32.1 -> 20.5 us), and at depth 1024 and more with split-K
+    (32 x 2048 -> 512: 10.9 -> 8.8 us); not at a few dozen rows of a shallow product (32 x 512 -> 512: 6.8 vs
+    11.1 us), where cuBLAS stays."""
+    return rows >= 128 or depth >= 1024
 
 
 def linear(
@@ -85,9 +114,12 @@ def linear(
     block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    split_k: int | None = None,
 ) -> torch.Tensor:
     """``x @ weight^T + bias`` with the Triton kernel: x ``[..., K]``, weight ``[N, K]``, bias ``[N]`` or ``None``;
-    returns ``[..., N]``; all float32 on one device. Keyword block sizes override :func:`matmul_tiling` (tuning)."""
+    returns ``[..., N]``; all float32 on one device. Keyword block sizes override :func:`matmul_tiling` (tuning);
+    ``split_k > 1`` splits the depth over that many programs per output tile, their partial sums added in split
+    order (deterministic)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     tensors = {"x": x, "weight": weight} | ({"bias": bias} if bias is not None else {})
@@ -112,16 +144,20 @@ def linear(
         return out.view(*x.shape[:-1], n_out)
     if depth == 0:
         return out.copy_(bias.expand(rows, n_out) if bias is not None else 0).view(*x.shape[:-1], n_out)
-    tiling = matmul_tiling(rows, n_out)
+    tiling = matmul_tiling(rows, n_out, depth)
     overrides = {"block_m": block_m, "block_n": block_n, "block_k": block_k, "num_warps": num_warps,
-                 "num_stages": num_stages}  # fmt: skip
+                 "num_stages": num_stages, "split_k": split_k}  # fmt: skip
     tiling.update({k: v for k, v in overrides.items() if v is not None})
-    grid = (triton.cdiv(rows, tiling["block_m"]) * triton.cdiv(n_out, tiling["block_n"]),)
-    _linear_kernel[grid](
+    tiles = triton.cdiv(rows, tiling["block_m"]) * triton.cdiv(n_out, tiling["block_n"])
+    partials, counters = lstm_step._split_k_buffers(
+        tiling["split_k"], _split_k_counters(x.device), tiles, [rows, n_out], out
+    )
+    _linear_kernel[(tiles, 1, tiling["split_k"])](
         x2, x2.stride(0), weight, weight.stride(0), bias if bias is not None else weight, out, out.stride(0),
-        rows, n_out, depth,
+        partials, counters, rows, n_out, depth,
         HAS_BIAS=bias is not None, BLOCK_M=tiling["block_m"], BLOCK_N=tiling["block_n"], BLOCK_K=tiling["block_k"],
-        GROUP_M=8, PRECISION=precision, num_warps=tiling["num_warps"], num_stages=tiling["num_stages"],
+        GROUP_M=8, PRECISION=precision, SPLIT_K=tiling["split_k"], num_warps=tiling["num_warps"],
+        num_stages=tiling["num_stages"],
     )  # fmt: skip
     return out.view(*x.shape[:-1], n_out)
 
