@@ -42,17 +42,10 @@ def _linear_kernel(
     m_ok, n_ok = offs_m < rows, offs_n < n_out
     mask = m_ok[:, None] & n_ok[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # split-K (axis 2): this program's share of the depth, whole BLOCK_K tiles
-    share = tl.cdiv(tl.cdiv(depth, BLOCK_K), SPLIT_K) * BLOCK_K
-    start = tl.program_id(2) * share
-    end = tl.minimum(start + share, depth)
-    for k0 in range(start, end, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < end
-        a = tl.load(x_ptr + offs_m[:, None] * x_stride + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        # W is row-major [N, K]: its tile read along K (coalesced), used transposed
-        w = tl.load(w_ptr + offs_n[:, None] * w_stride + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+    # columns past n_out read a clamped (valid) weight row and are never stored; split-K: depth shares on axis 2
+    w_rows = tl.minimum(offs_n, n_out - 1)
+    acc = lstm_step._accumulate(acc, x_ptr, x_stride, w_ptr, w_stride, w_rows, offs_m, m_ok, depth, BLOCK_K,
+                                PRECISION, SPLIT_K)  # fmt: skip
     if SPLIT_K > 1:  # the tile's last program adds the partial sums in split order (deterministic)
         acc, last = lstm_step._split_k_total(acc, partial_ptr, rows * n_out, offs_m[:, None] * n_out + offs_n[None, :],
                                              mask, counter_ptr, SPLIT_K)  # fmt: skip
