@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 
 from nemo_fastdecode.graphs.modes import GraphMode
 
+# how the streaming encoder's Linear and pointwise-convolution GEMMs run: "fp32" = NeMo's modules (cuBLAS/cuDNN fp32,
+# the exact reference); "tf32x3" = kernels/matmul.py on tensor cores (near fp32; CUDA and fp32 compute only)
+ENCODER_MATMULS = ("fp32", "tf32x3")
+
 __all__ = [
     "GRAPH_MODES",
     "FastBeamConfig",
@@ -258,8 +262,10 @@ class StreamingConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r} is not valid; valid values: float32, bfloat16")
-        if self.encoder_matmul not in ("fp32", "tf32x3"):
-            raise ValueError(f"encoder_matmul={self.encoder_matmul!r} is not valid; valid values: fp32, tf32x3")
+        if self.encoder_matmul not in ENCODER_MATMULS:
+            raise ValueError(
+                f"encoder_matmul={self.encoder_matmul!r} is not valid; valid values: {', '.join(ENCODER_MATMULS)}"
+            )
         if self.encoder_matmul != "fp32" and self.dtype != "float32":
             raise ValueError(f"encoder_matmul={self.encoder_matmul!r} needs dtype=float32, got {self.dtype}")
         if self.fixed_step_repeats < 0:

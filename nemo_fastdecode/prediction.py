@@ -170,19 +170,13 @@ class FastMathPredictor:
         computed here, inside the cell kernels). ``fused``: the Triton kernels (CUDA, or the interpreter);
         otherwise their torch references.
         """
-        w = self._weights
-        if not w:
-            raise RuntimeError("FastMathPredictor.refresh() must run before step()")
+        w = self._refreshed_weights()
         h, c = states
         self.check_dtype(h.dtype)
         h_new, c_new = torch.empty_like(h), torch.empty_like(c)
         cell = lstm_step.lstm_cell_step if fused else lstm_step.lstm_cell_step_reference
         for layer in range(h.shape[0]):
-            if layer == 0:
-                row_bias, bias_index, x, weight_x = w["table"], labels, None, None
-            else:
-                row_bias, bias_index = w[f"bias_{layer}"], None
-                x, weight_x = h_new[layer - 1], w[f"weight_ih_{layer}"]
+            row_bias, bias_index, x, weight_x = self._layer_input(layer, labels, h_new)
             if recurrent_gates is None:
                 cell(row_bias, bias_index, x, weight_x, h[layer], w[f"weight_hh_{layer}"], c[layer], h_new[layer],
                      c_new[layer])  # fmt: skip
@@ -210,18 +204,29 @@ class FastMathPredictor:
         ``recurrent_gates [L, B, 4H]`` (:meth:`recurrent_gates` of these states; needed: with it the kernels read no
         ``h`` that they overwrite).
         """
-        w = self._weights
+        w = self._refreshed_weights()
         h, c = states
         self.check_dtype(h.dtype)
         cell = lstm_step.lstm_cell_step if fused else lstm_step.lstm_cell_step_reference
         for layer in range(h.shape[0]):
-            if layer == 0:
-                row_bias, bias_index, x, weight_x = w["table"], labels, None, None
-            else:  # the layer below, updated in place: its rows in the mask hold their new values
-                row_bias, bias_index, x, weight_x = w[f"bias_{layer}"], None, h[layer - 1], w[f"weight_ih_{layer}"]
+            # the layer below was updated in place: its rows in the mask hold their new values
+            row_bias, bias_index, x, weight_x = self._layer_input(layer, labels, h)
             cell(row_bias, bias_index, x, weight_x, None, None, c[layer], h[layer], c[layer],
                  recurrent_gates=recurrent_gates[layer], row_mask=mask)  # fmt: skip
         self._linear(h[-1], w["projection_weight"], w["projection_bias"], output[:, 0], fused, "main", mask)
+
+    def _refreshed_weights(self) -> dict[str, torch.Tensor]:
+        if not self._weights:
+            raise RuntimeError("FastMathPredictor.refresh() must run before a step")
+        return self._weights
+
+    def _layer_input(self, layer: int, labels: torch.Tensor, new_h: torch.Tensor) -> tuple:
+        """``(row_bias, bias_index, x, weight_x)`` of a cell step: layer 0 adds its precomputed input gates picked
+        by label; a later layer the layer below's new hidden state ``new_h[layer - 1]`` times ``W_ih``."""
+        w = self._weights
+        if layer == 0:
+            return w["table"], labels, None, None
+        return w[f"bias_{layer}"], None, new_h[layer - 1], w[f"weight_ih_{layer}"]
 
     def recurrent_gates(self, states: list[torch.Tensor], out: torch.Tensor, fused: bool) -> torch.Tensor:
         """``out[l] = h[l] @ W_hh_l^T`` for every layer: the part of the next step's gates that needs no label.

@@ -147,6 +147,11 @@ def linear_tiling(batch: int) -> dict:
 MAX_SPLIT_K_TILES = 8192
 
 
+def _check_row_mask(row_mask: torch.Tensor | None, batch: int) -> None:
+    if row_mask is not None and (row_mask.shape != (batch,) or row_mask.dtype != torch.bool):
+        raise ValueError(f"row_mask must be bool [B]=[{batch}], got {row_mask.dtype} {tuple(row_mask.shape)}")
+
+
 def split_k_counters(device: torch.device) -> torch.Tensor:
     """Zeroed tile counters for ``split_k > 1`` launches on ``device`` (allocate outside graph capture, keep)."""
     return torch.zeros(MAX_SPLIT_K_TILES, dtype=torch.int32, device=device)
@@ -221,8 +226,7 @@ def lstm_cell_step(
         raise ValueError(f"LSTM shapes disagree (give h and weight_h, or recurrent_gates): {described}")
     if has_h and h_out.data_ptr() == h.data_ptr():
         raise ValueError("h_out may be h only with recurrent_gates (the kernel reads h while others write h_out)")
-    if row_mask is not None and (row_mask.shape != (batch,) or row_mask.dtype != torch.bool):
-        raise ValueError(f"row_mask must be bool [B]=[{batch}], got {row_mask.dtype} {tuple(row_mask.shape)}")
+    _check_row_mask(row_mask, batch)
     has_x = x is not None
     x_args = (x, x.stride(0), weight_x, weight_x.stride(0), x.shape[1]) if has_x else (c, 0, c, 0, 0)
     h_args = (h, h.stride(0), weight_h, weight_h.stride(0), c, 0) if has_h else (c, 0, c, 0, recurrent_gates,
@@ -328,8 +332,7 @@ def linear(
     block_b = block_b or default_rows
     grid = (triton.cdiv(batch, block_b), triton.cdiv(n_out, block_n), split_k)
     partials, counters = _split_k_buffers(split_k, counters, grid[0] * grid[1], [batch, n_out], x)
-    if row_mask is not None and (row_mask.shape != (batch,) or row_mask.dtype != torch.bool):
-        raise ValueError(f"row_mask must be bool [B]=[{batch}], got {row_mask.dtype} {tuple(row_mask.shape)}")
+    _check_row_mask(row_mask, batch)
     _linear_kernel[grid](
         x, x.stride(0), weight, weight.stride(0), bias, out, out.stride(0), partials, counters,
         x if row_mask is None else row_mask, batch, n_out, depth,

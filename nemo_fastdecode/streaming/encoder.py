@@ -24,15 +24,12 @@ import math
 import torch
 import torch.nn.functional as F
 
+from nemo_fastdecode.config import ENCODER_MATMULS
 from nemo_fastdecode.kernels import matmul, triton_runs_on
 from nemo_fastdecode.kernels.indexed_attention import build_rel_pos_table, indexed_attention
 from nemo_fastdecode.streaming.slots import SlotState
 
 __all__ = ["ENCODER_MATMULS", "StreamingEncoderStep", "check_streaming_encoder"]
-
-# how the encoder's Linear and pointwise-convolution GEMMs run: "fp32" = NeMo's modules (cuBLAS/cuDNN fp32, the
-# exact reference); "tf32x3" = kernels/matmul.py on tensor cores (near fp32; CUDA and fp32 compute only)
-ENCODER_MATMULS = ("fp32", "tf32x3")
 
 
 def check_streaming_encoder(encoder: torch.nn.Module) -> None:
