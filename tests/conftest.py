@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import os
+import platform
 
-import pytest
-import torch
+# Triton's CPU interpreter computes tl.dot with numpy, i.e. OpenBLAS. Its Haswell/Zen SGEMM kernels round a row
+# differently depending on where it sits in the block (remainder rows take another path), which a GPU's tensor
+# cores never do and which the look-ahead's bit-exactness tests would catch. Its Sandy Bridge kernels (any x86-64
+# CPU with AVX runs them) do not: pinned here (over any OPENBLAS_CORETYPE the machine sets, e.g. Haswell), before
+# torch loads numpy and OpenBLAS reads this variable.
+if platform.machine().lower() in ("x86_64", "amd64"):
+    os.environ["OPENBLAS_CORETYPE"] = "Sandybridge"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # without a GPU, Triton kernels run in its CPU interpreter
