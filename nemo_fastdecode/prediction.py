@@ -179,10 +179,10 @@ class FastMathPredictor:
             row_bias, bias_index, x, weight_x = self._layer_input(layer, labels, h_new)
             if recurrent_gates is None:
                 cell(row_bias, bias_index, x, weight_x, h[layer], w[f"weight_hh_{layer}"], c[layer], h_new[layer],
-                     c_new[layer], **self._cell_options(fused, True, h.shape[1]))  # fmt: skip
+                     c_new[layer])  # fmt: skip
             else:
                 cell(row_bias, bias_index, x, weight_x, None, None, c[layer], h_new[layer], c_new[layer],
-                     recurrent_gates=recurrent_gates[layer], **self._cell_options(fused, x is not None, h.shape[1]))  # fmt: skip
+                     recurrent_gates=recurrent_gates[layer])  # fmt: skip
         last = h_new[-1]
         output = torch.empty([last.shape[0], w["projection_weight"].shape[0]], device=last.device)
         self._linear(last, w["projection_weight"], w["projection_bias"], output, fused, "main")
@@ -212,15 +212,8 @@ class FastMathPredictor:
             # the layer below was updated in place: its rows in the mask hold their new values
             row_bias, bias_index, x, weight_x = self._layer_input(layer, labels, h)
             cell(row_bias, bias_index, x, weight_x, None, None, c[layer], h[layer], c[layer],
-                 recurrent_gates=recurrent_gates[layer], row_mask=mask,
-                 **self._cell_options(fused, x is not None, h.shape[1]))  # fmt: skip
+                 recurrent_gates=recurrent_gates[layer], row_mask=mask)  # fmt: skip
         self._linear(h[-1], w["projection_weight"], w["projection_bias"], output[:, 0], fused, "main", mask)
-
-    def _cell_options(self, fused: bool, has_gemm: bool, batch: int) -> dict:
-        if not fused:
-            return {}
-        options = lstm_step.cell_tiling(batch, has_gemm)
-        return {**options, "counters": self._counters["main"]} if options.get("split_k", 1) > 1 else options
 
     def _refreshed_weights(self) -> dict[str, torch.Tensor]:
         if not self._weights:

@@ -23,7 +23,6 @@ import triton.language as tl
 
 from nemo_fastdecode.greedy.hyps import BatchedHypsBuffer
 from nemo_fastdecode.greedy.state import LoopBuffers
-from nemo_fastdecode.kernels import dependent_launch
 
 # rows per program of the one-program bookkeeping kernels; larger batches use the torch path
 MAX_FUSED_BATCH = 4096
@@ -51,9 +50,7 @@ def _joint_hidden_kernel(
     ROWS_PER_FRAME_ROW: tl.constexpr,
     WINDOW: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    dependent_launch.wait_for_inputs(USE_PDL)  # before any load or store
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     in_row = cols < hidden
@@ -100,7 +97,6 @@ def joint_hidden(
         encoder_projected, encoder_projected.stride(0), encoder_projected.stride(1),
         time_indices, time_indices.stride(0), predictor_output, predictor_output.stride(0), out, out.stride(0),
         hidden, time_indices, ROWS_PER_FRAME_ROW=rows_per_frame_row, WINDOW=1, BLOCK_H=block,
-        **dependent_launch.launch_options(out.device),
     )  # fmt: skip
     return out
 
@@ -137,7 +133,6 @@ def joint_hidden_window(
         encoder_projected, encoder_projected.stride(0), encoder_projected.stride(1),
         time_indices, time_indices.stride(0), predictor_output, predictor_output.stride(0), out, out.stride(0),
         hidden, last_frame, ROWS_PER_FRAME_ROW=1, WINDOW=window, BLOCK_H=block,
-        **dependent_launch.launch_options(out.device),
     )  # fmt: skip
     return out
 
@@ -166,9 +161,7 @@ def _masked_state_update_kernel(
     out_hidden,
     LAYERS: tl.constexpr,
     BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    dependent_launch.wait_for_inputs(USE_PDL)  # before any load or store
     row = tl.program_id(0)
     part = tl.program_id(1)  # 0..LAYERS-1: h of that layer; LAYERS..2*LAYERS-1: c; 2*LAYERS: output
     keep = tl.load(mask_ptr + row).to(tl.int1)
@@ -207,7 +200,7 @@ def masked_state_update(
     block = min(triton.next_power_of_2(max(state_hidden, out_hidden)), 1024)
     _masked_state_update_kernel[(batch, 2 * layers + 1)](
         mask, dst_states[0], src_states[0], dst_states[1], src_states[1], dst_output, src_output,
-        batch, state_hidden, out_hidden, LAYERS=layers, BLOCK=block, **dependent_launch.launch_options(mask.device),
+        batch, state_hidden, out_hidden, LAYERS=layers, BLOCK=block,
     )  # fmt: skip
 
 
@@ -271,9 +264,7 @@ def _any(flags):
 
 # ----- best token of each row -------------------------------------------------------------------------
 @triton.jit
-def _row_argmax_kernel(logits, logits_stride, num_tokens, out_scores, out_labels, BLOCK_V: tl.constexpr,
-                       USE_PDL: tl.constexpr):  # fmt: skip
-    dependent_launch.wait_for_inputs(USE_PDL)  # before any load or store
+def _row_argmax_kernel(logits, logits_stride, num_tokens, out_scores, out_labels, BLOCK_V: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_V)
     x = tl.load(logits + row * logits_stride + cols, mask=cols < num_tokens, other=float("-inf"))
@@ -294,7 +285,7 @@ def best_token(
         return logits[:, :num_tokens].max(dim=-1)
     _row_argmax_kernel[(logits.shape[0],)](
         logits, logits.stride(0), num_tokens, out_scores, out_labels,
-        BLOCK_V=triton.next_power_of_2(num_tokens), num_warps=4, **dependent_launch.launch_options(logits.device),
+        BLOCK_V=triton.next_power_of_2(num_tokens), num_warps=4,
     )  # fmt: skip
     return out_scores, out_labels
 
@@ -356,9 +347,7 @@ def _label_select_kernel(
     NUM_DURATIONS: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    dependent_launch.wait_for_inputs(USE_PDL)  # before any load or store
     rows = tl.arange(0, BLOCK_B)
     in_batch = rows < batch
     t = tl.load(time + rows, mask=in_batch, other=0)
@@ -425,9 +414,7 @@ def _label_emit_kernel(
     BOUNDED: tl.constexpr,
     WITH_DURATIONS: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    dependent_launch.wait_for_inputs(USE_PDL)  # before any load or store
     rows = tl.arange(0, BLOCK_B)
     in_batch = rows < batch
     emit = tl.load(active_before + rows, mask=in_batch, other=0).to(tl.int1)
@@ -486,7 +473,6 @@ def label_select(
             b.active_before, b.advance, b.blank, b.labels, b.scores, b.durations, b.inner_flag, b.batch_size, blank_id,
             START=start, NUM_DURATIONS=num_durations, BLOCK_B=block,
             BLOCK_D=triton.next_power_of_2(max(num_durations, 2)), num_warps=warps,
-            **dependent_launch.launch_options(b.device),
         )  # fmt: skip
         return
     durations = None if duration_logits is None else duration_values[duration_logits.argmax(dim=-1)]
@@ -599,9 +585,7 @@ def _window_select_kernel(
     last_frame, lengths, active, active_before, advance, blank, labels, scores, durations, inner_flag, batch, blank_id,
     START: tl.constexpr, WINDOW: tl.constexpr, NUM_DURATIONS: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):  # fmt: skip
-    dependent_launch.wait_for_inputs(USE_PDL)  # before any load or store
     _window_select_rows(best_scores, best_labels, duration_logits, duration_logits_stride, duration_values, time,
                         safe_time, label_time, last_frame, lengths, active, active_before, advance, blank, labels,
                         scores, durations, inner_flag, batch, blank_id, START, WINDOW, NUM_DURATIONS, BLOCK_B, BLOCK_D,
@@ -637,7 +621,7 @@ def window_select(
         b.time_indices, b.safe_time_indices, b.label_time, b.last_frame, b.encoder_lengths, b.active,
         b.active_before, b.advance, b.blank, b.labels, b.scores, b.durations, b.inner_flag, b.batch_size, blank_id,
         START=start, WINDOW=window, NUM_DURATIONS=num_durations, BLOCK_B=block,
-        BLOCK_D=triton.next_power_of_2(max(num_durations, 2)), num_warps=warps, **dependent_launch.launch_options(b.device),
+        BLOCK_D=triton.next_power_of_2(max(num_durations, 2)), num_warps=warps,
     )  # fmt: skip
 
 
@@ -653,7 +637,6 @@ def label_emit(b: LoopBuffers, max_symbols: int | None, with_durations: bool, fu
             b.time_indices, b.safe_time_indices, b.last_frame, b.encoder_lengths, b.active, b.outer_flag,
             b.batch_size, max_symbols or 0, *_hyps_args(b.hyps),
             BOUNDED=max_symbols is not None, WITH_DURATIONS=with_durations, BLOCK_B=block, num_warps=warps,
-            **dependent_launch.launch_options(b.device),
         )  # fmt: skip
         return
     torch.logical_and(b.active_before, torch.logical_not(b.blank), out=b.found)
@@ -692,9 +675,7 @@ def _frame_select_kernel(
     max_symbols,
     BOUNDED: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    dependent_launch.wait_for_inputs(USE_PDL)  # before any load or store
     rows = tl.arange(0, BLOCK_B)
     in_batch = rows < batch
     new_labels = tl.load(best_labels + rows, mask=in_batch, other=0)
@@ -731,9 +712,7 @@ def _frame_emit_kernel(
     h_count,
     h_last_label,
     BLOCK_B: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    dependent_launch.wait_for_inputs(USE_PDL)  # before any load or store
     rows = tl.arange(0, BLOCK_B)
     in_batch = rows < batch
     emit = tl.load(blank + rows, mask=in_batch, other=1).to(tl.int1) == 0
@@ -766,7 +745,7 @@ def frame_select(
         _frame_select_kernel[(1,)](
             best_scores, best_labels, b.scores, b.labels, b.blank, b.hyps.lengths, b.hyps.capacity,
             b.symbols_at_frame, b.inner_flag, b.batch_size, blank_id, max_symbols or 0,
-            BOUNDED=max_symbols is not None, BLOCK_B=block, num_warps=warps, **dependent_launch.launch_options(b.device),
+            BOUNDED=max_symbols is not None, BLOCK_B=block, num_warps=warps,
         )  # fmt: skip
         return
     b.scores.copy_(best_scores)
@@ -786,7 +765,7 @@ def frame_emit(b: LoopBuffers, fused: bool) -> None:
         block, warps = _batch_block(b.batch_size)
         _frame_emit_kernel[(1,)](
             b.blank, b.labels, b.scores, b.frame, b.symbols_at_frame, b.found, b.batch_size, *_hyps_args(b.hyps),
-            BLOCK_B=block, num_warps=warps, **dependent_launch.launch_options(b.device),
+            BLOCK_B=block, num_warps=warps,
         )  # fmt: skip
         return
     torch.logical_not(b.blank, out=b.found)

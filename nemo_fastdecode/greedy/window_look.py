@@ -22,7 +22,7 @@ import triton.language as tl
 
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.state import LoopBuffers
-from nemo_fastdecode.kernels import dependent_launch, lstm_step
+from nemo_fastdecode.kernels import lstm_step
 
 
 def look_tiling(batch_size: int, window: int) -> tuple[int, int, int]:
@@ -75,9 +75,7 @@ def _window_look_kernel(
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_TILES: tl.constexpr, START: tl.constexpr, WINDOW: tl.constexpr, NUM_DURATIONS: tl.constexpr,
     SELECT_BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):  # fmt: skip
-    dependent_launch.wait_for_inputs(USE_PDL)  # before any load or store
     # 1. a tile of logits, computed as lstm_step._linear_kernel computes it (SPLIT_K = 1)
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -158,6 +156,5 @@ def window_look(
         BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=64, PRECISION=precision,
         BLOCK_TILES=triton.next_power_of_2(grid[1]), START=start, WINDOW=window, NUM_DURATIONS=num_durations,
         SELECT_BLOCK_B=select_block, BLOCK_D=triton.next_power_of_2(max(num_durations, 2)), num_warps=num_warps,
-        **dependent_launch.launch_options(hidden.device),
         num_stages=4,
     )  # fmt: skip

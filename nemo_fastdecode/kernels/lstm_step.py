@@ -22,8 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-from nemo_fastdecode.kernels import dependent_launch
-
 
 @triton.jit
 def _tanh(x):
@@ -87,13 +85,11 @@ def _lstm_cell_kernel(
     bias_ptr, bias_stride, bias_index_ptr,
     x_ptr, x_stride, wx_ptr, wx_stride, x_depth,
     h_ptr, h_stride, wh_ptr, wh_stride, recurrent_ptr, recurrent_stride,
-    c_ptr, c_stride, h_out_ptr, c_out_ptr, out_stride, row_mask_ptr, partial_ptr, counter_ptr,
+    c_ptr, c_stride, h_out_ptr, c_out_ptr, out_stride, row_mask_ptr,
     batch, hidden,
     HAS_X: tl.constexpr, HAS_H: tl.constexpr, ROW_INDEXED: tl.constexpr, HAS_ROW_MASK: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
-    dependent_launch.wait_for_inputs(USE_PDL)  # before any load or store
     # One program: BLOCK_B rows x BLOCK_H hidden units, all four gates of those units as ONE dot of 4 * BLOCK_H
     # columns (column = gate * BLOCK_H + unit): small hidden blocks spread the weights over many SMs, and the
     # cell runs in the epilogue. Units past `hidden` read a clamped (valid) weight row and are never stored.
@@ -105,20 +101,15 @@ def _lstm_cell_kernel(
     gates = tl.zeros([BLOCK_B, 4 * BLOCK_H], dtype=tl.float32)
     if HAS_X:
         gates = _accumulate(gates, x_ptr, x_stride, wx_ptr, wx_stride, w_rows, rows, row_ok, x_depth, BLOCK_K,
-                            PRECISION, SPLIT_K)  # fmt: skip
+                            PRECISION, 1)  # fmt: skip
     if HAS_H:
         gates = _accumulate(gates, h_ptr, h_stride, wh_ptr, wh_stride, w_rows, rows, row_ok, hidden, BLOCK_K,
-                            PRECISION, SPLIT_K)  # fmt: skip
-    units = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask = row_ok[:, None] & (units < hidden)[None, :]
-    if SPLIT_K > 1:
-        offsets = rows[:, None] * (4 * hidden) + w_rows[None, :]
-        both = row_ok[:, None] & (gate_units < hidden)[None, :]
-        gates, last = _split_k_total(gates, partial_ptr, batch * 4 * hidden, offsets, both, counter_ptr, SPLIT_K)
-        mask = _and_flag(mask, last)
-    if not HAS_H:  # h @ W_h^T computed beforehand (:func:`linear`), e.g. on a parallel branch of the decoder's graph
+                            PRECISION, 1)  # fmt: skip
+    else:  # h @ W_h^T computed beforehand (:func:`linear`), e.g. on a parallel branch of the decoder's graph
         gates += tl.load(recurrent_ptr + rows[:, None] * recurrent_stride + w_rows[None, :], mask=row_ok[:, None],
                          other=0.0)  # fmt: skip
+    units = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = row_ok[:, None] & (units < hidden)[None, :]
     if HAS_ROW_MASK:  # rows outside the mask keep what the outputs held (an in-place, masked update)
         mask = mask & (tl.load(row_mask_ptr + rows, mask=row_ok, other=0) != 0)[:, None]
     # the per-row bias: the table row of the row's label (layer 0), or the layer's bias shared by all rows
@@ -151,13 +142,6 @@ def linear_tiling(batch: int) -> dict:
     projection); the defaults above."""
     return {"split_k": 8, "block_n": 32, "block_k": 32, "num_warps": 2} if batch <= 32 else {}
 
-
-def cell_tiling(batch: int, has_gemm: bool) -> dict:
-    """EXPERIMENT: split-K for cells with a GEMM at batch <= 32 (measured slower; reverted)."""
-    return {"split_k": CELL_SPLIT_K} if has_gemm and batch <= 32 and CELL_SPLIT_K > 1 else {}
-
-
-CELL_SPLIT_K = 4
 
 # split-K counters: one int32 per output tile of a launch, zero between launches (each launch resets its own)
 MAX_SPLIT_K_TILES = 8192
@@ -208,8 +192,6 @@ def lstm_cell_step(
     *,
     recurrent_gates: torch.Tensor | None = None,
     row_mask: torch.Tensor | None = None,
-    split_k: int = 1,
-    counters: torch.Tensor | None = None,
     block_b: int | None = None,
     block_h: int | None = None,
     block_k: int = 64,
@@ -254,20 +236,15 @@ def lstm_cell_step(
     block_b = block_b or default_rows
     block_h = block_h or (4 if batch <= 32 else 8)
     num_warps = num_warps or default_warps
-    if split_k > 1 and not (has_x or has_h):
-        raise ValueError(f"split_k={split_k} needs a GEMM in the cell (x or h); with recurrent_gates and no x use 1")
-    grid = (triton.cdiv(batch, block_b), triton.cdiv(hidden, block_h), split_k)
-    partials, counters = _split_k_buffers(split_k, counters, grid[0] * grid[1], [batch, 4 * hidden], c)
+    grid = (triton.cdiv(batch, block_b), triton.cdiv(hidden, block_h))
     _lstm_cell_kernel[grid](
         row_bias, row_bias.stride(0), bias_index if row_indexed else row_bias,
         *x_args,
         *h_args,
-        c, c.stride(0), h_out, c_out, h_out.stride(0), c if row_mask is None else row_mask, partials, counters,
+        c, c.stride(0), h_out, c_out, h_out.stride(0), c if row_mask is None else row_mask,
         batch, hidden,
         HAS_X=has_x, HAS_H=has_h, ROW_INDEXED=row_indexed, HAS_ROW_MASK=row_mask is not None, BLOCK_B=block_b,
-        BLOCK_H=block_h, BLOCK_K=block_k, PRECISION=precision, SPLIT_K=split_k, num_warps=num_warps,
-        num_stages=num_stages,
-        **dependent_launch.launch_options(c.device),
+        BLOCK_H=block_h, BLOCK_K=block_k, PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
 
 
@@ -306,9 +283,7 @@ def _linear_kernel(
     n_out, depth,
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_ROW_MASK: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):  # fmt: skip
-    dependent_launch.wait_for_inputs(USE_PDL)  # before any load or store
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < batch, cols < n_out
@@ -363,7 +338,6 @@ def linear(
         x if row_mask is None else row_mask, batch, n_out, depth,
         BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, SPLIT_K=split_k,
         HAS_ROW_MASK=row_mask is not None, num_warps=num_warps or default_warps, num_stages=num_stages,
-        **dependent_launch.launch_options(x.device),
     )  # fmt: skip
     return out
 
