@@ -136,9 +136,7 @@ class FastMathPredictor:
         else:
             self._weights = {key: value.contiguous() for key, value in weights.items()}
             device = self._weights["table"].device
-            # one set per kernel that may run concurrently: the main stream's, and each layer's recurrent branch
-            streams = ["main", *(f"recurrent{layer}" for layer in range(lstm.num_layers))]
-            self._counters = {stream: lstm_step.split_k_counters(device) for stream in streams}
+            self._counters = {stream: lstm_step.split_k_counters(device) for stream in ("main", "recurrent")}
         self._source_versions = versions
         return not same_layout
 
@@ -230,21 +228,18 @@ class FastMathPredictor:
             return w["table"], labels, None, None
         return w[f"bias_{layer}"], None, new_h[layer - 1], w[f"weight_ih_{layer}"]
 
-    def recurrent_gates(
-        self, states: list[torch.Tensor], out: torch.Tensor, fused: bool, layers: range | None = None
-    ) -> torch.Tensor:
-        """``out[l] = h[l] @ W_hh_l^T`` for every layer (or those in ``layers``): the part of the next step's gates
-        that needs no label.
+    def recurrent_gates(self, states: list[torch.Tensor], out: torch.Tensor, fused: bool) -> torch.Tensor:
+        """``out[l] = h[l] @ W_hh_l^T`` for every layer: the part of the next step's gates that needs no label.
 
         Shapes: states ``[h, c]`` each ``[L, B, H]``; out ``[L, B, 4H]`` float32. It depends only on the state
-        before the step, so a decoder can start it early, on parallel streams (each layer has split-K counters of
-        its own, so the layers may run concurrently), and pass it to :meth:`step`.
+        before the step, so a decoder can start it early, on a parallel stream (split-K counters of their own),
+        and pass it to :meth:`step`.
         """
         w = self._weights
         h = states[0]
         self.check_dtype(h.dtype)
-        for layer in range(h.shape[0]) if layers is None else layers:
-            self._linear(h[layer], w[f"weight_hh_{layer}"], w["no_gate_bias"], out[layer], fused, f"recurrent{layer}")
+        for layer in range(h.shape[0]):
+            self._linear(h[layer], w[f"weight_hh_{layer}"], w["no_gate_bias"], out[layer], fused, "recurrent")
         return out
 
     def _linear(self, x, weight, bias, out, fused: bool, stream: str, row_mask: torch.Tensor | None = None) -> None:

@@ -8,6 +8,8 @@ The bookkeeping between the joint and the LSTM lives in :mod:`nemo_fastdecode.gr
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from nemo_fastdecode.graphs import LoopPhases
@@ -66,12 +68,11 @@ class LabelLoopGreedy(GreedyComputerBase):
         return auto_lookahead_frames(batch_size, self.is_tdt) if windowed else 1
 
     def _extra_buffers(self, b: LoopBuffers) -> None:
-        b.recurrent_gates, b.side_streams = None, []
+        b.recurrent_gates, b.side_stream = None, None
         if self.fast_predictor is not None and self._use_fused(b.device):
             layers, hidden = self.fast_predictor.lstm.num_layers, self.fast_predictor.lstm.hidden_size
             b.recurrent_gates = torch.empty([layers, b.batch_size, 4 * hidden], dtype=b.float_dtype, device=b.device)
-            if b.device.type == "cuda":  # one parallel branch per layer: the layers' GEMMs are independent
-                b.side_streams = [torch.cuda.Stream(b.device) for _ in range(layers)]
+            b.side_stream = torch.cuda.Stream(b.device) if b.device.type == "cuda" else None
         window = self._lookahead(b.device, b.batch_size)
         b.window_look = None
         if window > 1:
@@ -125,22 +126,16 @@ class LabelLoopGreedy(GreedyComputerBase):
                 look_at_current_frames(start=True)
                 return
             # fast_math: the prediction network's recurrent GEMMs need only the current state, not this
-            # iteration's labels; on CUDA they run on parallel branches (one per layer) while the joint and the
-            # selection run (forked and joined within this phase, so every graph mode captures it whole)
-            if not b.side_streams:
+            # iteration's labels; on CUDA they run on a parallel branch while the joint and the selection run
+            # (forked and joined within this phase, so every graph mode captures it whole)
+            main = torch.cuda.current_stream(b.device) if b.side_stream is not None else None
+            if main is not None:
+                b.side_stream.wait_stream(main)
+            with torch.cuda.stream(b.side_stream) if main is not None else contextlib.nullcontext():
                 self.fast_predictor.recurrent_gates(b.predictor_states, b.recurrent_gates, fused)
-                look_at_current_frames(start=True)
-                return
-            main = torch.cuda.current_stream(b.device)
-            for layer, side in enumerate(b.side_streams):
-                side.wait_stream(main)
-                with torch.cuda.stream(side):
-                    self.fast_predictor.recurrent_gates(
-                        b.predictor_states, b.recurrent_gates, fused, range(layer, layer + 1)
-                    )
             look_at_current_frames(start=True)
-            for side in b.side_streams:
-                main.wait_stream(side)
+            if main is not None:
+                main.wait_stream(b.side_stream)
 
         def inner_step() -> None:
             # rows in `advance` hold a blank: look again at their new frame
