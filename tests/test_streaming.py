@@ -356,9 +356,12 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
     """The encoder with the Triton indexed-attention kernel (its CPU interpreter here), padded buckets; with
     ``tf32x3`` its GEMMs on the Triton 3xTF32 kernel too."""
     from nemo_fastdecode.kernels import matmul
+    from nemo_fastdecode.streaming import encoder as streaming_encoder
 
-    gemms = []
+    gemms, convs = [], []
     monkeypatch.setattr(matmul, "linear", lambda *args, linear=matmul.linear: gemms.append(1) or linear(*args))
+    fused_conv = streaming_encoder.glu_depthwise_conv_step
+    monkeypatch.setattr(streaming_encoder, "glu_depthwise_conv_step", lambda *a: convs.append(1) or fused_conv(*a))
     monkeypatch.setattr(matmul, "tensor_cores_win", lambda *shape: True)  # tiny shapes: the kernel anyway
     att, runs = reference
     if att != [16, 1]:
@@ -380,6 +383,32 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
             position[s] += 1
     gemms_per_layer = 10  # feed-forwards 2 x 2, attention q k v out, pointwise convolutions 2
     assert len(gemms) == (len(order) * len(model.encoder.layers) * gemms_per_layer if encoder_matmul == "tf32x3" else 0)
+    # tf32x3: the convolution module between its GEMMs is one fused kernel per layer and step
+    assert len(convs) == (len(order) * len(model.encoder.layers) if encoder_matmul == "tf32x3" else 0)
+
+
+def test_fused_convolution_only_for_nemo_default_module(model):
+    """Layer norm (NeMo's streaming models) or batch norm, Swish, a kernel matching the cache: the fused kernel's
+    weights; any other shape keeps the torch path."""
+    import copy
+
+    from nemo_fastdecode.streaming.encoder import fused_conv_weights
+
+    conv = copy.deepcopy(model.encoder.layers[0].conv)
+    channels, cache = conv.depthwise_conv.weight.shape[0], conv.depthwise_conv.weight.shape[-1] - 1
+    weight, bias, scale, shift, eps = fused_conv_weights(conv, cache)
+    assert isinstance(conv.batch_norm, torch.nn.LayerNorm) and eps == conv.batch_norm.eps
+    assert torch.equal(scale, conv.batch_norm.weight) and weight.shape == (channels, cache + 1)
+    batch_norm = torch.nn.BatchNorm1d(channels).eval()
+    batch_norm.running_mean.uniform_(-1, 1), batch_norm.running_var.uniform_(0.5, 2)
+    conv.batch_norm = batch_norm
+    _, _, scale, shift, eps = fused_conv_weights(conv, cache)
+    x = torch.randn(2, channels, 5)
+    assert eps is None
+    torch.testing.assert_close(x * scale[:, None] + shift[:, None], batch_norm(x), rtol=1e-5, atol=1e-5)
+    assert fused_conv_weights(conv, cache + 1) is None  # the kernel does not match the cache
+    conv.activation = torch.nn.ReLU()
+    assert fused_conv_weights(conv, cache) is None
 
 
 def test_fast_math_decoding_agrees_with_nemo_alone(model, features, reference):

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from nemo_fastdecode.config import ENCODER_MATMULS
 from nemo_fastdecode.kernels import matmul, triton_runs_on
 from nemo_fastdecode.kernels.indexed_attention import build_rel_pos_table, indexed_attention
+from nemo_fastdecode.kernels.streaming_conv import glu_depthwise_conv_step
 from nemo_fastdecode.streaming.slots import SlotState
 
 __all__ = ["ENCODER_MATMULS", "StreamingEncoderStep", "check_streaming_encoder"]
@@ -71,7 +72,9 @@ class StreamingEncoderStep:
         use_triton: attention kernel choice passed to ``indexed_attention`` (``None``: Triton on CUDA).
         matmul_precision: one of :data:`ENCODER_MATMULS`: ``"fp32"`` (default) runs NeMo's Linear and Conv1d
             modules; ``"tf32x3"`` (opt-in) runs their GEMMs, the pointwise convolutions as GEMMs over
-            ``[B, T, C]``, on the 3xTF32 Triton kernel (fp32 slots only; Triton's interpreter on the CPU).
+            ``[B, T, C]``, on the 3xTF32 Triton kernel, and the convolution module between them as one kernel
+            (:mod:`~nemo_fastdecode.kernels.streaming_conv`) where it has NeMo's shape (fp32 slots only;
+            Triton's interpreter on the CPU).
     """
 
     def __init__(
@@ -118,6 +121,12 @@ class StreamingEncoderStep:
             ]
             self.pos_bias = [
                 (layer.self_attn.pos_bias_u.to(slots.dtype), layer.self_attn.pos_bias_v.to(slots.dtype))
+                for layer in encoder.layers
+            ]
+            # tf32x3: the convolution module between its pointwise GEMMs as one kernel where it has NeMo's default
+            # shape (batch norm, Swish); its weights with the batch norm folded in, once (like the tables above)
+            self.fused_conv = [
+                fused_conv_weights(layer.conv, g.conv_cache) if self.tensor_core_matmul else None
                 for layer in encoder.layers
             ]
 
@@ -258,6 +267,10 @@ class StreamingEncoderStep:
     def _convolution(self, index, conv, x, slot_ids, conv_src):
         """``ConformerConvolution`` with the causal depthwise convolution's left context from the slots."""
         s = self.slots
+        if self.fused_conv[index] is not None:  # GLU .. Swish in one kernel, time-major, caches in place
+            hidden = self._linear(conv.pointwise_conv1, x)  # [B, Tq, 2C]
+            x = glu_depthwise_conv_step(hidden, s.conv[index], slot_ids, conv_src, *self.fused_conv[index])
+            return self._linear(conv.pointwise_conv2, x)
         if self.tensor_core_matmul:  # the pointwise convolutions as GEMMs over [B, Tq, C]
             x = F.glu(self._linear(conv.pointwise_conv1, x).transpose(1, 2), dim=1)  # [B, C, Tq]
         else:
@@ -285,3 +298,39 @@ class StreamingEncoderStep:
         new_len = lengths.clamp(max=w)
         s.ring_start.index_copy_(0, slot_ids, (ring_start + lengths - new_len) % s.capacity)
         s.att_len.index_copy_(0, slot_ids, new_len)
+
+
+def fused_conv_weights(conv: torch.nn.Module, conv_cache: int) -> tuple | None:
+    """``(weight [C, K], bias [C], scale [C], shift [C], layer_norm_eps)`` of a ``ConformerConvolution`` for
+    :func:`~nemo_fastdecode.kernels.streaming_conv.glu_depthwise_conv_step`: its layer norm's weight and bias and
+    eps (NeMo's streaming models), or its eval-mode batch norm folded into ``scale`` / ``shift`` (in float64;
+    eps ``None``). ``None`` where the module has another shape (another norm or activation, dilation, a kernel
+    that does not match the cache)."""
+    dw, norm = conv.depthwise_conv, conv.batch_norm
+    layer_norm = isinstance(norm, torch.nn.LayerNorm) and tuple(norm.normalized_shape) == (dw.weight.shape[0],)
+    batch_norm = isinstance(norm, torch.nn.BatchNorm1d) and norm.track_running_stats
+    fits = (
+        (layer_norm or batch_norm)
+        and type(conv.activation).__name__ in ("Swish", "SiLU")
+        and dw.weight.dim() == 3
+        and dw.weight.shape[1] == 1
+        and dw.groups == dw.weight.shape[0]
+        and tuple(dw.dilation) == (1,)
+        and tuple(dw.stride) == (1,)
+        and dw.weight.shape[2] == conv_cache + 1
+    )
+    if not fits:
+        return None
+    channels = dw.weight.shape[0]
+    ones = torch.ones(channels, dtype=torch.float64, device=dw.weight.device)
+    bias = dw.bias.double() if dw.bias is not None else torch.zeros_like(ones)
+    affine = norm.elementwise_affine if layer_norm else norm.affine
+    gamma = norm.weight.double() if affine else ones
+    beta = norm.bias.double() if affine and norm.bias is not None else torch.zeros_like(ones)
+    if layer_norm:
+        scale, shift, eps = gamma, beta, float(norm.eps)
+    else:
+        scale = gamma / torch.sqrt(norm.running_var.double() + norm.eps)
+        shift, eps = beta - norm.running_mean.double() * scale, None
+    weights = tuple(t.float().contiguous() for t in (dw.weight[:, 0, :].double(), bias, scale, shift))
+    return (*weights, eps)
