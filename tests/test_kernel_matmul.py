@@ -90,3 +90,19 @@ def test_bad_inputs_are_named():
     if DEVICE.type == "cuda":
         with pytest.raises(ValueError, match="weight is on cpu"):
             matmul.linear(x, weight.cpu())
+
+
+@pytest.mark.parametrize("overrides", [{}, {"split_k": 3, "block_m": 16, "block_n": 16, "block_k": 16}])
+@pytest.mark.parametrize("swish,with_residual", [(True, False), (False, True), (True, True)])
+def test_epilogue_swish_and_scaled_residual(overrides, swish, with_residual):
+    """A Conformer feed-forward's elementwise work in the GEMM: ``residual + 0.5 * swish(x @ W^T + b)``."""
+    x, weight, bias = random(2, 35, 40, seed=4), random(33, 40, seed=5), random(33, seed=6)
+    residual = random(2, 35, 33, seed=7) if with_residual else None
+    got = matmul.linear(x, weight, bias, swish=swish, residual=residual, residual_scale=0.5, **overrides)
+    expected = matmul.linear_reference(x, weight, bias, swish=swish, residual=residual, residual_scale=0.5)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    plain = matmul.linear_reference(x, weight, bias)
+    assert not torch.allclose(got, plain, rtol=1e-3, atol=1e-3)  # the epilogue did something
+    if with_residual:
+        with pytest.raises(ValueError, match=r"residual must be \[..., N\]"):
+            matmul.linear(x, weight, bias, residual=residual[..., :-1])

@@ -351,18 +351,23 @@ def test_bf16_caches_run_close_to_fp32(model, features):
     assert relative_error(outputs[torch.bfloat16], outputs[torch.float32]) < 0.1
 
 
-@pytest.mark.parametrize("encoder_matmul", ["fp32", "tf32x3"])
+@pytest.mark.parametrize("encoder_matmul", ["fp32", "tf32x3", "tf32x3-mixed"])
 def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encoder_matmul, monkeypatch):
     """The encoder with the Triton indexed-attention kernel (its CPU interpreter here), padded buckets; with
-    ``tf32x3`` its GEMMs on the Triton 3xTF32 kernel too."""
+    ``tf32x3`` its GEMMs (and their Swish / residual epilogues) on the Triton 3xTF32 kernel too; ``-mixed``: only
+    the widening GEMMs there, the others on cuBLAS with the epilogue in torch (what small buckets do)."""
+    mixed = encoder_matmul.endswith("-mixed")
+    encoder_matmul = encoder_matmul.removesuffix("-mixed")
     from nemo_fastdecode.kernels import matmul
     from nemo_fastdecode.streaming import encoder as streaming_encoder
 
     gemms, convs = [], []
-    monkeypatch.setattr(matmul, "linear", lambda *args, linear=matmul.linear: gemms.append(1) or linear(*args))
+    linear = matmul.linear
+    monkeypatch.setattr(matmul, "linear", lambda *args, **kwargs: gemms.append(kwargs) or linear(*args, **kwargs))
     fused_conv = streaming_encoder.glu_depthwise_conv_step
     monkeypatch.setattr(streaming_encoder, "glu_depthwise_conv_step", lambda *a: convs.append(1) or fused_conv(*a))
-    monkeypatch.setattr(matmul, "tensor_cores_win", lambda *shape: True)  # tiny shapes: the kernel anyway
+    # tiny shapes: the kernel anyway (mixed: for widening GEMMs only, d_model -> 4 d_model or 2 d_model)
+    monkeypatch.setattr(matmul, "tensor_cores_win", lambda rows, n_out, depth: n_out > depth or not mixed)
     att, runs = reference
     if att != [16, 1]:
         pytest.skip("one look-ahead is enough for the (slow) Triton interpreter")
@@ -381,8 +386,11 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
             ref = runs[s][0][position[s]]
             assert relative_error(result.encoded[row, : int(result.encoded_lengths[row])], ref) <= 1e-4
             position[s] += 1
-    gemms_per_layer = 10  # feed-forwards 2 x 2, attention q k v out, pointwise convolutions 2
+    gemms_per_layer = 3 if mixed else 10  # feed-forwards 2 x 2, attention q k v out, pointwise convolutions 2
     assert len(gemms) == (len(order) * len(model.encoder.layers) * gemms_per_layer if encoder_matmul == "tf32x3" else 0)
+    # tf32x3: per layer, the two feed-forwards' Swish and the four residual additions ride on the GEMMs
+    assert sum(bool(kw.get("swish")) for kw in gemms) == len(gemms) // gemms_per_layer * 2
+    assert sum(kw.get("residual") is not None for kw in gemms) == len(gemms) // gemms_per_layer * (0 if mixed else 4)
     # tf32x3: the convolution module between its GEMMs is one fused kernel per layer and step
     assert len(convs) == (len(order) * len(model.encoder.layers) if encoder_matmul == "tf32x3" else 0)
 

@@ -26,8 +26,10 @@ PRECISIONS = ("tf32x3", "tf32", "ieee")
 @triton.jit
 def _linear_kernel(
     x_ptr, x_stride, w_ptr, w_stride, b_ptr, out_ptr, out_stride, partial_ptr, counter_ptr, rows, n_out, depth,
+    residual_ptr, residual_stride, residual_scale,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, SWISH: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
 ):  # fmt: skip
     # grouped program order: GROUP_M row tiles share each weight tile while it is in L2
     pid = tl.program_id(0)
@@ -52,6 +54,12 @@ def _linear_kernel(
         mask = lstm_step._and_flag(mask, last)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    # epilogue: the elementwise work around the GEMM in a Conformer layer, in torch's order of operations
+    if SWISH:
+        acc = acc * tl.sigmoid(acc)
+    if HAS_RESIDUAL:
+        residual = tl.load(residual_ptr + offs_m[:, None] * residual_stride + offs_n[None, :], mask=mask, other=0.0)
+        acc = residual + residual_scale * acc
     tl.store(out_ptr + offs_m[:, None] * out_stride + offs_n[None, :], acc, mask=mask)
 
 
@@ -108,11 +116,15 @@ def linear(
     num_warps: int | None = None,
     num_stages: int | None = None,
     split_k: int | None = None,
+    swish: bool = False,
+    residual: torch.Tensor | None = None,
+    residual_scale: float = 1.0,
 ) -> torch.Tensor:
     """``x @ weight^T + bias`` with the Triton kernel: x ``[..., K]``, weight ``[N, K]``, bias ``[N]`` or ``None``;
     returns ``[..., N]``; all float32 on one device. Keyword block sizes override :func:`matmul_tiling` (tuning);
     ``split_k > 1`` splits the depth over that many programs per output tile, their partial sums added in split
-    order (deterministic)."""
+    order (deterministic). Epilogue: ``swish`` applies ``y * sigmoid(y)``; ``residual [..., N]`` returns
+    ``residual + residual_scale * y`` (a Conformer layer's half-step feed-forward: ``x + 0.5 * ff(x)``)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     tensors = {"x": x, "weight": weight} | ({"bias": bias} if bias is not None else {})
@@ -121,6 +133,10 @@ def linear(
             raise ValueError(f"{name} must be float32, got {t.dtype}")
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device}, x on {x.device}: all on one device")
+    if residual is not None and (residual.dtype != torch.float32 or residual.device != x.device):
+        raise ValueError(f"residual must be float32 on {x.device}, got {residual.dtype} on {residual.device}")
+    if residual is not None and residual.shape != (*x.shape[:-1], weight.shape[0]):
+        raise ValueError(f"residual must be [..., N] = {(*x.shape[:-1], weight.shape[0])}, got {tuple(residual.shape)}")
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1] or (bias is not None and bias.shape != weight.shape[:1]):
         raise ValueError(
             f"shapes disagree: x {tuple(x.shape)} [..., K], weight {tuple(weight.shape)} [N, K], "
@@ -135,8 +151,9 @@ def linear(
     out = torch.empty([rows, n_out], dtype=torch.float32, device=x.device)
     if rows == 0 or n_out == 0:
         return out.view(*x.shape[:-1], n_out)
-    if depth == 0:
-        return out.copy_(bias.expand(rows, n_out) if bias is not None else 0).view(*x.shape[:-1], n_out)
+    if depth == 0:  # no product: the epilogue on the bias alone, in torch
+        out = out.copy_(bias.expand(rows, n_out) if bias is not None else 0).view(*x.shape[:-1], n_out)
+        return _epilogue_reference(out, swish, residual, residual_scale)
     tiling = matmul_tiling(rows, n_out, depth)
     overrides = {"block_m": block_m, "block_n": block_n, "block_k": block_k, "num_warps": num_warps,
                  "num_stages": num_stages, "split_k": split_k}  # fmt: skip
@@ -145,16 +162,33 @@ def linear(
     partials, counters = lstm_step._split_k_buffers(
         tiling["split_k"], _split_k_counters(x.device), tiles, [rows, n_out], out
     )
+    residual2 = out if residual is None else residual.reshape(rows, n_out)
+    if residual2.stride(-1) != 1:
+        residual2 = residual2.contiguous()
     _linear_kernel[(tiles, 1, tiling["split_k"])](
         x2, x2.stride(0), weight, weight.stride(0), bias if bias is not None else weight, out, out.stride(0),
-        partials, counters, rows, n_out, depth,
+        partials, counters, rows, n_out, depth, residual2, residual2.stride(0), float(residual_scale),
         HAS_BIAS=bias is not None, BLOCK_M=tiling["block_m"], BLOCK_N=tiling["block_n"], BLOCK_K=tiling["block_k"],
-        GROUP_M=8, PRECISION=precision, SPLIT_K=tiling["split_k"], num_warps=tiling["num_warps"],
-        num_stages=tiling["num_stages"],
+        GROUP_M=8, PRECISION=precision, SPLIT_K=tiling["split_k"], SWISH=swish, HAS_RESIDUAL=residual is not None,
+        num_warps=tiling["num_warps"], num_stages=tiling["num_stages"],
     )  # fmt: skip
     return out.view(*x.shape[:-1], n_out)
 
 
-def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`linear` in torch (``F.linear``): the CPU path and the tests' reference."""
-    return F.linear(x, weight, bias)
+def linear_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    swish: bool = False,
+    residual: torch.Tensor | None = None,
+    residual_scale: float = 1.0,
+) -> torch.Tensor:
+    """:func:`linear` in torch (``F.linear`` and the epilogue's ops): the CPU path and the tests' reference."""
+    return _epilogue_reference(F.linear(x, weight, bias), swish, residual, residual_scale)
+
+
+def _epilogue_reference(y: torch.Tensor, swish: bool, residual: torch.Tensor | None, scale: float) -> torch.Tensor:
+    if swish:
+        y = y * torch.sigmoid(y)
+    return y if residual is None else residual + scale * y

@@ -213,32 +213,55 @@ class StreamingEncoderStep:
         x = sub.gather(1, src.clamp(min=0, max=sub.shape[1] - 1)[:, :, None].expand(-1, -1, sub.shape[2]))
         return x, frames
 
-    def _linear(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """A Linear (or a kernel-size-1 Conv1d, on ``[B, T, C]``) applied to the last dim of ``x``."""
-        if not self.tensor_core_matmul:
-            return module(x)
-        weight = module.weight if module.weight.dim() == 2 else module.weight[:, :, 0]
-        # shapes are fixed per batch-size bucket, so each captured graph makes this choice once
-        if matmul.tensor_cores_win(x.numel() // x.shape[-1], weight.shape[0], weight.shape[1]):
-            return matmul.linear(x, weight, module.bias)
-        return F.linear(x, weight, module.bias)  # cuBLAS fp32 where the 3xTF32 kernel would be slower
+    def _linear(
+        self,
+        module: torch.nn.Module,
+        x: torch.Tensor,
+        activation: torch.nn.Module | None = None,
+        residual: torch.Tensor | None = None,
+        residual_scale: float = 1.0,
+    ) -> torch.Tensor:
+        """A Linear (or a kernel-size-1 Conv1d, on ``[B, T, C]``) applied to the last dim of ``x``, then
+        ``activation``, then ``residual + residual_scale * y``: in the GEMM's epilogue on the 3xTF32 kernel (Swish),
+        else as NeMo's torch ops in NeMo's order."""
+        if self.tensor_core_matmul:
+            weight = module.weight if module.weight.dim() == 2 else module.weight[:, :, 0]
+            swish = activation is not None and is_swish(activation)
+            # shapes are fixed per batch-size bucket, so each captured graph makes this choice once
+            if (activation is None or swish) and matmul.tensor_cores_win(
+                x.numel() // x.shape[-1], weight.shape[0], weight.shape[1]
+            ):
+                return matmul.linear(
+                    x, weight, module.bias, swish=swish, residual=residual, residual_scale=residual_scale
+                )
+            y = F.linear(x, weight, module.bias)  # cuBLAS fp32 where the 3xTF32 kernel would be slower
+        else:
+            y = module(x)
+        if activation is not None:
+            y = activation(y)
+        if residual is None:
+            return y
+        return residual + y if residual_scale == 1.0 else residual + residual_scale * y
 
-    def _feed_forward(self, ff: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """``ConformerFeedForward.forward`` (eval mode: dropout is identity)."""
-        return self._linear(ff.linear2, ff.activation(self._linear(ff.linear1, x)))
+    def _feed_forward(self, ff: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + 0.5 * ConformerFeedForward.forward(x)`` (eval mode: dropout is identity)."""
+        hidden = self._linear(ff.linear1, x, activation=ff.activation)
+        return self._linear(ff.linear2, hidden, residual=residual, residual_scale=0.5)
 
     def _layer(self, index, layer, x, slot_ids, write_slot, write_pos, lengths, ring_start, conv_src):
-        """``ConformerLayer.forward`` with the caches of the slots (eval mode: dropout is identity)."""
-        residual = x + 0.5 * self._feed_forward(layer.feed_forward1, layer.norm_feed_forward1(x))
-        residual = residual + self._attention(
-            index, layer.self_attn, layer.norm_self_att(residual), slot_ids, write_slot, write_pos, lengths, ring_start
-        )
-        residual = residual + self._convolution(index, layer.conv, layer.norm_conv(residual), slot_ids, conv_src)
-        residual = residual + 0.5 * self._feed_forward(layer.feed_forward2, layer.norm_feed_forward2(residual))
+        """``ConformerLayer.forward`` with the caches of the slots (eval mode: dropout is identity); each residual
+        addition rides on the GEMM before it."""
+        residual = self._feed_forward(layer.feed_forward1, layer.norm_feed_forward1(x), residual=x)
+        residual = self._attention(
+            index, layer.self_attn, layer.norm_self_att(residual), slot_ids, write_slot, write_pos, lengths,
+            ring_start, residual,
+        )  # fmt: skip
+        residual = self._convolution(index, layer.conv, layer.norm_conv(residual), slot_ids, conv_src, residual)
+        residual = self._feed_forward(layer.feed_forward2, layer.norm_feed_forward2(residual), residual=residual)
         return layer.norm_out(residual)
 
-    def _attention(self, index, attn, x, slot_ids, write_slot, write_pos, lengths, ring_start):
-        """``RelPositionMultiHeadAttention`` over [cached left context, this chunk], keys read in place."""
+    def _attention(self, index, attn, x, slot_ids, write_slot, write_pos, lengths, ring_start, residual):
+        """``residual + RelPositionMultiHeadAttention`` over [cached left context, this chunk], keys read in place."""
         s = self.slots
         b, tq, d = x.shape
         h, dh = self.num_heads, self.head_dim
@@ -262,15 +285,15 @@ class StreamingEncoderStep:
             check_values=False,  # slot ids are checked on the host once per step; lengths are in range
             key_starts=ring_start,
         )  # [B, H, Tq, Dh]
-        return self._linear(attn.linear_out, out.transpose(1, 2).reshape(b, tq, d).to(x.dtype))
+        return self._linear(attn.linear_out, out.transpose(1, 2).reshape(b, tq, d).to(x.dtype), residual=residual)
 
-    def _convolution(self, index, conv, x, slot_ids, conv_src):
-        """``ConformerConvolution`` with the causal depthwise convolution's left context from the slots."""
+    def _convolution(self, index, conv, x, slot_ids, conv_src, residual):
+        """``residual + ConformerConvolution`` with the causal depthwise convolution's left context from the slots."""
         s = self.slots
         if self.fused_conv[index] is not None:  # GLU .. Swish in one kernel, time-major, caches in place
             hidden = self._linear(conv.pointwise_conv1, x)  # [B, Tq, 2C]
             x = glu_depthwise_conv_step(hidden, s.conv[index], slot_ids, conv_src, *self.fused_conv[index])
-            return self._linear(conv.pointwise_conv2, x)
+            return self._linear(conv.pointwise_conv2, x, residual=residual)
         if self.tensor_core_matmul:  # the pointwise convolutions as GEMMs over [B, Tq, C]
             x = F.glu(self._linear(conv.pointwise_conv1, x).transpose(1, 2), dim=1)  # [B, C, Tq]
         else:
@@ -285,8 +308,8 @@ class StreamingEncoderStep:
         layer_norm = conv.norm_type == "layer_norm"
         x = conv.batch_norm(x.transpose(1, 2)).transpose(1, 2) if layer_norm else conv.batch_norm(x)
         if self.tensor_core_matmul:
-            return self._linear(conv.pointwise_conv2, conv.activation(x).transpose(1, 2))
-        return conv.pointwise_conv2(conv.activation(x)).transpose(1, 2)
+            return self._linear(conv.pointwise_conv2, conv.activation(x).transpose(1, 2), residual=residual)
+        return residual + conv.pointwise_conv2(conv.activation(x)).transpose(1, 2)
 
     def _drop_oldest_frames(self, slot_ids, lengths, ring_start):
         """Keep each slot's last ``W`` attention frames (NeMo's cache_last_channel update) by moving its ring start.
@@ -300,6 +323,11 @@ class StreamingEncoderStep:
         s.att_len.index_copy_(0, slot_ids, new_len)
 
 
+def is_swish(module: torch.nn.Module) -> bool:
+    """NeMo's ``Swish`` or torch's ``SiLU``: ``x * sigmoid(x)``, which the fused kernels compute."""
+    return type(module).__name__ in ("Swish", "SiLU")
+
+
 def fused_conv_weights(conv: torch.nn.Module, conv_cache: int) -> tuple | None:
     """``(weight [C, K], bias [C], scale [C], shift [C], layer_norm_eps)`` of a ``ConformerConvolution`` for
     :func:`~nemo_fastdecode.kernels.streaming_conv.glu_depthwise_conv_step`: its layer norm's weight and bias and
@@ -311,7 +339,7 @@ def fused_conv_weights(conv: torch.nn.Module, conv_cache: int) -> tuple | None:
     batch_norm = isinstance(norm, torch.nn.BatchNorm1d) and norm.track_running_stats
     fits = (
         (layer_norm or batch_norm)
-        and type(conv.activation).__name__ in ("Swish", "SiLU")
+        and is_swish(conv.activation)
         and dw.weight.dim() == 3
         and dw.weight.shape[1] == 1
         and dw.groups == dw.weight.shape[0]
