@@ -130,7 +130,7 @@ def glu_depthwise_conv_step(
     layer_norm_eps: float | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """GLU, causal depthwise convolution over ``[cache, new frames]``, folded batch norm and Swish; updates the
+    """GLU, causal depthwise convolution over ``[cache, new frames]``, layer or batch norm and Swish; updates the
     caches of ``slot_ids`` in place (module doc).
 
     Shapes: hidden ``[B, T, 2C]`` (unit stride in the last dim); cache ``[S, C, K - 1]``; slot_ids ``[B]`` int64,
