@@ -160,6 +160,21 @@ def glu_depthwise_conv_step(
     return out
 
 
+def join_conv_cache(
+    x: torch.Tensor, cache: torch.Tensor, slot_ids: torch.Tensor, sources: torch.Tensor
+) -> torch.Tensor:
+    """The depthwise convolution's input ``[cache, new frames]`` of each row, aligned by ``sources``, in torch; the
+    newest ``K - 1`` inputs become the slots' caches (in the cache's dtype).
+
+    Shapes: x ``[B, C, T]``; cache ``[S, C, K - 1]``; slot_ids ``[B]``; sources ``[B, K - 1 + T]``. Returns
+    ``[B, C, K - 1 + T]`` in ``x``'s dtype.
+    """
+    joined = torch.cat([cache.index_select(0, slot_ids).to(x.dtype), x], 2)
+    joined = joined.gather(2, sources[:, None, :].expand(-1, joined.shape[1], -1))
+    cache.index_copy_(0, slot_ids, joined[:, :, x.shape[2] :].to(cache.dtype))
+    return joined
+
+
 def glu_depthwise_conv_step_reference(
     hidden: torch.Tensor,
     cache: torch.Tensor,
@@ -174,11 +189,8 @@ def glu_depthwise_conv_step_reference(
     """:func:`glu_depthwise_conv_step` in torch ops (channel-major, as the unfused streaming path computes it), in
     the dtype of its inputs (float64 for the tests' reference)."""
     _check(hidden, cache, slot_ids, sources, weight, bias, scale, shift, dtype=hidden.dtype)
-    frames = hidden.shape[1]
     x = torch.nn.functional.glu(hidden.transpose(1, 2), dim=1)  # [B, C, T]
-    joined = torch.cat([cache.index_select(0, slot_ids), x], 2)  # [B, C, K - 1 + T]
-    joined = joined.gather(2, sources[:, None, :].expand(-1, joined.shape[1], -1))
-    cache.index_copy_(0, slot_ids, joined[:, :, frames:])
+    joined = join_conv_cache(x, cache, slot_ids, sources)
     y = torch.nn.functional.conv1d(joined, weight[:, None, :], bias, groups=weight.shape[0])
     if layer_norm_eps is not None:  # over channels, time-major
         y = torch.nn.functional.layer_norm(y.transpose(1, 2), [y.shape[1]], scale, shift, layer_norm_eps)

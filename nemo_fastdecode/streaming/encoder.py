@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from nemo_fastdecode.config import ENCODER_MATMULS
 from nemo_fastdecode.kernels import matmul, triton_runs_on
 from nemo_fastdecode.kernels.indexed_attention import build_rel_pos_table, indexed_attention
-from nemo_fastdecode.kernels.streaming_conv import glu_depthwise_conv_step
+from nemo_fastdecode.kernels.streaming_conv import glu_depthwise_conv_step, join_conv_cache
 from nemo_fastdecode.streaming.slots import SlotState
 
 __all__ = ["ENCODER_MATMULS", "StreamingEncoderStep", "check_streaming_encoder"]
@@ -123,8 +123,8 @@ class StreamingEncoderStep:
                 (layer.self_attn.pos_bias_u.to(slots.dtype), layer.self_attn.pos_bias_v.to(slots.dtype))
                 for layer in encoder.layers
             ]
-            # tf32x3: the convolution module between its pointwise GEMMs as one kernel where it has NeMo's default
-            # shape (batch norm, Swish); its weights with the batch norm folded in, once (like the tables above)
+            # tf32x3: the convolution module between its pointwise GEMMs as one kernel where it has NeMo's shape
+            # (layer or batch norm, Swish); its weights prepared once (like the tables above)
             self.fused_conv = [
                 fused_conv_weights(layer.conv, g.conv_cache) if self.tensor_core_matmul else None
                 for layer in encoder.layers
@@ -298,10 +298,7 @@ class StreamingEncoderStep:
             x = F.glu(self._linear(conv.pointwise_conv1, x).transpose(1, 2), dim=1)  # [B, C, Tq]
         else:
             x = F.glu(conv.pointwise_conv1(x.transpose(1, 2)), dim=1)  # [B, C, Tq]
-        cache = s.conv[index]
-        joined = torch.cat([cache.index_select(0, slot_ids).to(x.dtype), x], 2)  # [B, C, K - 1 + Tq]
-        joined = joined.gather(2, conv_src[:, None, :].expand(-1, joined.shape[1], -1))
-        cache.index_copy_(0, slot_ids, joined[:, :, self.tq :].to(s.dtype))
+        joined = join_conv_cache(x, s.conv[index], slot_ids, conv_src)  # [B, C, K - 1 + Tq]
         dw = conv.depthwise_conv
         x = F.conv1d(joined, dw.weight, dw.bias, stride=1, padding=0, dilation=dw.dilation, groups=dw.groups)
         # NeMo's layer_norm variant normalises over channels, time-major
