@@ -141,7 +141,9 @@ def test_scale_and_bias_u_without_rel_pos():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize(("d", "h", "t", "tq"), [(24, 3, 70, 16), (64, 1, 7, 4), (16, 3, 130, 1), (24, 1, 70, 33)])
+@pytest.mark.parametrize(
+    ("d", "h", "t", "tq"), [(24, 3, 70, 16), (64, 1, 7, 4), (16, 3, 130, 1), (24, 1, 70, 33), (16, 1, 140, 70)]
+)
 def test_rel_pos_matches_reference(dtype, d, h, t, tq):
     lengths = [t, 0, max(tq - 1, 0), t // 2] if t >= 4 else [t, 0, 1, t]  # includes lengths < Tq
     q, k_cache, v_cache, slot_ids, lengths, extra = _make_inputs(
