@@ -38,11 +38,11 @@ def main(argv: list[str]) -> None:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if setup.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as profile:
-        step_ms = simulation.fixed_step_ms(path, plans, options.streams, options.repeats, setup.device)
+    profile = torch.profiler.profile(activities=activities)
+    step_ms = simulation.fixed_step_ms(path, plans, options.streams, options.repeats, setup.device, profile)
     sort_by = "cuda_time_total" if setup.device.type == "cuda" else "cpu_time_total"
     print(f"{path.name}: {options.streams} streams stepping together, step {warm:.2f} ms ({step_ms:.2f} ms profiled)")
-    print("(the profile also holds the streams' first chunk and their open/close)")
+    print(f"(the profile holds {options.repeats} such steps only: divide its totals by {options.repeats})")
     print(profile.key_averages().table(sort_by=sort_by, row_limit=options.top, max_name_column_width=90))
 
 

@@ -254,25 +254,32 @@ def _synchronize(device: torch.device) -> None:
 
 
 def fixed_step_ms(
-    path: _Path, plans: Sequence[StreamPlan], num_streams: int, repeats: int, device: torch.device
+    path: _Path,
+    plans: Sequence[StreamPlan],
+    num_streams: int,
+    repeats: int,
+    device: torch.device,
+    around_steps: contextlib.AbstractContextManager | None = None,
 ) -> float:
     """Median time (ms) of a step in which ``num_streams`` streams step together, past their first chunk.
 
     The first ``num_streams`` plans open, step their first chunk, then ``repeats`` later chunks all together
     (stagger 0 at a fixed batch: the issue's "256 active streams out of 1024 slots" step), then close.
+    ``around_steps`` (e.g. a profiler) is entered around the ``repeats`` steps only.
     """
     streams = list(plans[:num_streams])
     slots = [path.open() for _ in streams]
     path.step(slots, [p.chunks[0] for p in streams])
     times = []
-    for r in range(repeats):
-        # a later chunk of each stream (a one-chunk stream repeats its first: never longer than a later one)
-        chunks = [p.chunks[1 + r % (len(p.chunks) - 1)] if len(p.chunks) > 1 else p.chunks[0] for p in streams]
-        _synchronize(device)
-        started = time.perf_counter()
-        path.step(slots, chunks)
-        _synchronize(device)
-        times.append(time.perf_counter() - started)
+    with around_steps if around_steps is not None else contextlib.nullcontext():
+        for r in range(repeats):
+            # a later chunk of each stream (a one-chunk stream repeats its first: never longer than a later one)
+            chunks = [p.chunks[1 + r % (len(p.chunks) - 1)] if len(p.chunks) > 1 else p.chunks[0] for p in streams]
+            _synchronize(device)
+            started = time.perf_counter()
+            path.step(slots, chunks)
+            _synchronize(device)
+            times.append(time.perf_counter() - started)
     for slot in slots:
         path.finish(slot)
     return round(1000 * float(np.median(times)), 3) if times else 0.0
