@@ -386,13 +386,33 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
             ref = runs[s][0][position[s]]
             assert relative_error(result.encoded[row, : int(result.encoded_lengths[row])], ref) <= 1e-4
             position[s] += 1
-    gemms_per_layer = 3 if mixed else 10  # feed-forwards 2 x 2, attention q k v out, pointwise convolutions 2
+    # feed-forwards 2 x 2, attention: q k v stacked in one GEMM and out, pointwise convolutions 2 (mixed: the
+    # widening ones: feed-forwards' first, q k v, the first pointwise convolution)
+    gemms_per_layer = 4 if mixed else 8
     assert len(gemms) == (len(order) * len(model.encoder.layers) * gemms_per_layer if encoder_matmul == "tf32x3" else 0)
     # tf32x3: per layer, the two feed-forwards' Swish and the four residual additions ride on the GEMMs
     assert sum(bool(kw.get("swish")) for kw in gemms) == len(gemms) // gemms_per_layer * 2
     assert sum(kw.get("residual") is not None for kw in gemms) == len(gemms) // gemms_per_layer * (0 if mixed else 4)
     # tf32x3: the convolution module between its GEMMs is one fused kernel per layer and step
     assert len(convs) == (len(order) * len(model.encoder.layers) if encoder_matmul == "tf32x3" else 0)
+
+
+def test_stacked_qkv_projection_is_the_three_projections(model):
+    """One GEMM for q, k and v (tf32x3 path): its output is [q, k, v] of the layer; mismatched projections keep
+    three GEMMs."""
+    import copy
+
+    from nemo_fastdecode.streaming.encoder import stacked_qkv_projection
+
+    attn = model.encoder.layers[0].self_attn
+    x = torch.randn(3, 5, attn.linear_q.in_features, device=attn.linear_q.weight.device)
+    with torch.no_grad():
+        stacked = stacked_qkv_projection(attn)(x)
+        expected = torch.cat([attn.linear_q(x), attn.linear_k(x), attn.linear_v(x)], dim=-1)
+    torch.testing.assert_close(stacked, expected, rtol=1e-6, atol=1e-6)
+    without_bias = copy.deepcopy(attn)
+    without_bias.linear_k.bias = None
+    assert stacked_qkv_projection(without_bias) is None
 
 
 def test_fused_convolution_only_for_nemo_default_module(model):

@@ -129,6 +129,10 @@ class StreamingEncoderStep:
                 fused_conv_weights(layer.conv, g.conv_cache) if self.tensor_core_matmul else None
                 for layer in encoder.layers
             ]
+            # tf32x3: q, k and v as one GEMM over the three weights stacked (one launch instead of three)
+            self.fused_qkv = [
+                stacked_qkv_projection(layer.self_attn) if self.tensor_core_matmul else None for layer in encoder.layers
+            ]
 
     # ------------------------------------------------------------------------------------------
     def __call__(
@@ -265,11 +269,15 @@ class StreamingEncoderStep:
         s = self.slots
         b, tq, d = x.shape
         h, dh = self.num_heads, self.head_dim
-        q = self._linear(attn.linear_q, x).view(b, tq, h, dh)
+        if self.fused_qkv[index] is not None:
+            q, k, v = self._linear(self.fused_qkv[index], x).split(d, dim=-1)  # views of one [B, Tq, 3 d] output
+        else:
+            q, k, v = (self._linear(linear, x) for linear in (attn.linear_q, attn.linear_k, attn.linear_v))
+        q = q.view(b, tq, h, dh)
         keys, values = s.keys[index], s.values[index]  # [S + 1, W + Tq, H, Dh]
         # same as: keys[slot, pos] = k for every valid row (in place, no concatenation)
-        keys.index_put_((write_slot, write_pos), self._linear(attn.linear_k, x).view(b * tq, h, dh).to(s.dtype))
-        values.index_put_((write_slot, write_pos), self._linear(attn.linear_v, x).view(b * tq, h, dh).to(s.dtype))
+        keys.index_put_((write_slot, write_pos), k.reshape(b * tq, h, dh).to(s.dtype))
+        values.index_put_((write_slot, write_pos), v.reshape(b * tq, h, dh).to(s.dtype))
         bias_u, bias_v = self.pos_bias[index]
         out = indexed_attention(
             q.transpose(1, 2).to(s.dtype),
@@ -323,6 +331,27 @@ class StreamingEncoderStep:
 def is_swish(module: torch.nn.Module) -> bool:
     """NeMo's ``Swish`` or torch's ``SiLU``: ``x * sigmoid(x)``, which the fused kernels compute."""
     return type(module).__name__ in ("Swish", "SiLU")
+
+
+def stacked_qkv_projection(attn: torch.nn.Module) -> torch.nn.Linear | None:
+    """One ``Linear(d_model, 3 d_model)`` whose output is ``[q, k, v]`` of ``attn`` (a copy of its three weights),
+    or ``None`` where the three projections differ in shape or in having a bias."""
+    linears = (attn.linear_q, attn.linear_k, attn.linear_v)
+    if not all(isinstance(linear, torch.nn.Linear) for linear in linears):
+        return None
+    shapes = {linear.weight.shape for linear in linears}
+    with_bias = {linear.bias is not None for linear in linears}
+    if len(shapes) != 1 or len(with_bias) != 1:
+        return None
+    out_features, in_features = attn.linear_q.weight.shape
+    weight = attn.linear_q.weight
+    stacked = torch.nn.Linear(
+        in_features, 3 * out_features, bias=with_bias == {True}, device=weight.device, dtype=weight.dtype
+    )
+    stacked.weight.copy_(torch.cat([linear.weight for linear in linears]))
+    if stacked.bias is not None:
+        stacked.bias.copy_(torch.cat([linear.bias for linear in linears]))
+    return stacked.requires_grad_(False).eval()
 
 
 def fused_conv_weights(conv: torch.nn.Module, conv_cache: int) -> tuple | None:
