@@ -321,28 +321,34 @@ class StreamingTranscriber:
             chunks = list(chunks.unbind(0))
         if len(chunks) != len(slots):
             raise ValueError(f"got {len(chunks)} chunks for {len(slots)} slot ids; pass one chunk per slot id")
+        # one pass of cheap attribute checks per chunk (a step of 256 streams spends its host time here)
+        first = ~self._started[np.asarray(slots)]
+        limits = np.where(first, g.first_chunk, g.chunk).tolist()
         lengths = []
-        for i, (slot, chunk) in enumerate(zip(slots, chunks, strict=True)):
+        for i, (slot, chunk, limit) in enumerate(zip(slots, chunks, limits, strict=True)):
             if not isinstance(chunk, torch.Tensor):
                 raise TypeError(f"chunk {i} (slot {slot}) must be a torch.Tensor, got {type(chunk).__name__}")
             if chunk.dtype not in _FEATURE_DTYPES:
                 raise TypeError(
                     f"chunk {i} (slot {slot}) has dtype {chunk.dtype}; valid: {', '.join(map(str, _FEATURE_DTYPES))}"
                 )
-            limit = g.max_chunk(first=not self._started[slot])
-            if chunk.dim() != 2 or chunk.shape[0] != g.feat_in or not 1 <= chunk.shape[1] <= limit:
-                which = "first chunk" if not self._started[slot] else "chunk"
+            shape = chunk.shape
+            if len(shape) != 2 or shape[0] != g.feat_in or not 1 <= shape[1] <= limit:
+                which = "first chunk" if first[i] else "chunk"
                 raise ValueError(
-                    f"chunk {i} (slot {slot}) has shape {tuple(chunk.shape)}; valid: [{g.feat_in}, T] "
+                    f"chunk {i} (slot {slot}) has shape {tuple(shape)}; valid: [{g.feat_in}, T] "
                     f"with 1 <= T <= {limit} (a stream's {which})"
                 )
-            lengths.append(chunk.shape[1])
-        # packed where the chunks are (host audio: one host-to-device copy of the whole batch later); one
+            lengths.append(shape[1])
+        # packed where the first chunk is (host audio: one host-to-device copy of the whole batch later); one
         # stack of equal-length chunks, the odd first or last chunk zero-padded
         longest = max(lengths)
         device = chunks[0].device
         rows = [
-            c.to(device) if c.shape[1] == longest else F.pad(c.to(device), (0, longest - c.shape[1])) for c in chunks
+            (c if c.device == device else c.to(device))
+            if c.shape[1] == longest
+            else F.pad(c.to(device), (0, longest - c.shape[1]))
+            for c in chunks
         ]
         features = torch.stack(rows).to(torch.float32)  # [N, F, Tmax]
         return features, torch.tensor(lengths, dtype=torch.long)
