@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 
@@ -364,6 +365,11 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
     gemms, convs = [], []
     linear = matmul.linear
     monkeypatch.setattr(matmul, "linear", lambda *args, **kwargs: gemms.append(kwargs) or linear(*args, **kwargs))
+    from nemo_fastdecode.streaming import subsampling as streaming_subsampling
+
+    relu_pads = []
+    fused_relu_pad = streaming_subsampling.masked_relu_pad
+    monkeypatch.setattr(streaming_subsampling, "masked_relu_pad", lambda *a: relu_pads.append(1) or fused_relu_pad(*a))
     fused_conv = streaming_encoder.glu_depthwise_conv_step
     monkeypatch.setattr(streaming_encoder, "glu_depthwise_conv_step", lambda *a: convs.append(1) or fused_conv(*a))
     # tiny shapes: the kernel anyway (mixed: for widening GEMMs only, d_model -> 4 d_model or 2 d_model)
@@ -389,10 +395,16 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
     # feed-forwards 2 x 2, attention: q k v stacked in one GEMM and out, pointwise convolutions 2 (mixed: the
     # widening ones: feed-forwards' first, q k v, the first pointwise convolution)
     gemms_per_layer = 4 if mixed else 8
-    assert len(gemms) == (len(order) * len(model.encoder.layers) * gemms_per_layer if encoder_matmul == "tf32x3" else 0)
+    out = model.encoder.pre_encode.out  # the subsampling's output Linear, on the kept frames: one GEMM per step
+    gemms_per_step = len(model.encoder.layers) * gemms_per_layer + (out.out_features > out.in_features or not mixed)
+    assert len(gemms) == (len(order) * gemms_per_step if encoder_matmul == "tf32x3" else 0)
     # tf32x3: per layer, the two feed-forwards' Swish and the four residual additions ride on the GEMMs
-    assert sum(bool(kw.get("swish")) for kw in gemms) == len(gemms) // gemms_per_layer * 2
-    assert sum(kw.get("residual") is not None for kw in gemms) == len(gemms) // gemms_per_layer * (0 if mixed else 4)
+    layers_run = len(order) * len(model.encoder.layers) if encoder_matmul == "tf32x3" else 0
+    assert sum(bool(kw.get("swish")) for kw in gemms) == layers_run * 2
+    assert sum(kw.get("residual") is not None for kw in gemms) == layers_run * (0 if mixed else 4)
+    # tf32x3: the subsampling's ReLUs (with masks and paddings) are fused, one per convolution stage and step
+    stages = int(math.log2(model.encoder.pre_encode.subsampling_factor))
+    assert len(relu_pads) == (len(order) * stages if encoder_matmul == "tf32x3" else 0)
     # tf32x3: the convolution module between its GEMMs is one fused kernel per layer and step
     assert len(convs) == (len(order) * len(model.encoder.layers) if encoder_matmul == "tf32x3" else 0)
 

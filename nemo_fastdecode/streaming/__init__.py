@@ -3,6 +3,7 @@
 * :mod:`~nemo_fastdecode.streaming.geometry` -- chunk sizes of NeMo's cache-aware streaming, its chunk schedule.
 * :mod:`~nemo_fastdecode.streaming.slots` -- the pre-allocated per-slot caches.
 * :mod:`~nemo_fastdecode.streaming.encoder` -- the encoder step over slot caches (indexed attention).
+* :mod:`~nemo_fastdecode.streaming.subsampling` -- NeMo's causal subsampling convolutions, fewer passes (tf32x3).
 * :mod:`~nemo_fastdecode.streaming.buckets` -- batch-size buckets, one CUDA graph replay per step.
 * :mod:`~nemo_fastdecode.streaming.decoding` -- per-slot greedy decoding state (``fast_greedy``).
 * :mod:`~nemo_fastdecode.streaming.transcriber` -- ``open`` / ``step`` / ``flush`` / ``close``.

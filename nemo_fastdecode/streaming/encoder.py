@@ -29,6 +29,7 @@ from nemo_fastdecode.kernels import matmul, triton_runs_on
 from nemo_fastdecode.kernels.indexed_attention import build_rel_pos_table, indexed_attention
 from nemo_fastdecode.kernels.streaming_conv import glu_depthwise_conv_step, join_conv_cache
 from nemo_fastdecode.streaming.slots import SlotState
+from nemo_fastdecode.streaming.subsampling import CausalSubsampling
 
 __all__ = ["ENCODER_MATMULS", "StreamingEncoderStep", "check_streaming_encoder"]
 
@@ -73,8 +74,9 @@ class StreamingEncoderStep:
         matmul_precision: one of :data:`ENCODER_MATMULS`: ``"fp32"`` (default) runs NeMo's Linear and Conv1d
             modules; ``"tf32x3"`` (opt-in) runs their GEMMs, the pointwise convolutions as GEMMs over
             ``[B, T, C]``, on the 3xTF32 Triton kernel, and the convolution module between them as one kernel
-            (:mod:`~nemo_fastdecode.kernels.streaming_conv`) where it has NeMo's shape (fp32 slots only;
-            Triton's interpreter on the CPU).
+            (:mod:`~nemo_fastdecode.kernels.streaming_conv`) where it has NeMo's shape; q, k, v as one GEMM; the
+            subsampling's ReLUs, masks and paddings fused (:mod:`~nemo_fastdecode.streaming.subsampling`) and its
+            output Linear on the kept frames only (fp32 slots only; Triton's interpreter on the CPU).
     """
 
     def __init__(
@@ -129,6 +131,10 @@ class StreamingEncoderStep:
                 fused_conv_weights(layer.conv, g.conv_cache) if self.tensor_core_matmul else None
                 for layer in encoder.layers
             ]
+            # tf32x3: the subsampling's convolutions with their masks, ReLUs and paddings fused (None: NeMo's module)
+            self.subsampling = (
+                CausalSubsampling.from_module(encoder.pre_encode, use_triton=True) if self.tensor_core_matmul else None
+            )
             # tf32x3: q, k and v as one GEMM over the three weights stacked (one launch instead of three)
             self.fused_qkv = [
                 stacked_qkv_projection(layer.self_attn) if self.tensor_core_matmul else None for layer in encoder.layers
@@ -208,14 +214,23 @@ class StreamingEncoderStep:
         cache_src = feature_lengths[:, None] + self._pre_pos[None, :]
         s.pre_encode.index_copy_(0, slot_ids, joined.gather(2, cache_src[:, None, :].expand(-1, g.feat_in, -1)))
 
-        sub, sub_lengths = self.encoder.pre_encode(x=x.transpose(1, 2), lengths=in_lengths)  # [B, T', d]
+        if self.subsampling is None:
+            sub, sub_lengths = self.encoder.pre_encode(x=x.transpose(1, 2), lengths=in_lengths)  # [B, T', d]
+        else:  # the convolutions only: the output Linear runs on the kept frames below
+            conv, sub_lengths = self.subsampling(x.transpose(1, 2), in_lengths)  # [B, C, T', F']
         drop = torch.where(started, g.drop_extra, 0)
         frames = (sub_lengths.to(torch.long) - drop).clamp(min=0, max=self.tq)
         frames = torch.where(feature_lengths > 0, frames, 0)
         # right-align: row r holds sub-frame drop + frames - Tq + r
         src = (drop + frames - self.tq)[:, None] + self._rows[None, :]
-        x = sub.gather(1, src.clamp(min=0, max=sub.shape[1] - 1)[:, :, None].expand(-1, -1, sub.shape[2]))
-        return x, frames
+        if self.subsampling is None:
+            src = src.clamp(min=0, max=sub.shape[1] - 1)
+            return sub.gather(1, src[:, :, None].expand(-1, -1, sub.shape[2])), frames
+        b, channels, time, freq = conv.shape
+        src = src.clamp(min=0, max=time - 1)
+        kept = conv.gather(2, src[:, None, :, None].expand(b, channels, self.tq, freq))  # [B, C, Tq, F']
+        # NeMo's flattening (channels, then frequency) and its output Linear, on Tq frames instead of T'
+        return self._linear(self.encoder.pre_encode.out, kept.transpose(1, 2).reshape(b, self.tq, -1)), frames
 
     def _linear(
         self,

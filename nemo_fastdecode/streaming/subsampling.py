@@ -1,0 +1,99 @@
+"""NeMo's causal ``dw_striding`` subsampling convolutions with fewer passes over their activations.
+
+``ConvSubsampling`` (``subsampling: dw_striding``, ``causal_downsampling: true``, the cache-aware FastConformers)
+runs ``MaskedConvSequential``: ``[CausalConv2D(1 -> C), ReLU, (CausalConv2D depthwise, Conv2d 1x1, ReLU) x (n - 1)]``,
+multiplying by a time mask before every layer. :class:`CausalSubsampling` runs the same convolutions (NeMo's own
+modules and calls, so the same arithmetic) and does the work between them in fewer passes: each ReLU with the masks
+around it and the next ``CausalConv2D``'s zero padding is one :func:`~nemo_fastdecode.kernels.masked_relu.masked_relu_pad`,
+and masks whose zeros the next masked ReLU would restore anyway are skipped. The output equals NeMo's ``self.conv(x, lengths)``.
+
+The flattening and the output Linear are left to the caller, which keeps only the frames it needs before the GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+from nemo.collections.asr.parts.submodules.causal_convs import CausalConv2D
+from nemo.collections.asr.parts.submodules.subsampling import ConvSubsampling, calculate_conv_output_size
+
+from nemo_fastdecode.kernels.masked_relu import masked_relu_pad, masked_relu_pad_reference
+
+__all__ = ["CausalSubsampling"]
+
+
+class CausalSubsampling:
+    """The convolutions of a causal ``dw_striding`` ``ConvSubsampling``: ``__call__(x [B, T, F], lengths [B])``.
+
+    Build it with :meth:`from_module`, which returns ``None`` for any other subsampling (callers then run NeMo's
+    module). ``use_triton``: the fused elementwise kernel (CUDA, or ``TRITON_INTERPRET=1``) or its torch reference.
+    """
+
+    def __init__(self, pre_encode: ConvSubsampling, use_triton: bool):
+        self.pre_encode = pre_encode
+        self.stages = _stages(pre_encode)
+        if self.stages is None:
+            raise ValueError("not a causal dw_striding ConvSubsampling; use CausalSubsampling.from_module")
+        self.relu_pad = masked_relu_pad if use_triton else masked_relu_pad_reference
+
+    @classmethod
+    def from_module(cls, pre_encode: torch.nn.Module, use_triton: bool) -> CausalSubsampling | None:
+        return cls(pre_encode, use_triton) if _stages(pre_encode) is not None else None
+
+    def __call__(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """NeMo's ``pre_encode.conv(x, lengths)``.
+
+        Args:
+            x: ``[B, T, F]`` float32 features (time before frequency, as ``ConvSubsampling`` passes them).
+            lengths: ``[B]`` valid frames of each row.
+
+        Returns:
+            ``(y [B, C, T', F'], lengths [B] int64)``: the last ReLU's output, masked past each row's length.
+        """
+        first, strided = self.stages
+        lengths = lengths.clone().float()  # NeMo's MaskedConvSequential tracks lengths in float
+        x = x.unsqueeze(1) * _time_mask(lengths, x.shape[1], x.dtype)[:, None, :, None]
+        x = first(x)  # CausalConv2D(1 -> C): pads its (small) input itself
+        lengths = _output_lengths(first, lengths)
+        for depthwise, pointwise in strided:
+            # ReLU (masked before and after) and the depthwise convolution's causal padding in one pass
+            pads = depthwise._left_padding, depthwise._right_padding
+            x = depthwise._conv_forward(self.relu_pad(x, lengths.long(), pads, pads), depthwise.weight, depthwise.bias)
+            lengths = _output_lengths(depthwise, lengths)
+            # NeMo masks the 1x1 convolution's input too: no need, each output frame reads only its own input frame
+            # and frames past the length are zeroed by the next masked ReLU
+            x = pointwise(x)
+        return self.relu_pad(x, lengths.long()), lengths.long()
+
+
+def _stages(pre_encode: torch.nn.Module):
+    """``(first conv, [(depthwise, pointwise), ...])`` of a causal dw_striding subsampling with ReLUs, else None."""
+    if not isinstance(pre_encode, ConvSubsampling) or pre_encode._subsampling != "dw_striding":
+        return None
+    if not (pre_encode.is_causal and pre_encode.conv2d_subsampling):
+        return None
+    layers = list(pre_encode.conv)
+    if len(layers) < 2 or (len(layers) - 2) % 3 or not isinstance(layers[0], CausalConv2D):
+        return None
+    relus = [layers[1]] + layers[4::3]
+    if not all(type(layer) is torch.nn.ReLU for layer in relus):
+        return None
+    strided = list(zip(layers[2::3], layers[3::3], strict=True))
+    for depthwise, pointwise in strided:
+        if not (isinstance(depthwise, CausalConv2D) and type(pointwise) is torch.nn.Conv2d):
+            return None
+        if pointwise.stride != (1, 1) or pointwise.padding != (0, 0):
+            return None
+    return layers[0], strided
+
+
+def _output_lengths(conv: CausalConv2D, lengths: torch.Tensor) -> torch.Tensor:
+    """NeMo's length update after a strided causal convolution (float lengths, as ``MaskedConvSequential``)."""
+    if conv.stride == (1, 1):
+        return lengths
+    padding = (conv._left_padding, conv._right_padding)
+    return calculate_conv_output_size(lengths, conv.kernel_size[0], conv.stride[0], padding)
+
+
+def _time_mask(lengths: torch.Tensor, time: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, T]`` 1.0 where ``t < lengths.long()``, as ``MaskedConvSequential._create_mask``."""
+    return (torch.arange(time, device=lengths.device)[None, :] < lengths.long()[:, None]).to(dtype)
