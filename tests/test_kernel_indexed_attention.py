@@ -238,6 +238,22 @@ def test_cpu_fallback_matches_kernel():
         torch.testing.assert_close(auto, fallback)
 
 
+@pytest.mark.parametrize("use_triton", [True, False])
+def test_out_written_in_any_layout(use_triton):
+    """``out=``: a [N, Tq, H, D] buffer viewed [N, H, Tq, D] (the encoder's layout for its output projection)."""
+    q, k_cache, v_cache, slot_ids, lengths, extra = _make_inputs(3, 4, 3, 70, 4, 24, torch.float32, rel_pos=True)
+    expected = indexed_attention(q, k_cache, v_cache, slot_ids, lengths, use_triton=use_triton, **extra)
+    n, h, tq, d = q.shape
+    buffer = torch.full((n, tq, h, d), float("nan"), device=q.device)
+    result = indexed_attention(
+        q, k_cache, v_cache, slot_ids, lengths, use_triton=use_triton, out=buffer.transpose(1, 2), **extra
+    )
+    assert result.data_ptr() == buffer.data_ptr()
+    assert torch.equal(buffer.transpose(1, 2), expected)
+    with pytest.raises(ValueError, match=r"out must be a torch.float32 tensor of q's shape \(3, 3, 4, 24\)"):
+        indexed_attention(q, k_cache, v_cache, slot_ids, lengths, out=buffer, **extra)
+
+
 def test_empty_batch_and_unchecked_values_are_memory_safe():
     q, k_cache, v_cache, slot_ids, lengths, _ = _make_inputs(3, 4, 1, 7, 4, 16, torch.float32)
     empty = indexed_attention(q[:0], k_cache, v_cache, slot_ids[:0], lengths[:0], use_triton=True)

@@ -381,6 +381,7 @@ def indexed_attention(
     use_triton: bool | None = None,
     check_values: bool | None = None,
     key_starts: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of ``N`` query chunks to their streams' slots of a pre-allocated cache, read in place.
 
@@ -419,9 +420,11 @@ def indexed_attention(
         key_starts: optional ``[N]`` int32/int64 in ``[0, T)``: each slot is a ring buffer whose logical key
             ``j`` sits at position ``(key_starts[i] + j) mod T`` (``None``: 0, the plain layout). Positions in
             the relative term are logical.
+        out: optional ``[N, H, Tq, D]`` tensor to write the result into (any strides: e.g. a ``[N, Tq, H, D]``
+            buffer transposed, which the output projection then reads as ``[N, Tq, H * D]`` without a copy).
 
     Returns:
-        ``[N, H, Tq, D]`` contiguous, in ``q``'s dtype (accumulation in fp32).
+        ``out``, or a new contiguous ``[N, H, Tq, D]`` tensor, in ``q``'s dtype (accumulation in fp32).
 
     Raises:
         ValueError / TypeError naming the bad value and the valid choices (shapes, dtypes, devices,
@@ -439,10 +442,15 @@ def indexed_attention(
         _should_check_values(check_values, q),
         key_starts,
     )
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
+        raise ValueError(
+            f"out must be a {q.dtype} tensor of q's shape {tuple(q.shape)} on {q.device}, got {out.dtype} "
+            f"{tuple(out.shape)} on {out.device}"
+        )
     if use_triton is None:
         use_triton = q.is_cuda and triton is not None
     if not use_triton:
-        return indexed_attention_reference(
+        result = indexed_attention_reference(
             q,
             k_cache,
             v_cache,
@@ -454,6 +462,7 @@ def indexed_attention(
             pos_emb=pos_emb,
             key_starts=key_starts,
         )
+        return result if out is None else out.copy_(result)
     if triton is None:
         raise RuntimeError("use_triton=True but triton is not installed; valid: use_triton=None or False")
     if not q.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
@@ -463,7 +472,8 @@ def indexed_attention(
 
     n, h, tq, d = q.shape
     s, _, t, _ = k_cache.shape
-    out = torch.empty((n, h, tq, d), dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty((n, h, tq, d), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
     if scale is None:
