@@ -284,17 +284,21 @@ class StreamingEncoderStep:
         s = self.slots
         b, tq, d = x.shape
         h, dh = self.num_heads, self.head_dim
-        if self.fused_qkv[index] is not None:
-            q, k, v = self._linear(self.fused_qkv[index], x).split(d, dim=-1)  # views of one [B, Tq, 3 d] output
+        # same as: keys[slot, pos] = k, values[slot, pos] = v for every valid row (in place, no concatenation)
+        where = (write_slot, write_pos)
+        if self.fused_qkv[index] is not None:  # one [B, Tq, 3 d] output: q, then k and v side by side as stored
+            q, kv = self._linear(self.fused_qkv[index], x).split([d, 2 * d], dim=-1)
+            s.key_values[index].index_put_(where, kv.reshape(b * tq, 2, h, dh).to(s.dtype))
         else:
             q, k, v = (self._linear(linear, x) for linear in (attn.linear_q, attn.linear_k, attn.linear_v))
+            s.keys[index].index_put_(where, k.reshape(b * tq, h, dh).to(s.dtype))
+            s.values[index].index_put_(where, v.reshape(b * tq, h, dh).to(s.dtype))
         q = q.view(b, tq, h, dh)
-        keys, values = s.keys[index], s.values[index]  # [S + 1, W + Tq, H, Dh]
-        # same as: keys[slot, pos] = k for every valid row (in place, no concatenation)
-        keys.index_put_((write_slot, write_pos), k.reshape(b * tq, h, dh).to(s.dtype))
-        values.index_put_((write_slot, write_pos), v.reshape(b * tq, h, dh).to(s.dtype))
+        keys, values = s.keys[index], s.values[index]  # [S + 1, W + Tq, H, Dh] views
         bias_u, bias_v = self.pos_bias[index]
-        out = indexed_attention(
+        # written as [B, Tq, H, Dh], the layout linear_out reads as [B, Tq, d]: no transpose copy
+        out = torch.empty(b, tq, h, dh, dtype=s.dtype, device=x.device)
+        indexed_attention(
             q.transpose(1, 2).to(s.dtype),
             keys.permute(0, 2, 1, 3),
             values.permute(0, 2, 1, 3),
@@ -307,8 +311,9 @@ class StreamingEncoderStep:
             use_triton=self.use_triton,
             check_values=False,  # slot ids are checked on the host once per step; lengths are in range
             key_starts=ring_start,
-        )  # [B, H, Tq, Dh]
-        return self._linear(attn.linear_out, out.transpose(1, 2).reshape(b, tq, d).to(x.dtype), residual=residual)
+            out=out.transpose(1, 2),
+        )
+        return self._linear(attn.linear_out, out.view(b, tq, d).to(x.dtype), residual=residual)
 
     def _convolution(self, index, conv, x, slot_ids, conv_src, residual):
         """``residual + ConformerConvolution`` with the causal depthwise convolution's left context from the slots."""

@@ -4,9 +4,11 @@ One slot per stream, ``S`` slots plus one dummy slot (index ``S``) that absorbs 
 rows, so a step's batch can be padded to a fixed bucket size without branches (CUDA graphs). Layouts
 (``Ly`` layers, ``H`` heads of ``Dh``, ``W`` attention left context, ``Tq`` frames per chunk)::
 
-    keys, values   [Ly, S + 1, W + Tq, H, Dh]  projected keys/values (linear_k/linear_v of the layer input), a
-                   ring buffer per slot: logical frame j at (ring_start + j) mod (W + Tq); a slot holds its
-                   last <= W frames at logical [0, att_len), then this step's frames after them
+    key_values     [Ly, S + 1, W + Tq, 2, H, Dh]  projected keys and values (linear_k/linear_v of the layer
+                   input), side by side per frame so that one scatter writes both; ``keys`` and ``values`` are its
+                   two [Ly, S + 1, W + Tq, H, Dh] views. A ring buffer per slot: logical frame j at
+                   (ring_start + j) mod (W + Tq); a slot holds its last <= W frames at logical [0, att_len), then
+                   this step's frames after them
     conv           [Ly, S + 1, C, K - 1]       last K - 1 inputs of each depthwise convolution (NeMo's
                                                cache_last_time)
     pre_encode     [S + 1, F, P]               last P feature frames (NeMo's pre-encode cache)
@@ -57,9 +59,9 @@ class SlotState:
         self.num_slots, self.geometry, self.device, self.dtype = num_slots, geometry, device, dtype
         rows = num_slots + 1  # + the dummy slot
         self.capacity = geometry.att_cache + geometry.out_frames  # W + Tq
-        kv_shape = (num_layers, rows, self.capacity, num_heads, head_dim)
-        self.keys = torch.zeros(kv_shape, device=device, dtype=dtype)
-        self.values = torch.zeros(kv_shape, device=device, dtype=dtype)
+        kv_shape = (num_layers, rows, self.capacity, 2, num_heads, head_dim)
+        self.key_values = torch.zeros(kv_shape, device=device, dtype=dtype)
+        self.keys, self.values = self.key_values.unbind(3)  # views
         self.conv = torch.zeros((num_layers, rows, conv_channels, geometry.conv_cache), device=device, dtype=dtype)
         # features stay fp32: the subsampling runs on them as NeMo does
         self.pre_encode = torch.zeros((rows, geometry.feat_in, geometry.pre_encode_cache), device=device)
@@ -74,8 +76,7 @@ class SlotState:
 
     def reset_(self, slot: int) -> None:
         """Empty one slot for a new stream (zeros, as NeMo's ``get_initial_cache_state``)."""
-        self.keys[:, slot].zero_()
-        self.values[:, slot].zero_()
+        self.key_values[:, slot].zero_()
         self.conv[:, slot].zero_()
         self.pre_encode[slot].zero_()
         self.att_len[slot] = 0
@@ -84,5 +85,5 @@ class SlotState:
 
     def nbytes(self) -> int:
         """Memory held by the caches."""
-        tensors = (self.keys, self.values, self.conv, self.pre_encode, self.att_len, self.ring_start, self.started)
+        tensors = (self.key_values, self.conv, self.pre_encode, self.att_len, self.ring_start, self.started)
         return sum(t.numel() * t.element_size() for t in tensors)
