@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -88,3 +89,54 @@ def profile_pass(decoder: Any, batches: Batches) -> tuple[float, dict[str, list[
             entry[0] += 1
             entry[1] += event.time_range.elapsed_us()
     return wall, kernels
+
+
+@dataclass(frozen=True)
+class IdleGaps:
+    """The GPU's idle time between consecutive kernels of a timeline (see :func:`idle_gaps`), in microseconds."""
+
+    busy_us: float  # time with at least one kernel running
+    short_gaps_us: float  # idle stretches shorter than the threshold: launch gaps inside a graph or a step
+    short_gaps: int
+    long_gaps_us: float  # longer ones: host work, synchronisation, time between steps
+    before: list[tuple[str, float, int]]  # (kernel name, short idle time after it, count), largest first
+
+
+def idle_gaps(kernels: Sequence[tuple[str, float, float]], short_us: float = 50.0, top: int = 10) -> IdleGaps:
+    """Split a GPU timeline's idle time into short gaps (between kernels of one launch sequence) and long ones.
+
+    Args:
+        kernels: ``(name, start_us, end_us)`` of every kernel (or memcpy/memset), any order, one device.
+        short_us: gaps shorter than this count as launch gaps.
+        top: how many kernel names to list in ``before``.
+    """
+    busy = short = long = 0.0
+    count = 0
+    after: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    end, last = None, None
+    for name, start, stop in sorted(kernels, key=lambda k: (k[1], k[2])):
+        if end is None or start >= end:
+            busy += stop - start
+            if end is not None:
+                gap = start - end
+                if gap < short_us:
+                    short, count = short + gap, count + 1
+                    after[last][0] += gap
+                    after[last][1] += 1
+                else:
+                    long += gap
+        elif stop > end:  # overlaps the running stretch
+            busy += stop - end
+        if end is None or stop >= end:
+            end, last = stop, name
+    ranked = sorted(((name, total, int(n)) for name, (total, n) in after.items()), key=lambda r: -r[1])
+    return IdleGaps(busy, short, count, long, ranked[:top])
+
+
+def kernel_intervals(prof: Any) -> list[tuple[str, float, float]]:
+    """``(name, start_us, end_us)`` of the GPU events (kernels, memcpy, memset) of a finished ``torch.profiler`` run."""
+    return [
+        (event.name, event.time_range.start, event.time_range.end)
+        for event in prof.events()
+        if event.device_type == torch.autograd.DeviceType.CUDA
+    ]

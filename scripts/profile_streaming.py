@@ -5,7 +5,8 @@ python scripts/profile_streaming.py config=streaming_rnnt_0.6b streams=128 top=3
 python scripts/profile_streaming.py encoder_matmul=tf32x3                # the opt-in 3xTF32 encoder GEMMs
 
 Builds the model and streams as ``scripts/streaming.py --config-name <config>`` does, warms our path up, then
-profiles ``repeats`` fixed-batch steps (torch.profiler/CUPTI) and prints the kernels by total GPU time.
+profiles ``repeats`` fixed-batch steps (torch.profiler/CUPTI) and prints the kernels by total GPU time, then (GPU)
+the timeline's busy time, its idle gaps between kernels and the kernels they follow.
 This is how the per-step window copy of the attention caches was found (replaced by ring buffers).
 """
 
@@ -18,10 +19,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from nemo_fastdecode import comparison
 from nemo_fastdecode.streaming import simulation
 
 DEFAULTS = {"config": "streaming_hybrid_17x512", "streams": 256, "slots": 1024, "repeats": 3, "top": 25}
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SHORT_GAP_US = 50.0  # idle stretches shorter than this are launch gaps between a step's kernels
 
 
 def main(argv: list[str]) -> None:
@@ -44,6 +47,21 @@ def main(argv: list[str]) -> None:
     print(f"{path.name}: {options.streams} streams stepping together, step {warm:.2f} ms ({step_ms:.2f} ms profiled)")
     print(f"(the profile holds {options.repeats} such steps only: divide its totals by {options.repeats})")
     print(profile.key_averages().table(sort_by=sort_by, row_limit=options.top, max_name_column_width=90))
+    if setup.device.type == "cuda":
+        print_idle_gaps(comparison.kernel_intervals(profile), options.repeats)
+
+
+def print_idle_gaps(kernels: list[tuple[str, float, float]], steps: int) -> None:
+    """The GPU's busy and idle time per step, and the kernels after which the graph waits longest."""
+    gaps = comparison.idle_gaps(kernels, short_us=SHORT_GAP_US)
+    print(
+        f"GPU timeline per step: busy {gaps.busy_us / steps / 1e3:.3f} ms; idle between kernels (gaps < "
+        f"{SHORT_GAP_US:.0f} us) {gaps.short_gaps_us / steps / 1e3:.3f} ms over {gaps.short_gaps / steps:.0f} gaps; "
+        f"longer idle (host work, synchronisation) {gaps.long_gaps_us / steps / 1e3:.3f} ms"
+    )
+    print("kernels followed by the most idle time (per step: us, gaps):")
+    for name, total, count in gaps.before:
+        print(f"  {total / steps:8.1f} us {count / steps:6.1f}  {name[:100]}")
 
 
 if __name__ == "__main__":

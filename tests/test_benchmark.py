@@ -32,3 +32,15 @@ def test_greedy_and_beam_rows_agree_with_their_references(preset, tmp_path):
     report.results = [r for r in report.results if "beam" not in r.strategy and "malsd" not in r.strategy]
     greedy = write_reports([report], "pytest", str(tmp_path / "g.json"), str(tmp_path / "g.md"))
     assert greedy.startswith("# Greedy decoding benchmark")
+
+
+def test_idle_gaps_split_launch_gaps_from_host_time():
+    """The timeline analysis of scripts/profile_streaming.py: overlapping kernels, short and long gaps."""
+    from nemo_fastdecode.comparison import idle_gaps
+
+    timeline = [("b", 12, 20), ("a", 0, 10), ("c", 15, 25), ("d", 30, 40), ("e", 200, 210), ("b", 211, 215)]
+    gaps = idle_gaps(timeline, short_us=50.0)
+    assert gaps.busy_us == 10 + 8 + 5 + 10 + 10 + 4  # union of the intervals (b and c overlap)
+    assert (gaps.short_gaps_us, gaps.short_gaps, gaps.long_gaps_us) == (2 + 5 + 1, 3, 160)
+    assert gaps.before == [("c", 5, 1), ("a", 2, 1), ("e", 1, 1)]  # the kernel each idle stretch follows
+    assert idle_gaps([]).busy_us == 0.0
