@@ -69,10 +69,14 @@ def agreement(reference: Sequence[Hypothesis], hyps: Sequence[Hypothesis]) -> tu
     return same / max(len(reference), 1), worst
 
 
-def profile_pass(decoder: Any, batches: Batches) -> tuple[float, dict[str, list[float]]]:
+def profile_pass(
+    decoder: Any, batches: Batches, timeline: list[tuple[str, float, float]] | None = None
+) -> tuple[float, dict[str, list[float]]]:
     """Wall seconds of one pass (CUDA) under torch.profiler and, per GPU kernel name, ``[count, total us]``.
 
-    Kernels replayed from CUDA graphs count too; memcpy/memset entries are included under their names.
+    Kernels replayed from CUDA graphs count too (not those inside conditional WHILE nodes, which CUPTI does not
+    see); memcpy/memset entries are included under their names. ``timeline``: extended with every GPU event's
+    ``(name, start_us, end_us)`` (for :func:`idle_gaps`).
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -88,6 +92,8 @@ def profile_pass(decoder: Any, batches: Batches) -> tuple[float, dict[str, list[
             entry = kernels[event.name[:90]]
             entry[0] += 1
             entry[1] += event.time_range.elapsed_us()
+    if timeline is not None:
+        timeline.extend(kernel_intervals(prof))
     return wall, kernels
 
 

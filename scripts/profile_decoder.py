@@ -4,8 +4,9 @@ python scripts/profile_decoder.py                         # rnnt-0.6b, 2 minutes
 python scripts/profile_decoder.py preset=tdt-0.6b seconds=300 out=/tmp/profile.md
 
 For each strategy: wall time of one pass over the set, the sum of GPU kernel time inside it
-(torch.profiler/CUPTI; kernels replayed from CUDA graphs included), their ratio (GPU busy share),
-and the kernels that take the most time. Run NeMo's WHILE-graph decoders elsewhere: profiling them
+(torch.profiler/CUPTI; kernels replayed from CUDA graphs included, not those inside WHILE nodes: profile the
+``no_while_graph`` mode for those), their ratio (GPU busy share), the timeline's idle gaps between kernels and
+the kernels they follow, and the kernels that take the most time. Run NeMo's WHILE-graph decoders elsewhere: profiling them
 crashed (illegal memory access) on an H200.
 """
 
@@ -19,7 +20,7 @@ from omegaconf import OmegaConf
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
 from nemo_fastdecode.benchmark import decoder_factories, prepare_synthetic_set
-from nemo_fastdecode.comparison import decode_all, profile_pass
+from nemo_fastdecode.comparison import decode_all, idle_gaps, profile_pass
 
 DEFAULTS = {
     "preset": "rnnt-0.6b",
@@ -57,7 +58,9 @@ def main(argv: list[str]) -> None:
         decode_all(decoder, batches)
         torch.cuda.synchronize()
         unprofiled = time.perf_counter() - start
-        wall, kernels = profile_pass(decoder, batches)
+        timeline: list[tuple[str, float, float]] = []
+        wall, kernels = profile_pass(decoder, batches, timeline)
+        gaps = idle_gaps(timeline)
         busy = sum(total for _, total in kernels.values()) * 1e-6
         launches = sum(count for count, _ in kernels.values())
         lines += [
@@ -66,6 +69,11 @@ def main(argv: list[str]) -> None:
             "",
             f"wall {unprofiled:.3f} s (profiled {wall:.3f} s); kernel time {busy:.3f} s = {busy / wall:.0%} GPU busy; "
             f"{launches} kernels, {1e6 * busy / max(launches, 1):.1f} us each on average",
+            "",
+            f"timeline: busy {gaps.busy_us / 1e3:.1f} ms; idle between kernels (gaps < 50 us) "
+            f"{gaps.short_gaps_us / 1e3:.1f} ms over {gaps.short_gaps} gaps; longer idle {gaps.long_gaps_us / 1e3:.1f} "
+            "ms. Most idle time follows: "
+            + "; ".join(f"`{kernel[:60]}` {total / 1e3:.1f} ms ({count})" for kernel, total, count in gaps.before[:5]),
             "",
             "| kernel | count | total ms | mean us |",
             "|---|---|---|---|",
