@@ -106,3 +106,45 @@ def test_epilogue_swish_and_scaled_residual(overrides, swish, with_residual):
     if with_residual:
         with pytest.raises(ValueError, match=r"residual must be \[..., N\]"):
             matmul.linear(x, weight, bias, residual=residual[..., :-1])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"block_m": 16, "block_n": 16, "block_k": 16}, {"block_n": 32, "split_k": 4, "block_k": 16}],
+    ids=["default", "small-tiles", "split-4"],
+)
+def test_row_stats_of_the_output(overrides):
+    """``row_stats``: per-tile (mean, M2) of the output after its epilogue, merged into each row's mean and var."""
+    rows, n_out, depth = 37, 70, 48  # odd: a partial row tile and a narrower last column tile
+    x, weight, residual = random(rows, depth, seed=1), random(n_out, depth, seed=2), random(rows, n_out, seed=3)
+    y, stats = matmul.linear(x, weight, random(n_out, seed=4), residual=residual + 5.0, row_stats=True, **overrides)
+    var, mean = torch.var_mean(y.double(), dim=1, correction=0)
+    got_mean, got_var = stats.mean_var(n_out)
+    torch.testing.assert_close(got_mean, mean, rtol=1e-6, atol=1e-6)  # a row mean near 5: the offset is kept
+    torch.testing.assert_close(got_var, var, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_layer_norm_of_the_input_from_its_row_stats(split_k):
+    """A GEMM over ``layer_norm(h)`` where ``h`` (far from zero mean) was written by a GEMM that kept its row
+    statistics: the same as torch's LayerNorm then the product, with no normalised copy of ``h``."""
+    rows, d_model, n_out = 45, 40, 52
+    x, w1 = random(rows, 24, seed=5), random(d_model, 24, seed=6)
+    h, stats = matmul.linear(x, w1, residual=random(rows, d_model, seed=7) * 3 + 7.0, row_stats=True, block_n=16)
+    norm = torch.nn.LayerNorm(d_model, eps=1e-5).to(DEVICE)
+    with torch.no_grad():
+        norm.weight.copy_(random(d_model, seed=8))
+        norm.bias.copy_(random(d_model, seed=9))
+    w2, b2 = random(n_out, d_model, seed=10), random(n_out, seed=11)
+    fused = matmul.linear(
+        h, w2, b2, layer_norm=matmul.LayerNormInput(stats, norm.weight, norm.bias, norm.eps), split_k=split_k,
+        block_k=16,
+    )  # fmt: skip
+    with torch.no_grad():
+        expected = matmul.linear_reference(h, w2, b2, layer_norm=norm)
+        close_to_float64(fused, norm(h), w2, b2, rtol=2e-5)  # the normalised rows agree with torch's to ~1e-6
+    torch.testing.assert_close(fused, expected, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=r"layer_norm stats are \(45, 3, 2\), x is \[45, 24\]"):
+        matmul.linear(x, w1, layer_norm=matmul.LayerNormInput(stats, norm.weight, norm.bias, norm.eps))
+    with pytest.raises(ValueError, match="row_stats / layer_norm need a non-empty product"):
+        matmul.linear(x[:0], w1, row_stats=True)

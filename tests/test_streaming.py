@@ -402,6 +402,10 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
     layers_run = len(order) * len(model.encoder.layers) if encoder_matmul == "tf32x3" else 0
     assert sum(bool(kw.get("swish")) for kw in gemms) == layers_run * 2
     assert sum(kw.get("residual") is not None for kw in gemms) == layers_run * (0 if mixed else 4)
+    # tf32x3: the attention's, convolution's and second feed-forward's layer norms ride on the GEMM after them,
+    # with row statistics kept by the residual GEMM before them (both GEMMs on the kernel: not in mixed)
+    assert sum(kw.get("row_stats", False) for kw in gemms) == layers_run * (0 if mixed else 3)
+    assert sum(kw.get("layer_norm") is not None for kw in gemms) == layers_run * (0 if mixed else 3)
     # tf32x3: the subsampling's ReLUs (with masks and paddings) are fused, one per convolution stage and step
     stages = int(math.log2(model.encoder.pre_encode.subsampling_factor))
     assert len(relu_pads) == (len(order) * stages if encoder_matmul == "tf32x3" else 0)

@@ -13,6 +13,8 @@ interpreter runs the kernel on the CPU in tests.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -27,9 +29,10 @@ PRECISIONS = ("tf32x3", "tf32", "ieee")
 def _linear_kernel(
     x_ptr, x_stride, w_ptr, w_stride, b_ptr, out_ptr, out_stride, partial_ptr, counter_ptr, rows, n_out, depth,
     residual_ptr, residual_stride, residual_scale,
+    stats_out_ptr, stats_in_ptr, stats_in_tiles, stats_in_width, norm_w_ptr, norm_b_ptr, norm_eps,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, SWISH: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, STATS_OUT: tl.constexpr, NORM_IN: tl.constexpr,
 ):  # fmt: skip
     # grouped program order: GROUP_M row tiles share each weight tile while it is in L2
     pid = tl.program_id(0)
@@ -46,8 +49,13 @@ def _linear_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # columns past n_out read a clamped (valid) weight row and are never stored; split-K: depth shares on axis 2
     w_rows = tl.minimum(offs_n, n_out - 1)
-    acc = lstm_step._accumulate(acc, x_ptr, x_stride, w_ptr, w_stride, w_rows, offs_m, m_ok, depth, BLOCK_K,
-                                PRECISION, SPLIT_K)  # fmt: skip
+    if NORM_IN:  # x's rows pass through a layer norm as they are loaded: statistics from the GEMM that wrote x
+        mean, rstd = _merged_row_stats(stats_in_ptr, stats_in_tiles, stats_in_width, depth, offs_m, m_ok, norm_eps)
+        acc = _accumulate_normalized(acc, x_ptr, x_stride, w_ptr, w_stride, w_rows, offs_m, m_ok, depth, mean, rstd,
+                                     norm_w_ptr, norm_b_ptr, BLOCK_K, PRECISION, SPLIT_K)  # fmt: skip
+    else:
+        acc = lstm_step._accumulate(acc, x_ptr, x_stride, w_ptr, w_stride, w_rows, offs_m, m_ok, depth, BLOCK_K,
+                                    PRECISION, SPLIT_K)  # fmt: skip
     if SPLIT_K > 1:  # the tile's last program adds the partial sums in split order (deterministic)
         acc, last = lstm_step._split_k_total(acc, partial_ptr, rows * n_out, offs_m[:, None] * n_out + offs_n[None, :],
                                              mask, counter_ptr, SPLIT_K)  # fmt: skip
@@ -61,6 +69,53 @@ def _linear_kernel(
         residual = tl.load(residual_ptr + offs_m[:, None] * residual_stride + offs_n[None, :], mask=mask, other=0.0)
         acc = residual + residual_scale * acc
     tl.store(out_ptr + offs_m[:, None] * out_stride + offs_n[None, :], acc, mask=mask)
+    if STATS_OUT:  # this tile's (mean, M2) of each row, two-pass over its columns, for a layer norm downstream
+        width = tl.minimum(n_out - pid_n * BLOCK_N, BLOCK_N)
+        tile_mean = tl.sum(tl.where(n_ok[None, :], acc, 0.0), axis=1) / width
+        centred = tl.where(n_ok[None, :], acc - tile_mean[:, None], 0.0)
+        tile_m2 = tl.sum(centred * centred, axis=1)
+        stats_ok = tl.max(mask.to(tl.int32), axis=1) > 0  # valid row (and, with split-K, the tile's last program)
+        where = stats_out_ptr + (offs_m * tiles_n + pid_n) * 2
+        tl.store(where, tile_mean, mask=stats_ok)
+        tl.store(where + 1, tile_m2, mask=stats_ok)
+
+
+@triton.jit
+def _merged_row_stats(stats_ptr, tiles, width, features, offs_m, m_ok, eps):
+    """Mean and 1 / sqrt(var + eps) of each row from its column tiles' (mean, M2), merged pairwise (Chan et al.)."""
+    mean = tl.zeros(offs_m.shape, dtype=tl.float32)
+    m2 = tl.zeros(offs_m.shape, dtype=tl.float32)
+    for t in range(0, tiles):
+        count = (t * width) * 1.0  # columns merged so far: every tile before the last is full
+        n_t = tl.minimum(features - t * width, width) * 1.0
+        where = stats_ptr + (offs_m * tiles + t) * 2
+        mean_t = tl.load(where, mask=m_ok, other=0.0)
+        m2_t = tl.load(where + 1, mask=m_ok, other=0.0)
+        total = count + n_t
+        delta = mean_t - mean
+        mean = mean + delta * (n_t / total)
+        m2 = m2 + m2_t + delta * delta * (count * n_t / total)
+    return mean, 1.0 / tl.sqrt(m2 / features + eps)
+
+
+@triton.jit
+def _accumulate_normalized(acc, a_ptr, a_stride, w_ptr, w_stride, w_rows, rows, row_ok, depth, mean, rstd, gamma_ptr,
+                           beta_ptr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+    """``lstm_step._accumulate`` of ``layer_norm(a)``: each loaded tile becomes ``(a - mean) * rstd * gamma + beta``
+    (torch's order of operations) before the product."""
+    share = tl.cdiv(tl.cdiv(depth, BLOCK_K), SPLIT_K) * BLOCK_K
+    start = tl.program_id(2) * share
+    end = tl.minimum(start + share, depth)
+    for k0 in range(start, end, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < end
+        a = tl.load(a_ptr + rows[:, None] * a_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        gamma = tl.load(gamma_ptr + ks, mask=k_ok, other=0.0)
+        beta = tl.load(beta_ptr + ks, mask=k_ok, other=0.0)
+        a = (a - mean[:, None]) * rstd[:, None] * gamma[None, :] + beta[None, :]
+        w = tl.load(w_ptr + w_rows[:, None] * w_stride + ks[None, :], mask=k_ok[None, :], other=0.0)
+        acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
+    return acc
 
 
 _COUNTERS: dict[tuple, torch.Tensor] = {}
@@ -119,12 +174,18 @@ def linear(
     swish: bool = False,
     residual: torch.Tensor | None = None,
     residual_scale: float = 1.0,
-) -> torch.Tensor:
+    layer_norm: LayerNormInput | None = None,
+    row_stats: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, RowStats]:
     """``x @ weight^T + bias`` with the Triton kernel: x ``[..., K]``, weight ``[N, K]``, bias ``[N]`` or ``None``;
     returns ``[..., N]``; all float32 on one device. Keyword block sizes override :func:`matmul_tiling` (tuning);
     ``split_k > 1`` splits the depth over that many programs per output tile, their partial sums added in split
     order (deterministic). Epilogue: ``swish`` applies ``y * sigmoid(y)``; ``residual [..., N]`` returns
-    ``residual + residual_scale * y`` (a Conformer layer's half-step feed-forward: ``x + 0.5 * ff(x)``)."""
+    ``residual + residual_scale * y`` (a Conformer layer's half-step feed-forward: ``x + 0.5 * ff(x)``).
+
+    ``layer_norm``: multiply ``layer_norm(x)`` instead of ``x``, normalising rows as they are loaded, with the row
+    statistics of ``x`` that the GEMM which wrote ``x`` kept (no layer-norm kernel, no normalised copy of ``x``).
+    ``row_stats``: also return those statistics of this GEMM's output (after its epilogue), ``(y, RowStats)``."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     tensors = {"x": x, "weight": weight} | ({"bias": bias} if bias is not None else {})
@@ -148,12 +209,16 @@ def linear(
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     rows, depth = x2.shape
     n_out = weight.shape[0]
+    if (row_stats or layer_norm is not None) and 0 in (rows, n_out, depth):
+        raise ValueError(f"row_stats / layer_norm need a non-empty product, got [{rows}, {depth}] @ [{depth}, {n_out}]")
     out = torch.empty([rows, n_out], dtype=torch.float32, device=x.device)
     if rows == 0 or n_out == 0:
         return out.view(*x.shape[:-1], n_out)
     if depth == 0:  # no product: the epilogue on the bias alone, in torch
         out = out.copy_(bias.expand(rows, n_out) if bias is not None else 0).view(*x.shape[:-1], n_out)
         return _epilogue_reference(out, swish, residual, residual_scale)
+    if layer_norm is not None:
+        layer_norm.check(x2)
     tiling = matmul_tiling(rows, n_out, depth)
     overrides = {"block_m": block_m, "block_n": block_n, "block_k": block_k, "num_warps": num_warps,
                  "num_stages": num_stages, "split_k": split_k}  # fmt: skip
@@ -165,14 +230,67 @@ def linear(
     residual2 = out if residual is None else residual.reshape(rows, n_out)
     if residual2.stride(-1) != 1:
         residual2 = residual2.contiguous()
+    stats = RowStats(
+        torch.empty([rows, triton.cdiv(n_out, tiling["block_n"]), 2], dtype=torch.float32, device=x.device),
+        tiling["block_n"],
+    ) if row_stats else None  # fmt: skip
+    norm = layer_norm if layer_norm is not None else LayerNormInput(RowStats(out, 1), out, out, 0.0)  # placeholders
     _linear_kernel[(tiles, 1, tiling["split_k"])](
         x2, x2.stride(0), weight, weight.stride(0), bias if bias is not None else weight, out, out.stride(0),
         partials, counters, rows, n_out, depth, residual2, residual2.stride(0), float(residual_scale),
+        stats.partials if stats is not None else out, norm.stats.partials, norm.stats.partials.shape[1],
+        norm.stats.tile_width, norm.weight, norm.bias, float(norm.eps),
         HAS_BIAS=bias is not None, BLOCK_M=tiling["block_m"], BLOCK_N=tiling["block_n"], BLOCK_K=tiling["block_k"],
         GROUP_M=8, PRECISION=precision, SPLIT_K=tiling["split_k"], SWISH=swish, HAS_RESIDUAL=residual is not None,
+        STATS_OUT=row_stats, NORM_IN=layer_norm is not None,
         num_warps=tiling["num_warps"], num_stages=tiling["num_stages"],
     )  # fmt: skip
-    return out.view(*x.shape[:-1], n_out)
+    out = out.view(*x.shape[:-1], n_out)
+    return (out, stats) if row_stats else out
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """Per-row statistics of a GEMM output ``y [rows, N]`` in column tiles: ``partials[r, t] = (mean, M2)`` of
+    ``y[r, t * tile_width : (t + 1) * tile_width]`` (M2: sum of squared deviations from that mean)."""
+
+    partials: torch.Tensor  # [rows, tiles, 2] float32
+    tile_width: int
+
+    def mean_var(self, features: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean [rows], biased variance [rows])`` of the whole rows of ``features`` columns (torch, for tests)."""
+        rows, tiles, _ = self.partials.shape
+        counts = torch.tensor(
+            [min(self.tile_width, features - t * self.tile_width) for t in range(tiles)],
+            dtype=torch.float64, device=self.partials.device,
+        )  # fmt: skip
+        means, m2s = self.partials[..., 0].double(), self.partials[..., 1].double()
+        mean = (means * counts).sum(1) / features
+        m2 = m2s.sum(1) + (counts * (means - mean[:, None]) ** 2).sum(1)
+        return mean, m2 / features
+
+
+@dataclass(frozen=True)
+class LayerNormInput:
+    """``torch.nn.LayerNorm`` over the last dim of a GEMM's input, with that input's :class:`RowStats`."""
+
+    stats: RowStats
+    weight: torch.Tensor  # [K]
+    bias: torch.Tensor  # [K]
+    eps: float
+
+    def check(self, x: torch.Tensor) -> None:
+        rows, depth = x.shape
+        tiles = -(-depth // self.stats.tile_width)
+        if self.stats.partials.shape != (rows, tiles, 2):
+            raise ValueError(
+                f"layer_norm stats are {tuple(self.stats.partials.shape)}, x is [{rows}, {depth}]: need the "
+                f"[{rows}, {tiles}, 2] statistics of x kept by the GEMM that wrote it"
+            )
+        for name, t in (("weight", self.weight), ("bias", self.bias)):
+            if t.shape != (depth,) or t.dtype != torch.float32 or t.device != x.device:
+                raise ValueError(f"layer_norm {name} must be float32 [{depth}] on {x.device}, got {t.dtype} "
+                                 f"{tuple(t.shape)} on {t.device}")  # fmt: skip
 
 
 def linear_reference(
@@ -183,8 +301,11 @@ def linear_reference(
     swish: bool = False,
     residual: torch.Tensor | None = None,
     residual_scale: float = 1.0,
+    layer_norm: torch.nn.LayerNorm | None = None,
 ) -> torch.Tensor:
-    """:func:`linear` in torch (``F.linear`` and the epilogue's ops): the CPU path and the tests' reference."""
+    """:func:`linear` in torch (``F.linear`` and the epilogue's ops; ``layer_norm`` a module applied to ``x`` first):
+    the CPU path and the tests' reference."""
+    x = layer_norm(x) if layer_norm is not None else x
     return _epilogue_reference(F.linear(x, weight, bias), swish, residual, residual_scale)
 
 

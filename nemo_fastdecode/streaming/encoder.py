@@ -20,6 +20,7 @@ position ``length - Tq + t``. Streams differ in ``T_i`` only at their first and 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -235,54 +236,73 @@ class StreamingEncoderStep:
     def _linear(
         self,
         module: torch.nn.Module,
-        x: torch.Tensor,
+        x: torch.Tensor | _Normalized,
         activation: torch.nn.Module | None = None,
         residual: torch.Tensor | None = None,
         residual_scale: float = 1.0,
-    ) -> torch.Tensor:
+        keep_stats: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, matmul.RowStats | None]:
         """A Linear (or a kernel-size-1 Conv1d, on ``[B, T, C]``) applied to the last dim of ``x``, then
         ``activation``, then ``residual + residual_scale * y``: in the GEMM's epilogue on the 3xTF32 kernel (Swish),
-        else as NeMo's torch ops in NeMo's order."""
+        else as NeMo's torch ops in NeMo's order. ``x`` may be a :class:`_Normalized` (a layer norm the 3xTF32 kernel
+        applies while loading the rows, given their statistics). ``keep_stats``: return ``(y, row statistics of y or
+        None)``, the statistics where the 3xTF32 kernel computed ``y``."""
+        normalized = x if isinstance(x, _Normalized) else None
         if self.tensor_core_matmul:
             weight = module.weight if module.weight.dim() == 2 else module.weight[:, :, 0]
             swish = activation is not None and is_swish(activation)
-            # shapes are fixed per batch-size bucket, so each captured graph makes this choice once
+            source = normalized.x if normalized is not None else x
+            # shapes are fixed per batch-size bucket, so each captured graph makes these choices once
             if (activation is None or swish) and matmul.tensor_cores_win(
-                x.numel() // x.shape[-1], weight.shape[0], weight.shape[1]
+                source.numel() // source.shape[-1], weight.shape[0], weight.shape[1]
             ):
+                layer_norm = normalized.fusable() if normalized is not None else None
+                if normalized is not None and layer_norm is None:
+                    source = normalized.compute()
                 return matmul.linear(
-                    x, weight, module.bias, swish=swish, residual=residual, residual_scale=residual_scale
-                )
+                    source, weight, module.bias, swish=swish, residual=residual, residual_scale=residual_scale,
+                    layer_norm=layer_norm, row_stats=keep_stats,
+                )  # fmt: skip
+            x = normalized.compute() if normalized is not None else x
             y = F.linear(x, weight, module.bias)  # cuBLAS fp32 where the 3xTF32 kernel would be slower
         else:
+            x = normalized.compute() if normalized is not None else x
             y = module(x)
         if activation is not None:
             y = activation(y)
-        if residual is None:
-            return y
-        return residual + y if residual_scale == 1.0 else residual + residual_scale * y
+        if residual is not None:
+            y = residual + y if residual_scale == 1.0 else residual + residual_scale * y
+        return (y, None) if keep_stats else y
 
-    def _feed_forward(self, ff: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def _feed_forward(
+        self, ff: torch.nn.Module, x: torch.Tensor | _Normalized, residual: torch.Tensor, keep_stats: bool = False
+    ):
         """``residual + 0.5 * ConformerFeedForward.forward(x)`` (eval mode: dropout is identity)."""
         hidden = self._linear(ff.linear1, x, activation=ff.activation)
-        return self._linear(ff.linear2, hidden, residual=residual, residual_scale=0.5)
+        return self._linear(ff.linear2, hidden, residual=residual, residual_scale=0.5, keep_stats=keep_stats)
 
     def _layer(self, index, layer, x, slot_ids, write_slot, write_pos, lengths, ring_start, conv_src):
         """``ConformerLayer.forward`` with the caches of the slots (eval mode: dropout is identity); each residual
-        addition rides on the GEMM before it."""
-        residual = self._feed_forward(layer.feed_forward1, layer.norm_feed_forward1(x), residual=x)
-        residual = self._attention(
-            index, layer.self_attn, layer.norm_self_att(residual), slot_ids, write_slot, write_pos, lengths,
-            ring_start, residual,
+        addition rides on the GEMM before it, and (tf32x3) three of the five layer norms on the GEMM after it."""
+        residual, stats = self._feed_forward(
+            layer.feed_forward1, layer.norm_feed_forward1(x), residual=x, keep_stats=True
+        )
+        residual, stats = self._attention(
+            index, layer.self_attn, _Normalized(residual, layer.norm_self_att, stats), slot_ids, write_slot,
+            write_pos, lengths, ring_start, residual,
         )  # fmt: skip
-        residual = self._convolution(index, layer.conv, layer.norm_conv(residual), slot_ids, conv_src, residual)
-        residual = self._feed_forward(layer.feed_forward2, layer.norm_feed_forward2(residual), residual=residual)
+        residual, stats = self._convolution(
+            index, layer.conv, _Normalized(residual, layer.norm_conv, stats), slot_ids, conv_src, residual
+        )
+        residual = self._feed_forward(
+            layer.feed_forward2, _Normalized(residual, layer.norm_feed_forward2, stats), residual=residual
+        )
         return layer.norm_out(residual)
 
     def _attention(self, index, attn, x, slot_ids, write_slot, write_pos, lengths, ring_start, residual):
         """``residual + RelPositionMultiHeadAttention`` over [cached left context, this chunk], keys read in place."""
         s = self.slots
-        b, tq, d = x.shape
+        b, tq, d = residual.shape
         h, dh = self.num_heads, self.head_dim
         # same as: keys[slot, pos] = k, values[slot, pos] = v for every valid row (in place, no concatenation)
         where = (write_slot, write_pos)
@@ -290,6 +310,7 @@ class StreamingEncoderStep:
             q, kv = self._linear(self.fused_qkv[index], x).split([d, 2 * d], dim=-1)
             s.key_values[index].index_put_(where, kv.reshape(b * tq, 2, h, dh).to(s.dtype))
         else:
+            x = x.compute() if isinstance(x, _Normalized) else x  # once for the three projections
             q, k, v = (self._linear(linear, x) for linear in (attn.linear_q, attn.linear_k, attn.linear_v))
             s.keys[index].index_put_(where, k.reshape(b * tq, h, dh).to(s.dtype))
             s.values[index].index_put_(where, v.reshape(b * tq, h, dh).to(s.dtype))
@@ -297,7 +318,7 @@ class StreamingEncoderStep:
         keys, values = s.keys[index], s.values[index]  # [S + 1, W + Tq, H, Dh] views
         bias_u, bias_v = self.pos_bias[index]
         # written as [B, Tq, H, Dh], the layout linear_out reads as [B, Tq, d]: no transpose copy
-        out = torch.empty(b, tq, h, dh, dtype=s.dtype, device=x.device)
+        out = torch.empty(b, tq, h, dh, dtype=s.dtype, device=residual.device)
         indexed_attention(
             q.transpose(1, 2).to(s.dtype),
             keys.permute(0, 2, 1, 3),
@@ -313,7 +334,7 @@ class StreamingEncoderStep:
             key_starts=ring_start,
             out=out.transpose(1, 2),
         )
-        return self._linear(attn.linear_out, out.view(b, tq, d).to(x.dtype), residual=residual)
+        return self._linear(attn.linear_out, out.view(b, tq, d).to(residual.dtype), residual=residual, keep_stats=True)
 
     def _convolution(self, index, conv, x, slot_ids, conv_src, residual):
         """``residual + ConformerConvolution`` with the causal depthwise convolution's left context from the slots."""
@@ -321,10 +342,11 @@ class StreamingEncoderStep:
         if self.fused_conv[index] is not None:  # GLU .. Swish in one kernel, time-major, caches in place
             hidden = self._linear(conv.pointwise_conv1, x)  # [B, Tq, 2C]
             x = glu_depthwise_conv_step(hidden, s.conv[index], slot_ids, conv_src, *self.fused_conv[index])
-            return self._linear(conv.pointwise_conv2, x, residual=residual)
+            return self._linear(conv.pointwise_conv2, x, residual=residual, keep_stats=True)
         if self.tensor_core_matmul:  # the pointwise convolutions as GEMMs over [B, Tq, C]
             x = F.glu(self._linear(conv.pointwise_conv1, x).transpose(1, 2), dim=1)  # [B, C, Tq]
         else:
+            x = x.compute() if isinstance(x, _Normalized) else x
             x = F.glu(conv.pointwise_conv1(x.transpose(1, 2)), dim=1)  # [B, C, Tq]
         joined = join_conv_cache(x, s.conv[index], slot_ids, conv_src)  # [B, C, K - 1 + Tq]
         dw = conv.depthwise_conv
@@ -333,8 +355,10 @@ class StreamingEncoderStep:
         layer_norm = conv.norm_type == "layer_norm"
         x = conv.batch_norm(x.transpose(1, 2)).transpose(1, 2) if layer_norm else conv.batch_norm(x)
         if self.tensor_core_matmul:
-            return self._linear(conv.pointwise_conv2, conv.activation(x).transpose(1, 2), residual=residual)
-        return residual + conv.pointwise_conv2(conv.activation(x)).transpose(1, 2)
+            return self._linear(
+                conv.pointwise_conv2, conv.activation(x).transpose(1, 2), residual=residual, keep_stats=True
+            )
+        return residual + conv.pointwise_conv2(conv.activation(x)).transpose(1, 2), None
 
     def _drop_oldest_frames(self, slot_ids, lengths, ring_start):
         """Keep each slot's last ``W`` attention frames (NeMo's cache_last_channel update) by moving its ring start.
@@ -346,6 +370,32 @@ class StreamingEncoderStep:
         new_len = lengths.clamp(max=w)
         s.ring_start.index_copy_(0, slot_ids, (ring_start + lengths - new_len) % s.capacity)
         s.att_len.index_copy_(0, slot_ids, new_len)
+
+
+@dataclass(frozen=True)
+class _Normalized:
+    """``norm(x)`` not computed yet: a GEMM on the 3xTF32 kernel normalises the rows of ``x`` while loading them
+    when ``stats`` (kept by the GEMM that wrote ``x``) are there and ``norm`` is a plain LayerNorm over the last
+    dim; any other consumer calls :meth:`compute` (NeMo's module)."""
+
+    x: torch.Tensor
+    norm: torch.nn.Module
+    stats: matmul.RowStats | None
+
+    def compute(self) -> torch.Tensor:
+        return self.norm(self.x)
+
+    def fusable(self) -> matmul.LayerNormInput | None:
+        norm = self.norm
+        plain = (
+            type(norm) is torch.nn.LayerNorm
+            and tuple(norm.normalized_shape) == (self.x.shape[-1],)
+            and norm.weight is not None
+            and norm.bias is not None
+        )
+        if self.stats is None or not plain:
+            return None
+        return matmul.LayerNormInput(self.stats, norm.weight, norm.bias, float(norm.eps))
 
 
 def is_swish(module: torch.nn.Module) -> bool:
