@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from nemo_fastdecode.config import ENCODER_MATMULS
 from nemo_fastdecode.kernels import matmul, triton_runs_on
 from nemo_fastdecode.kernels.indexed_attention import build_rel_pos_table, indexed_attention
+from nemo_fastdecode.kernels.layer_norm import layer_norm_with_stats
 from nemo_fastdecode.kernels.streaming_conv import glu_depthwise_conv_step, join_conv_cache
 from nemo_fastdecode.streaming.slots import SlotState
 from nemo_fastdecode.streaming.subsampling import CausalSubsampling
@@ -179,8 +180,11 @@ class StreamingEncoderStep:
             (self._conv_pos[None, :] - pad[:, None]).clamp(min=0),
         )  # [B, K - 1 + Tq]
 
+        stats = None  # row statistics of x, where a kernel kept them (tf32x3)
         for index, layer in enumerate(enc.layers):
-            x = self._layer(index, layer, x, slot_ids, write_slot, write_pos, lengths, ring_start, conv_src)
+            x, stats = self._layer(
+                index, layer, x, stats, slot_ids, write_slot, write_pos, lengths, ring_start, conv_src
+            )
 
         self._drop_oldest_frames(slot_ids, lengths, ring_start)
         s.started.index_copy_(0, slot_ids, started | (feature_lengths > 0))
@@ -281,11 +285,12 @@ class StreamingEncoderStep:
         hidden = self._linear(ff.linear1, x, activation=ff.activation)
         return self._linear(ff.linear2, hidden, residual=residual, residual_scale=0.5, keep_stats=keep_stats)
 
-    def _layer(self, index, layer, x, slot_ids, write_slot, write_pos, lengths, ring_start, conv_src):
+    def _layer(self, index, layer, x, x_stats, slot_ids, write_slot, write_pos, lengths, ring_start, conv_src):
         """``ConformerLayer.forward`` with the caches of the slots (eval mode: dropout is identity); each residual
-        addition rides on the GEMM before it, and (tf32x3) three of the five layer norms on the GEMM after it."""
+        addition rides on the GEMM before it, and (tf32x3) four of the five layer norms on the GEMM after it, given
+        the row statistics of their input (``x_stats``: of ``x``). Returns the layer's output and its statistics."""
         residual, stats = self._feed_forward(
-            layer.feed_forward1, layer.norm_feed_forward1(x), residual=x, keep_stats=True
+            layer.feed_forward1, _Normalized(x, layer.norm_feed_forward1, x_stats), residual=x, keep_stats=True
         )
         residual, stats = self._attention(
             index, layer.self_attn, _Normalized(residual, layer.norm_self_att, stats), slot_ids, write_slot,
@@ -297,7 +302,9 @@ class StreamingEncoderStep:
         residual = self._feed_forward(
             layer.feed_forward2, _Normalized(residual, layer.norm_feed_forward2, stats), residual=residual
         )
-        return layer.norm_out(residual)
+        if self.tensor_core_matmul and _Normalized(residual, layer.norm_out, None).is_plain_layer_norm():
+            return layer_norm_with_stats(residual, layer.norm_out)  # the next layer's first norm rides on a GEMM
+        return layer.norm_out(residual), None
 
     def _attention(self, index, attn, x, slot_ids, write_slot, write_pos, lengths, ring_start, residual):
         """``residual + RelPositionMultiHeadAttention`` over [cached left context, this chunk], keys read in place."""
@@ -385,17 +392,20 @@ class _Normalized:
     def compute(self) -> torch.Tensor:
         return self.norm(self.x)
 
-    def fusable(self) -> matmul.LayerNormInput | None:
+    def is_plain_layer_norm(self) -> bool:
+        """``norm`` is torch's affine LayerNorm over the last dim (what the kernels compute)."""
         norm = self.norm
-        plain = (
+        return (
             type(norm) is torch.nn.LayerNorm
             and tuple(norm.normalized_shape) == (self.x.shape[-1],)
             and norm.weight is not None
             and norm.bias is not None
         )
-        if self.stats is None or not plain:
+
+    def fusable(self) -> matmul.LayerNormInput | None:
+        if self.stats is None or not self.is_plain_layer_norm():
             return None
-        return matmul.LayerNormInput(self.stats, norm.weight, norm.bias, float(norm.eps))
+        return matmul.LayerNormInput(self.stats, self.norm.weight, self.norm.bias, float(self.norm.eps))
 
 
 def is_swish(module: torch.nn.Module) -> bool:
