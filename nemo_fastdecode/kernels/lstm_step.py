@@ -37,12 +37,18 @@ def _sigmoid(x):
 
 
 @triton.jit
+def _depth_share(depth, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """``[start, end)`` of the depth that this program multiplies (split-K: its share, by ``program_id(2)``)."""
+    share = tl.cdiv(tl.cdiv(depth, BLOCK_K), SPLIT_K) * BLOCK_K
+    start = tl.program_id(2) * share
+    return start, tl.minimum(start + share, depth)
+
+
+@triton.jit
 def _accumulate(acc, a_ptr, a_stride, w_ptr, w_stride, w_rows, rows, row_ok, depth, BLOCK_K: tl.constexpr,
                 PRECISION: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
     """acc += a[rows, K_s] @ W[w_rows, K_s]^T over this program's share K_s of the depth (split-K: axis 2)."""
-    share = tl.cdiv(tl.cdiv(depth, BLOCK_K), SPLIT_K) * BLOCK_K
-    start = tl.program_id(2) * share
-    end = tl.minimum(start + share, depth)
+    start, end = _depth_share(depth, BLOCK_K, SPLIT_K)
     for k0 in range(start, end, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < end

@@ -103,9 +103,7 @@ def _accumulate_normalized(acc, a_ptr, a_stride, w_ptr, w_stride, w_rows, rows, 
                            beta_ptr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
     """``lstm_step._accumulate`` of ``layer_norm(a)``: each loaded tile becomes ``(a - mean) * rstd * gamma + beta``
     (torch's order of operations) before the product."""
-    share = tl.cdiv(tl.cdiv(depth, BLOCK_K), SPLIT_K) * BLOCK_K
-    start = tl.program_id(2) * share
-    end = tl.minimum(start + share, depth)
+    start, end = lstm_step._depth_share(depth, BLOCK_K, SPLIT_K)
     for k0 in range(start, end, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < end
