@@ -302,7 +302,7 @@ class StreamingEncoderStep:
         residual = self._feed_forward(
             layer.feed_forward2, _Normalized(residual, layer.norm_feed_forward2, stats), residual=residual
         )
-        if self.tensor_core_matmul and _Normalized(residual, layer.norm_out, None).is_plain_layer_norm():
+        if self.tensor_core_matmul and is_plain_layer_norm(layer.norm_out, residual.shape[-1]):
             return layer_norm_with_stats(residual, layer.norm_out)  # the next layer's first norm rides on a GEMM
         return layer.norm_out(residual), None
 
@@ -392,20 +392,21 @@ class _Normalized:
     def compute(self) -> torch.Tensor:
         return self.norm(self.x)
 
-    def is_plain_layer_norm(self) -> bool:
-        """``norm`` is torch's affine LayerNorm over the last dim (what the kernels compute)."""
-        norm = self.norm
-        return (
-            type(norm) is torch.nn.LayerNorm
-            and tuple(norm.normalized_shape) == (self.x.shape[-1],)
-            and norm.weight is not None
-            and norm.bias is not None
-        )
-
     def fusable(self) -> matmul.LayerNormInput | None:
-        if self.stats is None or not self.is_plain_layer_norm():
+        """What ``matmul.linear(layer_norm=...)`` needs, or None where the norm must be computed."""
+        if self.stats is None or not is_plain_layer_norm(self.norm, self.x.shape[-1]):
             return None
         return matmul.LayerNormInput(self.stats, self.norm.weight, self.norm.bias, float(self.norm.eps))
+
+
+def is_plain_layer_norm(norm: torch.nn.Module, features: int) -> bool:
+    """``norm`` is torch's affine LayerNorm over a last dim of ``features`` (what the fused kernels compute)."""
+    return (
+        type(norm) is torch.nn.LayerNorm
+        and tuple(norm.normalized_shape) == (features,)
+        and norm.weight is not None
+        and norm.bias is not None
+    )
 
 
 def is_swish(module: torch.nn.Module) -> bool:
