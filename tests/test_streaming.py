@@ -320,6 +320,23 @@ def test_bad_chunks(streamer, features):
         streamer.close(slot)
 
 
+def test_one_batch_tensor_equals_the_list_of_chunks(model, features):
+    """A ``[N, feat_in, T]`` tensor (a server that batches its chunks) skips the per-chunk packing, same results."""
+    results = []
+    for as_tensor in (False, True):
+        streamer = StreamingTranscriber(model, num_slots=2, att_context_size=[16, 1])
+        slots = [streamer.open() for _ in range(2)]
+        for step in range(3):
+            chunks = [split_features(f, streamer.geometry)[step] for f in features[:2]]
+            width = min(c.shape[1] for c in chunks)
+            chunks = [c[:, :width] for c in chunks]
+            result = streamer.step(slots, torch.stack(chunks) if as_tensor else chunks)
+            results.append((result.encoded, result.encoded_lengths))
+    half = len(results) // 2
+    for (a, a_len), (b, b_len) in zip(results[:half], results[half:], strict=True):
+        assert torch.equal(a_len, b_len) and torch.equal(a, b)
+
+
 def test_bad_configuration(model, monkeypatch):
     with pytest.raises(ValueError, match=r"att_context_size=\[16, 2\] is not one of .*valid: \[\[16, 3\], \[16, 1\]"):
         StreamingTranscriber(model, num_slots=2, att_context_size=[16, 2])
