@@ -29,6 +29,7 @@ from nemo_fastdecode.config import ENCODER_MATMULS
 from nemo_fastdecode.kernels import matmul, triton_runs_on
 from nemo_fastdecode.kernels.indexed_attention import build_rel_pos_table, indexed_attention
 from nemo_fastdecode.kernels.layer_norm import layer_norm_with_stats
+from nemo_fastdecode.kernels.pre_encode_window import pre_encode_window, pre_encode_window_reference
 from nemo_fastdecode.kernels.streaming_conv import glu_depthwise_conv_step, join_conv_cache
 from nemo_fastdecode.streaming.slots import SlotState
 from nemo_fastdecode.streaming.subsampling import CausalSubsampling
@@ -111,8 +112,6 @@ class StreamingEncoderStep:
         device = slots.device
         self._rows = torch.arange(self.tq, device=device)
         self._conv_pos = torch.arange(g.conv_cache + self.tq, device=device)
-        self._feat_pos = torch.arange(g.max_input_frames, device=device)
-        self._pre_pos = torch.arange(g.pre_encode_cache, device=device)
         # NeMo's positional table for [W cached + Tq new] frames projected once per layer (it depends on
         # the weights only); NeMo re-projects the same rows every step.
         with torch.inference_mode():
@@ -202,22 +201,9 @@ class StreamingEncoderStep:
         Returns the new frames right-aligned in ``[B, Tq, d_model]`` and their number ``[B]``.
         """
         s, g = self.slots, self.geometry
-        width = g.max_input_frames
-        features = features.float()
-        if features.shape[2] < width - g.pre_encode_cache:
-            features = F.pad(features, (0, width - g.pre_encode_cache - features.shape[2]))
-        joined = torch.cat([s.pre_encode.index_select(0, slot_ids), features[:, :, : width - g.pre_encode_cache]], 2)
-        # first chunks have no pre-encode cache (NeMo): start them at the chunk, i.e. shift left by P
-        offset = torch.where(started, 0, g.pre_encode_cache)
+        window = pre_encode_window if self.tensor_core_matmul else pre_encode_window_reference  # one kernel / torch
+        x = window(features.float(), feature_lengths, started, s.pre_encode, slot_ids, g.max_input_frames)
         in_lengths = feature_lengths + torch.where(started, g.pre_encode_cache, 0)
-        src = self._feat_pos[None, :] + offset[:, None]
-        inside = self._feat_pos[None, :] < in_lengths[:, None]
-        x = joined.gather(2, src.clamp(max=width - 1)[:, None, :].expand(-1, g.feat_in, -1))
-        x = x * inside[:, None, :]  # zeros after each row's end (the subsampling masks there too)
-
-        # the new pre-encode cache: the last P frames of [old cache, chunk]
-        cache_src = feature_lengths[:, None] + self._pre_pos[None, :]
-        s.pre_encode.index_copy_(0, slot_ids, joined.gather(2, cache_src[:, None, :].expand(-1, g.feat_in, -1)))
 
         if self.subsampling is None:
             sub, sub_lengths = self.encoder.pre_encode(x=x.transpose(1, 2), lengths=in_lengths)  # [B, T', d]
