@@ -26,13 +26,18 @@ DURATIONS = [1.9, 0.75, 2.6, 1.25, 0.5, 1.6]  # seconds; staggered starts, diffe
 LOOKAHEADS = [[16, 1], [16, 3]]  # tiny-streaming's att_context_size list is [[16, 3], [16, 1], [16, 0]]
 
 
-@pytest.fixture(scope="module")
-def model():
+def tiny_streaming_model():
+    """The tests' cache-aware model: tiny random weights, blank bias calibrated to ~0.3 tokens per frame (CPU)."""
     model = S.build_synthetic_model("tiny-streaming", seed=0)
     audio = S.synthetic_audio([2.0, 1.5], seed=7)
     encoded, lengths = S.encode(model, audio, batch_size=2, device="cpu")
     S.calibrate_blank_bias(model, encoded, lengths, 0.3, iterations=4, tolerance=0.05)
     return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_streaming_model()
 
 
 @pytest.fixture(scope="module")
@@ -431,6 +436,41 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
     assert len(relu_pads) == (len(order) * stages if encoder_matmul == "tf32x3" else 0)
     # tf32x3: the convolution module between its GEMMs is one fused kernel per layer and step
     assert len(convs) == (len(order) * len(model.encoder.layers) if encoder_matmul == "tf32x3" else 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("encoder_matmul", ["fp32", "tf32x3"])
+def test_cuda_graph_step_matches_nemo_alone_on_the_gpu(features, encoder_matmul, monkeypatch):
+    """On CUDA, the step as it runs in production: a CUDA graph per bucket, the Triton kernels (tf32x3: every GEMM
+    on the 3xTF32 kernel with its fused layer norms and epilogues), against NeMo's stream step of each stream alone
+    on the same GPU: encoder outputs within 1e-4, identical tokens. cuDNN's TF32 is off on both sides (fp32)."""
+    from nemo_fastdecode.kernels import matmul
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(matmul, "tensor_cores_win", lambda rows, n_out, depth: True)  # tiny shapes: the kernel
+    gpu_model = tiny_streaming_model().cuda().eval()
+    att = [16, 1]
+    gpu_model.encoder.set_default_att_context_size(att)
+    streams = [f.cuda() for f in features[:3]]
+    runs = [nemo_alone(gpu_model, f) for f in streams]
+    streamer = StreamingTranscriber(gpu_model, num_slots=3, att_context_size=att, encoder_matmul=encoder_matmul)
+    assert streamer.runner.use_graphs
+    streamer.warm_up()
+    chunks = [split_features(f, streamer.geometry) for f in streams]
+    slots = [streamer.open() for _ in streams]
+    position = [0, 0, 0]
+    order = [[0], [1, 0], [2, 0, 1], [1, 2], [0, 2, 1], [2]] + [[0, 1, 2]] * max(len(c) for c in chunks)
+    for group in order:
+        group = [s for s in group if position[s] < len(chunks[s])]  # streams that still have chunks
+        if not group:
+            continue
+        result = streamer.step([slots[s] for s in group], [chunks[s][position[s]] for s in group])
+        for row, s in enumerate(group):
+            ref = runs[s][0][position[s]]
+            assert relative_error(result.encoded[row, : int(result.encoded_lengths[row])], ref) <= 1e-4
+            position[s] += 1
+    for s, slot in enumerate(slots):
+        assert as_int_list(streamer.flush(slot).hypothesis.y_sequence) == as_int_list(runs[s][1].y_sequence)
 
 
 def test_stacked_qkv_projection_is_the_three_projections(model):
