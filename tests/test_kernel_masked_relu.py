@@ -50,21 +50,25 @@ def test_non_contiguous_input_and_bad_inputs():
 
 @pytest.mark.parametrize("use_triton", [False, True])
 @pytest.mark.parametrize("factor", [4, 8])
-def test_causal_subsampling_equals_nemo_masked_conv_sequential(use_triton, factor):
+@pytest.mark.parametrize("max_frames", [None, 25, 40], ids=["float-lengths", "length-table", "larger-table"])
+def test_causal_subsampling_equals_nemo_masked_conv_sequential(use_triton, factor, max_frames):
     torch.manual_seed(factor)
     pre_encode = ConvSubsampling(
         "dw_striding", factor, feat_in=20, feat_out=24, conv_channels=8, activation=torch.nn.ReLU(), is_causal=True
     )
     pre_encode = pre_encode.to(DEVICE).eval()
-    subsampling = CausalSubsampling.from_module(pre_encode, use_triton=use_triton)
+    subsampling = CausalSubsampling.from_module(pre_encode, use_triton=use_triton, max_frames=max_frames)
     assert subsampling is not None
     x = torch.randn(4, 25, 20, device=DEVICE)
     lengths = torch.tensor([25, 17, 1, 0], device=DEVICE)
+    masked = x * (torch.arange(25, device=DEVICE)[None, :] < lengths[:, None])[:, :, None]
     with torch.no_grad():
         out, out_lengths = subsampling(x, lengths)
+        out_masked, _ = subsampling(masked, lengths, input_masked=True)  # the caller zeroed past the lengths
         expected, expected_lengths = pre_encode.conv(x, lengths)
     assert torch.equal(out_lengths, expected_lengths)
     assert torch.equal(out, expected)  # NeMo's own convolution calls on the same values: bit for bit
+    assert torch.equal(out_masked, expected)
 
 
 def test_other_subsamplings_keep_nemo_module():

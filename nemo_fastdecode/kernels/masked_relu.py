@@ -31,8 +31,8 @@ if triton is not None:
 
     @triton.jit
     def _masked_relu_pad_kernel(
-        x_ptr, out_ptr, lengths_ptr, total, channels, time, freq, out_time, out_freq, time_before, freq_before,
-        BLOCK: tl.constexpr,
+        x_ptr, out_ptr, lengths_ptr, lengths_stride, total, channels, time, freq, out_time, out_freq, time_before,
+        freq_before, BLOCK: tl.constexpr,
     ):  # fmt: skip
         # one element of the padded output [B, C, out_time, out_freq] per lane; x is contiguous [B, C, T, F]
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -42,7 +42,7 @@ if triton is not None:
         plane = offs // (out_freq * out_time)  # b * C + c
         b = plane // channels
         t_in, f_in = t - time_before, f - freq_before
-        length = tl.load(lengths_ptr + b, mask=in_range, other=0)
+        length = tl.load(lengths_ptr + b * lengths_stride, mask=in_range, other=0)
         inside = in_range & (t_in >= 0) & (t_in < time) & (f_in >= 0) & (f_in < freq) & (t_in < length)
         x = tl.load(x_ptr + (plane * time + t_in) * freq + f_in, mask=inside, other=0.0)
         tl.store(out_ptr + offs, tl.where(inside, tl.maximum(x, 0.0), 0.0), mask=in_range)
@@ -83,7 +83,19 @@ def masked_relu_pad(
     x = x.contiguous()
     grid = (triton.cdiv(out.numel(), _BLOCK),)
     _masked_relu_pad_kernel[grid](
-        x, out, lengths, out.numel(), c, t, f, out.shape[2], out.shape[3], time_pad[0], freq_pad[0], BLOCK=_BLOCK
+        x,
+        out,
+        lengths,
+        lengths.stride(0),
+        out.numel(),
+        c,
+        t,
+        f,
+        out.shape[2],
+        out.shape[3],
+        time_pad[0],
+        freq_pad[0],
+        BLOCK=_BLOCK,
     )
     return out
 

@@ -98,6 +98,7 @@ def pre_encode_window(
     out = torch.empty(b, channels, width, dtype=torch.float32, device=features.device)
     if b == 0:
         return out
+    lengths, started, slot_ids = (t.contiguous() for t in (lengths, started, slot_ids))  # read at offset b
     block_f = min(32, triton.next_power_of_2(channels))
     _pre_encode_window_kernel[(b, triton.cdiv(channels, block_f))](
         features, *features.stride(), frames, lengths, started, slot_ids, cache, cache.stride(0),

@@ -134,7 +134,9 @@ class StreamingEncoderStep:
             ]
             # tf32x3: the subsampling's convolutions with their masks, ReLUs and paddings fused (None: NeMo's module)
             self.subsampling = (
-                CausalSubsampling.from_module(encoder.pre_encode, use_triton=True) if self.tensor_core_matmul else None
+                CausalSubsampling.from_module(encoder.pre_encode, use_triton=True, max_frames=g.max_input_frames)
+                if self.tensor_core_matmul
+                else None
             )
             # tf32x3: q, k and v as one GEMM over the three weights stacked (one launch instead of three)
             self.fused_qkv = [
@@ -208,7 +210,8 @@ class StreamingEncoderStep:
         if self.subsampling is None:
             sub, sub_lengths = self.encoder.pre_encode(x=x.transpose(1, 2), lengths=in_lengths)  # [B, T', d]
         else:  # the convolutions only: the output Linear runs on the kept frames below
-            conv, sub_lengths = self.subsampling(x.transpose(1, 2), in_lengths)  # [B, C, T', F']
+            # the window is zero past each row's frames already: NeMo's first mask would change nothing
+            conv, sub_lengths = self.subsampling(x.transpose(1, 2), in_lengths, input_masked=True)  # [B, C, T', F']
         drop = torch.where(started, g.drop_extra, 0)
         frames = (sub_lengths.to(torch.long) - drop).clamp(min=0, max=self.tq)
         frames = torch.where(feature_lengths > 0, frames, 0)
