@@ -39,12 +39,8 @@ class CausalSubsampling:
         self.relu_pad = masked_relu_pad if use_triton else masked_relu_pad_reference
         self.length_table = None
         if max_frames is not None:  # [max_frames + 1, stages]: row L holds every stage's output length for input L
-            first, strided = self.stages
-            lengths, columns = torch.arange(max_frames + 1, dtype=torch.float32), []
-            for conv in [first] + [depthwise for depthwise, _ in strided]:
-                lengths = _output_lengths(conv, lengths)
-                columns.append(lengths.long())
-            self.length_table = torch.stack(columns, dim=1).to(first.weight.device)
+            columns = self._stage_lengths(torch.arange(max_frames + 1, dtype=torch.float32))
+            self.length_table = torch.stack(columns, dim=1).to(self.stages[0].weight.device)
 
     @classmethod
     def from_module(
@@ -68,11 +64,8 @@ class CausalSubsampling:
         first, strided = self.stages
         if self.length_table is not None:
             stage_lengths = list(self.length_table.index_select(0, lengths.long()).unbind(1))
-        else:  # NeMo's MaskedConvSequential tracks lengths in float
-            stage_lengths, current = [], lengths.clone().float()
-            for conv in [first] + [depthwise for depthwise, _ in strided]:
-                current = _output_lengths(conv, current)
-                stage_lengths.append(current.long())
+        else:
+            stage_lengths = self._stage_lengths(lengths.float())
         if not input_masked:
             x = x * _time_mask(lengths.float(), x.shape[1], x.dtype)[:, :, None]
         x = first(x.unsqueeze(1))  # CausalConv2D(1 -> C): pads its (small) input itself
@@ -84,6 +77,16 @@ class CausalSubsampling:
             # and frames past the length are zeroed by the next masked ReLU
             x = pointwise(x)
         return self.relu_pad(x, stage_lengths[-1]), stage_lengths[-1]
+
+    def _stage_lengths(self, lengths: torch.Tensor) -> list[torch.Tensor]:
+        """Each strided stage's output lengths (int64) for float input ``lengths``, with NeMo's float arithmetic
+        (``MaskedConvSequential`` tracks lengths in float)."""
+        first, strided = self.stages
+        stage_lengths = []
+        for conv in [first] + [depthwise for depthwise, _ in strided]:
+            lengths = _output_lengths(conv, lengths)
+            stage_lengths.append(lengths.long())
+        return stage_lengths
 
 
 def _stages(pre_encode: torch.nn.Module):
