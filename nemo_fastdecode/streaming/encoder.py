@@ -241,26 +241,25 @@ class StreamingEncoderStep:
         applies while loading the rows, given their statistics). ``keep_stats``: return ``(y, row statistics of y or
         None)``, the statistics where the 3xTF32 kernel computed ``y``."""
         normalized = x if isinstance(x, _Normalized) else None
-        if self.tensor_core_matmul:
-            weight = module.weight if module.weight.dim() == 2 else module.weight[:, :, 0]
-            swish = activation is not None and is_swish(activation)
-            source = normalized.x if normalized is not None else x
-            # shapes are fixed per batch-size bucket, so each captured graph makes these choices once
-            if (activation is None or swish) and matmul.tensor_cores_win(
-                source.numel() // source.shape[-1], weight.shape[0], weight.shape[1]
-            ):
-                layer_norm = normalized.fusable() if normalized is not None else None
-                if normalized is not None and layer_norm is None:
-                    source = normalized.compute()
-                return matmul.linear(
-                    source, weight, module.bias, swish=swish, residual=residual, residual_scale=residual_scale,
-                    layer_norm=layer_norm, row_stats=keep_stats,
-                )  # fmt: skip
-            x = normalized.compute() if normalized is not None else x
-            y = F.linear(x, weight, module.bias)  # cuBLAS fp32 where the 3xTF32 kernel would be slower
-        else:
-            x = normalized.compute() if normalized is not None else x
-            y = module(x)
+        weight = module.weight if module.weight.dim() == 2 else module.weight[:, :, 0]
+        swish = activation is not None and is_swish(activation)
+        rows = (normalized.x if normalized is not None else x).shape[:-1].numel()
+        # shapes are fixed per batch-size bucket, so each captured graph makes these choices once
+        on_kernel = (
+            self.tensor_core_matmul
+            and (activation is None or swish)
+            and matmul.tensor_cores_win(rows, weight.shape[0], weight.shape[1])
+        )
+        layer_norm = normalized.fusable() if on_kernel and normalized is not None else None
+        if normalized is not None:  # the kernel normalises the rows of normalized.x as it loads them, or torch does
+            x = normalized.x if layer_norm is not None else normalized.compute()
+        if on_kernel:
+            return matmul.linear(
+                x, weight, module.bias, swish=swish, residual=residual, residual_scale=residual_scale,
+                layer_norm=layer_norm, row_stats=keep_stats,
+            )  # fmt: skip
+        # fp32: NeMo's module; tf32x3 off the kernel: cuBLAS fp32 where the 3xTF32 kernel would be slower
+        y = F.linear(x, weight, module.bias) if self.tensor_core_matmul else module(x)
         if activation is not None:
             y = activation(y)
         if residual is not None:
