@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from nemo_fastdecode.kernels.matmul import RowStats
+from nemo_fastdecode.kernels.matmul import RowStats, row_mean_centred
 
 __all__ = ["layer_norm_with_stats", "layer_norm_with_stats_reference"]
 
@@ -31,15 +31,13 @@ def _layer_norm_with_stats_kernel(
     m_ok, d_ok = offs_m < rows, offs_d < features
     mask = m_ok[:, None] & d_ok[None, :]
     x = tl.load(x_ptr + offs_m[:, None] * x_stride + offs_d[None, :], mask=mask, other=0.0)
-    mean = tl.sum(x, axis=1) / features
-    centred = tl.where(mask, x - mean[:, None], 0.0)
+    _, centred = row_mean_centred(x, mask, features)
     rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / features + eps)
     w = tl.load(w_ptr + offs_d, mask=d_ok, other=0.0)
     b = tl.load(b_ptr + offs_d, mask=d_ok, other=0.0)
     y = centred * rstd[:, None] * w[None, :] + b[None, :]
     tl.store(y_ptr + offs_m[:, None] * features + offs_d[None, :], y, mask=mask)
-    y_mean = tl.sum(tl.where(mask, y, 0.0), axis=1) / features
-    y_centred = tl.where(mask, y - y_mean[:, None], 0.0)
+    y_mean, y_centred = row_mean_centred(y, mask, features)
     tl.store(stats_ptr + offs_m * 2, y_mean, mask=m_ok)
     tl.store(stats_ptr + offs_m * 2 + 1, tl.sum(y_centred * y_centred, axis=1), mask=m_ok)
 

@@ -71,13 +71,20 @@ def _linear_kernel(
     tl.store(out_ptr + offs_m[:, None] * out_stride + offs_n[None, :], acc, mask=mask)
     if STATS_OUT:  # this tile's (mean, M2) of each row, two-pass over its columns, for a layer norm downstream
         width = tl.minimum(n_out - pid_n * BLOCK_N, BLOCK_N)
-        tile_mean = tl.sum(tl.where(n_ok[None, :], acc, 0.0), axis=1) / width
-        centred = tl.where(n_ok[None, :], acc - tile_mean[:, None], 0.0)
+        tile_mean, centred = row_mean_centred(acc, n_ok[None, :], width)
         tile_m2 = tl.sum(centred * centred, axis=1)
         stats_ok = tl.max(mask.to(tl.int32), axis=1) > 0  # valid row (and, with split-K, the tile's last program)
         where = stats_out_ptr + (offs_m * tiles_n + pid_n) * 2
         tl.store(where, tile_mean, mask=stats_ok)
         tl.store(where + 1, tile_m2, mask=stats_ok)
+
+
+@triton.jit
+def row_mean_centred(values, valid, count):
+    """``(mean [M], values - mean, zero where not valid)`` of each row of ``values [M, N]`` over its ``count`` valid
+    entries: the first of the two passes behind a row's (mean, M2), exact where one pass over sums is not."""
+    mean = tl.sum(tl.where(valid, values, 0.0), axis=1) / count
+    return mean, tl.where(valid, values - mean[:, None], 0.0)
 
 
 @triton.jit
