@@ -389,9 +389,15 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
     monkeypatch.setattr(matmul, "linear", lambda *args, **kwargs: gemms.append(kwargs) or linear(*args, **kwargs))
     from nemo_fastdecode.streaming import subsampling as streaming_subsampling
 
-    relu_pads = []
+    relu_pads, depthwise_convs = [], []
     fused_relu_pad = streaming_subsampling.masked_relu_pad
     monkeypatch.setattr(streaming_subsampling, "masked_relu_pad", lambda *a: relu_pads.append(1) or fused_relu_pad(*a))
+    fused_depthwise = streaming_subsampling.masked_depthwise_conv
+    monkeypatch.setattr(
+        streaming_subsampling,
+        "masked_depthwise_conv",
+        lambda *a: depthwise_convs.append(a[-1] is not None) or fused_depthwise(*a),
+    )
     fused_conv = streaming_encoder.glu_depthwise_conv_step
     monkeypatch.setattr(streaming_encoder, "glu_depthwise_conv_step", lambda *a: convs.append(1) or fused_conv(*a))
     # tiny shapes: the kernel anyway (mixed: for widening GEMMs only, d_model -> 4 d_model or 2 d_model)
@@ -433,7 +439,9 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
     assert sum(kw.get("layer_norm") is not None for kw in gemms) == fused_norms
     # tf32x3: the subsampling's ReLUs (with masks and paddings) are fused, one per convolution stage and step
     stages = int(math.log2(model.encoder.pre_encode.subsampling_factor))
-    assert len(relu_pads) == (len(order) * stages if encoder_matmul == "tf32x3" else 0)
+    # each step: the first convolution inside the first depthwise kernel, one kernel per strided stage, the last ReLU
+    assert len(relu_pads) == (len(order) if encoder_matmul == "tf32x3" else 0)
+    assert depthwise_convs == ([True] + [False] * (stages - 2)) * (len(order) if encoder_matmul == "tf32x3" else 0)
     # tf32x3: the convolution module between its GEMMs is one fused kernel per layer and step
     assert len(convs) == (len(order) * len(model.encoder.layers) if encoder_matmul == "tf32x3" else 0)
 

@@ -31,11 +31,16 @@ if triton is not None:
 
     @triton.jit
     def _masked_relu_pad_kernel(
-        x_ptr, out_ptr, lengths_ptr, lengths_stride, total, channels, time, freq, out_time, out_freq, time_before,
-        freq_before, BLOCK: tl.constexpr,
+        x_ptr, out_ptr, lengths_ptr, lengths_stride, total, channels, time, freq, time_before, freq_before,
+        OUT_TIME: tl.constexpr, OUT_FREQ: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        # one element of the padded output [B, C, out_time, out_freq] per lane; x is contiguous [B, C, T, F]
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        # one element of the padded output [B, C, out_time, out_freq] per lane; x is contiguous [B, C, T, F]. The
+        # divisions below are by constants and in int32 unless the tensor needs int64 offsets (WIDE): emulated
+        # 64-bit divisions made this pass several times slower than its memory traffic
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        if WIDE:
+            offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        out_time, out_freq = OUT_TIME, OUT_FREQ
         in_range = offs < total
         f = offs % out_freq
         t = (offs // out_freq) % out_time
@@ -91,10 +96,11 @@ def masked_relu_pad(
         c,
         t,
         f,
-        out.shape[2],
-        out.shape[3],
         time_pad[0],
         freq_pad[0],
+        OUT_TIME=out.shape[2],
+        OUT_FREQ=out.shape[3],
+        WIDE=max(out.numel(), x.numel()) + _BLOCK >= 2**31,
         BLOCK=_BLOCK,
     )
     return out

@@ -78,7 +78,8 @@ class StreamingEncoderStep:
             modules; ``"tf32x3"`` (opt-in) runs their GEMMs, the pointwise convolutions as GEMMs over
             ``[B, T, C]``, on the 3xTF32 Triton kernel, and the convolution module between them as one kernel
             (:mod:`~nemo_fastdecode.kernels.streaming_conv`) where it has NeMo's shape; q, k, v as one GEMM; the
-            subsampling's ReLUs, masks and paddings fused (:mod:`~nemo_fastdecode.streaming.subsampling`) and its
+            subsampling's convolutions fused with their ReLUs, masks and paddings
+            (:mod:`~nemo_fastdecode.streaming.subsampling`) and its
             output Linear on the kept frames only (fp32 slots only; Triton's interpreter on the CPU).
     """
 
@@ -132,9 +133,11 @@ class StreamingEncoderStep:
                 fused_conv_weights(layer.conv, g.conv_cache) if self.tensor_core_matmul else None
                 for layer in encoder.layers
             ]
-            # tf32x3: the subsampling's convolutions with their masks, ReLUs and paddings fused (None: NeMo's module)
+            # tf32x3: the subsampling's convolutions fused with their masks, ReLUs and paddings (None: NeMo's module)
             self.subsampling = (
-                CausalSubsampling.from_module(encoder.pre_encode, use_triton=True, max_frames=g.max_input_frames)
+                CausalSubsampling.from_module(
+                    encoder.pre_encode, use_triton=True, max_frames=g.max_input_frames, fuse_convolutions=True
+                )
                 if self.tensor_core_matmul
                 else None
             )
