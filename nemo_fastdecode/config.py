@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from nemo_fastdecode.graphs.modes import GraphMode
 
 # how the streaming encoder's Linear and pointwise-convolution GEMMs run: "fp32" = NeMo's modules (cuBLAS/cuDNN fp32,
-# the exact reference); "tf32x3" = kernels/matmul.py on tensor cores (near fp32; CUDA and fp32 compute only)
-ENCODER_MATMULS = ("fp32", "tf32x3")
+# the exact reference); "tf32x3" = kernels/matmul.py on tensor cores (near fp32; CUDA and fp32 compute only);
+# "tf32" = the same kernels with one TF32 product (10-bit mantissas: what NeMo runs with matmul_precision=high)
+ENCODER_MATMULS = ("fp32", "tf32x3", "tf32")
 
 __all__ = [
     "GRAPH_MODES",
@@ -223,7 +224,8 @@ class StreamingConfig:
         use_cuda_graphs: one CUDA graph replay per step and batch-size bucket (GPU only).
         fast_math: decode with ``fast_greedy``'s opt-in fast math (near fp32, not bit-identical to NeMo).
         encoder_matmul: ``fp32`` (NeMo's modules, exact reference) or opt-in ``tf32x3`` (the encoder's GEMMs on
-            near-fp32 3xTF32 tensor-core kernels; float32 dtype only).
+            near-fp32 3xTF32 tensor-core kernels; float32 dtype only) or ``tf32`` (the same kernels with single
+            TF32 products; NeMo's path then runs with TF32 matmuls too, as NeMo's ``matmul_precision=high``).
         compare_nemo: run the same streams through NeMo's path (slot gather/scatter +
             ``conformer_stream_step``) and compare transcripts and timings.
         cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.

@@ -349,7 +349,7 @@ def test_bad_configuration(model, monkeypatch):
         StreamingTranscriber(model, num_slots=0)
     with pytest.raises(ValueError, match=r"dtype torch.int32 is not supported; valid: torch.float32"):
         StreamingTranscriber(model, num_slots=1, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"matmul_precision must be one of \('fp32', 'tf32x3'\), got 'fp16'"):
+    with pytest.raises(ValueError, match=r"matmul_precision must be one of \('fp32', 'tf32x3', 'tf32'\), got 'fp16'"):
         StreamingTranscriber(model, num_slots=1, encoder_matmul="fp16")
     with pytest.raises(ValueError, match=r"matmul_precision='tf32x3' needs fp32 compute, got torch.bfloat16"):
         StreamingTranscriber(model, num_slots=1, dtype=torch.bfloat16, encoder_matmul="tf32x3")
@@ -374,11 +374,13 @@ def test_bf16_caches_run_close_to_fp32(model, features):
     assert relative_error(outputs[torch.bfloat16], outputs[torch.float32]) < 0.1
 
 
-@pytest.mark.parametrize("encoder_matmul", ["fp32", "tf32x3", "tf32x3-mixed"])
+@pytest.mark.parametrize("encoder_matmul", ["fp32", "tf32x3", "tf32x3-mixed", "tf32"])
 def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encoder_matmul, monkeypatch):
     """The encoder with the Triton indexed-attention kernel (its CPU interpreter here), padded buckets; with
     ``tf32x3`` its GEMMs (and their Swish / residual epilogues) on the Triton 3xTF32 kernel too; ``-mixed``: only
-    the widening GEMMs there, the others on cuBLAS with the epilogue in torch (what small buckets do)."""
+    the widening GEMMs there, the others on cuBLAS with the epilogue in torch (what small buckets do). ``tf32``:
+    the same kernels asked for single TF32 products (the interpreter computes them in fp32: the GPU test checks
+    their accuracy)."""
     mixed = encoder_matmul.endswith("-mixed")
     encoder_matmul = encoder_matmul.removesuffix("-mixed")
     from nemo_fastdecode.kernels import matmul
@@ -422,36 +424,39 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
             position[s] += 1
     # feed-forwards 2 x 2, attention: q k v stacked in one GEMM and out, pointwise convolutions 2 (mixed: the
     # widening ones: feed-forwards' first, q k v, the first pointwise convolution)
+    on_kernels = encoder_matmul != "fp32"
+    assert all(kw.get("precision") == encoder_matmul for kw in gemms)
     gemms_per_layer = 4 if mixed else 8
     out = model.encoder.pre_encode.out  # the subsampling's output Linear, on the kept frames: one GEMM per step
     gemms_per_step = len(model.encoder.layers) * gemms_per_layer + (out.out_features > out.in_features or not mixed)
-    assert len(gemms) == (len(order) * gemms_per_step if encoder_matmul == "tf32x3" else 0)
+    assert len(gemms) == (len(order) * gemms_per_step if on_kernels else 0)
     # tf32x3: per layer, the two feed-forwards' Swish and the four residual additions ride on the GEMMs
-    layers_run = len(order) * len(model.encoder.layers) if encoder_matmul == "tf32x3" else 0
+    layers_run = len(order) * len(model.encoder.layers) if on_kernels else 0
     assert sum(bool(kw.get("swish")) for kw in gemms) == layers_run * 2
     assert sum(kw.get("residual") is not None for kw in gemms) == layers_run * (0 if mixed else 4)
     # tf32x3: the attention's, convolution's and second feed-forward's layer norms ride on the GEMM after them,
     # with row statistics kept by the residual GEMM before them (both GEMMs on the kernel: not in mixed)
     assert sum(kw.get("row_stats", False) for kw in gemms) == layers_run * (0 if mixed else 3)
     # ... and the first feed-forward's from the previous layer's norm_out (a kernel that keeps its row statistics)
-    first_layers = len(order) if encoder_matmul == "tf32x3" else 0
+    first_layers = len(order) if on_kernels else 0
     fused_norms = (layers_run - first_layers) + (0 if mixed else 3 * layers_run)
     assert sum(kw.get("layer_norm") is not None for kw in gemms) == fused_norms
     # tf32x3: the subsampling's ReLUs (with masks and paddings) are fused, one per convolution stage and step
     stages = int(math.log2(model.encoder.pre_encode.subsampling_factor))
     # each step: the first convolution inside the first depthwise kernel, one kernel per strided stage, the last ReLU
-    assert len(relu_pads) == (len(order) if encoder_matmul == "tf32x3" else 0)
-    assert depthwise_convs == ([True] + [False] * (stages - 2)) * (len(order) if encoder_matmul == "tf32x3" else 0)
+    assert len(relu_pads) == (len(order) if on_kernels else 0)
+    assert depthwise_convs == ([True] + [False] * (stages - 2)) * (len(order) if on_kernels else 0)
     # tf32x3: the convolution module between its GEMMs is one fused kernel per layer and step
-    assert len(convs) == (len(order) * len(model.encoder.layers) if encoder_matmul == "tf32x3" else 0)
+    assert len(convs) == (len(order) * len(model.encoder.layers) if on_kernels else 0)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("encoder_matmul", ["fp32", "tf32x3"])
+@pytest.mark.parametrize("encoder_matmul", ["fp32", "tf32x3", "tf32"])
 def test_cuda_graph_step_matches_nemo_alone_on_the_gpu(features, encoder_matmul, monkeypatch):
     """On CUDA, the step as it runs in production: a CUDA graph per bucket, the Triton kernels (tf32x3: every GEMM
     on the 3xTF32 kernel with its fused layer norms and epilogues), against NeMo's stream step of each stream alone
-    on the same GPU: encoder outputs within 1e-4, identical tokens. cuDNN's TF32 is off on both sides (fp32)."""
+    on the same GPU: encoder outputs within 1e-4, identical tokens. cuDNN's TF32 is off on both sides (fp32).
+    ``tf32`` (single TF32 products, 10-bit mantissas) is held to 1e-2 and its tokens are not required to agree."""
     from nemo_fastdecode.kernels import matmul
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
@@ -466,7 +471,7 @@ def test_cuda_graph_step_matches_nemo_alone_on_the_gpu(features, encoder_matmul,
     streamer.warm_up()
     chunks = [split_features(f, streamer.geometry) for f in streams]
     slots = [streamer.open() for _ in streams]
-    position = [0, 0, 0]
+    position, errors = [0, 0, 0], []
     order = [[0], [1, 0], [2, 0, 1], [1, 2], [0, 2, 1], [2]] + [[0, 1, 2]] * max(len(c) for c in chunks)
     for group in order:
         group = [s for s in group if position[s] < len(chunks[s])]  # streams that still have chunks
@@ -475,8 +480,13 @@ def test_cuda_graph_step_matches_nemo_alone_on_the_gpu(features, encoder_matmul,
         result = streamer.step([slots[s] for s in group], [chunks[s][position[s]] for s in group])
         for row, s in enumerate(group):
             ref = runs[s][0][position[s]]
-            assert relative_error(result.encoded[row, : int(result.encoded_lengths[row])], ref) <= 1e-4
+            error = relative_error(result.encoded[row, : int(result.encoded_lengths[row])], ref)
+            assert error <= (1e-2 if encoder_matmul == "tf32" else 1e-4)
+            errors.append(error)
             position[s] += 1
+    if encoder_matmul == "tf32":  # single TF32 products do lose bits: not the fp32 path under another name
+        assert max(errors) > 1e-6
+        return
     for s, slot in enumerate(slots):
         assert as_int_list(streamer.flush(slot).hypothesis.y_sequence) == as_int_list(runs[s][1].y_sequence)
 

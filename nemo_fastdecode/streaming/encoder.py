@@ -81,6 +81,7 @@ class StreamingEncoderStep:
             subsampling's convolutions fused with their ReLUs, masks and paddings
             (:mod:`~nemo_fastdecode.streaming.subsampling`) and its
             output Linear on the kept frames only (fp32 slots only; Triton's interpreter on the CPU).
+            ``"tf32"`` (opt-in): all of that with single-TF32 products (NeMo's ``matmul_precision=high``).
     """
 
     def __init__(
@@ -104,7 +105,8 @@ class StreamingEncoderStep:
                 f"the CPU), got device {slots.device}"
             )
         self.encoder, self.slots, self.use_triton = encoder, slots, use_triton
-        self.tensor_core_matmul = matmul_precision == "tf32x3"
+        self.tensor_core_matmul = matmul_precision != "fp32"
+        self.matmul_precision = matmul_precision
         g = self.geometry = slots.geometry
         self.tq = g.out_frames
         self.num_heads = encoder.layers[0].self_attn.h
@@ -259,7 +261,7 @@ class StreamingEncoderStep:
         if on_kernel:
             return matmul.linear(
                 x, weight, module.bias, swish=swish, residual=residual, residual_scale=residual_scale,
-                layer_norm=layer_norm, row_stats=keep_stats,
+                layer_norm=layer_norm, row_stats=keep_stats, precision=self.matmul_precision,
             )  # fmt: skip
         # fp32: NeMo's module; tf32x3 off the kernel: cuBLAS fp32 where the 3xTF32 kernel would be slower
         y = F.linear(x, weight, module.bias) if self.tensor_core_matmul else module(x)

@@ -248,6 +248,17 @@ def simulate(
     return stats, tokens
 
 
+@contextlib.contextmanager
+def _matmul_tf32(enabled: bool):
+    """``torch.backends.cuda.matmul.allow_tf32 = enabled`` inside, the previous value restored after."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled or previous
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -314,18 +325,22 @@ def fast_path(
     return _Path(f"nemo_fastdecode ({mode})", streamer.open, streamer.step, finish, warmup)
 
 
-def nemo_path(model: ASRModel, num_slots: int, dtype: torch.dtype, warm_streams: int = 1) -> _Path:
+def nemo_path(
+    model: ASRModel, num_slots: int, dtype: torch.dtype, warm_streams: int = 1, tf32_matmuls: bool = False
+) -> _Path:
     """NeMo: gather the slots' caches, ``conformer_stream_step`` (model's decoding strategy), scatter back.
 
     Warmed up before the clock starts with ``warm_streams`` streams of silence (a first and a later chunk
     together: lazy library set-up, and NeMo's decoder graphs, if its strategy uses them, at the largest batch).
+    ``tf32_matmuls``: NeMo's steps run with TF32 matmuls (``torch.backends.cuda.matmul.allow_tf32``, what
+    NeMo's scripts set with ``matmul_precision=high``), the setting compared with ``encoder_matmul=tf32``.
     """
     streamer = NemoSlotStreamer(model, num_slots)
     device = streamer.device
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype != torch.float32 else contextlib.nullcontext
 
     def step(slots: list[int], chunks: list[torch.Tensor]) -> None:
-        with autocast():
+        with autocast(), _matmul_tf32(tf32_matmuls):
             streamer.step(slots, chunks)
 
     def finish(slot: int) -> list[int]:
@@ -343,7 +358,8 @@ def nemo_path(model: ASRModel, num_slots: int, dtype: torch.dtype, warm_streams:
     _synchronize(device)
     warmup = time.perf_counter() - started
     strategy = model.cfg.decoding.get("strategy", "?")
-    return _Path(f"NeMo gather/scatter + conformer_stream_step ({strategy})", streamer.open, step, finish, warmup)
+    name = f"NeMo gather/scatter + conformer_stream_step ({strategy}{', TF32 matmuls' if tf32_matmuls else ''})"
+    return _Path(name, streamer.open, step, finish, warmup)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -467,7 +483,8 @@ def _make_paths(cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int) 
     """Ours, then (``compare_nemo``) NeMo's, both warmed up for batches up to ``max_batch`` streams."""
     paths = [fast_path(setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul)]
     if cfg.compare_nemo:
-        paths.append(nemo_path(setup.model, num_slots, setup.dtype, warm_streams=max_batch))
+        tf32 = cfg.encoder_matmul == "tf32"  # like for like: NeMo at matmul_precision=high
+        paths.append(nemo_path(setup.model, num_slots, setup.dtype, warm_streams=max_batch, tf32_matmuls=tf32))
     return paths
 
 

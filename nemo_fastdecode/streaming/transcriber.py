@@ -101,7 +101,8 @@ class StreamingTranscriber:
         pad_to_bucket: pad eager steps to their bucket too (for tests; graphs always pad).
         fast_math: decode with ``fast_greedy``'s opt-in fast math (not bit-identical to NeMo's decoding).
         encoder_matmul: ``"fp32"`` (NeMo's Linear / Conv1d modules) or, opt-in, ``"tf32x3"``: the encoder's GEMMs
-            on near-fp32 tensor-core kernels (fp32 ``dtype`` only; :class:`StreamingEncoderStep`).
+            on near-fp32 tensor-core kernels, or ``"tf32"``: the same with single TF32 products (fp32 ``dtype``
+            only; :class:`StreamingEncoderStep`).
     """
 
     def __init__(
