@@ -93,3 +93,35 @@ def test_split_items_own_their_memory():
         assert torch.equal(item.label, label) and torch.equal(item.predictor_output, output)
         assert all(torch.equal(a, b) for a, b in zip(item.predictor_state, states, strict=True))
         assert item.predictor_state[0].shape == state.predictor_states[0][:, 0].shape
+
+
+@pytest.mark.parametrize("kind,computer_class", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
+def test_decode_with_state_in_parts_is_decode_with_state(kind, computer_class):
+    # load_with_state / loop.run / state_after: the parts the streaming decoder captures around the loop
+    whole, parts = computer(kind, computer_class), computer(kind, computer_class)
+    state = whole.initial_state(3, torch.device("cpu"), torch.float32)
+    x, lengths = random_encoder_output(3, 6, seed=5)
+    for _ in range(2):  # the second chunk continues from the first one's state
+        final, emitted = whole.decode_with_state(x.transpose(1, 2), lengths, state)
+        buffers, loop = parts.load_with_state(x.transpose(1, 2), lengths, state)
+        with torch.inference_mode():  # as SlotDecoder runs it
+            loop.run()
+        final_parts, emitted_parts = parts.state_after(buffers, 3, lengths, state)
+        for a, b in [(emitted.labels, emitted_parts.labels), (emitted.lengths, emitted_parts.lengths),
+                     (emitted.timestamps, emitted_parts.timestamps), (emitted.scores, emitted_parts.scores),
+                     (final.labels, final_parts.labels), (final.decoded_lengths, final_parts.decoded_lengths),
+                     (final.predictor_outputs, final_parts.predictor_outputs)]:  # fmt: skip
+            assert torch.equal(a, b)
+        assert int(emitted.lengths.sum()) > 0
+        state = BatchedGreedyState.stack(final.split())
+
+
+def test_load_with_state_needs_max_symbols():
+    c = computer("rnnt", LabelLoopGreedy, max_symbols=None)
+    state = c.initial_state(2, torch.device("cpu"), torch.float32)
+    x, lengths = random_encoder_output(2, 4)
+    with pytest.raises(ValueError, match="load_with_state needs max_symbols"):
+        c.load_with_state(x.transpose(1, 2), lengths, state)
+    x3, lengths3 = random_encoder_output(3, 4)
+    with pytest.raises(ValueError, match="state has 2 rows for a batch of 3"):
+        computer("rnnt", LabelLoopGreedy).load_with_state(x3.transpose(1, 2), lengths3, state)

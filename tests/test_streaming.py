@@ -469,6 +469,12 @@ def test_cuda_graph_step_matches_nemo_alone_on_the_gpu(features, encoder_matmul,
     streamer = StreamingTranscriber(gpu_model, num_slots=3, att_context_size=att, encoder_matmul=encoder_matmul)
     assert streamer.runner.use_graphs
     streamer.warm_up()
+    # every step's decoding replays the graphs captured around the greedy loop (no eager decode_with_state)
+    eager_decodes = []
+    decode_with_state = GreedyComputerBase.decode_with_state
+    monkeypatch.setattr(
+        GreedyComputerBase, "decode_with_state", lambda *a: eager_decodes.append(1) or decode_with_state(*a)
+    )
     chunks = [split_features(f, streamer.geometry) for f in streams]
     slots = [streamer.open() for _ in streams]
     position, errors = [0, 0, 0], []
@@ -484,11 +490,60 @@ def test_cuda_graph_step_matches_nemo_alone_on_the_gpu(features, encoder_matmul,
             assert error <= (1e-2 if encoder_matmul == "tf32" else 1e-4)
             errors.append(error)
             position[s] += 1
+    assert not eager_decodes
     if encoder_matmul == "tf32":  # single TF32 products do lose bits: not the fp32 path under another name
         assert max(errors) > 1e-6
         return
     for s, slot in enumerate(slots):
         assert as_int_list(streamer.flush(slot).hypothesis.y_sequence) == as_int_list(runs[s][1].y_sequence)
+
+
+@pytest.mark.gpu
+def test_captured_decoder_step_equals_eager_decoding_and_survives_storage_growth(exact_fp32, monkeypatch):
+    """SlotDecoder's graphs around the greedy loop (fed through static tensors, as the encoder buckets feed them)
+    against an eager SlotDecoder fed the same chunks: identical tokens, timestamps, scores and states, also
+    after the token storage grows (the graphs are then captured again)."""
+    gpu_model = tiny_streaming_model().cuda().eval()
+    captured = SlotDecoder(gpu_model, num_slots=4, token_capacity=8)
+    eager = SlotDecoder(gpu_model, num_slots=4, token_capacity=8, use_cuda_graphs=False)
+    batch, frames, dim = 4, 3, gpu_model.encoder._feat_out
+    encoded = torch.zeros(batch, frames, dim, device="cuda")
+    lengths = torch.zeros(batch, dtype=torch.long, device="cuda")
+    slot_ids = torch.full((batch,), captured.dummy_slot, dtype=torch.long, device="cuda")
+    assert captured.capture_step(encoded, lengths, slot_ids)
+    from nemo_fastdecode.streaming import decoding as streaming_decoding
+
+    replays = []
+    replay = streaming_decoding._StepGraphs.replay
+    monkeypatch.setattr(streaming_decoding._StepGraphs, "replay", lambda self: replays.append(1) or replay(self))
+    for slot in range(4):
+        captured.reset(slot)
+        eager.reset(slot)
+    rng, g = random.Random(3), torch.Generator().manual_seed(3)
+    capacity, grown_steps = captured.token_capacity, 0
+    for step in range(12):
+        storage = captured.labels.data_ptr()
+        if step == 6:  # storage growth between steps: the captured graphs write stale memory, so capture again
+            captured._grow(2 * captured.token_capacity)
+        rows = rng.sample(range(4), rng.randint(1, 3))
+        x = 2 * torch.randn(batch, frames, dim, generator=g)
+        chunk = torch.tensor([rng.randint(0, frames) for _ in rows] + [0] * (batch - len(rows)))
+        ids = torch.tensor(rows + [captured.dummy_slot] * (batch - len(rows)))
+        encoded.copy_(x)
+        lengths.copy_(chunk)
+        slot_ids.copy_(ids)
+        captured.decode(rows, encoded, lengths, slot_ids)
+        eager.decode(rows, x.cuda(), chunk.cuda(), ids.cuda())
+        grown_steps += captured.labels.data_ptr() != storage
+    # a step in which the storage grew runs eagerly (and captures again); every other step replays the graphs
+    assert captured.token_capacity > capacity and len(replays) == 12 - grown_steps and len(replays) >= 6
+    assert sum(len(eager.token_ids(slot)) for slot in range(4)) > 0
+    for slot in range(4):
+        assert captured.token_ids(slot) == eager.token_ids(slot)
+        ours, theirs = captured.hypothesis(slot), eager.hypothesis(slot)
+        assert ours.timestamp.tolist() == theirs.timestamp.tolist() and ours.score == pytest.approx(theirs.score)
+    for a, b in zip(captured.state.predictor_states, eager.state.predictor_states, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_stacked_qkv_projection_is_the_three_projections(model):

@@ -277,6 +277,35 @@ class GreedyComputerBase(CapturedLoopOwner):
         if state.batch_size != batch_size:
             raise ValueError(f"state has {state.batch_size} rows for a batch of {batch_size}")
         buffers = self._decode(encoder_output, encoder_lengths, state, None)
+        return self.state_after(buffers, batch_size, encoder_lengths, state)
+
+    @property
+    def loop_buffers(self) -> LoopBuffers | None:
+        """The buffers the loop (and its graph) run on now; re-allocated when a larger batch or input comes."""
+        return self._buffers
+
+    @torch.inference_mode()
+    def load_with_state(
+        self, encoder_output: torch.Tensor, encoder_lengths: torch.Tensor, state: BatchedGreedyState
+    ) -> tuple[LoopBuffers, TwoLevelLoop]:
+        """:meth:`decode_with_state` in parts, for callers that capture the parts around the loop in CUDA graphs:
+        ``buffers, loop = load_with_state(...)``, ``loop.run()``, ``state_after(buffers, ...)``.
+
+        This part projects the encoder output and loads it and ``state`` into the loop's buffers; it only
+        launches device work (no host synchronisation). Needs ``max_symbols`` (without it the loop may have to
+        run again with more room, which :meth:`decode_with_state` decides on the host).
+        """
+        if self.max_symbols is None:
+            raise ValueError("load_with_state needs max_symbols (None may re-run the loop); use decode_with_state")
+        if state.batch_size != encoder_output.shape[0]:
+            raise ValueError(f"state has {state.batch_size} rows for a batch of {encoder_output.shape[0]}")
+        return self._load(self._project(encoder_output), encoder_lengths, state, None)
+
+    @torch.inference_mode()
+    def state_after(
+        self, buffers: LoopBuffers, batch_size: int, encoder_lengths: torch.Tensor, state: BatchedGreedyState
+    ) -> tuple[BatchedGreedyState, EmittedTokens]:
+        """The end of :meth:`decode_with_state`: ``(final state, emitted tokens)`` after the loop ran."""
         result = self._final_state(buffers, batch_size, encoder_lengths, state, None)
         return result.final, buffers.hyps.emitted(batch_size, self.is_tdt, result.offsets)
 
@@ -288,13 +317,10 @@ class GreedyComputerBase(CapturedLoopOwner):
         rows: torch.Tensor | None,
     ) -> LoopBuffers:
         """Run the loop over ``[B, T, D]``, rows ``rows`` (all if ``None``) continuing from ``previous``."""
-        batch_size, max_time, _ = encoder_output.shape
-        projected = self.joint.project_encoder(encoder_output)
-        if self.fast_predictor is not None and self.fast_predictor.prepare(projected.dtype):
-            self.reset_graphs()  # its weight copies moved: graphs captured before would read stale memory
+        batch_size = encoder_output.shape[0]
+        projected = self._project(encoder_output)
         while True:
-            buffers, loop = self._prepare(batch_size, max_time, projected.shape[-1], projected.device, projected.dtype)
-            self._load_inputs(buffers, projected, encoder_lengths, previous, rows)
+            buffers, loop = self._load(projected, encoder_lengths, previous, rows)
             loop.run()
             if self.max_symbols is not None or not buffers.hyps.overflowed(batch_size):
                 break
@@ -309,6 +335,26 @@ class GreedyComputerBase(CapturedLoopOwner):
             self.reset_graphs()
         self._loop = loop
         return buffers
+
+    def _project(self, encoder_output: torch.Tensor) -> torch.Tensor:
+        """The joint's encoder projection ``[B, T, H]`` (and the fast predictor's weights ready for its dtype)."""
+        projected = self.joint.project_encoder(encoder_output)
+        if self.fast_predictor is not None and self.fast_predictor.prepare(projected.dtype):
+            self.reset_graphs()  # its weight copies moved: graphs captured before would read stale memory
+        return projected
+
+    def _load(
+        self,
+        projected: torch.Tensor,
+        encoder_lengths: torch.Tensor,
+        previous: BatchedGreedyState | None,
+        rows: torch.Tensor | None,
+    ) -> tuple[LoopBuffers, TwoLevelLoop]:
+        """The loop (and its buffers) for ``projected`` ``[B, T, H]``, its inputs loaded."""
+        batch_size, max_time, hidden = projected.shape
+        buffers, loop = self._prepare(batch_size, max_time, hidden, projected.device, projected.dtype)
+        self._load_inputs(buffers, projected, encoder_lengths, previous, rows)
+        return buffers, loop
 
     def _load_inputs(
         self,

@@ -16,22 +16,29 @@ not run the decoder at the largest bucket.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
+from nemo_fastdecode.graphs import TwoLevelLoop
+from nemo_fastdecode.graphs.capture import capture_graph
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
+from nemo_fastdecode.greedy.state import BatchedGreedyState, LoopBuffers
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
 
 __all__ = ["SlotDecoder"]
+
+logger = logging.getLogger(__name__)
 
 INITIAL_TOKEN_CAPACITY = 256  # tokens per slot before the storage grows (doubling)
 
@@ -98,6 +105,8 @@ class SlotDecoder:
         self._bound = np.zeros(rows, dtype=np.int64)
         self._decoded = np.zeros(rows, dtype=bool)
         self._arange: torch.Tensor | None = None
+        # per batch size: the CUDA graphs around the greedy loop (capture_step), None where capturing failed
+        self._step_graphs: dict[int, _StepGraphs | None] = {}
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -153,16 +162,79 @@ class SlotDecoder:
             padded = list(slots) + [self.dummy_slot] * (batch_size - len(slots))
             slot_ids = torch.tensor(padded, dtype=torch.long).to(self.device, non_blocking=True)
         computer = self._computer(batch_size)
+        host_slots = np.asarray(slots, dtype=np.int64)
+        graphs = self._step_graphs.get(batch_size)
+        reserved = False
+        if graphs is not None and graphs.reads(encoded, lengths, slot_ids) and graphs.current(computer, self.labels):
+            self._reserve(host_slots, graphs.width)  # may grow the token storage: the graphs then write stale memory
+            reserved = True
+            if graphs.current(computer, self.labels):
+                graphs.replay()
+                self._decoded[host_slots] = True
+                return
         state = self.state.index_select(slot_ids)
         final, emitted = computer.decode_with_state(encoded.to(self.dtype), lengths, state)
         self.state.index_copy_(slot_ids, final)
-        host_slots = np.asarray(slots, dtype=np.int64)
-        self._append(host_slots, slot_ids, emitted)
+        if not reserved:
+            self._reserve(host_slots, emitted.labels.shape[1])
+        self._append(slot_ids, emitted)
         self._decoded[host_slots] = True
+        if graphs is not None and graphs.reads(encoded, lengths, slot_ids):
+            # the same static inputs, but the storage grew or the computer re-allocated: capture again (a capture
+            # records without running, so this step's work is not repeated)
+            self._step_graphs[batch_size] = self._capture(computer, encoded, lengths, slot_ids, warmup=0)
 
-    def _append(self, host_slots: np.ndarray, slot_ids: torch.Tensor, emitted: EmittedTokens) -> None:
-        """Append each row's ``emitted.lengths`` tokens to its slot's storage (padding rows write nothing)."""
-        width = emitted.labels.shape[1]  # most tokens a row can have emitted in this chunk
+    def capture_step(self, encoded: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor) -> bool:
+        """Capture the step's work around the greedy loop for these static inputs (a batch-size bucket's outputs,
+        every row the dummy slot): later :meth:`decode` calls with these very tensors replay two CUDA graphs
+        (gather the state and load the loop; scatter the final state and append the tokens) around the loop's
+        own graph, instead of about fifty small kernels launched from Python.
+
+        Returns whether the graphs were captured (not on the CPU, without CUDA graphs, or with
+        ``max_symbols=None``, whose loop may need to run again from the host; then :meth:`decode` stays eager).
+        """
+        batch_size = encoded.shape[0]
+        computer = self._computer(batch_size)
+        if not self.per_batch_size or computer.max_symbols is None:
+            return False
+        with torch.inference_mode():
+            self.decode([], encoded, lengths, slot_ids)  # eager first: buffers, the loop's graph, lazy set-up
+            graphs = self._capture(computer, encoded, lengths, slot_ids, warmup=1)
+            self.reset(self.dummy_slot)
+        self._step_graphs[batch_size] = graphs
+        return graphs is not None
+
+    def _capture(
+        self, computer: GreedyComputerBase, encoded: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor,
+        warmup: int,
+    ) -> _StepGraphs | None:  # fmt: skip
+        """The two graphs around ``computer``'s loop for these inputs, or None (logged) if capturing fails."""
+        batch_size = encoded.shape[0]
+
+        def load():
+            rows = self.state.index_select(slot_ids)
+            buffers, loop = computer.load_with_state(encoded.to(self.dtype), lengths, rows)
+            return rows, buffers, loop
+
+        try:
+            load_graph, (rows, buffers, loop) = capture_graph(load, self.device, warmup=warmup)
+            width = buffers.hyps.labels.shape[1]
+            self._ensure_arange(width)
+
+            def finish():
+                final, emitted = computer.state_after(buffers, batch_size, lengths, rows)
+                self.state.index_copy_(slot_ids, final)
+                self._append(slot_ids, emitted)
+
+            finish_graph, _ = capture_graph(finish, self.device, warmup=warmup)
+        except RuntimeError as error:  # e.g. a driver that cannot capture: the eager step stays correct
+            logger.warning("nemo_fastdecode: streaming decoder step not captured at batch %d (%s)", batch_size, error)
+            return None
+        return _StepGraphs(load_graph, loop, finish_graph, width, (encoded, lengths, slot_ids), rows, buffers,
+                           self.labels.data_ptr())  # fmt: skip
+
+    def _reserve(self, host_slots: np.ndarray, width: int) -> None:
+        """Make room for ``width`` more tokens in each of ``host_slots`` (grows the storage if it could overflow)."""
 
         def needed() -> int:
             return width + (int(self._bound[host_slots].max()) if len(host_slots) else 0)
@@ -172,8 +244,16 @@ class SlotDecoder:
             if needed() > self.token_capacity:
                 self._grow(max(needed(), 2 * self.token_capacity))
         self._bound[host_slots] += width
+        self._ensure_arange(width)
+
+    def _ensure_arange(self, width: int) -> None:
         if self._arange is None or self._arange.shape[0] < width:
             self._arange = torch.arange(width, device=self.device)
+
+    def _append(self, slot_ids: torch.Tensor, emitted: EmittedTokens) -> None:
+        """Append each row's ``emitted.lengths`` tokens to its slot's storage (padding rows write nothing; room
+        reserved by :meth:`_reserve`). Device work only."""
+        width = emitted.labels.shape[1]  # most tokens a row can have emitted in this chunk
         columns = self.counts.index_select(0, slot_ids)[:, None] + self._arange[None, :width]  # [B, K]
         valid = self._arange[None, :width] < emitted.lengths[:, None]
         # same as: labels[slot, count:count + length] = emitted[:length] per row; the rest goes to the dummy slot
@@ -257,3 +337,33 @@ class SlotDecoder:
     def text(self, slot: int) -> str:
         """The slot's transcript so far (the model's tokenizer or labels)."""
         return self.model.decoding.decode_ids_to_str(self.token_ids(slot))
+
+
+@dataclass
+class _StepGraphs:
+    """A bucket's decoder step as CUDA graphs: ``load`` (state gather, encoder projection, loop inputs), the greedy
+    computer's ``loop`` (its own graph), ``finish`` (final state scattered, tokens appended).
+
+    Valid while :meth:`decode` gets the same static input tensors and the memory they were captured on is
+    still in use (the computer's loop buffers, the token storage, which grows by re-allocation).
+    """
+
+    load: torch.cuda.CUDAGraph
+    loop: TwoLevelLoop
+    finish: torch.cuda.CUDAGraph
+    width: int  # tokens a row can emit per step (the loop's capacity)
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # encoded, lengths, slot_ids
+    rows: BatchedGreedyState  # the gathered state (memory of the load graph, read by finish)
+    buffers: LoopBuffers
+    labels_ptr: int
+
+    def reads(self, encoded: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor) -> bool:
+        return all(a is b for a, b in zip(self.inputs, (encoded, lengths, slot_ids), strict=True))
+
+    def current(self, computer: GreedyComputerBase, labels: torch.Tensor) -> bool:
+        return computer.loop_buffers is self.buffers and labels.data_ptr() == self.labels_ptr
+
+    def replay(self) -> None:
+        self.load.replay()
+        self.loop.run()
+        self.finish.replay()

@@ -218,7 +218,8 @@ class StreamingTranscriber:
 
         Runs the encoder step of every batch-size bucket once (capturing its CUDA graph), then the greedy
         decoder at every bucket with the longest chunk's frames (capturing its graph per bucket, buffers
-        sized for the largest input). Only padding rows and the dummy slot are touched. Eager steps at exact
+        sized for the largest input), and captures the decoder's work around its loop on each bucket's
+        outputs (:meth:`SlotDecoder.capture_step`). Only padding rows and the dummy slot are touched. Eager steps at exact
         sizes (CPU without ``pad_to_bucket``) have nothing to warm up.
         """
         times = WarmUpTimes(0.0, 0.0)
@@ -233,6 +234,10 @@ class StreamingTranscriber:
                 started = time.perf_counter()
                 dim = self.model.encoder._feat_out
                 self.decoder.warm_up(self.runner.sizes, self.geometry.out_frames, dim)
+                if self.runner.use_graphs:  # the decoder's work around its loop, captured on each bucket's outputs
+                    for size in self.runner.sizes:
+                        bucket = self.runner.prepare(size)
+                        self.decoder.capture_step(*bucket.outputs, bucket.slot_ids)
                 self._synchronize()
                 times.decoder_seconds = time.perf_counter() - started
         return times
