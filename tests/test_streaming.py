@@ -466,10 +466,12 @@ def test_cuda_graph_step_matches_nemo_alone_on_the_gpu(features, encoder_matmul,
     gpu_model.encoder.set_default_att_context_size(att)
     streams = [f.cuda() for f in features[:3]]
     runs = [nemo_alone(gpu_model, f) for f in streams]
-    streamer = StreamingTranscriber(gpu_model, num_slots=3, att_context_size=att, encoder_matmul=encoder_matmul)
+    capture = encoder_matmul == "tf32x3"  # the opt-in decoder step graphs on one variant, the default on the others
+    streamer = StreamingTranscriber(gpu_model, num_slots=3, att_context_size=att, encoder_matmul=encoder_matmul,
+                                    capture_decoder_step=capture)  # fmt: skip
     assert streamer.runner.use_graphs
     streamer.warm_up()
-    # every step's decoding replays the graphs captured around the greedy loop (no eager decode_with_state)
+    # captured: every step's decoding replays the graphs around the greedy loop (no eager decode_with_state)
     eager_decodes = []
     decode_with_state = GreedyComputerBase.decode_with_state
     monkeypatch.setattr(
@@ -490,12 +492,49 @@ def test_cuda_graph_step_matches_nemo_alone_on_the_gpu(features, encoder_matmul,
             assert error <= (1e-2 if encoder_matmul == "tf32" else 1e-4)
             errors.append(error)
             position[s] += 1
-    assert not eager_decodes
+    assert bool(eager_decodes) != capture
     if encoder_matmul == "tf32":  # single TF32 products do lose bits: not the fp32 path under another name
         assert max(errors) > 1e-6
         return
     for s, slot in enumerate(slots):
         assert as_int_list(streamer.flush(slot).hypothesis.y_sequence) == as_int_list(runs[s][1].y_sequence)
+
+
+def test_captured_decoder_parts_launch_no_host_copies_or_syncs(model):
+    """What SlotDecoder captures around the greedy loop must be device work only: a CUDA graph capture refuses a
+    copy from pageable host memory (``counts[dummy] = 0`` was one: a host scalar lifted and copied) and cannot
+    hold a synchronisation. Checked on the CPU by the ops the parts dispatch."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    forbidden = ("aten.lift_fresh", "aten._local_scalar_dense", "aten.nonzero", "aten.item")
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    decoder = SlotDecoder(model, num_slots=4)
+    batch = 4
+    encoded = torch.randn(batch, 3, model.encoder._feat_out)
+    lengths, slot_ids = torch.tensor([3, 2, 0, 0]), torch.tensor([0, 1, 4, 4])
+    computer = decoder._computer(batch)
+    with torch.inference_mode():
+        decoder.decode([0, 1], encoded, lengths, slot_ids)  # buffers allocated, as before a capture
+        with Recorder() as load_ops:
+            rows, buffers, loop = decoder._load_step(computer, encoded, lengths, slot_ids)
+        loop.run()
+        with Recorder() as finish_ops:
+            decoder._finish_step(computer, buffers, batch, lengths, slot_ids, rows)
+    for ops in (load_ops.seen, finish_ops.seen):
+        assert ops and not [op for op in ops if op.startswith(forbidden)]
+    # and the recorder does see such a copy where there is one
+    with torch.inference_mode(), Recorder() as host_copy:
+        decoder.counts[decoder.dummy_slot] = 0
+    assert any(op.startswith("aten.lift_fresh") for op in host_copy.seen)
 
 
 @pytest.mark.gpu

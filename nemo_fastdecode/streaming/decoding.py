@@ -16,6 +16,7 @@ not run the decoder at the largest bucket.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -210,28 +211,35 @@ class SlotDecoder:
     ) -> _StepGraphs | None:  # fmt: skip
         """The two graphs around ``computer``'s loop for these inputs, or None (logged) if capturing fails."""
         batch_size = encoded.shape[0]
-
-        def load():
-            rows = self.state.index_select(slot_ids)
-            buffers, loop = computer.load_with_state(encoded.to(self.dtype), lengths, rows)
-            return rows, buffers, loop
-
         try:
+            load = functools.partial(self._load_step, computer, encoded, lengths, slot_ids)
             load_graph, (rows, buffers, loop) = capture_graph(load, self.device, warmup=warmup)
             width = buffers.hyps.labels.shape[1]
             self._ensure_arange(width)
-
-            def finish():
-                final, emitted = computer.state_after(buffers, batch_size, lengths, rows)
-                self.state.index_copy_(slot_ids, final)
-                self._append(slot_ids, emitted)
-
+            finish = functools.partial(self._finish_step, computer, buffers, batch_size, lengths, slot_ids, rows)
             finish_graph, _ = capture_graph(finish, self.device, warmup=warmup)
         except RuntimeError as error:  # e.g. a driver that cannot capture: the eager step stays correct
             logger.warning("nemo_fastdecode: streaming decoder step not captured at batch %d (%s)", batch_size, error)
             return None
         return _StepGraphs(load_graph, loop, finish_graph, width, (encoded, lengths, slot_ids), rows, buffers,
                            self.labels.data_ptr())  # fmt: skip
+
+    def _load_step(
+        self, computer: GreedyComputerBase, encoded: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor
+    ) -> tuple[BatchedGreedyState, LoopBuffers, TwoLevelLoop]:
+        """The captured work before the loop: gather the rows' states, load the loop (device work only)."""
+        rows = self.state.index_select(slot_ids)
+        buffers, loop = computer.load_with_state(encoded.to(self.dtype), lengths, rows)
+        return rows, buffers, loop
+
+    def _finish_step(
+        self, computer: GreedyComputerBase, buffers: LoopBuffers, batch_size: int, lengths: torch.Tensor,
+        slot_ids: torch.Tensor, rows: BatchedGreedyState,
+    ) -> None:  # fmt: skip
+        """The captured work after the loop: scatter the final states, append the tokens (device work only)."""
+        final, emitted = computer.state_after(buffers, batch_size, lengths, rows)
+        self.state.index_copy_(slot_ids, final)
+        self._append(slot_ids, emitted)
 
     def _reserve(self, host_slots: np.ndarray, width: int) -> None:
         """Make room for ``width`` more tokens in each of ``host_slots`` (grows the storage if it could overflow)."""
@@ -265,7 +273,8 @@ class SlotDecoder:
             self.durations.index_put_((rows, columns), emitted.durations)
         self.counts.index_add_(0, slot_ids, emitted.lengths)
         self.scores.index_add_(0, slot_ids, emitted.scores.to(self.scores.dtype))
-        self.counts[self.dummy_slot] = 0
+        # a fill, not `counts[dummy] = 0`: that copies a host scalar, which a CUDA graph capture refuses
+        self.counts.narrow(0, self.dummy_slot, 1).zero_()
 
     def _grow(self, capacity: int) -> None:
         def grown(t: torch.Tensor) -> torch.Tensor:

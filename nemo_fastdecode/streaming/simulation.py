@@ -303,6 +303,7 @@ def fast_path(
     use_cuda_graphs: bool,
     fast_math: bool = False,
     encoder_matmul: str = "fp32",
+    capture_decoder_step: bool = False,
 ) -> _Path:
     """Ours: slot caches read in place, one graph replay per step (GPU), per-slot state of ``fast_greedy``.
 
@@ -311,7 +312,7 @@ def fast_path(
     """
     streamer = StreamingTranscriber(
         model, num_slots, dtype=dtype, use_cuda_graphs=use_cuda_graphs, fast_math=fast_math,
-        encoder_matmul=encoder_matmul,
+        encoder_matmul=encoder_matmul, capture_decoder_step=capture_decoder_step,
     )  # fmt: skip
     warmup = streamer.warm_up().total_seconds
 
@@ -322,6 +323,7 @@ def fast_path(
 
     mode = "CUDA graph per bucket" if streamer.runner.use_graphs else "eager"
     mode += (", fast_math" if fast_math else "") + (f", {encoder_matmul} encoder" if encoder_matmul != "fp32" else "")
+    mode += ", decoder step captured" if capture_decoder_step else ""
     return _Path(f"nemo_fastdecode ({mode})", streamer.open, streamer.step, finish, warmup)
 
 
@@ -481,7 +483,12 @@ def _plans(cfg: DictConfig, setup: _Setup, num_streams: int) -> list[StreamPlan]
 
 def _make_paths(cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int) -> list[_Path]:
     """Ours, then (``compare_nemo``) NeMo's, both warmed up for batches up to ``max_batch`` streams."""
-    paths = [fast_path(setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul)]
+    paths = [
+        fast_path(
+            setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul,
+            cfg.capture_decoder_step,
+        )
+    ]  # fmt: skip
     if cfg.compare_nemo:
         tf32 = cfg.encoder_matmul == "tf32"  # like for like: NeMo at matmul_precision=high
         paths.append(nemo_path(setup.model, num_slots, setup.dtype, warm_streams=max_batch, tf32_matmuls=tf32))
