@@ -374,13 +374,11 @@ def test_bf16_caches_run_close_to_fp32(model, features):
     assert relative_error(outputs[torch.bfloat16], outputs[torch.float32]) < 0.1
 
 
-@pytest.mark.parametrize("encoder_matmul", ["fp32", "tf32x3", "tf32x3-mixed", "tf32"])
+@pytest.mark.parametrize("encoder_matmul", ["fp32", "tf32x3", "tf32x3-mixed"])
 def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encoder_matmul, monkeypatch):
     """The encoder with the Triton indexed-attention kernel (its CPU interpreter here), padded buckets; with
     ``tf32x3`` its GEMMs (and their Swish / residual epilogues) on the Triton 3xTF32 kernel too; ``-mixed``: only
-    the widening GEMMs there, the others on cuBLAS with the epilogue in torch (what small buckets do). ``tf32``:
-    the same kernels asked for single TF32 products (the interpreter computes them in fp32: the GPU test checks
-    their accuracy)."""
+    the widening GEMMs there, the others on cuBLAS with the epilogue in torch (what small buckets do)."""
     mixed = encoder_matmul.endswith("-mixed")
     encoder_matmul = encoder_matmul.removesuffix("-mixed")
     from nemo_fastdecode.kernels import matmul
@@ -498,6 +496,27 @@ def test_cuda_graph_step_matches_nemo_alone_on_the_gpu(features, encoder_matmul,
         return
     for s, slot in enumerate(slots):
         assert as_int_list(streamer.flush(slot).hypothesis.y_sequence) == as_int_list(runs[s][1].y_sequence)
+
+
+def test_tf32_encoder_asks_the_kernels_for_single_tf32_products(model, monkeypatch):
+    """``encoder_matmul=tf32`` is the tf32x3 path with ``precision="tf32"`` on every GEMM (the interpreter computes
+    either in fp32, so the accuracy is the GPU test's; here: the request reaches the kernel)."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1 on the CPU")
+    from nemo_fastdecode.kernels import matmul
+
+    calls = []
+    linear = matmul.linear
+    monkeypatch.setattr(matmul, "linear", lambda *args, **kwargs: calls.append(kwargs) or linear(*args, **kwargs))
+    monkeypatch.setattr(matmul, "tensor_cores_win", lambda rows, n_out, depth: True)
+    step = StreamingTranscriber(model, num_slots=1, encoder_matmul="tf32").encoder_step
+    feed_forward = model.encoder.layers[0].feed_forward1
+    x = torch.randn(2, 3, feed_forward.linear1.in_features)
+    with torch.inference_mode():
+        y = step._linear(feed_forward.linear1, x)
+    assert [kw["precision"] for kw in calls] == ["tf32"]
+    torch.testing.assert_close(y, feed_forward.linear1(x), rtol=1e-5, atol=1e-5)
 
 
 def test_captured_decoder_parts_launch_no_host_copies_or_syncs(model):
