@@ -118,3 +118,16 @@ def test_fusion_needs_triton_and_nemo_layout():
         CausalSubsampling(pre_encode, use_triton=False, fuse_convolutions=True)
     pre_encode.conv[2].bias = None  # a layout the kernel does not compute: the per-layer path stays
     assert not CausalSubsampling(pre_encode, use_triton=True, fuse_convolutions=True).fuse_convolutions
+
+
+def test_tiles_change_no_value():
+    # each output's sums run in tap order whatever the tile, so another tile (bench_subsampling's sweep) is bit-equal
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 25, 20, generator=g).to(DEVICE)
+    w1, b1 = torch.randn(6, 1, 3, 3, generator=g).to(DEVICE), torch.randn(6, generator=g).to(DEVICE)
+    w, b = torch.randn(6, 1, 3, 3, generator=g).to(DEVICE), torch.randn(6, generator=g).to(DEVICE)
+    first = FirstConv(w1, b1, 2, torch.tensor([25, 14], device=DEVICE))
+    lengths = torch.tensor([13, 8], device=DEVICE)
+    default = masked_depthwise_conv(x, lengths, w, b, 2, first)
+    for tile in ({"block_c": 2, "block_p": 16, "num_warps": 1}, {"block_c": 8, "block_p": 128, "num_warps": 8}):
+        assert torch.equal(masked_depthwise_conv(x, lengths, w, b, 2, first, **tile), default)

@@ -131,6 +131,10 @@ def masked_depthwise_conv(
     bias: torch.Tensor,
     stride: int,
     first: FirstConv | None = None,
+    *,
+    block_c: int | None = None,
+    block_p: int | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """``depthwise(pad(relu(x) * mask))`` in one kernel, ``x`` being the first convolution's output when ``first``.
 
@@ -140,6 +144,8 @@ def masked_depthwise_conv(
         weight: ``[C, 1, K, K]`` depthwise weights; bias: ``[C]``; stride: ``S`` on both axes; padding ``(K - 1,
             S - 1)`` on both axes, as NeMo's ``CausalConv2D``.
         first: the first convolution, recomputed inside the kernel (its output is never stored).
+        block_c, block_p, num_warps: the tile (channels x output positions, powers of two) and warps; ``None``:
+            up to 64 positions and 2048 outputs per tile (``scripts/bench_subsampling.py`` times others).
 
     Returns:
         ``[B, C, T', F']`` contiguous float32, ``T' = (T + K - 1 + S - 1 - K) // S + 1`` (the same for ``F'``).
@@ -171,15 +177,15 @@ def masked_depthwise_conv(
     if out.numel() == 0:
         return out
     plane = out_time * out_freq
-    block_p = min(64, triton.next_power_of_2(plane))
-    block_c = min(triton.next_power_of_2(channels), 2048 // block_p)
+    block_p = block_p or min(64, triton.next_power_of_2(plane))
+    block_c = block_c or min(triton.next_power_of_2(channels), 2048 // block_p)
     grid = (triton.cdiv(plane, block_p), triton.cdiv(channels, block_c), batch)
     _masked_depthwise_kernel[grid](
         x, *strides, lengths, lengths.stride(0), weight.contiguous(), bias.contiguous(), out, *first_args,
         channels, x.shape[-2], x.shape[-1], time, freq,
         OUT_TIME=out_time, OUT_FREQ=out_freq, KERNEL=kernel, STRIDE=stride,
         FIRST=first is not None, FIRST_KERNEL=first_kernel, FIRST_STRIDE=first_stride,
-        BLOCK_C=block_c, BLOCK_P=block_p, num_warps=4,
+        BLOCK_C=block_c, BLOCK_P=block_p, num_warps=num_warps,
     )  # fmt: skip
     return out
 
