@@ -222,7 +222,7 @@ class SlotDecoder:
             logger.warning("nemo_fastdecode: streaming decoder step not captured at batch %d (%s)", batch_size, error)
             return None
         return _StepGraphs(load_graph, loop, finish_graph, width, (encoded, lengths, slot_ids), rows, buffers,
-                           self.labels.data_ptr())  # fmt: skip
+                           self._arange, self.labels.data_ptr())  # fmt: skip
 
     def _load_step(
         self, computer: GreedyComputerBase, encoded: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor
@@ -364,6 +364,7 @@ class _StepGraphs:
     inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # encoded, lengths, slot_ids
     rows: BatchedGreedyState  # the gathered state (memory of the load graph, read by finish)
     buffers: LoopBuffers
+    arange: torch.Tensor  # read by finish: held so that a longer one replacing it cannot free its memory
     labels_ptr: int
 
     def reads(self, encoded: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor) -> bool:
