@@ -35,8 +35,9 @@ def main(argv: list[str]) -> None:
     setup = simulation._setup(cfg, print)
     plans = simulation._plans(cfg, setup, options.streams)
     path = simulation.fast_path(
-        setup.model, options.slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul
-    )
+        setup.model, options.slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul,
+        cfg.capture_decoder_step,
+    )  # fmt: skip
     warm = simulation.fixed_step_ms(path, plans, options.streams, options.repeats, setup.device)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if setup.device.type == "cuda":

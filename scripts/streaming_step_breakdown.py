@@ -45,8 +45,9 @@ def main(argv: list[str]) -> None:
     setup = simulation._setup(cfg, print)
     plans = simulation._plans(cfg, setup, STREAMS)
     streamer = StreamingTranscriber(
-        setup.model, SLOTS, dtype=setup.dtype, use_cuda_graphs=True, encoder_matmul=cfg.encoder_matmul
-    )
+        setup.model, SLOTS, dtype=setup.dtype, use_cuda_graphs=True, encoder_matmul=cfg.encoder_matmul,
+        capture_decoder_step=cfg.capture_decoder_step,
+    )  # fmt: skip
     streamer.warm_up()
     slots = [streamer.open() for _ in plans]
     streamer.step(slots, [plan.chunks[0] for plan in plans])
@@ -67,7 +68,10 @@ def main(argv: list[str]) -> None:
             "encoder: graph replay only": bucket.graph.replay,
             "decoder": lambda: streamer.decoder.decode(slots, encoded, encoded_lengths, padded_ids),
         }
-        print(f"{STREAMS} streams stepping together, encoder_matmul={cfg.encoder_matmul}, median of {REPEATS}:")
+        print(
+            f"{STREAMS} streams stepping together, encoder_matmul={cfg.encoder_matmul}, "
+            f"capture_decoder_step={cfg.capture_decoder_step}, median of {REPEATS}:"
+        )
         for name, fn in rows.items():
             print(f"  {name:34s} {median_ms(fn):8.3f} ms", flush=True)
 
