@@ -469,6 +469,7 @@ def test_cuda_graph_step_matches_nemo_alone_on_the_gpu(features, encoder_matmul,
                                     capture_decoder_step=capture)  # fmt: skip
     assert streamer.runner.use_graphs
     streamer.warm_up()
+    assert streamer.decoder.captured_batch_sizes == (streamer.runner.sizes if capture else [])
     # captured: every step's decoding replays the graphs around the greedy loop (no eager decode_with_state)
     eager_decodes = []
     decode_with_state = GreedyComputerBase.decode_with_state
@@ -550,6 +551,8 @@ def test_captured_decoder_parts_launch_no_host_copies_or_syncs(model):
             decoder._finish_step(computer, buffers, batch, lengths, slot_ids, rows)
     for ops in (load_ops.seen, finish_ops.seen):
         assert ops and not [op for op in ops if op.startswith(forbidden)]
+    # the CPU has no CUDA graphs: nothing is captured, decode stays eager
+    assert not decoder.capture_step(encoded, lengths, slot_ids) and decoder.captured_batch_sizes == []
     # and the recorder does see such a copy where there is one
     with torch.inference_mode(), Recorder() as host_copy:
         decoder.counts[decoder.dummy_slot] = 0

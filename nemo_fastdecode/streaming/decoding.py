@@ -123,6 +123,11 @@ class SlotDecoder:
         """The greedy computers by batch size (one, under key 0, without CUDA graphs)."""
         return self._computers
 
+    @property
+    def captured_batch_sizes(self) -> list[int]:
+        """The batch sizes whose step replays CUDA graphs around the greedy loop (:meth:`capture_step`)."""
+        return sorted(size for size, graphs in self._step_graphs.items() if graphs is not None)
+
     def _computer(self, batch_size: int) -> GreedyComputerBase:
         key = batch_size if self.per_batch_size else 0
         computer = self._computers.get(key)

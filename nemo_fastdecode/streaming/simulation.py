@@ -323,7 +323,9 @@ def fast_path(
 
     mode = "CUDA graph per bucket" if streamer.runner.use_graphs else "eager"
     mode += (", fast_math" if fast_math else "") + (f", {encoder_matmul} encoder" if encoder_matmul != "fp32" else "")
-    mode += ", decoder step captured" if capture_decoder_step else ""
+    # what warm-up captured, not what was asked: no captures on the CPU, and a refused one falls back to eager
+    captured = streamer.decoder is not None and streamer.decoder.captured_batch_sizes
+    mode += ", decoder step captured" if captured else ""
     return _Path(f"nemo_fastdecode ({mode})", streamer.open, streamer.step, finish, warmup)
 
 
