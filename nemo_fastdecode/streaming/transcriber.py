@@ -225,8 +225,7 @@ class StreamingTranscriber:
         decoder at every bucket with the longest chunk's frames (capturing its graph per bucket, buffers
         sized for the largest input), and (``capture_decoder_step``) captures the decoder's work around its
         loop on each bucket's outputs (:meth:`SlotDecoder.capture_step`). Only padding rows and the dummy
-        slot are touched. Eager steps at exact
-        sizes (CPU without ``pad_to_bucket``) have nothing to warm up.
+        slot are touched. Eager steps at exact sizes (CPU without ``pad_to_bucket``) have nothing to warm up.
         """
         times = WarmUpTimes(0.0, 0.0)
         if not self.runner.pad_to_bucket:
