@@ -226,8 +226,8 @@ class StreamingConfig:
         encoder_matmul: ``fp32`` (NeMo's modules, exact reference) or opt-in ``tf32x3`` (the encoder's GEMMs on
             near-fp32 3xTF32 tensor-core kernels; float32 dtype only) or ``tf32`` (the same kernels with single
             TF32 products; NeMo's path then runs with TF32 matmuls too, as NeMo's ``matmul_precision=high``).
-        capture_decoder_step: opt-in, not yet run on a GPU: the decoder's work around its greedy loop as CUDA
-            graphs (:meth:`~nemo_fastdecode.streaming.decoding.SlotDecoder.capture_step`).
+        capture_decoder_step: with CUDA graphs, the decoder's work around its greedy loop as CUDA graphs too
+            (:meth:`~nemo_fastdecode.streaming.decoding.SlotDecoder.capture_step`); ``False``: that work runs eagerly.
         compare_nemo: run the same streams through NeMo's path (slot gather/scatter +
             ``conformer_stream_step``) and compare transcripts and timings.
         cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.
@@ -254,7 +254,7 @@ class StreamingConfig:
     use_cuda_graphs: bool = True
     fast_math: bool = False
     encoder_matmul: str = "fp32"
-    capture_decoder_step: bool = False
+    capture_decoder_step: bool = True
     compare_nemo: bool = True
     cuda: int | None = None
     seed: int = 0

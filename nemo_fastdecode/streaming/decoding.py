@@ -11,8 +11,9 @@ work per step does not grow with the batch; NeMo ``Hypothesis`` objects and text
 
 With CUDA graphs the batch sizes are the encoder's buckets and each bucket has its own greedy computer
 (its own buffers and graph, captured once by :meth:`SlotDecoder.warm_up`), so a step of a few streams does
-not run the decoder at the largest bucket. :meth:`SlotDecoder.capture_step` (opt-in) also captures the gather,
-loading, scatter and token append around that graph, for a bucket's static input tensors.
+not run the decoder at the largest bucket. :meth:`SlotDecoder.capture_step` (the streaming transcriber's
+default with graphs) also captures the gather, loading, scatter and token append around that graph, for a
+bucket's static input tensors.
 """
 
 from __future__ import annotations

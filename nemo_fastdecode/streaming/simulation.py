@@ -303,7 +303,7 @@ def fast_path(
     use_cuda_graphs: bool,
     fast_math: bool = False,
     encoder_matmul: str = "fp32",
-    capture_decoder_step: bool = False,
+    capture_decoder_step: bool = True,
 ) -> _Path:
     """Ours: slot caches read in place, one graph replay per step (GPU), per-slot state of ``fast_greedy``.
 
