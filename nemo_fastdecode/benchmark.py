@@ -90,7 +90,12 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
         )
 
     def ours(
-        loop_labels: bool, mode: str, fused: bool | None = None, fast_math: bool = False, lookahead: int | None = None
+        loop_labels: bool,
+        mode: str,
+        fused: bool | None = None,
+        fast_math: bool = False,
+        lookahead: int | None = None,
+        looks: int | None = None,
     ):
         return lambda: FastGreedyBatchedInfer(
             durations=spec.durations,
@@ -99,6 +104,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             fused_kernels=fused,
             fast_math=fast_math,
             lookahead_frames=lookahead,
+            looks_per_iteration=looks,
             **common,
         )
 
@@ -108,6 +114,14 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             True, "full_graph", fast_math=True, lookahead=w
         )
         for w in (1, 4, 8, 16)
+    }
+    # the label loop's shape: 0 = two-level (an inner WHILE loop skips blanks), K = one loop of K looks per iteration
+    looks_rows = {
+        f"fast_greedy_label_loop[full_graph{',fast_math' if fast else ''},looks={k}]": ours(
+            True, "full_graph", fast_math=fast, looks=k
+        )
+        for fast in (True, False)
+        for k in (0, 1, 2, 3)
     }
 
     def nemo_beam(graphs: bool):
@@ -155,6 +169,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             "fast_greedy_label_loop[full_graph,fast_math]": ours(True, "full_graph", fast_math=True),
             "fast_greedy_label_loop[no_while_graph,fast_math]": ours(True, "no_while_graph", fast_math=True),
             **lookahead_rows,
+            **looks_rows,
             **beam_rows,
         }
     return {
@@ -173,6 +188,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
         "fast_greedy_label_loop[full_graph,fast_math]": ours(True, "full_graph", fast_math=True),
         "fast_greedy_label_loop[no_while_graph,fast_math]": ours(True, "no_while_graph", fast_math=True),
         **lookahead_rows,
+        **looks_rows,
         **beam_rows,
     }
 
@@ -256,7 +272,7 @@ def benchmark_model(
             continue  # beam rows are opt-in; their reference comes with any of them
         if not is_beam and strategies and name not in strategies and name != "nemo_baseline":
             continue
-        ablation = name.endswith("unfused]") or "lookahead=" in name
+        ablation = name.endswith("unfused]") or "lookahead=" in name or "looks=" in name
         if ablation and not experimental and name not in (strategies or ()):  # opt-in: named or experimental
             continue
         decoder = factory()

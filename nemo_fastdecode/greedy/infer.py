@@ -39,6 +39,9 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline.
         lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic, 16 (RNN-T) or 4 (TDT)
             at batch 32 with ``fast_math`` on CUDA, else 1); the same hypotheses as 1, see :class:`LabelLoopGreedy`.
+        looks_per_iteration: label loop: ``0`` the two-level loop (an inner loop skips blanks), ``K >= 1`` one
+            loop of ``K`` looks per iteration (fewer loop-condition evaluations); ``None``: automatic. The same
+            hypotheses either way, see :class:`LabelLoopGreedy`.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         fused_kernels: bool | None = None,
         fast_math: bool = False,
         lookahead_frames: int | None = None,
+        looks_per_iteration: int | None = None,
     ):
         super().__init__(
             decoder_model=decoder_model,
@@ -62,9 +66,15 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             blank_index=blank_index,
             max_symbols_per_step=max_symbols_per_step,
         )
-        if not loop_labels and lookahead_frames not in (None, 1):
-            raise ValueError(f"lookahead_frames={lookahead_frames} applies to the label loop only (loop_labels=True)")
-        label_loop_options = {"lookahead_frames": lookahead_frames} if loop_labels else {}
+        label_loop_options = {"lookahead_frames": lookahead_frames, "looks_per_iteration": looks_per_iteration}
+        if not loop_labels:
+            for name, value, default in (
+                ("lookahead_frames", lookahead_frames, 1),
+                ("looks_per_iteration", looks_per_iteration, 0),
+            ):
+                if value not in (None, default):
+                    raise ValueError(f"{name}={value} applies to the label loop only (loop_labels=True)")
+            label_loop_options = {}
         computer_class = LabelLoopGreedy if loop_labels else FrameLoopGreedy
         self.loop_labels = loop_labels
         self.include_duration = include_duration

@@ -27,6 +27,15 @@ AUTO_LOOKAHEAD_ROWS = {"rnnt": 512, "tdt": 128}
 MAX_AUTO_LOOKAHEAD_FRAMES = 16
 
 
+# automatic looks per iteration (0: the two-level loop); see LabelLoopGreedy and auto_looks_per_iteration
+AUTO_LOOKS_PER_ITERATION = {"rnnt": 0, "tdt": 0}
+
+
+def auto_looks_per_iteration(tdt: bool = False) -> int:
+    """Looks per label iteration when chosen automatically (0: the two-level loop with its inner WHILE loop)."""
+    return AUTO_LOOKS_PER_ITERATION["tdt" if tdt else "rnnt"]
+
+
 def auto_lookahead_frames(batch_size: int, tdt: bool = False) -> int:
     """Frames per look for ``batch_size`` rows when chosen automatically (1: single-frame steps)."""
     rows = AUTO_LOOKAHEAD_ROWS["tdt" if tdt else "rnnt"]
@@ -42,10 +51,27 @@ class LabelLoopGreedy(GreedyComputerBase):
     Exact only where each row's joint output does not depend on the batch it is computed in: ``fast_math``'s
     joint kernel with fixed tiling on Triton. Automatic: :func:`auto_lookahead_frames` there (16 frames at
     batch 32 for RNN-T, 4 for TDT), else 1 (one frame per look).
+
+    ``looks_per_iteration`` (``None``: automatic, :func:`auto_looks_per_iteration`): ``0`` runs the two-level
+    loop, ``while labels: look; while blanks: look again; emit``, whose inner WHILE condition is evaluated at
+    least once per label (on an H200 each evaluation of a graph's conditional node leaves the GPU idle about
+    11 us). ``K >= 1`` runs one loop instead: ``while rows are active: look K times; emit``. A row still on
+    blanks after its K looks emits nothing that iteration (its prediction network is not advanced) and goes
+    on looking in the next, where the iteration's first look at its current frame is the look the inner loop
+    would have made: every row makes the same looks and emissions as in the two-level loop, so the hypotheses
+    are the same; only the batch's number of iterations and condition evaluations changes.
     """
 
-    def __init__(self, *args, lookahead_frames: int | None = None, **kwargs):
+    def __init__(self, *args, lookahead_frames: int | None = None, looks_per_iteration: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        if looks_per_iteration is not None and (isinstance(looks_per_iteration, bool) or looks_per_iteration < 0):
+            raise ValueError(
+                f"looks_per_iteration must be 0 (the two-level loop), a positive int or None (automatic), "
+                f"got {looks_per_iteration!r}"
+            )
+        self.looks_per_iteration = (
+            auto_looks_per_iteration(self.is_tdt) if looks_per_iteration is None else int(looks_per_iteration)
+        )
         if lookahead_frames is not None and lookahead_frames < 1:
             raise ValueError(f"lookahead_frames must be a positive int or None (automatic), got {lookahead_frames}")
         if lookahead_frames is not None and lookahead_frames > 1 and self.fast_predictor is None:
@@ -146,4 +172,15 @@ class LabelLoopGreedy(GreedyComputerBase):
             steps.label_emit(b, self.max_symbols, self.is_tdt, fused)
             self._predict_masked(b, b.labels, b.found, fused, b.recurrent_gates)
 
-        return LoopPhases(before_loop, outer_start, inner_step, outer_end, b.outer_flag, b.inner_flag)
+        looks = self.looks_per_iteration
+        if looks == 0:
+            return LoopPhases(before_loop, outer_start, inner_step, outer_end, b.outer_flag, b.inner_flag)
+
+        def iteration() -> None:
+            # no inner loop: rows still on blanks after these looks continue in the next iteration
+            outer_start()
+            for _ in range(looks - 1):
+                inner_step()
+            outer_end()
+
+        return LoopPhases.one_level(before_loop, iteration, b.outer_flag)
