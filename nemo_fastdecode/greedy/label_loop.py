@@ -27,8 +27,10 @@ AUTO_LOOKAHEAD_ROWS = {"rnnt": 512, "tdt": 128}
 MAX_AUTO_LOOKAHEAD_FRAMES = 16
 
 
-# automatic looks per iteration (0: the two-level loop); see LabelLoopGreedy and auto_looks_per_iteration
-AUTO_LOOKS_PER_ITERATION = {"rnnt": 0, "tdt": 0}
+# automatic looks per iteration (0: the two-level loop); see LabelLoopGreedy. H200, 1 h, batch 32 (benchmarks/results,
+# eleventh session): TDT fast_math 1 look 0.085 s, 2 looks 0.098 s, 3 looks 0.120 s, two-level 0.107 s (each
+# iteration then runs the prediction network once more than needed at most; a condition evaluation costs more)
+AUTO_LOOKS_PER_ITERATION = {"rnnt": 0, "tdt": 1}
 
 
 def auto_looks_per_iteration(tdt: bool = False) -> int:
