@@ -38,12 +38,12 @@ def main(argv: list[str]) -> None:
         setup.model, options.slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul,
         cfg.capture_decoder_step,
     )  # fmt: skip
-    warm = simulation.fixed_step_ms(path, plans, options.streams, options.repeats, setup.device)
+    warm = simulation.time_fixed_steps(path, plans, options.streams, options.repeats, setup.device).ms
     activities = [torch.profiler.ProfilerActivity.CPU]
     if setup.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     profile = torch.profiler.profile(activities=activities)
-    step_ms = simulation.fixed_step_ms(path, plans, options.streams, options.repeats, setup.device, profile)
+    step_ms = simulation.time_fixed_steps(path, plans, options.streams, options.repeats, setup.device, profile).ms
     sort_by = "cuda_time_total" if setup.device.type == "cuda" else "cpu_time_total"
     print(f"{path.name}: {options.streams} streams stepping together, step {warm:.2f} ms ({step_ms:.2f} ms profiled)")
     print(f"(the profile holds {options.repeats} such steps only: divide its totals by {options.repeats})")

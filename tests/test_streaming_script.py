@@ -123,6 +123,9 @@ def test_tiny_run_matches_nemo_path(tmp_path):
     assert (fixed.streams, fixed.slots) == (3, 3) and list(fixed.step_ms) == [ours.name, nemo.name]
     assert fixed.ours_over_nemo == pytest.approx(fixed.step_ms[ours.name] / fixed.step_ms[nemo.name], rel=1e-3)
     assert "streams together (3 slots, median of 10)" in text and "ours / NeMo = " in text
+    # equal work: both paths decoded the same tokens for the streams of the timed steps
+    assert list(fixed.tokens) == list(fixed.step_ms) and fixed.tokens[ours.name] == fixed.tokens[nemo.name] > 0
+    assert f"first chunk included): {fixed.tokens[ours.name]}, {fixed.tokens[nemo.name]}." in text
     assert ours.warmup_seconds == 0.0 and nemo.warmup_seconds > 0  # eager exact-size steps: nothing to capture
     assert sum(len(r["pred_text"]) for r in result.transcripts) > 0
     files = {k: Path(v) for k, v in result.files.items()}
@@ -131,6 +134,7 @@ def test_tiny_run_matches_nemo_path(tmp_path):
     assert saved["config"]["num_streams"] == 5 and len(saved["paths"]) == 2
     assert saved["paths"][0]["latency_p95_ms"] == ours.latency_p95_ms
     assert saved["fixed_step"]["ours_over_nemo"] == fixed.ours_over_nemo
+    assert saved["fixed_step"]["tokens"] == fixed.tokens
     assert "| path |" in files["markdown"].read_text()
     records = [json.loads(line) for line in files["transcripts"].read_text().splitlines()]
     assert [r["stream"] for r in records] == list(range(5)) and all(r["identical"] for r in records)
@@ -173,6 +177,8 @@ def test_sweep_tiny_run(tmp_path):
     ]
     table = files["markdown"].read_text()
     assert "| 3 | nemo_fastdecode (eager) |" in table and "largest count in real time with p95 <= 50.0 ms" in table
+    tokens = result.points[1].fixed_step.tokens
+    assert f"(tokens decoded for those streams: {' / '.join(map(str, tokens.values()))})" in table
     assert any(line.startswith("3 streams: ") for line in lines)
 
 

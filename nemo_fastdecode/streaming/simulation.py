@@ -264,19 +264,28 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def fixed_step_ms(
+@dataclass
+class FixedStepTiming:
+    """What :func:`time_fixed_steps` measured: the median step (ms) and the tokens its streams decoded."""
+
+    ms: float
+    tokens: int  # over the streams' first chunk and the timed steps: equal work is visible across paths
+
+
+def time_fixed_steps(
     path: _Path,
     plans: Sequence[StreamPlan],
     num_streams: int,
     repeats: int,
     device: torch.device,
     around_steps: contextlib.AbstractContextManager | None = None,
-) -> float:
+) -> FixedStepTiming:
     """Median time (ms) of a step in which ``num_streams`` streams step together, past their first chunk.
 
     The first ``num_streams`` plans open, step their first chunk, then ``repeats`` later chunks all together
-    (stagger 0 at a fixed batch: the issue's "256 active streams out of 1024 slots" step), then close.
-    ``around_steps`` (e.g. a profiler) is entered around the ``repeats`` steps only.
+    (stagger 0 at a fixed batch: the issue's "256 active streams out of 1024 slots" step), then close; the
+    tokens their final hypotheses hold are counted. ``around_steps`` (e.g. a profiler) is entered around the
+    ``repeats`` steps only.
     """
     streams = list(plans[:num_streams])
     slots = [path.open() for _ in streams]
@@ -291,9 +300,8 @@ def fixed_step_ms(
             path.step(slots, chunks)
             _synchronize(device)
             times.append(time.perf_counter() - started)
-    for slot in slots:
-        path.finish(slot)
-    return round(1000 * float(np.median(times)), 3) if times else 0.0
+    tokens = sum(len(path.finish(slot)) for slot in slots)
+    return FixedStepTiming(round(1000 * float(np.median(times)), 3) if times else 0.0, tokens)
 
 
 def fast_path(
@@ -372,12 +380,14 @@ def nemo_path(
 
 @dataclass
 class FixedStep:
-    """Step time with ``streams`` streams stepping together (stagger 0) in ``slots`` slots, per path (ms)."""
+    """Step time with ``streams`` streams stepping together (stagger 0) in ``slots`` slots, per path (ms), and the
+    tokens each path decoded for those streams (their first chunk and the timed steps)."""
 
     streams: int
     slots: int
     repeats: int
     step_ms: dict[str, float]
+    tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def ours_over_nemo(self) -> float | None:
@@ -524,8 +534,14 @@ def _fixed_step(
     if cfg.fixed_step_repeats <= 0:
         return None
     n = min(len(plans), num_slots)
-    times = {p.name: fixed_step_ms(p, plans, n, cfg.fixed_step_repeats, setup.device) for p in paths}
-    return FixedStep(streams=n, slots=num_slots, repeats=cfg.fixed_step_repeats, step_ms=times)
+    timings = {p.name: time_fixed_steps(p, plans, n, cfg.fixed_step_repeats, setup.device) for p in paths}
+    return FixedStep(
+        streams=n,
+        slots=num_slots,
+        repeats=cfg.fixed_step_repeats,
+        step_ms={name: t.ms for name, t in timings.items()},
+        tokens={name: t.tokens for name, t in timings.items()},
+    )
 
 
 def _agreement(tokens: list[list[list[int]]]) -> float | None:
@@ -659,7 +675,8 @@ def _fixed_step_line(fixed: FixedStep | None) -> list[str]:
     line = f"Step with all {fixed.streams} streams together ({fixed.slots} slots, median of {fixed.repeats}): {times}"
     if fixed.ours_over_nemo is not None:
         line += f"; ours / NeMo = {fixed.ours_over_nemo:.3f} (target <= 0.1)"
-    return [line + "."]
+    tokens = ", ".join(f"{count}" for count in fixed.tokens.values())
+    return [line + f"; tokens decoded for these streams (first chunk included): {tokens}."]
 
 
 def format_markdown(result: StreamingRunResult) -> str:
@@ -725,8 +742,10 @@ def format_sweep_markdown(result: SweepResult) -> str:
         lines.append(f"- {name}: largest count in real time with p95 <= {target} ms: {best if best else 'none'}")
     for pt in result.points:
         if pt.fixed_step is not None and pt.fixed_step.ours_over_nemo is not None:
+            tokens = " / ".join(str(count) for count in pt.fixed_step.tokens.values())
             lines.append(
-                f"- {pt.num_streams} streams stepping together: ours / NeMo step time = {pt.fixed_step.ours_over_nemo:.3f}"
+                f"- {pt.num_streams} streams stepping together: ours / NeMo step time = "
+                f"{pt.fixed_step.ours_over_nemo:.3f} (tokens decoded for those streams: {tokens})"
             )
     return "\n".join(lines)
 
