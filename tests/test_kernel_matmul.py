@@ -148,3 +148,43 @@ def test_layer_norm_of_the_input_from_its_row_stats(split_k):
         matmul.linear(x, w1, layer_norm=matmul.LayerNormInput(stats, norm.weight, norm.bias, norm.eps))
     with pytest.raises(ValueError, match="row_stats / layer_norm need a non-empty product"):
         matmul.linear(x[:0], w1, row_stats=True)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"split_k": 3, "block_m": 16, "block_n": 16, "block_k": 16}])
+def test_scatter_writes_the_last_columns_into_each_rows_cache_place(overrides):
+    """A q-k-v projection that writes k and v straight into a cache ``[slots, positions, 2 * d]`` at each row's
+    (slot, position), as ``index_put_`` does, and returns q only; rows past the batch's real ones all write into
+    one dummy place."""
+    rows, depth, d = 37, 24, 12  # q, k, v of width d
+    x, weight, bias = random(rows, depth, seed=1), random(3 * d, depth, seed=2), random(3 * d, seed=3)
+    cache = torch.full([6, 9, 2 * d], -7.0, device=DEVICE)
+    g = torch.Generator().manual_seed(4)
+    places = torch.randperm(5 * 9, generator=g)[:rows]  # distinct (slot, position) pairs in slots 0..4
+    slot, pos = (places // 9).to(DEVICE), (places % 9).to(DEVICE)
+    slot[30:], pos[30:] = 5, 0  # padding rows: the dummy slot
+    expected_cache = cache.clone()
+    y = matmul.linear_reference(x, weight, bias, swish=True)
+    expected_cache.index_put_((slot[:30], pos[:30]), y[:30, d:])
+    offsets = slot * cache.stride(0) + pos * cache.stride(1)
+    q = matmul.linear(x, weight, bias, swish=True, scatter=matmul.ColumnScatter(d, cache, offsets), **overrides)
+    assert q.shape == (rows, d)
+    torch.testing.assert_close(q, y[:, :d], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cache[:5], expected_cache[:5], rtol=1e-5, atol=1e-6)  # untouched places keep -7
+    # the torch path of the same scatter (CPU / off the kernel) agrees
+    torch_cache = torch.full_like(cache, -7.0)
+    torch.testing.assert_close(matmul.ColumnScatter(d, torch_cache, offsets).apply(y), y[:, :d])
+    torch.testing.assert_close(torch_cache[:5], expected_cache[:5])
+
+
+def test_scatter_bad_arguments_are_named():
+    x, weight = random(4, 8), random(6, 8)
+    cache = torch.zeros([3, 4], device=DEVICE)
+    offsets = torch.zeros(4, dtype=torch.long, device=DEVICE)
+    with pytest.raises(ValueError, match="scatter cannot be combined with residual or row_stats"):
+        matmul.linear(x, weight, row_stats=True, scatter=matmul.ColumnScatter(2, cache, offsets))
+    with pytest.raises(ValueError, match=r"scatter.start must be in \[0, 6\], got 7"):
+        matmul.linear(x, weight, scatter=matmul.ColumnScatter(7, cache, offsets))
+    with pytest.raises(ValueError, match="scatter.row_offsets must be int64 \\[4\\]"):
+        matmul.linear(x, weight, scatter=matmul.ColumnScatter(2, cache, offsets[:3]))
+    with pytest.raises(ValueError, match="scatter.target must be a contiguous float32 tensor"):
+        matmul.linear(x, weight, scatter=matmul.ColumnScatter(2, cache.double(), offsets))

@@ -431,6 +431,8 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
     # tf32x3: per layer, the two feed-forwards' Swish and the four residual additions ride on the GEMMs
     layers_run = len(order) * len(model.encoder.layers) if on_kernels else 0
     assert sum(bool(kw.get("swish")) for kw in gemms) == layers_run * 2
+    # ... and the q-k-v GEMM writes k and v straight into the slots' caches (its epilogue scatter)
+    assert sum(kw.get("scatter") is not None for kw in gemms) == layers_run
     assert sum(kw.get("residual") is not None for kw in gemms) == layers_run * (0 if mixed else 4)
     # tf32x3: the attention's, convolution's and second feed-forward's layer norms ride on the GEMM after them,
     # with row statistics kept by the residual GEMM before them (both GEMMs on the kernel: not in mixed)

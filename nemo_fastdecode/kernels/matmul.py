@@ -30,9 +30,10 @@ def _linear_kernel(
     x_ptr, x_stride, w_ptr, w_stride, b_ptr, out_ptr, out_stride, partial_ptr, counter_ptr, rows, n_out, depth,
     residual_ptr, residual_stride, residual_scale,
     stats_out_ptr, stats_in_ptr, stats_in_tiles, stats_in_width, norm_w_ptr, norm_b_ptr, norm_eps,
+    scatter_ptr, scatter_offsets_ptr, scatter_start,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, SWISH: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr, STATS_OUT: tl.constexpr, NORM_IN: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, STATS_OUT: tl.constexpr, NORM_IN: tl.constexpr, SCATTER: tl.constexpr,
 ):  # fmt: skip
     # grouped program order: GROUP_M row tiles share each weight tile while it is in L2
     pid = tl.program_id(0)
@@ -68,7 +69,14 @@ def _linear_kernel(
     if HAS_RESIDUAL:
         residual = tl.load(residual_ptr + offs_m[:, None] * residual_stride + offs_n[None, :], mask=mask, other=0.0)
         acc = residual + residual_scale * acc
-    tl.store(out_ptr + offs_m[:, None] * out_stride + offs_n[None, :], acc, mask=mask)
+    if SCATTER:  # columns from scatter_start go to each row's own place in scatter_ptr (e.g. a k/v cache slot)
+        kept = offs_n < scatter_start
+        tl.store(out_ptr + offs_m[:, None] * out_stride + offs_n[None, :], acc, mask=mask & kept[None, :])
+        row_offsets = tl.load(scatter_offsets_ptr + offs_m, mask=m_ok, other=0)
+        moved = row_offsets[:, None] + (offs_n - scatter_start)[None, :]
+        tl.store(scatter_ptr + moved, acc, mask=mask & (offs_n >= scatter_start)[None, :])
+    else:
+        tl.store(out_ptr + offs_m[:, None] * out_stride + offs_n[None, :], acc, mask=mask)
     if STATS_OUT:  # this tile's (mean, M2) of each row, two-pass over its columns, for a layer norm downstream
         width = tl.minimum(n_out - pid_n * BLOCK_N, BLOCK_N)
         tile_mean, centred = row_mean_centred(acc, n_ok[None, :], width)
@@ -181,6 +189,7 @@ def linear(
     residual_scale: float = 1.0,
     layer_norm: LayerNormInput | None = None,
     row_stats: bool = False,
+    scatter: ColumnScatter | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, RowStats]:
     """``x @ weight^T + bias`` with the Triton kernel: x ``[..., K]``, weight ``[N, K]``, bias ``[N]`` or ``None``;
     returns ``[..., N]``; all float32 on one device. Keyword block sizes override :func:`matmul_tiling` (tuning);
@@ -190,7 +199,10 @@ def linear(
 
     ``layer_norm``: multiply ``layer_norm(x)`` instead of ``x``, normalising rows as they are loaded, with the row
     statistics of ``x`` that the GEMM which wrote ``x`` kept (no layer-norm kernel, no normalised copy of ``x``).
-    ``row_stats``: also return those statistics of this GEMM's output (after its epilogue), ``(y, RowStats)``."""
+    ``row_stats``: also return those statistics of this GEMM's output (after its epilogue), ``(y, RowStats)``.
+    ``scatter``: columns ``[scatter.start, N)`` of each output row are written to that row's place in
+    ``scatter.target`` instead (a q-k-v projection writing k and v into a cache), and only ``[..., :start]`` is
+    returned (no residual or row statistics with it)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     tensors = {"x": x, "weight": weight} | ({"bias": bias} if bias is not None else {})
@@ -214,9 +226,16 @@ def linear(
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     rows, depth = x2.shape
     n_out = weight.shape[0]
+    if scatter is not None:
+        if residual is not None or row_stats:
+            raise ValueError("scatter cannot be combined with residual or row_stats")
+        scatter.check(rows, n_out, x.device)
+        if 0 in (rows, n_out, depth):  # nothing for the kernel to do: the reference handles the edge cases
+            return scatter.apply(_epilogue_reference(linear_reference(x, weight, bias), swish, None, 1.0))
     if (row_stats or layer_norm is not None) and 0 in (rows, n_out, depth):
         raise ValueError(f"row_stats / layer_norm need a non-empty product, got [{rows}, {depth}] @ [{depth}, {n_out}]")
-    out = torch.empty([rows, n_out], dtype=torch.float32, device=x.device)
+    kept = n_out if scatter is None else scatter.start
+    out = torch.empty([rows, kept], dtype=torch.float32, device=x.device)
     if rows == 0 or n_out == 0:
         return out.view(*x.shape[:-1], n_out)
     if depth == 0:  # no product: the epilogue on the bias alone, in torch
@@ -245,13 +264,46 @@ def linear(
         partials, counters, rows, n_out, depth, residual2, residual2.stride(0), float(residual_scale),
         stats.partials if stats is not None else out, norm.stats.partials, norm.stats.partials.shape[1],
         norm.stats.tile_width, norm.weight, norm.bias, float(norm.eps),
+        scatter.target if scatter is not None else out, scatter.row_offsets if scatter is not None else out,
+        scatter.start if scatter is not None else n_out,
         HAS_BIAS=bias is not None, BLOCK_M=tiling["block_m"], BLOCK_N=tiling["block_n"], BLOCK_K=tiling["block_k"],
         GROUP_M=8, PRECISION=precision, SPLIT_K=tiling["split_k"], SWISH=swish, HAS_RESIDUAL=residual is not None,
-        STATS_OUT=row_stats, NORM_IN=layer_norm is not None,
+        STATS_OUT=row_stats, NORM_IN=layer_norm is not None, SCATTER=scatter is not None,
         num_warps=tiling["num_warps"], num_stages=tiling["num_stages"],
     )  # fmt: skip
-    out = out.view(*x.shape[:-1], n_out)
+    out = out.view(*x.shape[:-1], kept)
     return (out, stats) if row_stats else out
+
+
+@dataclass(frozen=True)
+class ColumnScatter:
+    """Where :func:`linear` writes the last columns of each output row: row ``r``'s columns ``[start, N)`` go to
+    ``target.view(-1)[row_offsets[r] : row_offsets[r] + N - start]`` (same as ``index_put_`` into a cache of rows
+    that hold ``N - start`` contiguous values). ``target`` float32 and contiguous, ``row_offsets [rows]`` int64
+    element offsets into it, both on the GEMM's device. Rows that share a place are written in no set order."""
+
+    start: int
+    target: torch.Tensor
+    row_offsets: torch.Tensor
+
+    def check(self, rows: int, n_out: int, device: torch.device) -> None:
+        if not 0 <= self.start <= n_out:
+            raise ValueError(f"scatter.start must be in [0, {n_out}], got {self.start}")
+        if self.target.dtype != torch.float32 or not self.target.is_contiguous() or self.target.device != device:
+            raise ValueError(f"scatter.target must be a contiguous float32 tensor on {device}, got "
+                             f"{self.target.dtype} on {self.target.device}")  # fmt: skip
+        offsets = self.row_offsets
+        if offsets.shape != (rows,) or offsets.dtype != torch.int64 or offsets.device != device:
+            raise ValueError(f"scatter.row_offsets must be int64 [{rows}] on {device}, got {offsets.dtype} "
+                             f"{tuple(offsets.shape)} on {offsets.device}")  # fmt: skip
+
+    def apply(self, y: torch.Tensor) -> torch.Tensor:
+        """The scatter in torch, for ``y [..., N]`` computed whole: writes the moved columns, returns the kept ones."""
+        rows = y.reshape(-1, y.shape[-1])
+        width = rows.shape[1] - self.start
+        places = self.row_offsets[:, None] + torch.arange(width, device=y.device)[None, :]
+        self.target.view(-1)[places.reshape(-1)] = rows[:, self.start :].reshape(-1)
+        return y[..., : self.start]
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,9 @@ class StreamingEncoderStep:
         write_slot = torch.where(valid, slot_ids[:, None], s.dummy_slot).reshape(-1)
         logical = att_len[:, None] + self._rows[None, :] - pad[:, None]
         write_pos = torch.where(valid, (ring_start[:, None] + logical) % s.capacity, 0).reshape(-1)
+        writes = _CacheWrites(
+            write_slot, write_pos, s.key_values if any(q is not None for q in self.fused_qkv) else None
+        )
         lengths = att_len + frames
         # convolution input gathered as [padding, cache (K - 1), new frames]: row p reads p, or the cache
         conv_src = torch.where(
@@ -188,9 +191,7 @@ class StreamingEncoderStep:
 
         stats = None  # row statistics of x, where a kernel kept them (tf32x3)
         for index, layer in enumerate(enc.layers):
-            x, stats = self._layer(
-                index, layer, x, stats, slot_ids, write_slot, write_pos, lengths, ring_start, conv_src
-            )
+            x, stats = self._layer(index, layer, x, stats, slot_ids, writes, lengths, ring_start, conv_src)
 
         self._drop_oldest_frames(slot_ids, lengths, ring_start)
         s.started.index_copy_(0, slot_ids, started | (feature_lengths > 0))
@@ -239,29 +240,29 @@ class StreamingEncoderStep:
         residual: torch.Tensor | None = None,
         residual_scale: float = 1.0,
         keep_stats: bool = False,
+        scatter: matmul.ColumnScatter | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, matmul.RowStats | None]:
         """A Linear (or a kernel-size-1 Conv1d, on ``[B, T, C]``) applied to the last dim of ``x``, then
         ``activation``, then ``residual + residual_scale * y``: in the GEMM's epilogue on the 3xTF32 kernel (Swish),
         else as NeMo's torch ops in NeMo's order. ``x`` may be a :class:`_Normalized` (a layer norm the 3xTF32 kernel
         applies while loading the rows, given their statistics). ``keep_stats``: return ``(y, row statistics of y or
-        None)``, the statistics where the 3xTF32 kernel computed ``y``."""
+        None)``, the statistics where the 3xTF32 kernel computed ``y``. ``scatter`` (on the kernel only): the output's
+        last columns go to their cache places in the GEMM's epilogue (:class:`~nemo_fastdecode.kernels.matmul.
+        ColumnScatter`), the first ones are returned."""
         normalized = x if isinstance(x, _Normalized) else None
-        weight = module.weight if module.weight.dim() == 2 else module.weight[:, :, 0]
+        weight = _weight(module)
         swish = activation is not None and is_swish(activation)
         rows = (normalized.x if normalized is not None else x).shape[:-1].numel()
-        # shapes are fixed per batch-size bucket, so each captured graph makes these choices once
-        on_kernel = (
-            self.tensor_core_matmul
-            and (activation is None or swish)
-            and matmul.tensor_cores_win(rows, weight.shape[0], weight.shape[1])
-        )
+        on_kernel = self._on_kernel(weight, rows, activation)
+        if scatter is not None and not on_kernel:
+            raise ValueError("scatter is the 3xTF32 kernel's epilogue: check _on_kernel first")
         layer_norm = normalized.fusable() if on_kernel and normalized is not None else None
         if normalized is not None:  # the kernel normalises the rows of normalized.x as it loads them, or torch does
             x = normalized.x if layer_norm is not None else normalized.compute()
         if on_kernel:
             return matmul.linear(
                 x, weight, module.bias, swish=swish, residual=residual, residual_scale=residual_scale,
-                layer_norm=layer_norm, row_stats=keep_stats, precision=self.matmul_precision,
+                layer_norm=layer_norm, row_stats=keep_stats, precision=self.matmul_precision, scatter=scatter,
             )  # fmt: skip
         # fp32: NeMo's module; tf32x3 off the kernel: cuBLAS fp32 where the 3xTF32 kernel would be slower
         y = F.linear(x, weight, module.bias) if self.tensor_core_matmul else module(x)
@@ -271,6 +272,15 @@ class StreamingEncoderStep:
             y = residual + y if residual_scale == 1.0 else residual + residual_scale * y
         return (y, None) if keep_stats else y
 
+    def _on_kernel(self, weight: torch.Tensor, rows: int, activation: torch.nn.Module | None = None) -> bool:
+        """Whether :meth:`_linear` runs this GEMM on the 3xTF32 kernel (tf32x3, an epilogue it has, and a shape where
+        it beat cuBLAS). Shapes are fixed per batch-size bucket, so each captured graph makes this choice once."""
+        return (
+            self.tensor_core_matmul
+            and (activation is None or is_swish(activation))
+            and matmul.tensor_cores_win(rows, weight.shape[0], weight.shape[1])
+        )
+
     def _feed_forward(
         self, ff: torch.nn.Module, x: torch.Tensor | _Normalized, residual: torch.Tensor, keep_stats: bool = False
     ):
@@ -278,7 +288,7 @@ class StreamingEncoderStep:
         hidden = self._linear(ff.linear1, x, activation=ff.activation)
         return self._linear(ff.linear2, hidden, residual=residual, residual_scale=0.5, keep_stats=keep_stats)
 
-    def _layer(self, index, layer, x, x_stats, slot_ids, write_slot, write_pos, lengths, ring_start, conv_src):
+    def _layer(self, index, layer, x, x_stats, slot_ids, writes, lengths, ring_start, conv_src):
         """``ConformerLayer.forward`` with the caches of the slots (eval mode: dropout is identity); each residual
         addition rides on the GEMM before it, and (tf32x3) four of the five layer norms on the GEMM after it, given
         the row statistics of their input (``x_stats``: of ``x``). Returns the layer's output and its statistics."""
@@ -286,8 +296,8 @@ class StreamingEncoderStep:
             layer.feed_forward1, _Normalized(x, layer.norm_feed_forward1, x_stats), residual=x, keep_stats=True
         )
         residual, stats = self._attention(
-            index, layer.self_attn, _Normalized(residual, layer.norm_self_att, stats), slot_ids, write_slot,
-            write_pos, lengths, ring_start, residual,
+            index, layer.self_attn, _Normalized(residual, layer.norm_self_att, stats), slot_ids, writes, lengths,
+            ring_start, residual,
         )  # fmt: skip
         residual, stats = self._convolution(
             index, layer.conv, _Normalized(residual, layer.norm_conv, stats), slot_ids, conv_src, residual
@@ -299,15 +309,19 @@ class StreamingEncoderStep:
             return layer_norm_with_stats(residual, layer.norm_out)  # the next layer's first norm rides on a GEMM
         return layer.norm_out(residual), None
 
-    def _attention(self, index, attn, x, slot_ids, write_slot, write_pos, lengths, ring_start, residual):
+    def _attention(self, index, attn, x, slot_ids, writes, lengths, ring_start, residual):
         """``residual + RelPositionMultiHeadAttention`` over [cached left context, this chunk], keys read in place."""
         s = self.slots
         b, tq, d = residual.shape
         h, dh = self.num_heads, self.head_dim
         # same as: keys[slot, pos] = k, values[slot, pos] = v for every valid row (in place, no concatenation)
-        where = (write_slot, write_pos)
-        if self.fused_qkv[index] is not None:  # one [B, Tq, 3 d] output: q, then k and v side by side as stored
-            q, kv = self._linear(self.fused_qkv[index], x).split([d, 2 * d], dim=-1)
+        where = (writes.slot, writes.pos)
+        fused = self.fused_qkv[index]
+        if fused is not None and writes.kv_offsets is not None and self._on_kernel(fused.weight, b * tq):
+            # one GEMM of [q, k, v]: q comes back, k and v (side by side, as stored) go straight to their slots
+            q = self._linear(fused, x, scatter=matmul.ColumnScatter(d, s.key_values[index], writes.kv_offsets))
+        elif fused is not None:  # one [B, Tq, 3 d] output, then k and v scattered into the slots
+            q, kv = self._linear(fused, x).split([d, 2 * d], dim=-1)
             s.key_values[index].index_put_(where, kv.reshape(b * tq, 2, h, dh).to(s.dtype))
         else:
             x = x.compute() if isinstance(x, _Normalized) else x  # once for the three projections
@@ -370,6 +384,23 @@ class StreamingEncoderStep:
         new_len = lengths.clamp(max=w)
         s.ring_start.index_copy_(0, slot_ids, (ring_start + lengths - new_len) % s.capacity)
         s.att_len.index_copy_(0, slot_ids, new_len)
+
+
+def _weight(module: torch.nn.Module) -> torch.Tensor:
+    """A Linear's weight ``[N, K]``, or a kernel-size-1 Conv1d's as one."""
+    return module.weight if module.weight.dim() == 2 else module.weight[:, :, 0]
+
+
+class _CacheWrites:
+    """Where this step's rows go in the slots' caches: ``(slot [B * Tq], pos [B * Tq])`` per row (padding rows: the
+    dummy slot), and, for float32 key/value caches ``[Ly, S + 1, W + Tq, 2 d]``-shaped, each row's element offset
+    into one layer's cache, which the q-k-v GEMM's epilogue writes k and v to (``None`` otherwise)."""
+
+    def __init__(self, slot: torch.Tensor, pos: torch.Tensor, key_values: torch.Tensor | None):
+        self.slot, self.pos = slot, pos
+        self.kv_offsets = None
+        if key_values is not None and key_values.dtype == torch.float32 and key_values.is_contiguous():
+            self.kv_offsets = slot * key_values.stride(1) + pos * key_values.stride(2)
 
 
 @dataclass(frozen=True)
