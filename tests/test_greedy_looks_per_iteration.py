@@ -12,7 +12,7 @@ from conftest import GREEDY_UNBOUNDED_SAFE, VOCAB_SIZE, make_networks, random_en
 from test_greedy_exactness import REALISTIC_BIAS, assert_same_hypotheses, baseline, ours
 from test_greedy_lookahead import everything
 
-from nemo_fastdecode.graphs import LoopPhases
+from nemo_fastdecode.graphs import GraphMode, LoopPhases
 from nemo_fastdecode.greedy import label_loop
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 
@@ -69,8 +69,14 @@ def test_one_loop_has_no_inner_loop_and_the_default_is_named(monkeypatch):
     seen.clear()
     ours("tdt", decoder, joint, 3, looks_per_iteration=0)(encoder_output=x, encoded_lengths=lengths)
     assert not seen
-    automatic = ours("tdt", decoder, joint, 3).computer.looks_per_iteration
-    assert automatic == label_loop.auto_looks_per_iteration(tdt=True)
+    # automatic: one loop with CUDA graphs, the two-level loop eagerly (here, on the CPU)
+    ours("tdt", decoder, joint, 3)(encoder_output=x, encoded_lengths=lengths)
+    assert not seen
+    automatic = ours("tdt", decoder, joint, 3).computer
+    assert automatic._looks(GraphMode.EAGER) == 0 == label_loop.auto_looks_per_iteration(GraphMode.EAGER, tdt=True)
+    for mode in (GraphMode.FULL_GRAPH, GraphMode.NO_WHILE_GRAPH):
+        assert automatic._looks(mode) == 1 == label_loop.auto_looks_per_iteration(mode, tdt=True)
+    assert ours("tdt", decoder, joint, 3, looks_per_iteration=2).computer._looks(GraphMode.EAGER) == 2
 
 
 @pytest.mark.parametrize("bad", [-1, True])

@@ -85,7 +85,8 @@ class GreedyComputerBase(CapturedLoopOwner):
         return torch.float32 if self.is_tdt else torch.float64
 
     # ----- phases: defined by the algorithm ------------------------------------------------
-    def _phases(self, buffers: LoopBuffers) -> LoopPhases:
+    def _phases(self, buffers: LoopBuffers, mode: GraphMode) -> LoopPhases:
+        """The loop's phases on these buffers, for a loop run in ``mode`` (which may shape the loop)."""
         raise NotImplementedError
 
     # ----- shared steps used by the phases -------------------------------------------------
@@ -174,14 +175,14 @@ class GreedyComputerBase(CapturedLoopOwner):
         if mode is GraphMode.EAGER:
             # eager runs at the exact batch shape: nothing to keep between calls
             buffers = self._allocate(batch_size, max_time, hidden, capacity, device, dtype)
-            return buffers, TwoLevelLoop(self._phases(buffers), mode)
+            return buffers, TwoLevelLoop(self._phases(buffers, mode), mode)
         if self._buffers is None or not self._buffers.fits(batch_size, max_time, capacity, device, dtype):
             # grow geometrically in time so that a slowly growing maximum does not re-capture every batch
             old = self._buffers
             grown_time = max(max_time, 2 * old.max_time) if old is not None and old.device == device else max_time
             grown_batch = max(batch_size, old.batch_size) if old is not None and old.device == device else batch_size
             self._buffers = self._allocate(grown_batch, grown_time, hidden, self._capacity(grown_time), device, dtype)
-            self._loop = TwoLevelLoop(self._phases(self._buffers), mode)
+            self._loop = TwoLevelLoop(self._phases(self._buffers, mode), mode)
         return self._buffers, self._loop
 
     def _allocate(self, batch_size, max_time, hidden, capacity, device, dtype) -> LoopBuffers:

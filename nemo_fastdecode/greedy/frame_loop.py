@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from nemo_fastdecode.graphs import LoopPhases
+from nemo_fastdecode.graphs import GraphMode, LoopPhases
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.state import LoopBuffers
@@ -24,7 +24,7 @@ class FrameLoopGreedy(GreedyComputerBase):
         if self.is_tdt:
             raise ValueError("frame looping (loop_labels=False) is RNN-T only; TDT decodes with loop_labels=True")
 
-    def _phases(self, b: LoopBuffers) -> LoopPhases:
+    def _phases(self, b: LoopBuffers, mode: GraphMode) -> LoopPhases:
         fused = self._use_fused(b.device)
 
         def best_label_at_frame() -> None:

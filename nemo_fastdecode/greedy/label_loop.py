@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from nemo_fastdecode.graphs import LoopPhases
+from nemo_fastdecode.graphs import GraphMode, LoopPhases
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.state import LoopBuffers
@@ -27,17 +27,21 @@ AUTO_LOOKAHEAD_ROWS = {"rnnt": 512, "tdt": 128}
 MAX_AUTO_LOOKAHEAD_FRAMES = 16
 
 
-# automatic looks per iteration (0: the two-level loop); see LabelLoopGreedy. H200, 1 h, batch 32 (benchmarks/results,
-# eleventh session), fast_math: TDT 1 look 0.085 s, 2 looks 0.098 s, 3 looks 0.120 s, two-level 0.107 s; RNN-T
-# 1 look 0.103 s, 2 looks 0.150 s, two-level 0.158 s; exact path, RNN-T: 1 look 0.242 s, two-level 0.911 s. An
-# iteration that only skips blanks runs the prediction network for nothing, but costs less than a WHILE node's
-# condition evaluation and the launches around it.
+# automatic looks per iteration with CUDA graphs (0: the two-level loop); see LabelLoopGreedy. H200, 1 h, batch 32
+# (benchmarks/results, eleventh session), fast_math: TDT 1 look 0.085 s, 2 looks 0.098 s, 3 looks 0.120 s, two-level
+# 0.107 s; RNN-T 1 look 0.103 s, 2 looks 0.150 s, two-level 0.158 s; exact path, RNN-T: 1 look 0.242 s, two-level
+# 0.911 s. An iteration that only skips blanks runs the prediction network for nothing, but costs less than a
+# WHILE node's condition evaluation (or, without WHILE nodes, a host read of the flag) and the launches around it.
 AUTO_LOOKS_PER_ITERATION = {"rnnt": 1, "tdt": 1}
 
 
-def auto_looks_per_iteration(tdt: bool = False) -> int:
-    """Looks per label iteration when chosen automatically (0: the two-level loop with its inner WHILE loop)."""
-    return AUTO_LOOKS_PER_ITERATION["tdt" if tdt else "rnnt"]
+def auto_looks_per_iteration(mode: GraphMode, tdt: bool = False) -> int:
+    """Looks per label iteration when chosen automatically (0: the two-level loop with its inner loop).
+
+    Eager (the CPU, or graphs off) keeps the two-level loop: there the prediction network's step is real work per
+    iteration, not a few launches inside a graph (CPU, 16 rows of 200 frames, long blank runs: RNN-T 30 ms
+    two-level against 73 ms in one loop)."""
+    return 0 if mode is GraphMode.EAGER else AUTO_LOOKS_PER_ITERATION["tdt" if tdt else "rnnt"]
 
 
 def auto_lookahead_frames(batch_size: int, tdt: bool = False) -> int:
@@ -56,7 +60,7 @@ class LabelLoopGreedy(GreedyComputerBase):
     joint kernel with fixed tiling on Triton. Automatic: :func:`auto_lookahead_frames` there (16 frames at
     batch 32 for RNN-T, 4 for TDT), else 1 (one frame per look).
 
-    ``looks_per_iteration`` (``None``: automatic, :func:`auto_looks_per_iteration`): ``0`` runs the two-level
+    ``looks_per_iteration`` (``None``: by graph mode, :func:`auto_looks_per_iteration`): ``0`` runs the two-level
     loop, ``while labels: look; while blanks: look again; emit``, whose inner WHILE condition is evaluated at
     least once per label (on an H200 each evaluation of a graph's conditional node leaves the GPU idle about
     11 us). ``K >= 1`` runs one loop instead: ``while rows are active: look K times; emit``. A row still on
@@ -73,9 +77,7 @@ class LabelLoopGreedy(GreedyComputerBase):
                 f"looks_per_iteration must be 0 (the two-level loop), a positive int or None (automatic), "
                 f"got {looks_per_iteration!r}"
             )
-        self.looks_per_iteration = (
-            auto_looks_per_iteration(self.is_tdt) if looks_per_iteration is None else int(looks_per_iteration)
-        )
+        self.looks_per_iteration = None if looks_per_iteration is None else int(looks_per_iteration)
         if lookahead_frames is not None and lookahead_frames < 1:
             raise ValueError(f"lookahead_frames must be a positive int or None (automatic), got {lookahead_frames}")
         if lookahead_frames is not None and lookahead_frames > 1 and self.fast_predictor is None:
@@ -132,7 +134,13 @@ class LabelLoopGreedy(GreedyComputerBase):
         duration_logits = logits[:, num_tokens:] if self.is_tdt else None
         steps.window_select(b, scores, labels, duration_logits, self._durations, self.blank_index, window, start)
 
-    def _phases(self, b: LoopBuffers) -> LoopPhases:
+    def _looks(self, mode: GraphMode) -> int:
+        """Looks per iteration in ``mode`` (0: the two-level loop)."""
+        if self.looks_per_iteration is not None:
+            return self.looks_per_iteration
+        return auto_looks_per_iteration(mode, self.is_tdt)
+
+    def _phases(self, b: LoopBuffers, mode: GraphMode) -> LoopPhases:
         fused = self._use_fused(b.device)
         window = self._lookahead(b.device, b.batch_size)
 
@@ -176,7 +184,7 @@ class LabelLoopGreedy(GreedyComputerBase):
             steps.label_emit(b, self.max_symbols, self.is_tdt, fused)
             self._predict_masked(b, b.labels, b.found, fused, b.recurrent_gates)
 
-        looks = self.looks_per_iteration
+        looks = self._looks(mode)
         if looks == 0:
             return LoopPhases(before_loop, outer_start, inner_step, outer_end, b.outer_flag, b.inner_flag)
 
