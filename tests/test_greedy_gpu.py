@@ -37,6 +37,7 @@ def test_every_mode_matches_baseline_on_gpu(mode, kind, loop_labels, max_symbols
         decoder, joint = cuda_networks(kind, seed=21)
         x, lengths = random_encoder_output(9, 41, seed=22, lengths=[41, 3, 0, 40, 17, 1, 41, 25, 8], device="cuda")
     expected = baseline(kind, decoder, joint, max_symbols)(encoder_output=x, encoded_lengths=lengths)[0]
+    assert sum(len(h.y_sequence) for h in expected) > 0, "test setup should emit labels"
     decode = ours(kind, decoder, joint, max_symbols, loop_labels, graph_mode=mode)
     decode.computer.fused_kernels = fused
     for _ in range(2):  # the second call replays the captured graph
@@ -98,9 +99,10 @@ def test_non_default_stream():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
 def test_second_gpu(kind, loop_labels):
-    decoder, joint = cuda_networks(kind, seed=28, device="cuda:1")
+    decoder, joint = cuda_networks(kind, seed=3, device="cuda:1")  # (seed 28 emitted no RNN-T label)
     x, lengths = random_encoder_output(6, 30, seed=29, device="cuda:1")
     expected = baseline(kind, decoder, joint, 3)(encoder_output=x, encoded_lengths=lengths)[0]
+    assert sum(len(h.y_sequence) for h in expected) > 0, "test setup should emit labels"
     actual = ours(kind, decoder, joint, 3, loop_labels)(encoder_output=x, encoded_lengths=lengths)[0]
     assert_same_hypotheses(expected, actual)
 

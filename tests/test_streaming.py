@@ -497,6 +497,7 @@ def test_cuda_graph_step_matches_nemo_alone_on_the_gpu(features, encoder_matmul,
     if encoder_matmul == "tf32":  # single TF32 products do lose bits: not the fp32 path under another name
         assert max(errors) > 1e-6
         return
+    assert sum(len(run[1].y_sequence) for run in runs) > 0, "test setup should emit tokens"
     for s, slot in enumerate(slots):
         assert as_int_list(streamer.flush(slot).hypothesis.y_sequence) == as_int_list(runs[s][1].y_sequence)
 
