@@ -2,9 +2,9 @@
 
 The frame loop has this shape (frames x symbols), and so can the label loop (labels x blank frames,
 ``looks_per_iteration=0``); beam search and the default label loop are the one-level case
-``before; while flag: body`` (:meth:`LoopPhases.one_level`, no inner loop and no host read of an inner flag). Capture, warm-up and the WHILE-node plumbing live
-here once. The algorithm owns the state: its phases read and write pre-allocated tensors in place
-and keep the loop flags (0-d bool tensors) up to date.
+``before; while flag: body`` (:meth:`LoopPhases.one_level`, no inner loop and no host read of an inner
+flag). Capture, warm-up and the WHILE-node plumbing live here once. The algorithm owns the state: its phases
+read and write pre-allocated tensors in place and keep the loop flags (0-d bool tensors) up to date.
 """
 
 from __future__ import annotations

@@ -231,7 +231,7 @@ def linear(
             raise ValueError("scatter cannot be combined with residual or row_stats")
         scatter.check(rows, n_out, x.device)
         if 0 in (rows, n_out, depth):  # nothing for the kernel to do: the reference handles the edge cases
-            return scatter.apply(_epilogue_reference(linear_reference(x, weight, bias), swish, None, 1.0))
+            return scatter.apply(linear_reference(x, weight, bias, swish=swish))
     if (row_stats or layer_norm is not None) and 0 in (rows, n_out, depth):
         raise ValueError(f"row_stats / layer_norm need a non-empty product, got [{rows}, {depth}] @ [{depth}, {n_out}]")
     kept = n_out if scatter is None else scatter.start

@@ -178,9 +178,10 @@ class StreamingEncoderStep:
         write_slot = torch.where(valid, slot_ids[:, None], s.dummy_slot).reshape(-1)
         logical = att_len[:, None] + self._rows[None, :] - pad[:, None]
         write_pos = torch.where(valid, (ring_start[:, None] + logical) % s.capacity, 0).reshape(-1)
-        writes = _CacheWrites(
-            write_slot, write_pos, s.key_values if any(q is not None for q in self.fused_qkv) else None
-        )
+        # the q-k-v GEMMs (all of one shape) write k and v in their epilogue where they run on the kernel
+        qkv = self.fused_qkv[0]
+        scatter_kv = qkv is not None and self._on_kernel(qkv.weight, write_slot.shape[0])
+        writes = _CacheWrites(write_slot, write_pos, s.key_values if scatter_kv else None)
         lengths = att_len + frames
         # convolution input gathered as [padding, cache (K - 1), new frames]: row p reads p, or the cache
         conv_src = torch.where(
@@ -317,7 +318,7 @@ class StreamingEncoderStep:
         # same as: keys[slot, pos] = k, values[slot, pos] = v for every valid row (in place, no concatenation)
         where = (writes.slot, writes.pos)
         fused = self.fused_qkv[index]
-        if fused is not None and writes.kv_offsets is not None and self._on_kernel(fused.weight, b * tq):
+        if fused is not None and writes.kv_offsets is not None:
             # one GEMM of [q, k, v]: q comes back, k and v (side by side, as stored) go straight to their slots
             q = self._linear(fused, x, scatter=matmul.ColumnScatter(d, s.key_values[index], writes.kv_offsets))
         elif fused is not None:  # one [B, Tq, 3 d] output, then k and v scattered into the slots
@@ -393,8 +394,8 @@ def _weight(module: torch.nn.Module) -> torch.Tensor:
 
 class _CacheWrites:
     """Where this step's rows go in the slots' caches: ``(slot [B * Tq], pos [B * Tq])`` per row (padding rows: the
-    dummy slot), and, for float32 key/value caches ``[Ly, S + 1, W + Tq, 2 d]``-shaped, each row's element offset
-    into one layer's cache, which the q-k-v GEMM's epilogue writes k and v to (``None`` otherwise)."""
+    dummy slot), and, given float32 key/value caches ``[Ly, S + 1, W + Tq, 2 d]`` for the q-k-v GEMMs' epilogue,
+    each row's element offset into one layer's cache (``None`` otherwise: k and v go in with ``index_put_``)."""
 
     def __init__(self, slot: torch.Tensor, pos: torch.Tensor, key_values: torch.Tensor | None):
         self.slot, self.pos = slot, pos

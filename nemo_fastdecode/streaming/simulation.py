@@ -675,7 +675,7 @@ def _fixed_step_line(fixed: FixedStep | None) -> list[str]:
     line = f"Step with all {fixed.streams} streams together ({fixed.slots} slots, median of {fixed.repeats}): {times}"
     if fixed.ours_over_nemo is not None:
         line += f"; ours / NeMo = {fixed.ours_over_nemo:.3f} (target <= 0.1)"
-    tokens = ", ".join(f"{count}" for count in fixed.tokens.values())
+    tokens = ", ".join(map(str, fixed.tokens.values()))
     return [line + f"; tokens decoded for these streams (first chunk included): {tokens}."]
 
 
