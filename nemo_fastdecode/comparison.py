@@ -106,6 +106,7 @@ class IdleGaps:
     short_gaps: int
     long_gaps_us: float  # longer ones: host work, synchronisation, time between steps
     before: list[tuple[str, float, int]]  # (kernel name, short idle time after it, count), largest first
+    long_between: list[tuple[str, str, float, int]]  # (kernel before, kernel after, long idle time, count), largest
 
 
 def idle_gaps(kernels: Sequence[tuple[str, float, float]], short_us: float = 50.0, top: int = 10) -> IdleGaps:
@@ -119,6 +120,7 @@ def idle_gaps(kernels: Sequence[tuple[str, float, float]], short_us: float = 50.
     busy = short = long = 0.0
     count = 0
     after: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    between: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
     end, last = None, None
     for name, start, stop in sorted(kernels, key=lambda k: (k[1], k[2])):
         if end is None or start >= end:
@@ -131,12 +133,15 @@ def idle_gaps(kernels: Sequence[tuple[str, float, float]], short_us: float = 50.
                     after[last][1] += 1
                 else:
                     long += gap
+                    between[last, name][0] += gap
+                    between[last, name][1] += 1
         elif stop > end:  # overlaps the running stretch
             busy += stop - end
         if end is None or stop >= end:
             end, last = stop, name
     ranked = sorted(((name, total, int(n)) for name, (total, n) in after.items()), key=lambda r: -r[1])
-    return IdleGaps(busy, short, count, long, ranked[:top])
+    ranked_long = sorted(((a, b, total, int(n)) for (a, b), (total, n) in between.items()), key=lambda r: -r[2])
+    return IdleGaps(busy, short, count, long, ranked[:top], ranked_long[:top])
 
 
 def kernel_intervals(prof: Any) -> list[tuple[str, float, float]]:

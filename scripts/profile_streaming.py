@@ -63,6 +63,12 @@ def print_idle_gaps(kernels: list[tuple[str, float, float]], steps: int) -> None
     print("kernels followed by the most idle time (per step: us, gaps):")
     for name, total, count in gaps.before:
         print(f"  {total / steps:8.1f} us {count / steps:6.1f}  {name[:100]}")
+    print("longer idle stretches, by the kernels around them (per step: us, stretches). Kernels inside conditional")
+    print("WHILE nodes are not seen: a greedy loop's body shows as idle around its graph. Host gaps may read larger")
+    print("than unprofiled (a 0.5 ms gap before the encoder graph was not in unprofiled steps): the breakdown script")
+    print("(scripts/streaming_step_breakdown.py) times the phases without the profiler:")
+    for before, after, total, count in gaps.long_between:
+        print(f"  {total / steps:8.1f} us {count / steps:6.1f}  {before[:60]}  ->  {after[:60]}")
 
 
 if __name__ == "__main__":

@@ -1,19 +1,23 @@
 """Where the wall time of one streaming step goes (GPU): host packing, the encoder graph, the decoder.
 
 python scripts/streaming_step_breakdown.py                       # 17 x 512 hybrid, tf32x3 encoder, 256 of 1024
-python scripts/streaming_step_breakdown.py encoder_matmul=fp32   # any scripts/streaming.py override
+python scripts/streaming_step_breakdown.py fast_math=true        # any scripts/streaming.py override
 
 Builds the model and 256 streams as ``scripts/streaming.py --config-name streaming_hybrid_17x512`` does, steps
-their first chunk, then times (median of 20, synchronised) the whole ``StreamingTranscriber.step`` and its parts:
-checking and packing the chunks on the host, the encoder bucket's copies + graph replay, the graph replay alone,
-and the decoder. The profile (``scripts/profile_streaming.py``) sums kernel times; the difference from the replay
-time here is the graph's idle time between kernels.
+their first chunk, then steps them together ``repeats`` times, the same chunks as ``scripts/streaming.py``'s
+fixed step (its median is over the first ``fixed_step_repeats`` of these). Each step's phases are timed with a
+synchronisation around each: checking and packing the chunks on the host, the encoder bucket's copies + graph
+replay, the decoder; with the tokens the step emitted, so that the decoder's time can be read against its work
+(a random model emits most of its tokens in the streams' first chunks). The profile
+(``scripts/profile_streaming.py``) sums kernel times instead.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,19 +27,28 @@ from hydra import compose, initialize_config_dir
 from nemo_fastdecode.streaming import simulation
 from nemo_fastdecode.streaming.transcriber import StreamingTranscriber
 
-STREAMS, SLOTS, REPEATS = 256, 1024, 20
+STREAMS, SLOTS, REPEATS = 256, 1024, 12
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PHASES = ("step", "host: check + pack", "encoder", "decoder")
 
 
-def median_ms(fn, repeats: int = REPEATS) -> float:
-    times = []
-    for _ in range(repeats):
+def _synchronize() -> None:
+    if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def synchronised(fn: Callable, times: list[float]) -> Callable:
+    """``fn`` timed between two synchronisations, its milliseconds appended to ``times``."""
+
+    def timed(*args, **kwargs):
+        _synchronize()
         started = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    return 1e3 * float(np.median(times))
+        out = fn(*args, **kwargs)
+        _synchronize()
+        times.append(1e3 * (time.perf_counter() - started))
+        return out
+
+    return timed
 
 
 def main(argv: list[str]) -> None:
@@ -45,35 +58,36 @@ def main(argv: list[str]) -> None:
     setup = simulation._setup(cfg, print)
     plans = simulation._plans(cfg, setup, STREAMS)
     streamer = StreamingTranscriber(
-        setup.model, SLOTS, dtype=setup.dtype, use_cuda_graphs=True, encoder_matmul=cfg.encoder_matmul,
-        capture_decoder_step=cfg.capture_decoder_step,
+        setup.model, SLOTS, dtype=setup.dtype, use_cuda_graphs=cfg.use_cuda_graphs, fast_math=cfg.fast_math,
+        encoder_matmul=cfg.encoder_matmul, capture_decoder_step=cfg.capture_decoder_step,
     )  # fmt: skip
     streamer.warm_up()
     slots = [streamer.open() for _ in plans]
     streamer.step(slots, [plan.chunks[0] for plan in plans])
-    chunks = [plan.chunks[1] for plan in plans]
-
-    def pack_on_host():
-        streamer._batch_chunks(streamer._check_step_slots(slots), chunks)
-
-    features, lengths = streamer._batch_chunks(slots, chunks)
-    ids = torch.tensor(slots, dtype=torch.long)
-    bucket = streamer.runner.prepare(streamer.runner.bucket(STREAMS))
-    with torch.inference_mode():
-        padded_ids, encoded, encoded_lengths = streamer.runner.run_padded(ids, features, lengths)
-        rows = {
-            "full step": lambda: streamer.step(slots, chunks),
-            "host: check + pack chunks": pack_on_host,
-            "encoder: copies + graph replay": lambda: streamer.runner.run_padded(ids, features, lengths),
-            "encoder: graph replay only": bucket.graph.replay,
-            "decoder": lambda: streamer.decoder.decode(slots, encoded, encoded_lengths, padded_ids),
-        }
-        print(
-            f"{STREAMS} streams stepping together, encoder_matmul={cfg.encoder_matmul}, "
-            f"capture_decoder_step={cfg.capture_decoder_step}, median of {REPEATS}:"
-        )
-        for name, fn in rows.items():
-            print(f"  {name:34s} {median_ms(fn):8.3f} ms", flush=True)
+    times: dict[str, list[float]] = defaultdict(list)
+    # the phases of StreamingTranscriber.step, each wrapped on this instance only
+    streamer._batch_chunks = synchronised(streamer._batch_chunks, times["host: check + pack"])
+    streamer.runner.run_padded = synchronised(streamer.runner.run_padded, times["encoder"])
+    streamer.decoder.decode = synchronised(streamer.decoder.decode, times["decoder"])
+    step = synchronised(streamer.step, times["step"])
+    tokens = []
+    for r in range(REPEATS):
+        chunks = [p.chunks[1 + r % (len(p.chunks) - 1)] if len(p.chunks) > 1 else p.chunks[0] for p in plans]
+        before = int(streamer.decoder.counts.sum())
+        step(slots, chunks)
+        tokens.append(int(streamer.decoder.counts.sum()) - before)
+    print(
+        f"{STREAMS} streams stepping together (steps 2..{REPEATS + 1}), encoder_matmul={cfg.encoder_matmul}, "
+        f"fast_math={cfg.fast_math}, capture_decoder_step={cfg.capture_decoder_step}; ms, each phase synchronised:"
+    )
+    print(f"  {'step':>4s} " + " ".join(f"{name:>20s}" for name in PHASES) + "  tokens")
+    for r in range(REPEATS):
+        print(f"  {r + 2:4d} " + " ".join(f"{times[name][r]:20.3f}" for name in PHASES) + f"  {tokens[r]:6d}")
+    first = min(cfg.fixed_step_repeats, REPEATS)
+    for label, part in ((f"median of steps 2..{first + 1} (the fixed step's)", slice(0, first)),
+                        (f"median of steps {first + 2}..{REPEATS + 1}", slice(first, REPEATS))):  # fmt: skip
+        if part.start < part.stop:
+            print(f"  {label}: " + ", ".join(f"{n} {np.median(times[n][part]):.3f}" for n in PHASES), flush=True)
 
 
 if __name__ == "__main__":

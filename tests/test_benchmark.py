@@ -43,4 +43,5 @@ def test_idle_gaps_split_launch_gaps_from_host_time():
     assert gaps.busy_us == 10 + 8 + 5 + 10 + 10 + 4  # union of the intervals (b and c overlap)
     assert (gaps.short_gaps_us, gaps.short_gaps, gaps.long_gaps_us) == (2 + 5 + 1, 3, 160)
     assert gaps.before == [("c", 5, 1), ("a", 2, 1), ("e", 1, 1)]  # the kernel each idle stretch follows
+    assert gaps.long_between == [("d", "e", 160, 1)]  # the kernels around each long stretch
     assert idle_gaps([]).busy_us == 0.0
