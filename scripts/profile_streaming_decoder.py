@@ -1,0 +1,67 @@
+"""The GPU kernels of one streaming decoder step, with the greedy loop run eagerly so that every kernel is seen.
+
+python scripts/profile_streaming_decoder.py                  # 256 streams, the fixed step's first later chunk
+python scripts/profile_streaming_decoder.py fast_math=true
+
+In the captured decoder the loop's body sits inside a conditional WHILE node, which CUPTI does not see. Here the
+same streams step their first chunk, then one later chunk (the fixed step's first, in the random model's emission
+burst) is decoded with graphs off under torch.profiler: the kernels' total GPU time per look of the loop is what
+a captured iteration cannot go below; the rest of a captured iteration is launch latency between its nodes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from nemo_fastdecode.streaming import simulation
+from nemo_fastdecode.streaming.transcriber import StreamingTranscriber
+
+STREAMS, SLOTS = 256, 1024
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def main(argv: list[str]) -> None:
+    overrides = ["max_stream_seconds=4", "encoder_matmul=tf32x3", *argv]
+    with initialize_config_dir(str(CONFIGS), version_base=None):
+        cfg = simulation.resolve_config(compose("streaming_hybrid_17x512", overrides=overrides))
+    setup = simulation._setup(cfg, print)
+    plans = simulation._plans(cfg, setup, STREAMS)
+    streamer = StreamingTranscriber(
+        setup.model, SLOTS, dtype=setup.dtype, use_cuda_graphs=False, fast_math=cfg.fast_math,
+        encoder_matmul=cfg.encoder_matmul,
+    )  # fmt: skip
+    slots = [streamer.open() for _ in plans]
+    streamer.step(slots, [plan.chunks[0] for plan in plans])
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if setup.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profile = torch.profiler.profile(activities=activities)
+    decode = streamer.decoder.decode
+
+    def profiled(*args, **kwargs):
+        if setup.device.type == "cuda":
+            torch.cuda.synchronize()
+        with profile:
+            decode(*args, **kwargs)
+            if setup.device.type == "cuda":
+                torch.cuda.synchronize()
+
+    streamer.decoder.decode = profiled
+    before = int(streamer.decoder.counts.sum())
+    streamer.step(slots, [plan.chunks[1] if len(plan.chunks) > 1 else plan.chunks[0] for plan in plans])
+    tokens = int(streamer.decoder.counts.sum()) - before
+    events = profile.key_averages()
+    gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    total_us = sum(e.self_device_time_total for e in gpu)
+    print(f"{STREAMS} streams, fast_math={cfg.fast_math}: one decoder step, {tokens} tokens emitted, loop eager")
+    print(f"GPU kernels: {sum(e.count for e in gpu)} launches, {total_us / 1e3:.3f} ms in total")
+    for e in sorted(gpu, key=lambda e: -e.self_device_time_total)[:20]:
+        print(f"  {e.self_device_time_total:9.1f} us {e.count:5d}x  {e.key[:110]}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
