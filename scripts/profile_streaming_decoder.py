@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
 from nemo_fastdecode.streaming import simulation
 from nemo_fastdecode.streaming.transcriber import StreamingTranscriber
@@ -26,10 +25,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 def main(argv: list[str]) -> None:
     overrides = ["max_stream_seconds=4", "encoder_matmul=tf32x3", *argv]
-    with initialize_config_dir(str(CONFIGS), version_base=None):
-        cfg = simulation.resolve_config(compose("streaming_hybrid_17x512", overrides=overrides))
-    setup = simulation._setup(cfg, print)
-    plans = simulation._plans(cfg, setup, STREAMS)
+    cfg, setup, plans = simulation.compose_streams(CONFIGS, "streaming_hybrid_17x512", overrides, STREAMS)
     streamer = StreamingTranscriber(
         setup.model, SLOTS, dtype=setup.dtype, use_cuda_graphs=False, fast_math=cfg.fast_math,
         encoder_matmul=cfg.encoder_matmul,

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
 
 from nemo_fastdecode.streaming import simulation
 from nemo_fastdecode.streaming.transcriber import StreamingTranscriber
@@ -53,10 +52,7 @@ def synchronised(fn: Callable, times: list[float]) -> Callable:
 
 def main(argv: list[str]) -> None:
     overrides = ["max_stream_seconds=4", "encoder_matmul=tf32x3", *argv]
-    with initialize_config_dir(str(CONFIGS), version_base=None):
-        cfg = simulation.resolve_config(compose("streaming_hybrid_17x512", overrides=overrides))
-    setup = simulation._setup(cfg, print)
-    plans = simulation._plans(cfg, setup, STREAMS)
+    cfg, setup, plans = simulation.compose_streams(CONFIGS, "streaming_hybrid_17x512", overrides, STREAMS)
     streamer = StreamingTranscriber(
         setup.model, SLOTS, dtype=setup.dtype, use_cuda_graphs=cfg.use_cuda_graphs, fast_math=cfg.fast_math,
         encoder_matmul=cfg.encoder_matmul, capture_decoder_step=cfg.capture_decoder_step,

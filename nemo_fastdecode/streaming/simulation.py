@@ -481,6 +481,19 @@ def _setup(cfg: DictConfig, log: Callable[[str], None]) -> _Setup:
     return _Setup(model, device, dtype, geometry, _features(model, audios, device), names, demo)
 
 
+def compose_streams(
+    config_dir: str | Path, config_name: str, overrides: Sequence[str], num_streams: int
+) -> tuple[DictConfig, _Setup, list[StreamPlan]]:
+    """``(config, model set-up, the first num_streams stream plans)`` as ``scripts/streaming.py --config-name
+    <config_name> <overrides>`` builds them: the start of the diagnostic scripts that time parts of its step."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(Path(config_dir).resolve()), version_base=None):
+        cfg = resolve_config(compose(config_name, overrides=list(overrides)))
+    setup = _setup(cfg, print)
+    return cfg, setup, _plans(cfg, setup, num_streams)
+
+
 def _plans(cfg: DictConfig, setup: _Setup, num_streams: int) -> list[StreamPlan]:
     return plan_streams(
         setup.features,
