@@ -34,7 +34,9 @@ def test_every_mode_matches_baseline_on_gpu(mode, kind, loop_labels, max_symbols
         decoder, joint = cuda_networks(kind, seed=seed, bias=bias)
         x, lengths = random_encoder_output(6, 24, seed=4, lengths=[24, 1, 17, 0, 9, 24], device="cuda")
     else:
-        decoder, joint = cuda_networks(kind, seed=21)
+        # seed 3 emits labels on about 60 frames, more with each max_symbols (RNN-T 62 / 166 / 500, TDT 48 / 56 /
+        # 78 at 1 / 3 / 10); seed 21 emitted on 7 frames only
+        decoder, joint = cuda_networks(kind, seed=3)
         x, lengths = random_encoder_output(9, 41, seed=22, lengths=[41, 3, 0, 40, 17, 1, 41, 25, 8], device="cuda")
     expected = baseline(kind, decoder, joint, max_symbols)(encoder_output=x, encoded_lengths=lengths)[0]
     assert sum(len(h.y_sequence) for h in expected) > 0, "test setup should emit labels"
@@ -58,13 +60,14 @@ def test_auto_mode_uses_while_nodes_where_the_driver_has_them():
 
 @pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
 def test_recapture_only_when_batch_or_length_grows(kind, loop_labels):
-    decoder, joint = cuda_networks(kind, seed=25)
+    decoder, joint = cuda_networks(kind, seed=3)  # labels in every run below (seed 25 emitted none in several)
     decode = ours(kind, decoder, joint, 5, loop_labels)
     computer = decode.computer
 
     def run(batch, time, seed):
         x, lengths = random_encoder_output(batch, time, seed=seed, device="cuda")
         expected = baseline(kind, decoder, joint, 5)(encoder_output=x, encoded_lengths=lengths)[0]
+        assert sum(len(h.y_sequence) for h in expected) > 0, "test setup should emit labels"
         assert_same_hypotheses(expected, decode(encoder_output=x, encoded_lengths=lengths)[0])
         return computer._buffers
 
