@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from nemo_fastdecode import comparison
 from nemo_fastdecode.streaming import simulation
@@ -27,9 +26,7 @@ SHORT_GAP_US = 50.0  # idle stretches shorter than this are launch gaps between 
 
 
 def main(argv: list[str]) -> None:
-    options = OmegaConf.merge(OmegaConf.create(DEFAULTS), OmegaConf.from_dotlist(argv))
-    overrides = [f"{key}={value}" for key, value in options.items() if key not in DEFAULTS]
-    cfg, setup, plans = simulation.compose_streams(CONFIGS, options.config, overrides, options.streams)
+    options, cfg, setup, plans = simulation.compose_streams(CONFIGS, DEFAULTS, argv)
     path = simulation.fast_path(
         setup.model, options.slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul,
         cfg.capture_decoder_step,

@@ -2,6 +2,7 @@
 
 python scripts/profile_streaming_decoder.py                  # 256 streams, the fixed step's first later chunk
 python scripts/profile_streaming_decoder.py fast_math=true
+python scripts/profile_streaming_decoder.py config=streaming streams=2 slots=3   # any config, streams, slots
 
 In the captured decoder the loop's body sits inside a conditional WHILE node, which CUPTI does not see. Here the
 same streams step their first chunk, then one later chunk (the fixed step's first, in the random model's emission
@@ -19,15 +20,15 @@ import torch
 from nemo_fastdecode.streaming import simulation
 from nemo_fastdecode.streaming.transcriber import StreamingTranscriber
 
-STREAMS, SLOTS = 256, 1024
+DEFAULTS = {"config": "streaming_hybrid_17x512", "streams": 256, "slots": 1024}
+BENCHMARK = ["max_stream_seconds=4", "encoder_matmul=tf32x3"]  # as the benchmark runs (overridable)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def main(argv: list[str]) -> None:
-    overrides = ["max_stream_seconds=4", "encoder_matmul=tf32x3", *argv]
-    cfg, setup, plans = simulation.compose_streams(CONFIGS, "streaming_hybrid_17x512", overrides, STREAMS)
+    options, cfg, setup, plans = simulation.compose_streams(CONFIGS, DEFAULTS, [*BENCHMARK, *argv])
     streamer = StreamingTranscriber(
-        setup.model, SLOTS, dtype=setup.dtype, use_cuda_graphs=False, fast_math=cfg.fast_math,
+        setup.model, options.slots, dtype=setup.dtype, use_cuda_graphs=False, fast_math=cfg.fast_math,
         encoder_matmul=cfg.encoder_matmul,
     )  # fmt: skip
     slots = [streamer.open() for _ in plans]
@@ -53,7 +54,9 @@ def main(argv: list[str]) -> None:
     events = profile.key_averages()
     gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     total_us = sum(e.self_device_time_total for e in gpu)
-    print(f"{STREAMS} streams, fast_math={cfg.fast_math}: one decoder step, {tokens} tokens emitted, loop eager")
+    print(
+        f"{options.streams} streams, fast_math={cfg.fast_math}: one decoder step, {tokens} tokens emitted, loop eager"
+    )
     print(f"GPU kernels: {sum(e.count for e in gpu)} launches, {total_us / 1e3:.3f} ms in total")
     for e in sorted(gpu, key=lambda e: -e.self_device_time_total)[:20]:
         print(f"  {e.self_device_time_total:9.1f} us {e.count:5d}x  {e.key[:110]}")

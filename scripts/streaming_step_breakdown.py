@@ -2,8 +2,9 @@
 
 python scripts/streaming_step_breakdown.py                       # 17 x 512 hybrid, tf32x3 encoder, 256 of 1024
 python scripts/streaming_step_breakdown.py fast_math=true        # any scripts/streaming.py override
+python scripts/streaming_step_breakdown.py config=streaming streams=2 slots=3 repeats=3   # its own options
 
-Builds the model and 256 streams as ``scripts/streaming.py --config-name streaming_hybrid_17x512`` does, steps
+Builds the model and ``streams`` streams as ``scripts/streaming.py --config-name <config>`` does, steps
 their first chunk, then steps them together ``repeats`` times, the same chunks as ``scripts/streaming.py``'s
 fixed step (its median is over the first ``fixed_step_repeats`` of these). Each step's phases are timed with a
 synchronisation around each: checking and packing the chunks on the host, the encoder bucket's copies + graph
@@ -26,7 +27,8 @@ import torch
 from nemo_fastdecode.streaming import simulation
 from nemo_fastdecode.streaming.transcriber import StreamingTranscriber
 
-STREAMS, SLOTS, REPEATS = 256, 1024, 12
+DEFAULTS = {"config": "streaming_hybrid_17x512", "streams": 256, "slots": 1024, "repeats": 12}
+BENCHMARK = ["max_stream_seconds=4", "encoder_matmul=tf32x3"]  # as the issue's benchmark runs (overridable)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PHASES = ("step", "host: check + pack", "encoder", "decoder")
 
@@ -51,10 +53,10 @@ def synchronised(fn: Callable, times: list[float]) -> Callable:
 
 
 def main(argv: list[str]) -> None:
-    overrides = ["max_stream_seconds=4", "encoder_matmul=tf32x3", *argv]
-    cfg, setup, plans = simulation.compose_streams(CONFIGS, "streaming_hybrid_17x512", overrides, STREAMS)
+    options, cfg, setup, plans = simulation.compose_streams(CONFIGS, DEFAULTS, [*BENCHMARK, *argv])
+    streams, repeats = options.streams, options.repeats
     streamer = StreamingTranscriber(
-        setup.model, SLOTS, dtype=setup.dtype, use_cuda_graphs=cfg.use_cuda_graphs, fast_math=cfg.fast_math,
+        setup.model, options.slots, dtype=setup.dtype, use_cuda_graphs=cfg.use_cuda_graphs, fast_math=cfg.fast_math,
         encoder_matmul=cfg.encoder_matmul, capture_decoder_step=cfg.capture_decoder_step,
     )  # fmt: skip
     streamer.warm_up()
@@ -67,21 +69,21 @@ def main(argv: list[str]) -> None:
     streamer.decoder.decode = synchronised(streamer.decoder.decode, times["decoder"])
     step = synchronised(streamer.step, times["step"])
     tokens = []
-    for r in range(REPEATS):
+    for r in range(repeats):
         chunks = [p.chunks[1 + r % (len(p.chunks) - 1)] if len(p.chunks) > 1 else p.chunks[0] for p in plans]
         before = int(streamer.decoder.counts.sum())
         step(slots, chunks)
         tokens.append(int(streamer.decoder.counts.sum()) - before)
     print(
-        f"{STREAMS} streams stepping together (steps 2..{REPEATS + 1}), encoder_matmul={cfg.encoder_matmul}, "
+        f"{streams} streams stepping together (steps 2..{repeats + 1}), encoder_matmul={cfg.encoder_matmul}, "
         f"fast_math={cfg.fast_math}, capture_decoder_step={cfg.capture_decoder_step}; ms, each phase synchronised:"
     )
     print(f"  {'step':>4s} " + " ".join(f"{name:>20s}" for name in PHASES) + "  tokens")
-    for r in range(REPEATS):
+    for r in range(repeats):
         print(f"  {r + 2:4d} " + " ".join(f"{times[name][r]:20.3f}" for name in PHASES) + f"  {tokens[r]:6d}")
-    first = min(cfg.fixed_step_repeats, REPEATS)
+    first = min(cfg.fixed_step_repeats, repeats)
     for label, part in ((f"median of steps 2..{first + 1} (the fixed step's)", slice(0, first)),
-                        (f"median of steps {first + 2}..{REPEATS + 1}", slice(first, REPEATS))):  # fmt: skip
+                        (f"median of steps {first + 2}..{repeats + 1}", slice(first, repeats))):  # fmt: skip
         if part.start < part.stop:
             print(f"  {label}: " + ", ".join(f"{n} {np.median(times[n][part]):.3f}" for n in PHASES), flush=True)
 

@@ -214,3 +214,32 @@ def test_profile_streaming_script_prints_the_step_and_its_top_ops(capsys):
     out = capsys.readouterr().out
     assert "nemo_fastdecode (eager): 2 streams stepping together, step" in out
     assert "Name" in out and "aten::" in out
+
+
+def run_script(name: str, argv: list[str]):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        module = __import__(name)
+    finally:
+        sys.path.pop(0)
+    module.main(argv)
+
+
+def test_step_breakdown_script_times_each_phase_of_each_step(capsys):
+    run_script("streaming_step_breakdown", ["config=streaming", "streams=2", "slots=3", "repeats=3",
+                                            "max_stream_seconds=1", "encoder_matmul=fp32", "fixed_step_repeats=2"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "2 streams stepping together (steps 2..4), encoder_matmul=fp32" in out
+    table = out.split("tokens\n", 1)[1].split("  median", 1)[0]  # step, 4 phase times, tokens
+    rows = [line.split() for line in table.splitlines()]
+    assert [int(row[0]) for row in rows] == [2, 3, 4]
+    assert all(len(row) == 6 and float(row[1]) >= float(row[4]) for row in rows)  # the step holds its decoder
+    assert "median of steps 2..3 (the fixed step's)" in out and "median of steps 4..4" in out
+
+
+def test_decoder_profile_script_profiles_one_decoder_step(capsys):
+    run_script("profile_streaming_decoder", ["config=streaming", "streams=2", "slots=3", "max_stream_seconds=1",
+                                             "encoder_matmul=fp32"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "2 streams, fast_math=False: one decoder step," in out and "tokens emitted, loop eager" in out
+    assert "GPU kernels:" in out

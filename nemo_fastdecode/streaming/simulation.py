@@ -482,16 +482,24 @@ def _setup(cfg: DictConfig, log: Callable[[str], None]) -> _Setup:
 
 
 def compose_streams(
-    config_dir: str | Path, config_name: str, overrides: Sequence[str], num_streams: int
-) -> tuple[DictConfig, _Setup, list[StreamPlan]]:
-    """``(config, model set-up, the first num_streams stream plans)`` as ``scripts/streaming.py --config-name
-    <config_name> <overrides>`` builds them: the start of the diagnostic scripts that time parts of its step."""
+    config_dir: str | Path, defaults: dict[str, Any], argv: Sequence[str]
+) -> tuple[DictConfig, DictConfig, _Setup, list[StreamPlan]]:
+    """The start of the diagnostic scripts that time parts of a streaming step.
+
+    ``argv``: ``key=value`` arguments; keys of ``defaults`` are the script's own options (``config``: the config
+    name, ``streams``: how many streams, ...), the rest override that streaming config (later ones win).
+    Returns ``(options, config, model set-up, the first options.streams stream plans)``, built as
+    ``scripts/streaming.py --config-name <config> <overrides>`` builds them.
+    """
     from hydra import compose, initialize_config_dir
 
+    own = [arg for arg in argv if arg.split("=", 1)[0] in defaults]
+    overrides = [arg for arg in argv if arg.split("=", 1)[0] not in defaults]
+    options = OmegaConf.merge(OmegaConf.create(defaults), OmegaConf.from_dotlist(own))
     with initialize_config_dir(str(Path(config_dir).resolve()), version_base=None):
-        cfg = resolve_config(compose(config_name, overrides=list(overrides)))
+        cfg = resolve_config(compose(options.config, overrides=overrides))
     setup = _setup(cfg, print)
-    return cfg, setup, _plans(cfg, setup, num_streams)
+    return options, cfg, setup, _plans(cfg, setup, options.streams)
 
 
 def _plans(cfg: DictConfig, setup: _Setup, num_streams: int) -> list[StreamPlan]:
