@@ -49,7 +49,7 @@ def main(argv: list[str]) -> None:
 
     streamer.decoder.decode = profiled
     before = int(streamer.decoder.counts.sum())
-    streamer.step(slots, [plan.chunks[1] if len(plan.chunks) > 1 else plan.chunks[0] for plan in plans])
+    streamer.step(slots, simulation.fixed_step_chunks(plans, 0))
     tokens = int(streamer.decoder.counts.sum()) - before
     events = profile.key_averages()
     gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]

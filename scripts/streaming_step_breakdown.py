@@ -70,9 +70,8 @@ def main(argv: list[str]) -> None:
     step = synchronised(streamer.step, times["step"])
     tokens = []
     for r in range(repeats):
-        chunks = [p.chunks[1 + r % (len(p.chunks) - 1)] if len(p.chunks) > 1 else p.chunks[0] for p in plans]
         before = int(streamer.decoder.counts.sum())
-        step(slots, chunks)
+        step(slots, simulation.fixed_step_chunks(plans, r))
         tokens.append(int(streamer.decoder.counts.sum()) - before)
     print(
         f"{streams} streams stepping together (steps 2..{repeats + 1}), encoder_matmul={cfg.encoder_matmul}, "

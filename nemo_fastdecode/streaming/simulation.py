@@ -293,8 +293,7 @@ def time_fixed_steps(
     times = []
     with around_steps if around_steps is not None else contextlib.nullcontext():
         for r in range(repeats):
-            # a later chunk of each stream (a one-chunk stream repeats its first: never longer than a later one)
-            chunks = [p.chunks[1 + r % (len(p.chunks) - 1)] if len(p.chunks) > 1 else p.chunks[0] for p in streams]
+            chunks = fixed_step_chunks(streams, r)
             _synchronize(device)
             started = time.perf_counter()
             path.step(slots, chunks)
@@ -302,6 +301,12 @@ def time_fixed_steps(
             times.append(time.perf_counter() - started)
     tokens = sum(len(path.finish(slot)) for slot in slots)
     return FixedStepTiming(round(1000 * float(np.median(times)), 3) if times else 0.0, tokens)
+
+
+def fixed_step_chunks(plans: Sequence[StreamPlan], repeat: int) -> list[torch.Tensor]:
+    """The chunks of :func:`time_fixed_steps`' ``repeat``-th timed step: a later chunk of each stream, cycling (a
+    one-chunk stream repeats its first: never longer than a later one)."""
+    return [p.chunks[1 + repeat % (len(p.chunks) - 1)] if len(p.chunks) > 1 else p.chunks[0] for p in plans]
 
 
 def fast_path(
