@@ -6,8 +6,6 @@
   ``RNNTDecodingConfig``, so ``model.change_decoding_strategy(cfg)`` accepts it as is.
 * :class:`FastBeamConfig` / :class:`FastBeamDecodingConfig` -- the same for ``strategy: fast_beam``
   (``configs/decoding/fast_beam.yaml``).
-* :class:`TranscribeConfig` -- ``scripts/transcribe.py`` (``configs/transcribe.yaml``).
-* :class:`StreamingConfig` -- ``scripts/streaming.py`` (``configs/streaming.yaml``).
 
 Use them as Hydra/OmegaConf schemas::
 
@@ -20,11 +18,6 @@ from dataclasses import dataclass, field
 
 from nemo_fastdecode.graphs.modes import GraphMode
 
-# how the streaming encoder's Linear and pointwise-convolution GEMMs run: "fp32" = NeMo's modules (cuBLAS/cuDNN fp32,
-# the exact reference); "tf32x3" = kernels/matmul.py on tensor cores (near fp32; CUDA and fp32 compute only);
-# "tf32" = the same kernels with one TF32 product (10-bit mantissas: what NeMo runs with matmul_precision=high)
-ENCODER_MATMULS = ("fp32", "tf32x3", "tf32")
-
 __all__ = [
     "GRAPH_MODES",
     "FastBeamConfig",
@@ -32,9 +25,8 @@ __all__ = [
     "FastGreedyConfig",
     "FastGreedyDecodingConfig",
     "NemoDecodingKeys",
-    "StreamingConfig",
-    "TranscribeConfig",
 ]
+
 
 #: Valid values of ``decoding.greedy.graph_mode``.
 GRAPH_MODES: tuple[str, ...] = ("auto", *(mode.value for mode in GraphMode))
@@ -163,119 +155,3 @@ class FastBeamDecodingConfig(NemoDecodingKeys):
 
     strategy: str = "fast_beam"
     beam: FastBeamConfig = field(default_factory=FastBeamConfig)
-
-
-@dataclass
-class TranscribeConfig:
-    """``scripts/transcribe.py``: transcribe a folder of audio or a NeMo manifest with ``fast_greedy``.
-
-    Attributes:
-        model: a synthetic preset (``tiny-rnnt``, ``tiny-tdt``, ``tiny-hybrid``, ``rnnt-0.6b``,
-            ``rnnt-1.1b``, ``tdt-0.6b``; random weights), a path to a ``.nemo`` checkpoint, or a
-            pretrained model name for ``ASRModel.from_pretrained`` (needs network access).
-        audio_dir: transcribe every ``.wav`` / ``.flac`` file in this folder (sorted by name).
-        dataset_manifest: or every entry of this JSON-lines manifest (``audio_filepath``, optional
-            ``text``; relative paths are relative to the manifest's folder).
-            Neither given: the embedded demo (4 synthetic utterances, synthetic model).
-        output_filename: where to write the output manifest (``pred_text`` per entry). ``None``: next to
-            the input (``<manifest stem>_transcribed.jsonl`` / ``<audio_dir>/transcribe_output.jsonl``),
-            or ``./transcribe_output.jsonl`` for the demo.
-        batch_size: utterances per batch.
-        bf16: run the model under ``torch.autocast(dtype=torch.bfloat16)`` on a GPU.
-        timestamps: compute char/word/segment timestamps and write them into the manifest.
-        cuda: GPU index; ``None`` picks GPU 0 when there is one, else the CPU; a negative value
-            forces the CPU (NeMo's ``transcribe_speech.py`` convention).
-        seed: seed of the synthetic model's random weights and of the demo audio.
-        compare_strategies: after transcribing, time ``fast_greedy`` against NeMo's ``greedy_batch``
-            (frame and label looping, no CUDA graphs) on the same encoder outputs and check that the
-            hypotheses are identical. ``None``: only for the embedded demo.
-        decoding: the model's decoding section, applied with ``model.change_decoding_strategy``.
-    """
-
-    model: str = "tiny-rnnt"
-    audio_dir: str | None = None
-    dataset_manifest: str | None = None
-    output_filename: str | None = None
-    batch_size: int = 32
-    bf16: bool = False
-    timestamps: bool = False
-    cuda: int | None = None
-    seed: int = 0
-    compare_strategies: bool | None = None
-    decoding: FastGreedyDecodingConfig = field(default_factory=FastGreedyDecodingConfig)
-
-
-@dataclass
-class StreamingConfig:
-    """``scripts/streaming.py``: simulated real-time cache-aware streaming of many concurrent streams.
-
-    Attributes:
-        model: a synthetic cache-aware preset (``tiny-streaming``, ``hybrid-17x512-streaming``,
-            ``rnnt-0.6b-streaming``; random weights), a ``.nemo`` checkpoint or a pretrained model name.
-        audio_dir: every ``.wav`` / ``.flac`` file in this folder, or
-        dataset_manifest: every entry of this JSON-lines manifest. Neither: synthetic demo utterances.
-        num_streams: concurrent streams; stream ``i`` plays input ``i mod (number of inputs)``.
-        num_slots: slots (pre-allocated caches); ``None``: ``num_streams``.
-        att_context_size: ``[left, lookahead]`` among the encoder's look-aheads; ``None``: its default.
-        stagger_seconds: stream starts are drawn uniformly in ``[0, stagger_seconds)``; 0 starts all
-            together (every step then has all streams: step time at that batch size).
-        max_stream_seconds: cut each stream's audio to this length (``None``: whole files).
-        dtype: ``float32`` (exact) or ``bfloat16`` (caches and encoder compute).
-        use_cuda_graphs: one CUDA graph replay per step and batch-size bucket (GPU only).
-        fast_math: decode with ``fast_greedy``'s opt-in fast math (near fp32, not bit-identical to NeMo).
-        encoder_matmul: ``fp32`` (NeMo's modules, exact reference) or opt-in ``tf32x3`` (the encoder's GEMMs on
-            near-fp32 3xTF32 tensor-core kernels; float32 dtype only) or ``tf32`` (the same kernels with single
-            TF32 products; NeMo's path then runs with TF32 matmuls too, as NeMo's ``matmul_precision=high``).
-        capture_decoder_step: with CUDA graphs, the decoder's work around its greedy loop as CUDA graphs too
-            (:meth:`~nemo_fastdecode.streaming.decoding.SlotDecoder.capture_step`); ``False``: that work runs eagerly.
-        compare_nemo: run the same streams through NeMo's path (slot gather/scatter +
-            ``conformer_stream_step``) and compare transcripts and timings.
-        cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.
-        seed: synthetic model weights, demo audio and stream start times.
-        output_dir: where ``streaming_results.json``, ``streaming_results.md`` and
-            ``streaming_transcripts.jsonl`` go.
-        tag: added to the output file names (e.g. the GPU and date).
-        fixed_step_repeats: after the simulated run, time this many steps with all streams (at most
-            ``num_slots``) stepping together, per path (stagger 0 at a fixed batch); 0 skips it.
-        num_streams_sweep: run ours and NeMo's path at each of these stream counts instead of ``num_streams``
-            (latency vs streams: ``streaming_sweep.json`` / ``.md`` and a plot).
-        latency_target_ms: a sweep's real-time criterion: p95 chunk latency at most this, busy share below 1.
-    """
-
-    model: str = "tiny-streaming"
-    audio_dir: str | None = None
-    dataset_manifest: str | None = None
-    num_streams: int = 4
-    num_slots: int | None = None
-    att_context_size: list[int] | None = None
-    stagger_seconds: float = 1.0
-    max_stream_seconds: float | None = None
-    dtype: str = "float32"
-    use_cuda_graphs: bool = True
-    fast_math: bool = False
-    encoder_matmul: str = "fp32"
-    capture_decoder_step: bool = True
-    compare_nemo: bool = True
-    cuda: int | None = None
-    seed: int = 0
-    output_dir: str = "."
-    tag: str | None = None
-    fixed_step_repeats: int = 10
-    num_streams_sweep: list[int] | None = None
-    latency_target_ms: float = 50.0
-
-    def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype={self.dtype!r} is not valid; valid values: float32, bfloat16")
-        if self.encoder_matmul not in ENCODER_MATMULS:
-            raise ValueError(
-                f"encoder_matmul={self.encoder_matmul!r} is not valid; valid values: {', '.join(ENCODER_MATMULS)}"
-            )
-        if self.encoder_matmul != "fp32" and self.dtype != "float32":
-            raise ValueError(f"encoder_matmul={self.encoder_matmul!r} needs dtype=float32, got {self.dtype}")
-        if self.fixed_step_repeats < 0:
-            raise ValueError(f"fixed_step_repeats must be >= 0, got {self.fixed_step_repeats}")
-        if self.num_streams_sweep is not None and (
-            not self.num_streams_sweep or any(int(n) < 1 for n in self.num_streams_sweep)
-        ):
-            raise ValueError(f"num_streams_sweep must be a non-empty list of counts >= 1, got {self.num_streams_sweep}")

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
-from nemo_fastdecode.benchmark import BEAM_STRATEGIES, benchmark_model, write_reports
+from nemo_fastdecode.tools.decoder_benchmark import BEAM_STRATEGIES, benchmark_model, write_reports
 
 
 @hydra.main(config_path="../configs", config_name="benchmark", version_base=None)

@@ -19,8 +19,9 @@ import torch
 from omegaconf import OmegaConf
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
-from nemo_fastdecode.benchmark import decoder_factories, prepare_synthetic_set
-from nemo_fastdecode.comparison import decode_all, idle_gaps, profile_pass
+from nemo_fastdecode.tools.comparison import decode_all
+from nemo_fastdecode.tools.decoder_benchmark import decoder_factories, prepare_synthetic_set
+from nemo_fastdecode.tools.profiling import idle_gaps, profile_pass
 
 DEFAULTS = {
     "preset": "rnnt-0.6b",

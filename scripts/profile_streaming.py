@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from nemo_fastdecode import comparison
-from nemo_fastdecode.streaming import simulation
+from nemo_fastdecode.tools import profiling as comparison
+from nemo_fastdecode.tools import streaming_sim as simulation
 
 DEFAULTS = {"config": "streaming_hybrid_17x512", "streams": 256, "slots": 1024, "repeats": 3, "top": 25}
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -1,7 +1,7 @@
 """Cache-aware streaming of many concurrent streams, ours against NeMo's path, on a simulated real-time clock.
 
 Follows NeMo's ``examples/asr/asr_cache_aware_streaming/speech_to_text_cache_aware_streaming_infer.py``;
-the logic lives in ``nemo_fastdecode.streaming.simulation``.
+the logic lives in ``nemo_fastdecode.tools.streaming_sim``.
 
     # tiny synthetic (random-weight) model and audio: quick on a CPU
     python scripts/streaming.py
@@ -21,7 +21,7 @@ the logic lives in ``nemo_fastdecode.streaming.simulation``.
 from nemo.core.config import hydra_runner
 from omegaconf import DictConfig
 
-from nemo_fastdecode.streaming.simulation import run
+from nemo_fastdecode.tools.streaming_sim import run
 
 
 @hydra_runner(config_path="../configs", config_name="streaming")

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nemo_fastdecode.streaming import simulation
 from nemo_fastdecode.streaming.transcriber import StreamingTranscriber
+from nemo_fastdecode.tools import streaming_sim as simulation
 
 DEFAULTS = {"config": "streaming_hybrid_17x512", "streams": 256, "slots": 1024, "repeats": 12}
 BENCHMARK = ["max_stream_seconds=4", "encoder_matmul=tf32x3"]  # as the benchmark runs (overridable)

@@ -1,6 +1,6 @@
 """Transcribe audio with a NeMo transducer model and ``decoding.strategy: fast_greedy``.
 
-Follows NeMo's ``examples/asr/transcribe_speech.py``; the logic lives in ``nemo_fastdecode.transcribe``.
+Follows NeMo's ``examples/asr/transcribe_speech.py``; the logic lives in ``nemo_fastdecode.tools.transcribe_app``.
 
     # embedded demo: synthetic (random-weight) model and audio, fast_greedy vs greedy_batch table
     python scripts/transcribe.py
@@ -18,7 +18,7 @@ Follows NeMo's ``examples/asr/transcribe_speech.py``; the logic lives in ``nemo_
 from nemo.core.config import hydra_runner
 from omegaconf import DictConfig
 
-from nemo_fastdecode.transcribe import run
+from nemo_fastdecode.tools.transcribe_app import run
 
 
 @hydra_runner(config_path="../configs", config_name="transcribe")

@@ -10,9 +10,10 @@ import torch
 from nemo.collections.asr.parts.submodules.rnnt_decoding import RNNTDecodingConfig
 from omegaconf import OmegaConf
 
-from nemo_fastdecode import registry, synthetic, valid_strategies
+from nemo_fastdecode import registry, valid_strategies
 from nemo_fastdecode.beam import FastBeamBatchedInfer
 from nemo_fastdecode.config import FastBeamConfig, FastBeamDecodingConfig
+from nemo_fastdecode.tools import synthetic
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 YAML = Path(__file__).resolve().parents[1] / "configs" / "decoding" / "fast_beam.yaml"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nemo_fastdecode.benchmark import benchmark_model, write_reports
+from nemo_fastdecode.tools.decoder_benchmark import benchmark_model, write_reports
 
 
 @pytest.mark.parametrize("preset", ["tiny-rnnt", "tiny-tdt"])
@@ -36,7 +36,7 @@ def test_greedy_and_beam_rows_agree_with_their_references(preset, tmp_path):
 
 def test_idle_gaps_split_launch_gaps_from_host_time():
     """The timeline analysis of scripts/profile_streaming.py: overlapping kernels, short and long gaps."""
-    from nemo_fastdecode.comparison import idle_gaps
+    from nemo_fastdecode.tools.profiling import idle_gaps
 
     timeline = [("b", 12, 20), ("a", 0, 10), ("c", 15, 25), ("d", 30, 40), ("e", 200, 210), ("b", 211, 215)]
     gaps = idle_gaps(timeline, short_us=50.0)

@@ -7,8 +7,9 @@ import torch
 from conftest import VOCAB_SIZE, make_networks, random_encoder_output
 from omegaconf import OmegaConf
 
-from nemo_fastdecode import synthetic, valid_strategies
+from nemo_fastdecode import valid_strategies
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
+from nemo_fastdecode.tools import synthetic
 
 
 def decoding_config(strategy: str, **greedy):

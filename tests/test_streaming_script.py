@@ -13,10 +13,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from nemo_fastdecode import synthetic
-from nemo_fastdecode.config import StreamingConfig
 from nemo_fastdecode.streaming import StreamingGeometry
-from nemo_fastdecode.streaming import simulation as sim
+from nemo_fastdecode.tools import streaming_sim as sim
+from nemo_fastdecode.tools import synthetic
+from nemo_fastdecode.tools.configs import StreamingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -166,7 +166,7 @@ def test_sweep_tiny_run(tmp_path):
     names = [p.name for p in result.points[0].paths]
     assert list(result.max_realtime_streams) == names
     for i, name in enumerate(names):
-        realtime = [pt.num_streams for pt in result.points if sim._realtime(pt.paths[i], 50.0)]
+        realtime = [pt.num_streams for pt in result.points if sim.served_in_real_time(pt.paths[i], 50.0)]
         assert result.max_realtime_streams[name] == (max(realtime) if realtime else None)
     files = {k: Path(v) for k, v in result.files.items()}
     assert files["json"].name == "streaming_sweep_cpu.json" and files["plot"].suffix in (".png", ".svg")

@@ -1,4 +1,4 @@
-"""Tests for nemo_fastdecode.synthetic: random-weight Parakeet-architecture models and synthetic data (CPU)."""
+"""Tests for nemo_fastdecode.tools.synthetic: random-weight Parakeet-architecture models and synthetic data (CPU)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from nemo_fastdecode import synthetic as S
+from nemo_fastdecode.tools import synthetic as S
 
 TINY = ["tiny-rnnt", "tiny-tdt", "tiny-hybrid"]
 

@@ -15,10 +15,12 @@ from hydra import compose, initialize_config_dir
 from nemo.collections.asr.parts.submodules.rnnt_decoding import RNNTDecodingConfig
 from omegaconf import OmegaConf
 
-from nemo_fastdecode import registry, synthetic
-from nemo_fastdecode import transcribe as T
-from nemo_fastdecode.config import GRAPH_MODES, FastGreedyConfig, FastGreedyDecodingConfig, TranscribeConfig
+from nemo_fastdecode import registry
+from nemo_fastdecode.config import GRAPH_MODES, FastGreedyConfig, FastGreedyDecodingConfig
 from nemo_fastdecode.graphs import GraphMode
+from nemo_fastdecode.tools import manifests, models, synthetic
+from nemo_fastdecode.tools import transcribe_app as T
+from nemo_fastdecode.tools.configs import TranscribeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -104,7 +106,7 @@ def demo(tmp_path_factory):
     lines: list[str] = []
     try:
         result = T.run(compose_transcribe(), log=lines.append, progress=False)
-        output = Path.cwd() / T.DEFAULT_OUTPUT_FILENAME
+        output = Path.cwd() / manifests.DEFAULT_OUTPUT_FILENAME
     finally:
         os.chdir(cwd)
     return result, lines, output
@@ -116,7 +118,7 @@ def test_embedded_demo(demo):
     assert result.demo
     assert "RANDOM, UNTRAINED WEIGHTS" in text and "gibberish" in text
     records = [json.loads(line) for line in output.read_text().splitlines()]
-    assert records == result.records and len(records) == len(T.DEMO_DURATIONS)
+    assert records == result.records and len(records) == len(models.DEMO_DURATIONS)
     for record in records:
         assert isinstance(record["pred_text"], str) and record["pred_text"] in text
     assert sum(len(r["pred_text"]) for r in records) > 0
@@ -204,12 +206,12 @@ def test_clear_errors(tmp_path, demo, monkeypatch):
         T.run({"dataset_manifest": str(manifest)}, log=lambda line: None)
     manifest.write_text('{"audio_filepath": "missing.wav"}\n')
     with pytest.raises(FileNotFoundError, match="bad.jsonl:1: audio_filepath 'missing.wav' not found"):
-        T.read_inputs(dataset_manifest=manifest)
+        manifests.read_inputs(dataset_manifest=manifest)
     manifest.write_text("not json\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: not valid JSON"):
-        T.read_inputs(dataset_manifest=manifest)
+        manifests.read_inputs(dataset_manifest=manifest)
     with pytest.raises(FileNotFoundError, match="dataset_manifest .*does not exist"):
-        T.read_inputs(dataset_manifest=tmp_path / "none.jsonl")
+        manifests.read_inputs(dataset_manifest=tmp_path / "none.jsonl")
     with pytest.raises(ValueError, match="not both"):
         T.run({"audio_dir": str(tmp_path), "dataset_manifest": str(manifest)}, log=lambda line: None)
     with pytest.raises(
@@ -218,11 +220,11 @@ def test_clear_errors(tmp_path, demo, monkeypatch):
         T.run({"decoding": {"strategy": "fastest"}}, log=lambda line: None)
     # NeMo + the registry reject it too when it reaches the model
     with pytest.raises(ValueError, match="valid strategies: .*greedy_batch.*fast_greedy"):
-        T.apply_decoding(demo[0].model, {"strategy": "fastest"})
+        models.apply_decoding(demo[0].model, {"strategy": "fastest"})
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         T.resolve_config({"batch_size": 0})
     with pytest.raises(FileNotFoundError, match="checkpoint '.*nope.nemo' does not exist"):
-        T.load_model(str(tmp_path / "nope.nemo"))
+        models.load_model(str(tmp_path / "nope.nemo"))
 
     from nemo.collections.asr.models import ASRModel
 
@@ -231,7 +233,7 @@ def test_clear_errors(tmp_path, demo, monkeypatch):
 
     monkeypatch.setattr(ASRModel, "from_pretrained", offline)
     with pytest.raises(RuntimeError, match=r"could not load pretrained model 'nvidia/some-model'.*tiny-rnnt"):
-        T.load_model("nvidia/some-model")
+        models.load_model("nvidia/some-model")
 
 
 def test_script_end_to_end(audio_inputs, tmp_path):

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from nemo_fastdecode.config import ENCODER_MATMULS
 from nemo_fastdecode.kernels import matmul, triton_runs_on
 from nemo_fastdecode.kernels.indexed_attention import build_rel_pos_table, indexed_attention
 from nemo_fastdecode.kernels.layer_norm import layer_norm_with_stats
@@ -33,6 +32,11 @@ from nemo_fastdecode.kernels.pre_encode_window import pre_encode_window, pre_enc
 from nemo_fastdecode.kernels.streaming_conv import glu_depthwise_conv_step, join_conv_cache
 from nemo_fastdecode.streaming.slots import SlotState
 from nemo_fastdecode.streaming.subsampling import CausalSubsampling
+
+# how the streaming encoder's Linear and pointwise-convolution GEMMs run: "fp32" = NeMo's modules (cuBLAS/cuDNN fp32,
+# the exact reference); "tf32x3" = kernels/matmul.py on tensor cores (near fp32; CUDA and fp32 compute only);
+# "tf32" = the same kernels with one TF32 product (10-bit mantissas: what NeMo runs with matmul_precision=high)
+ENCODER_MATMULS = ("fp32", "tf32x3", "tf32")
 
 __all__ = ["ENCODER_MATMULS", "StreamingEncoderStep", "check_streaming_encoder"]
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import json
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -22,10 +21,13 @@ from nemo.collections.asr.parts.submodules import rnnt_greedy_decoding as nemo_g
 from nemo.collections.asr.parts.submodules.rnnt_beam_decoding import BeamBatchedRNNTInfer
 from nemo.collections.asr.parts.submodules.tdt_beam_decoding import BeamBatchedTDTInfer
 
-from nemo_fastdecode import synthetic
 from nemo_fastdecode.beam.infer import FastBeamBatchedInfer
-from nemo_fastdecode.comparison import _synchronize, agreement, decode_all, profile_pass, timed_passes
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
+from nemo_fastdecode.tools import synthetic
+from nemo_fastdecode.tools.comparison import agreement, decode_all
+from nemo_fastdecode.tools.environment import environment
+from nemo_fastdecode.tools.profiling import profile_pass
+from nemo_fastdecode.tools.timing import synchronize, timed_passes
 
 
 @dataclass
@@ -222,10 +224,10 @@ def prepare_synthetic_set(
     model = synthetic.build_synthetic_model(preset, seed=seed, device=device)
     durations = synthetic.librispeech_like_durations(total_seconds=total_seconds, seed=seed)
     audios = synthetic.synthetic_audio(durations, seed=seed)
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     encoded, lengths = synthetic.encode(model, audios, batch_size=batch_size, device=device, dtype=encoder_dtype)
-    _synchronize(device)
+    synchronize(device)
     encoder_seconds = time.perf_counter() - start
     # decoding runs in fp32 on the (bf16) encoder outputs
     batches = [(e.float(), n) for e, n in zip(encoded, lengths, strict=True)]
@@ -315,18 +317,6 @@ def benchmark_model(
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return report
-
-
-def environment() -> dict:
-    import nemo
-
-    return {
-        "gpu": torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "nemo": nemo.__version__,
-        "python": platform.python_version(),
-    }
 
 
 def write_reports(reports: list[ModelReport], command: str, json_path: str, markdown_path: str) -> str:

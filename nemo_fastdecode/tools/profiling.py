@@ -1,4 +1,4 @@
-"""Decode, time and compare strategies on the same encoder outputs (used by the benchmark and the demo)."""
+"""GPU kernel profiles of a decoding pass: time per kernel name, and the GPU's idle gaps between kernels."""
 
 from __future__ import annotations
 
@@ -9,64 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
-Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]  # (encoder output [B, D, T], lengths [B]) per batch
-
-
-def decode_all(decoder: Any, batches: Batches) -> list[Hypothesis]:
-    """Every batch through ``decoder`` (a NeMo greedy infer object); hypotheses in batch order."""
-    hyps: list[Hypothesis] = []
-    with torch.inference_mode():
-        for encoder_output, lengths in batches:
-            hyps.extend(decoder(encoder_output=encoder_output, encoded_lengths=lengths)[0])
-    return hyps
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed_passes(decoder: Any, batches: Batches, repeats: int) -> tuple[list[float], list[Hypothesis]]:
-    """Wall-clock seconds of each of ``repeats`` passes (synchronised on a GPU) and the last pass's hypotheses."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    device = batches[0][0].device if len(batches) else torch.device("cpu")
-    seconds, hyps = [], []
-    for _ in range(repeats):
-        _synchronize(device)
-        start = time.perf_counter()
-        hyps = decode_all(decoder, batches)
-        _synchronize(device)
-        seconds.append(time.perf_counter() - start)
-    return seconds, hyps
-
-
-def best_time(decoder: Any, batches: Batches, repeats: int) -> tuple[float, list[Hypothesis]]:
-    """Best wall-clock seconds of ``repeats`` passes (:func:`timed_passes`) and the last pass's hypotheses."""
-    seconds, hyps = timed_passes(decoder, batches, repeats)
-    return min(seconds), hyps
-
-
-def as_int_list(value: Any) -> list[int]:
-    """Token ids or frame indices as a list of ints (NeMo gives lists or tensors)."""
-    if value is None:
-        return []
-    if isinstance(value, torch.Tensor):
-        return [int(v) for v in value.reshape(-1).tolist()]
-    return [int(v) for v in value]
-
-
-def agreement(reference: Sequence[Hypothesis], hyps: Sequence[Hypothesis]) -> tuple[float, float]:
-    """(share of hypotheses with the reference's tokens and frames, largest absolute score difference)."""
-    same, worst = 0, 0.0
-    for r, h in zip(reference, hyps, strict=True):
-        same += as_int_list(r.y_sequence) == as_int_list(h.y_sequence) and as_int_list(r.timestamp) == as_int_list(
-            h.timestamp
-        )
-        worst = max(worst, abs(float(r.score) - float(h.score)))
-    return same / max(len(reference), 1), worst
+from nemo_fastdecode.tools.comparison import Batches, decode_all
 
 
 def profile_pass(

@@ -1,0 +1,302 @@
+"""``scripts/streaming.py``: a model and its inputs, both streaming paths through the schedule, the reports.
+
+Mirrors NeMo's ``examples/asr/asr_cache_aware_streaming/speech_to_text_cache_aware_streaming_infer.py``
+(features of each file computed whole, cut into NeMo's chunks) but serves ``num_streams`` concurrent
+streams that start at staggered times (:mod:`.schedule`). The same schedule runs through ours
+(:class:`~nemo_fastdecode.streaming.transcriber.StreamingTranscriber`) and, for comparison, NeMo's path
+(:class:`~nemo_fastdecode.tools.streaming_sim.nemo_path.NemoSlotStreamer`); the transcripts are compared
+stream by stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from nemo_fastdecode.streaming.geometry import StreamingGeometry
+from nemo_fastdecode.streaming.transcriber import set_att_context_size
+from nemo_fastdecode.tools import models, synthetic
+from nemo_fastdecode.tools.configs import StreamingConfig
+from nemo_fastdecode.tools.environment import environment
+from nemo_fastdecode.tools.manifests import load_audio, read_inputs
+from nemo_fastdecode.tools.streaming_sim.paths import fast_path, nemo_path
+from nemo_fastdecode.tools.streaming_sim.report import (
+    FixedStep,
+    StreamingRunResult,
+    SweepPoint,
+    SweepResult,
+    format_markdown,
+    format_sweep_markdown,
+    write_run_result,
+    write_sweep_result,
+)
+from nemo_fastdecode.tools.streaming_sim.schedule import (
+    PathStats,
+    StreamingPath,
+    StreamPlan,
+    plan_streams,
+    served_in_real_time,
+    simulate,
+    time_fixed_steps,
+)
+
+if TYPE_CHECKING:
+    from nemo.collections.asr.models import ASRModel
+
+
+def resolve_config(cfg: StreamingConfig | DictConfig | dict[str, Any] | None = None) -> DictConfig:
+    """Validate ``cfg`` against :class:`~nemo_fastdecode.config.StreamingConfig` and fill in its defaults."""
+    schema = OmegaConf.structured(StreamingConfig)
+    if cfg is None:
+        return schema
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.structured(cfg) if not isinstance(cfg, dict) else OmegaConf.create(cfg)
+    merged = OmegaConf.merge(schema, cfg)
+    StreamingConfig(**OmegaConf.to_container(merged))  # value checks (__post_init__)
+    if merged.num_streams < 1:
+        raise ValueError(f"num_streams must be >= 1, got {merged.num_streams}")
+    if merged.num_slots is not None and merged.num_slots < 1:
+        raise ValueError(f"num_slots must be >= 1 or null, got {merged.num_slots}")
+    if merged.stagger_seconds < 0:
+        raise ValueError(f"stagger_seconds must be >= 0, got {merged.stagger_seconds}")
+    if merged.audio_dir is not None and merged.dataset_manifest is not None:
+        raise ValueError(
+            f"give audio_dir ({merged.audio_dir!r}) or dataset_manifest ({merged.dataset_manifest!r}), not both"
+        )
+    return merged
+
+
+@dataclass
+class _Setup:
+    """The model and the input features shared by every run of one invocation."""
+
+    model: Any
+    device: torch.device
+    dtype: torch.dtype
+    geometry: StreamingGeometry
+    features: list[torch.Tensor]
+    names: list[str]
+    demo: bool
+
+
+def _features(model: ASRModel, audios: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Each utterance's whole mel features ``[feat_in, T]`` (as NeMo's streaming buffer computes them)."""
+    out = []
+    with torch.inference_mode():
+        for audio in audios:
+            signal = torch.as_tensor(audio, dtype=torch.float32, device=device)[None]
+            feats, length = model.preprocessor(
+                input_signal=signal, length=torch.tensor([signal.shape[1]], device=device)
+            )
+            out.append(feats[0, :, : int(length)].clone())
+    return out
+
+
+def _setup(cfg: DictConfig, log: Callable[[str], None]) -> _Setup:
+    device = models.inference_device(cfg.cuda)
+    dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+    demo = cfg.audio_dir is None and cfg.dataset_manifest is None
+    model = models.load_model(cfg.model, device=device, seed=cfg.seed)
+    if models.is_synthetic(cfg.model):
+        log(models.synthetic_banner(cfg.model, getattr(model, "_fastdecode_tokens_per_frame", None)))
+    if cfg.att_context_size is not None:
+        set_att_context_size(model.encoder, list(cfg.att_context_size))
+    geometry = StreamingGeometry.from_encoder(model.encoder)
+    sample_rate = int(model.cfg.get("sample_rate", synthetic.SAMPLE_RATE))
+    if demo:
+        names = [f"demo_{i}" for i in range(len(models.DEMO_DURATIONS))]
+        audios = models.demo_audio(cfg.seed)
+        log(f"No audio_dir or dataset_manifest: {len(audios)} synthetic utterances ({models.DEMO_DURATIONS} s).")
+    else:
+        utterances = read_inputs(cfg.audio_dir, cfg.dataset_manifest)
+        names = [str(u.entry["audio_filepath"]) for u in utterances]
+        audios = load_audio([u.audio_path for u in utterances], sample_rate)
+    return _Setup(model, device, dtype, geometry, _features(model, audios, device), names, demo)
+
+
+def compose_streams(
+    config_dir: str | Path, defaults: dict[str, Any], argv: Sequence[str]
+) -> tuple[DictConfig, DictConfig, _Setup, list[StreamPlan]]:
+    """The start of the diagnostic scripts that time parts of a streaming step.
+
+    ``argv``: ``key=value`` arguments; keys of ``defaults`` are the script's own options (``config``: the config
+    name, ``streams``: how many streams, ...), the rest override that streaming config (later ones win).
+    Returns ``(options, config, model set-up, the first options.streams stream plans)``, built as
+    ``scripts/streaming.py --config-name <config> <overrides>`` builds them.
+    """
+    from hydra import compose, initialize_config_dir
+
+    own = [arg for arg in argv if arg.split("=", 1)[0] in defaults]
+    overrides = [arg for arg in argv if arg.split("=", 1)[0] not in defaults]
+    options = OmegaConf.merge(OmegaConf.create(defaults), OmegaConf.from_dotlist(own))
+    with initialize_config_dir(str(Path(config_dir).resolve()), version_base=None):
+        cfg = resolve_config(compose(options.config, overrides=overrides))
+    setup = _setup(cfg, print)
+    return options, cfg, setup, _plans(cfg, setup, options.streams)
+
+
+def _plans(cfg: DictConfig, setup: _Setup, num_streams: int) -> list[StreamPlan]:
+    return plan_streams(
+        setup.features,
+        setup.names,
+        setup.geometry,
+        num_streams,
+        cfg.stagger_seconds,
+        cfg.seed,
+        cfg.max_stream_seconds,
+    )
+
+
+def _make_paths(cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int) -> list[StreamingPath]:
+    """Ours, then (``compare_nemo``) NeMo's, both warmed up for batches up to ``max_batch`` streams."""
+    paths = [
+        fast_path(
+            setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul,
+            cfg.capture_decoder_step,
+        )
+    ]  # fmt: skip
+    if cfg.compare_nemo:
+        tf32 = cfg.encoder_matmul == "tf32"  # like for like: NeMo at matmul_precision=high
+        paths.append(nemo_path(setup.model, num_slots, setup.dtype, warm_streams=max_batch, tf32_matmuls=tf32))
+    return paths
+
+
+def _measure(
+    cfg: DictConfig, setup: _Setup, paths: list[StreamingPath], plans: list[StreamPlan], num_slots: int
+) -> tuple[list[PathStats], list[list[list[int]]], FixedStep | None]:
+    """Every path through the schedule, then (``fixed_step_repeats > 0``) the fixed-batch step."""
+    stats, tokens = _simulate_paths(setup, paths, plans, num_slots)
+    return stats, tokens, _fixed_step(cfg, setup, paths, plans, num_slots)
+
+
+def _simulate_paths(
+    setup: _Setup, paths: list[StreamingPath], plans: list[StreamPlan], num_slots: int
+) -> tuple[list[PathStats], list[list[list[int]]]]:
+    """Every path through the simulated real-time schedule: stats and each stream's tokens, per path."""
+    stats, tokens = [], []
+    for path in paths:
+        result, path_tokens = simulate(path, plans, num_slots, setup.device)
+        stats.append(result)
+        tokens.append(path_tokens)
+    return stats, tokens
+
+
+def _fixed_step(
+    cfg: DictConfig, setup: _Setup, paths: list[StreamingPath], plans: list[StreamPlan], num_slots: int
+) -> FixedStep | None:
+    """The fixed-batch step time per path (``None`` with ``fixed_step_repeats == 0``)."""
+    if cfg.fixed_step_repeats <= 0:
+        return None
+    n = min(len(plans), num_slots)
+    timings = {p.name: time_fixed_steps(p, plans, n, cfg.fixed_step_repeats, setup.device) for p in paths}
+    return FixedStep(
+        streams=n,
+        slots=num_slots,
+        repeats=cfg.fixed_step_repeats,
+        step_ms={name: t.ms for name, t in timings.items()},
+        tokens={name: t.tokens for name, t in timings.items()},
+    )
+
+
+def _agreement(tokens: list[list[list[int]]]) -> float | None:
+    if len(tokens) < 2 or not tokens[0]:
+        return None
+    return sum(a == b for a, b in zip(tokens[0], tokens[1], strict=True)) / len(tokens[0])
+
+
+def _describe(cfg: DictConfig, setup: _Setup, num_slots: int, streams: str) -> str:
+    g = setup.geometry
+    return (
+        f"Model {cfg.model!r} on {setup.device}, att_context_size {list(g.att_context_size)} "
+        f"({g.chunk_seconds * 1000:.0f} ms chunks), {streams} streams in {num_slots} slots, "
+        f"starts staggered over {cfg.stagger_seconds} s, {cfg.dtype}."
+    )
+
+
+def run(
+    cfg: StreamingConfig | DictConfig | dict[str, Any] | None = None, *, log: Callable[[str], None] = print
+) -> StreamingRunResult | SweepResult:
+    """Run ``scripts/streaming.py`` (see :class:`~nemo_fastdecode.config.StreamingConfig`).
+
+    With ``num_streams_sweep`` set, runs :func:`run_sweep` instead and returns its :class:`SweepResult`.
+    """
+    cfg = resolve_config(cfg)
+    setup = _setup(cfg, log)
+    if cfg.num_streams_sweep:
+        return run_sweep(cfg, setup, log)
+    num_slots = cfg.num_slots or cfg.num_streams
+    plans = _plans(cfg, setup, cfg.num_streams)
+    log(_describe(cfg, setup, num_slots, str(cfg.num_streams)))
+    paths = _make_paths(cfg, setup, num_slots, min(cfg.num_streams, num_slots))
+    stats, tokens = _simulate_paths(setup, paths, plans, num_slots)
+
+    to_text = setup.model.decoding.decode_ids_to_str
+    transcripts = []
+    for i, plan in enumerate(plans):
+        record = {"stream": i, "audio": plan.name, "start": round(plan.start, 4), "pred_text": to_text(tokens[0][i])}
+        if cfg.compare_nemo:
+            record["nemo_pred_text"] = to_text(tokens[1][i])
+            record["identical"] = tokens[0][i] == tokens[1][i]
+        transcripts.append(record)
+
+    result = StreamingRunResult(
+        config=OmegaConf.to_container(cfg),
+        environment=environment(setup.device),
+        geometry=asdict(setup.geometry),
+        paths=stats,
+        transcripts=transcripts,
+        identical_streams=_agreement(tokens),
+    )
+    # the simulated run's results are on disk before the fixed-batch step runs: a failure there keeps them
+    write_run_result(result, Path(cfg.output_dir), cfg.tag)
+    if cfg.fixed_step_repeats > 0:
+        log(f"Simulated run written ({', '.join(result.files.values())}); now the fixed-batch step.")
+        result.fixed_step = _fixed_step(cfg, setup, paths, plans, num_slots)
+        write_run_result(result, Path(cfg.output_dir), cfg.tag)
+    for record in transcripts[: 4 if not setup.demo else len(transcripts)]:
+        log(f"stream {record['stream']} ({Path(record['audio']).name}): {record['pred_text']!r}")
+    log(format_markdown(result))
+    log("Wrote " + ", ".join(result.files.values()))
+    return result
+
+
+def run_sweep(cfg: DictConfig, setup: _Setup, log: Callable[[str], None] = print) -> SweepResult:
+    """Ours and NeMo's path at every stream count of ``cfg.num_streams_sweep``: latency vs streams.
+
+    One streamer per path serves every count (slots: ``num_slots`` or the largest count; warmed up once for
+    the largest batch). Writes ``streaming_sweep{_tag}.json`` / ``.md`` and the plot ``.png`` (matplotlib) or,
+    without matplotlib, ``.svg``.
+    """
+    counts = sorted(set(int(n) for n in cfg.num_streams_sweep))
+    num_slots = max(cfg.num_slots or 0, counts[-1])
+    log(_describe(cfg, setup, num_slots, "/".join(map(str, counts))))
+    paths = _make_paths(cfg, setup, num_slots, counts[-1])
+    points = []
+    for n in counts:
+        stats, tokens, fixed = _measure(cfg, setup, paths, _plans(cfg, setup, n), num_slots)
+        points.append(SweepPoint(n, stats, fixed, _agreement(tokens)))
+        summary = "; ".join(f"{p.name}: p95 {p.latency_p95_ms} ms, busy {p.busy_share:.2f}" for p in stats)
+        log(f"{n} streams: {summary}")
+    target = cfg.latency_target_ms
+    best: dict[str, int | None] = {}
+    for i, path in enumerate(paths):
+        ok = [pt.num_streams for pt in points if served_in_real_time(pt.paths[i], target)]
+        best[path.name] = max(ok) if ok else None
+    result = SweepResult(
+        config=OmegaConf.to_container(cfg),
+        environment=environment(setup.device),
+        geometry=asdict(setup.geometry),
+        num_slots=num_slots,
+        points=points,
+        max_realtime_streams=best,
+    )
+    write_sweep_result(result, Path(cfg.output_dir), cfg.tag)
+    log(format_sweep_markdown(result))
+    log("Wrote " + ", ".join(result.files.values()))
+    return result

@@ -1,0 +1,99 @@
+"""The two streaming paths the simulation compares: ours and NeMo's, warmed up before the clock starts."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from nemo_fastdecode.streaming.transcriber import StreamingTranscriber
+from nemo_fastdecode.tools.comparison import as_int_list
+from nemo_fastdecode.tools.streaming_sim.nemo_path import NemoSlotStreamer
+from nemo_fastdecode.tools.streaming_sim.schedule import StreamingPath
+from nemo_fastdecode.tools.timing import synchronize
+
+if TYPE_CHECKING:
+    from nemo.collections.asr.models import ASRModel
+
+
+@contextlib.contextmanager
+def _matmul_tf32(enabled: bool):
+    """``torch.backends.cuda.matmul.allow_tf32 = enabled`` inside, the previous value restored after."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled or previous
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def fast_path(
+    model: ASRModel,
+    num_slots: int,
+    dtype: torch.dtype,
+    use_cuda_graphs: bool,
+    fast_math: bool = False,
+    encoder_matmul: str = "fp32",
+    capture_decoder_step: bool = True,
+) -> StreamingPath:
+    """Ours: slot caches read in place, one graph replay per step (GPU), per-slot state of ``fast_greedy``.
+
+    Warmed up before the clock starts: every encoder bucket's graph and the decoder's graph per bucket are
+    captured (:meth:`StreamingTranscriber.warm_up`), so no step of the timed run captures.
+    """
+    streamer = StreamingTranscriber(
+        model, num_slots, dtype=dtype, use_cuda_graphs=use_cuda_graphs, fast_math=fast_math,
+        encoder_matmul=encoder_matmul, capture_decoder_step=capture_decoder_step,
+    )  # fmt: skip
+    warmup = streamer.warm_up().total_seconds
+
+    def finish(slot: int) -> list[int]:
+        tokens = streamer.token_ids(slot)  # no Hypothesis needed
+        streamer.close(slot)
+        return tokens
+
+    mode = "CUDA graph per bucket" if streamer.runner.use_graphs else "eager"
+    mode += (", fast_math" if fast_math else "") + (f", {encoder_matmul} encoder" if encoder_matmul != "fp32" else "")
+    # what warm-up captured, not what was asked: no captures on the CPU, and a refused one falls back to eager
+    captured = streamer.decoder is not None and streamer.decoder.captured_batch_sizes
+    mode += ", decoder step captured" if captured else ""
+    return StreamingPath(f"nemo_fastdecode ({mode})", streamer.open, streamer.step, finish, warmup)
+
+
+def nemo_path(
+    model: ASRModel, num_slots: int, dtype: torch.dtype, warm_streams: int = 1, tf32_matmuls: bool = False
+) -> StreamingPath:
+    """NeMo: gather the slots' caches, ``conformer_stream_step`` (model's decoding strategy), scatter back.
+
+    Warmed up before the clock starts with ``warm_streams`` streams of silence (a first and a later chunk
+    together: lazy library set-up, and NeMo's decoder graphs, if its strategy uses them, at the largest batch).
+    ``tf32_matmuls``: NeMo's steps run with TF32 matmuls (``torch.backends.cuda.matmul.allow_tf32``, what
+    NeMo's scripts set with ``matmul_precision=high``), the setting compared with ``encoder_matmul=tf32``.
+    """
+    streamer = NemoSlotStreamer(model, num_slots)
+    device = streamer.device
+    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype != torch.float32 else contextlib.nullcontext
+
+    def step(slots: list[int], chunks: list[torch.Tensor]) -> None:
+        with autocast(), _matmul_tf32(tf32_matmuls):
+            streamer.step(slots, chunks)
+
+    def finish(slot: int) -> list[int]:
+        hyp = streamer.flush(slot)
+        return as_int_list(hyp.y_sequence) if hyp is not None else []
+
+    g = streamer.geometry
+    synchronize(device)
+    started = time.perf_counter()
+    slots = [streamer.open() for _ in range(min(warm_streams, num_slots))]
+    for frames in (g.first_chunk, g.chunk):
+        step(slots, [torch.zeros(g.feat_in, frames, device=device)] * len(slots))
+    for slot in slots:
+        streamer.flush(slot)
+    synchronize(device)
+    warmup = time.perf_counter() - started
+    strategy = model.cfg.decoding.get("strategy", "?")
+    name = f"NeMo gather/scatter + conformer_stream_step ({strategy}{', TF32 matmuls' if tf32_matmuls else ''})"
+    return StreamingPath(name, streamer.open, step, finish, warmup)

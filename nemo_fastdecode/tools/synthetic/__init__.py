@@ -1,0 +1,50 @@
+"""Synthetic Parakeet-architecture NeMo models and synthetic audio, for tests, demos and benchmarks.
+
+* :mod:`.presets` -- the architectures at real sizes and their NeMo configs (``make_synthetic_config``).
+* :mod:`.model` -- models with random weights (``build_synthetic_model``), the blank-bias calibration that sets
+  how often they emit, the encoder run (``encode``) and NeMo's baseline greedy decoder.
+* :mod:`.audio` -- speech-like synthetic audio with LibriSpeech test-other-like durations, WAV and manifest writers.
+
+Typical use::
+
+    model = build_synthetic_model("tiny-tdt")
+    durations = librispeech_like_durations(total_seconds=60)
+    audios = synthetic_audio(durations)
+    encoded, lengths = encode(model, audios, batch_size=8, device="cpu")
+    calibrate_blank_bias(model, encoded, lengths, target_tokens_per_frame=0.3)
+"""
+
+from nemo_fastdecode.tools.synthetic.audio import (
+    librispeech_like_durations,
+    synthetic_audio,
+    write_manifest,
+    write_wavs,
+)
+from nemo_fastdecode.tools.synthetic.model import (
+    TransducerSpec,
+    build_synthetic_model,
+    calibrate_blank_bias,
+    encode,
+    nemo_baseline_greedy,
+    tokens_per_frame,
+    transducer_spec,
+)
+from nemo_fastdecode.tools.synthetic.presets import PRESETS, SAMPLE_RATE, char_vocabulary, make_synthetic_config
+
+__all__ = [
+    "PRESETS",
+    "SAMPLE_RATE",
+    "TransducerSpec",
+    "build_synthetic_model",
+    "calibrate_blank_bias",
+    "char_vocabulary",
+    "encode",
+    "librispeech_like_durations",
+    "make_synthetic_config",
+    "nemo_baseline_greedy",
+    "synthetic_audio",
+    "tokens_per_frame",
+    "transducer_spec",
+    "write_manifest",
+    "write_wavs",
+]

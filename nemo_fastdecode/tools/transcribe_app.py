@@ -1,0 +1,382 @@
+"""``scripts/transcribe.py``: transcribe a folder or a manifest with a decoding strategy, and compare strategies.
+
+The script follows NeMo's ``examples/asr/transcribe_speech.py``: a folder of audio or a JSON-lines
+manifest in, a manifest with ``pred_text`` (and timestamps on request) out, the decoding strategy
+applied with ``model.change_decoding_strategy``. The model comes from :mod:`~nemo_fastdecode.tools.models`,
+inputs and outputs from :mod:`~nemo_fastdecode.tools.manifests`. Here:
+
+* :func:`transcribe_files` -- NeMo's ``transcribe`` with the model's current strategy.
+* :func:`compare_strategies` / :func:`format_comparison` -- ``fast_greedy`` against NeMo's
+  ``greedy_batch`` on the same encoder outputs: decode time, tokens, identical hypotheses.
+* :func:`run` -- all of it for a :class:`~nemo_fastdecode.tools.configs.TranscribeConfig`, including
+  the embedded demo (synthetic model and audio) when no input is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from nemo_fastdecode.registry import valid_strategies
+from nemo_fastdecode.tools import synthetic
+from nemo_fastdecode.tools.comparison import agreement, as_int_list, decode_all
+from nemo_fastdecode.tools.configs import TranscribeConfig
+from nemo_fastdecode.tools.manifests import (
+    default_output_path,
+    load_audio,
+    output_records,
+    read_inputs,
+    write_output_manifest,
+)
+from nemo_fastdecode.tools.models import (
+    DEMO_DURATIONS,
+    apply_decoding,
+    demo_audio,
+    inference_device,
+    is_synthetic,
+    load_model,
+    model_device,
+    synthetic_banner,
+)
+from nemo_fastdecode.tools.nemo_context import quiet_nemo
+from nemo_fastdecode.tools.timing import best_time
+
+if TYPE_CHECKING:
+    from nemo.collections.asr.models import ASRModel
+    from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
+
+
+__all__ = [
+    "StrategyRun",
+    "TranscribeResult",
+    "compare_strategies",
+    "format_comparison",
+    "resolve_config",
+    "run",
+    "transcribe_files",
+]
+
+
+def resolve_config(cfg: TranscribeConfig | DictConfig | dict[str, Any] | None = None) -> DictConfig:
+    """Validate ``cfg`` against :class:`TranscribeConfig` and fill in its defaults.
+
+    Top-level keys are checked (an unknown key or a value of the wrong type raises). The
+    ``decoding`` section may carry further NeMo ``RNNTDecodingConfig`` keys (e.g. ``beam`` for
+    ``strategy: beam``); they are passed through to NeMo.
+    """
+    schema = OmegaConf.structured(TranscribeConfig)
+    OmegaConf.set_struct(schema.decoding, False)
+    if cfg is None:
+        return schema
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.structured(cfg) if not isinstance(cfg, dict) else OmegaConf.create(cfg)
+    merged = OmegaConf.merge(schema, cfg)
+    if merged.batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {merged.batch_size}")
+    if merged.audio_dir is not None and merged.dataset_manifest is not None:
+        raise ValueError(
+            f"give audio_dir ({merged.audio_dir!r}) or dataset_manifest ({merged.dataset_manifest!r}), not both"
+        )
+    strategy = merged.decoding.strategy
+    if strategy not in valid_strategies():
+        raise ValueError(
+            f"Unknown transducer decoding strategy {strategy!r}; valid strategies: {', '.join(valid_strategies())}"
+        )
+    return merged
+
+
+def _autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
+    if bf16 and device.type == "cuda":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def transcribe_files(
+    model: ASRModel,
+    audio_paths: Sequence[str | os.PathLike],
+    *,
+    batch_size: int = 32,
+    timestamps: bool = False,
+    bf16: bool = False,
+    progress: bool = True,
+) -> list[Hypothesis]:
+    """Transcribe audio files with the model's current decoding strategy (NeMo's ``transcribe``).
+
+    Args:
+        model: a transducer model (see :func:`apply_decoding` for the strategy).
+        audio_paths: audio files, transcribed in this order.
+        batch_size: utterances per batch.
+        timestamps: have NeMo compute char/word/segment timestamps into ``Hypothesis.timestamp``.
+        bf16: ``torch.autocast(dtype=torch.bfloat16)`` when the model is on a GPU (ignored on the CPU).
+        progress: NeMo's tqdm progress bar.
+
+    Returns:
+        One best ``Hypothesis`` per file, with ``text``.
+    """
+    device = model_device(model)
+    with _autocast(device, bf16):
+        hyps = model.transcribe(
+            [str(p) for p in audio_paths],
+            batch_size=batch_size,
+            return_hypotheses=True,
+            timestamps=timestamps,
+            verbose=progress,
+        )
+    if isinstance(hyps, tuple):  # older NeMo: (best, all)
+        hyps = hyps[0]
+    return [h[0] if isinstance(h, list) else h for h in hyps]
+
+
+@dataclass
+class StrategyRun:
+    """One row of :func:`compare_strategies`.
+
+    Attributes:
+        name: the strategy and algorithm, e.g. ``greedy_batch (frame loop)``.
+        decoding: the decoding section it ran with.
+        seconds: best wall-clock time of one decoding pass over all utterances (encoder excluded).
+        tokens: tokens emitted over all utterances.
+        identical: tokens and per-token timestamps equal those of the first row (the reference).
+        max_score_diff: largest absolute difference of a hypothesis score from the reference's.
+    """
+
+    name: str
+    decoding: dict[str, Any]
+    seconds: float
+    tokens: int
+    identical: bool
+    max_score_diff: float
+
+
+def _comparison_configs(
+    model: ASRModel, decoding: DictConfig | dict[str, Any] | None
+) -> list[tuple[str, dict[str, Any]]]:
+    """NeMo's baselines (no CUDA graphs) first, then ``fast_greedy`` with the user's greedy options."""
+    user = OmegaConf.to_container(decoding, resolve=True) if isinstance(decoding, DictConfig) else dict(decoding or {})
+    user_greedy = dict(user.get("greedy") or {}) if user.get("strategy") == "fast_greedy" else {}
+    is_tdt = model.cfg.decoding.get("model_type", "rnnt") == "tdt" or bool(model.cfg.decoding.get("durations"))
+    max_symbols = user_greedy.get("max_symbols", 10)
+    nemo_algorithms = [("label loop", True)] if is_tdt else [("frame loop", False), ("label loop", True)]
+    fast_algorithms = [("label loop", True)] if is_tdt else [("label loop", True), ("frame loop", False)]
+    configs = []
+    for label, loop_labels in nemo_algorithms:
+        greedy = {"max_symbols": max_symbols, "loop_labels": loop_labels, "use_cuda_graph_decoder": False}
+        configs.append((f"greedy_batch ({label})", {"strategy": "greedy_batch", "greedy": greedy}))
+    for label, loop_labels in fast_algorithms:
+        greedy = {**user_greedy, "max_symbols": max_symbols, "loop_labels": loop_labels}
+        configs.append((f"fast_greedy ({label})", {"strategy": "fast_greedy", "greedy": greedy}))
+    return configs
+
+
+def compare_strategies(
+    model: ASRModel,
+    audio: Sequence[np.ndarray],
+    *,
+    decoding: DictConfig | dict[str, Any] | None = None,
+    batch_size: int = 32,
+    repeats: int = 3,
+) -> list[StrategyRun]:
+    """Time ``fast_greedy`` against NeMo's ``greedy_batch`` on the same encoder outputs, in fp32.
+
+    The encoder runs once; each strategy then decodes every batch (one warm-up pass, then the best
+    of ``repeats`` passes). The first row, NeMo's ``greedy_batch`` without CUDA graphs (frame
+    looping for RNN-T, label looping for TDT), is the reference the others are checked against:
+    a row is ``identical`` when every hypothesis has the same tokens and per-token timestamps.
+    The model's decoding configuration is restored afterwards.
+
+    Args:
+        model: a transducer model.
+        audio: mono float arrays at the model's sample rate (see :func:`load_audio`).
+        decoding: the user's decoding section; its ``fast_greedy`` greedy options are used for our rows.
+        batch_size: utterances per encoder/decoder batch.
+        repeats: timed passes per strategy (the best is reported).
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    device = model_device(model)
+    encoded, lengths = synthetic.encode(model, audio, batch_size=batch_size, device=device)
+    batches = list(zip(encoded, lengths, strict=True))
+    original = copy.deepcopy(model.cfg.decoding)
+    rows: list[StrategyRun] = []
+    reference: list[Hypothesis] | None = None
+    try:
+        for name, config in _comparison_configs(model, decoding):
+            with quiet_nemo():
+                apply_decoding(model, config)
+            infer = model.decoding.decoding
+            decode_all(infer, batches)  # warm-up (and, on a GPU, graph capture)
+            best, hyps = best_time(infer, batches, repeats)
+            if reference is None:
+                reference = hyps
+            identical_share, score_diff = agreement(reference, hyps)
+            rows.append(
+                StrategyRun(
+                    name=name,
+                    decoding=config,
+                    seconds=best,
+                    tokens=sum(len(as_int_list(h.y_sequence)) for h in hyps),
+                    identical=identical_share == 1.0,
+                    max_score_diff=score_diff,
+                )
+            )
+    finally:
+        with quiet_nemo():
+            apply_decoding(model, original)
+    return rows
+
+
+def format_comparison(rows: Sequence[StrategyRun]) -> str:
+    """A plain-text table of :func:`compare_strategies` rows (speed-up relative to the first row)."""
+    header = ("strategy", "decode s", "speed-up", "tokens", "identical", "max |score diff|")
+    reference = rows[0].seconds if rows else 0.0
+    body = [
+        (
+            row.name,
+            f"{row.seconds:.4f}",
+            f"{reference / row.seconds:.2f}x" if row.seconds > 0 else "-",
+            str(row.tokens),
+            "reference" if i == 0 else ("yes" if row.identical else "NO"),
+            f"{row.max_score_diff:.2e}",
+        )
+        for i, row in enumerate(rows)
+    ]
+    widths = [max(len(cell) for cell in column) for column in zip(header, *body, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            cell.ljust(width) if j == 0 else cell.rjust(width)
+            for j, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        )
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(cells) for cells in body)])
+
+
+@contextlib.contextmanager
+def _demo_threads(single: bool) -> Iterator[None]:
+    """One intra-op thread for the demo's tiny model on the CPU, restored afterwards.
+
+    Its operations are far too small to gain from threads, and on a busy machine OpenMP threads that
+    wait for each other make the step-by-step decoding loops many times slower.
+    """
+    if not single:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@dataclass
+class TranscribeResult:
+    """What :func:`run` did.
+
+    Attributes:
+        output_path: the output manifest.
+        records: its entries (input entry + ``pred_text`` [+ timestamps]).
+        comparison: the strategy comparison rows, if it ran.
+        demo: whether this was the embedded demo (synthetic audio in a temporary folder).
+        model: the model that transcribed.
+    """
+
+    output_path: Path
+    records: list[dict[str, Any]]
+    comparison: list[StrategyRun] | None
+    demo: bool
+    model: Any
+
+
+def run(
+    cfg: TranscribeConfig | DictConfig | dict[str, Any] | None = None,
+    *,
+    log: Callable[[str], None] = print,
+    progress: bool = True,
+) -> TranscribeResult:
+    """Transcribe as ``scripts/transcribe.py`` does (see :class:`~nemo_fastdecode.config.TranscribeConfig`).
+
+    With neither ``audio_dir`` nor ``dataset_manifest``, runs the embedded demo: the synthetic model
+    ``cfg.model`` (``tiny-rnnt`` by default, random weights), 4 synthetic utterances of 2-6 s written to
+    a temporary folder, transcripts printed, and (unless ``compare_strategies=false``) the comparison
+    of ``fast_greedy`` with NeMo's ``greedy_batch``. On the CPU the demo runs PyTorch with one thread.
+
+    Args:
+        cfg: the configuration (validated with :func:`resolve_config`).
+        log: where the banner, transcripts and table go.
+        progress: NeMo's progress bar.
+    """
+    cfg = resolve_config(cfg)
+    device = inference_device(cfg.cuda)
+    demo = cfg.audio_dir is None and cfg.dataset_manifest is None
+    compare = cfg.compare_strategies if cfg.compare_strategies is not None else demo
+    output_path = (
+        Path(cfg.output_filename) if cfg.output_filename else default_output_path(cfg.audio_dir, cfg.dataset_manifest)
+    )
+
+    with tempfile.TemporaryDirectory(prefix="fastdecode_demo_") as tmp, _demo_threads(demo and device.type == "cpu"):
+        if demo:
+            log(f"No audio_dir or dataset_manifest given: embedded demo on {len(DEMO_DURATIONS)} synthetic utterances.")
+            paths = synthetic.write_wavs(demo_audio(cfg.seed), tmp, prefix="demo")
+            utterances = read_inputs(audio_dir=tmp)
+            for utterance in utterances:  # the folder is deleted on exit: keep file names only
+                utterance.entry["audio_filepath"] = utterance.audio_path.name
+        else:
+            paths = None
+            utterances = read_inputs(cfg.audio_dir, cfg.dataset_manifest)
+
+        model = load_model(cfg.model, device=device, seed=cfg.seed)
+        if cfg.bf16 and device.type != "cuda":
+            log(f"bf16=true: bfloat16 autocast applies on a GPU only; running in fp32 on {device}.")
+        if is_synthetic(cfg.model):
+            log(synthetic_banner(cfg.model, getattr(model, "_fastdecode_tokens_per_frame", None)))
+
+        decoding = copy.deepcopy(cfg.decoding)
+        with open_dict(decoding):
+            decoding.compute_timestamps = bool(cfg.timestamps)
+        apply_decoding(model, decoding)
+        log(f"Model {cfg.model!r} on {device}, decoding strategy {decoding.strategy!r}; {len(utterances)} file(s).")
+
+        hyps = transcribe_files(
+            model,
+            [u.audio_path for u in utterances],
+            batch_size=cfg.batch_size,
+            timestamps=bool(cfg.timestamps),
+            bf16=cfg.bf16,
+            progress=progress,
+        )
+        records = output_records(utterances, hyps, timestamps=bool(cfg.timestamps))
+        write_output_manifest(records, output_path)
+
+        shown = records if demo or len(records) <= 10 else records[:10]
+        for record in shown:
+            log(f"{Path(record['audio_filepath']).name}: {record['pred_text']!r}")
+        if len(shown) < len(records):
+            log(f"... and {len(records) - len(shown)} more")
+        log(f"Wrote {len(records)} transcript(s) to {output_path}")
+
+        comparison = None
+        if compare:
+            sample_rate = int(model.cfg.get("sample_rate", synthetic.SAMPLE_RATE))
+            audio = (
+                demo_audio(cfg.seed)
+                if paths is not None
+                else load_audio([u.audio_path for u in utterances], sample_rate)
+            )
+            comparison = compare_strategies(model, audio, decoding=cfg.decoding, batch_size=cfg.batch_size)
+            log(
+                f"\nDecoder comparison on the same fp32 encoder outputs ({len(audio)} utterances, {device}; "
+                f"best of 3, encoder excluded):"
+            )
+            log(format_comparison(comparison))
+    return TranscribeResult(output_path=output_path, records=records, comparison=comparison, demo=demo, model=model)
