@@ -1,4 +1,4 @@
-"""Dataclass configs, mirrored one to one by the YAML files in ``configs/``.
+"""Decoding options as dataclasses: the one place that names each option, its default and its valid values.
 
 * :class:`FastGreedyConfig` -- the ``decoding.greedy`` section of ``strategy: fast_greedy``.
 * :class:`FastGreedyDecodingConfig` -- the ``decoding`` section a NeMo user merges into a transducer
@@ -6,37 +6,50 @@
   ``RNNTDecodingConfig``, so ``model.change_decoding_strategy(cfg)`` accepts it as is.
 * :class:`FastBeamConfig` / :class:`FastBeamDecodingConfig` -- the same for ``strategy: fast_beam``
   (``configs/decoding/fast_beam.yaml``).
+* :func:`options_from_section` -- a strategy's options read from a user's section, validated.
+* :func:`greedy_max_symbols` -- NeMo's rule for the greedy ``max_symbols`` of a decoding section.
 
-Use them as Hydra/OmegaConf schemas::
+The registry derives the keys it accepts and the defaults it fills in from these dataclasses; the YAML
+files mirror them (tested). Use them as Hydra/OmegaConf schemas::
 
     cfg = OmegaConf.merge(OmegaConf.structured(FastGreedyDecodingConfig), OmegaConf.load(path))
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from nemo_fastdecode.graphs.modes import GraphMode
 
 __all__ = [
+    "DEFAULT_MAX_SYMBOLS",
     "GRAPH_MODES",
     "FastBeamConfig",
     "FastBeamDecodingConfig",
     "FastGreedyConfig",
     "FastGreedyDecodingConfig",
     "NemoDecodingKeys",
+    "greedy_max_symbols",
+    "option_names",
+    "options_from_section",
 ]
 
-
-#: Valid values of ``decoding.greedy.graph_mode``.
+#: Valid values of ``decoding.greedy.graph_mode`` and ``decoding.beam.graph_mode``.
 GRAPH_MODES: tuple[str, ...] = ("auto", *(mode.value for mode in GraphMode))
 
+#: NeMo's default for ``max_symbols`` (``max_symbols_per_step`` in its greedy and beam configs).
+DEFAULT_MAX_SYMBOLS = 10
 
-def _check_graph_mode_and_max_symbols(graph_mode: str, max_symbols: int | None) -> None:
+
+def _check_graph_mode_and_max_symbols(graph_mode: str, max_symbols: int | None, unset: int | None = None) -> None:
     if graph_mode not in GRAPH_MODES:
         raise ValueError(f"graph_mode={graph_mode!r} is not valid; valid values: {', '.join(GRAPH_MODES)}")
-    if max_symbols is not None and max_symbols < 1:
-        raise ValueError(f"max_symbols must be >= 1 or None, got {max_symbols}")
+    if max_symbols is not None and max_symbols != unset and max_symbols < 1:
+        allowed = "None" if unset is None else f"None or {unset} (unset)"
+        raise ValueError(f"max_symbols must be >= 1 or {allowed}, got {max_symbols}")
 
 
 @dataclass
@@ -45,7 +58,7 @@ class FastGreedyConfig:
 
     Attributes:
         max_symbols: most tokens emitted per encoder frame, as in NeMo (``None`` falls back to
-            ``max_symbols_per_step``, whose NeMo default is 10).
+            ``max_symbols_per_step``, whose NeMo default is 10; see :func:`greedy_max_symbols`).
         loop_labels: label-looping algorithm (default); ``False`` selects frame looping (RNN-T only).
         use_cuda_graph_decoder: allow CUDA graphs; ignored on the CPU.
         graph_mode: ``auto`` (best mode the driver supports), ``full_graph`` (conditional WHILE nodes,
@@ -56,7 +69,7 @@ class FastGreedyConfig:
             agreement).
     """
 
-    max_symbols: int | None = 10
+    max_symbols: int | None = DEFAULT_MAX_SYMBOLS
     loop_labels: bool = True
     use_cuda_graph_decoder: bool = True
     graph_mode: str = "auto"
@@ -64,7 +77,8 @@ class FastGreedyConfig:
     fast_math: bool = False
 
     def __post_init__(self) -> None:
-        _check_graph_mode_and_max_symbols(self.graph_mode, self.max_symbols)
+        # 0 is unset, as in NeMo: max_symbols_per_step applies (see greedy_max_symbols)
+        _check_graph_mode_and_max_symbols(self.graph_mode, self.max_symbols, unset=0)
 
 
 @dataclass
@@ -128,7 +142,7 @@ class FastBeamConfig:
     """
 
     beam_size: int = 4
-    max_symbols: int | None = 10
+    max_symbols: int | None = DEFAULT_MAX_SYMBOLS
     score_norm: bool = True
     return_best_hypothesis: bool = True
     allow_cuda_graphs: bool = True
@@ -139,8 +153,11 @@ class FastBeamConfig:
 
     def __post_init__(self) -> None:
         _check_graph_mode_and_max_symbols(self.graph_mode, self.max_symbols)
-        if not 1 <= self.beam_size <= 16:
-            raise ValueError(f"beam_size must be in 1..16, got {self.beam_size}")
+        if isinstance(self.beam_size, bool) or not isinstance(self.beam_size, int) or not 1 <= self.beam_size <= 16:
+            raise ValueError(
+                f"beam_size must be in 1..16 (an int; the beam-step kernel's limit), got {self.beam_size!r}; "
+                "use strategy 'malsd_batch' for larger beams"
+            )
 
 
 @dataclass
@@ -155,3 +172,35 @@ class FastBeamDecodingConfig(NemoDecodingKeys):
 
     strategy: str = "fast_beam"
     beam: FastBeamConfig = field(default_factory=FastBeamConfig)
+
+
+Options = TypeVar("Options", FastGreedyConfig, FastBeamConfig)
+
+
+def option_names(options_class: type) -> frozenset[str]:
+    """The keys an options dataclass defines (``max_symbols``, ``graph_mode``, ...; NeMo's config dataclasses too)."""
+    return frozenset(f.name for f in dataclasses.fields(options_class))
+
+
+def options_from_section(options_class: type[Options], section: Mapping[str, Any] | None) -> Options:
+    """The options of ``options_class`` that ``section`` sets, the dataclass defaults for the others.
+
+    Keys of ``section`` that are not options of ``options_class`` (NeMo's own keys) are ignored here; the
+    registry checks them. Values are validated by the dataclass (an invalid one raises ``ValueError``).
+    """
+    section = section or {}
+    return options_class(**{name: section[name] for name in option_names(options_class) if name in section})
+
+
+def greedy_max_symbols(section: Mapping[str, Any] | None, *, bounded: bool = False) -> int | None:
+    """NeMo's rule for the greedy ``max_symbols`` of a ``decoding.greedy`` section.
+
+    ``max_symbols`` if set (not ``None`` or 0), else ``max_symbols_per_step`` (as NeMo's ``RNNTDecoding``
+    reads them). ``None`` means no limit; with ``bounded`` it becomes :data:`DEFAULT_MAX_SYMBOLS`, for loops that
+    need one (a captured streaming step, a calibration decoder).
+    """
+    section = section or {}
+    max_symbols = section.get("max_symbols", None) or section.get("max_symbols_per_step", None)
+    if max_symbols is None and bounded:
+        return DEFAULT_MAX_SYMBOLS
+    return int(max_symbols) if max_symbols is not None else None

@@ -7,12 +7,12 @@ wraps that constructor once: for one of our strategies it lets NeMo set everythi
 stand-in strategy it mirrors (same config keys: confidence, timestamps, punctuation, ...), then
 replaces the decoding computer with ours and restores the strategy name in ``cfg``. NeMo's own
 strategies go through untouched; an unknown name fails with the full list of valid ones. Our
-strategies are rows of one table, :data:`FAST_STRATEGIES` (stand-in, config section, options, builder).
+strategies are rows of one table, :data:`FAST_STRATEGIES` (stand-in, config section, options dataclass, builder);
+the keys they accept and the defaults they fill in come from the dataclasses in :mod:`nemo_fastdecode.config`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -21,40 +21,18 @@ from dataclasses import dataclass, is_dataclass
 from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
 from nemo.collections.asr.parts.submodules import rnnt_decoding
 from nemo.collections.asr.parts.submodules.rnnt_beam_decoding import BeamRNNTInferConfig
+from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import GreedyBatchedRNNTInferConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-logger = logging.getLogger("nemo_fastdecode")
+from nemo_fastdecode.config import (
+    FastBeamConfig,
+    FastGreedyConfig,
+    greedy_max_symbols,
+    option_names,
+    options_from_section,
+)
 
-# options of the stand-in's config section that we accept; others NeMo reads itself or we reject below
-FAST_GREEDY_OPTIONS = {
-    "max_symbols",
-    "max_symbols_per_step",
-    "loop_labels",
-    "use_cuda_graph_decoder",
-    "graph_mode",
-    "preserve_alignments",
-    "preserve_frame_confidence",
-    "compute_timestamps",
-    "confidence_method_cfg",
-    "ngram_lm_model",
-    "ngram_lm_alpha",
-    "boosting_tree",
-    "boosting_tree_alpha",
-    "enable_per_stream_biasing",
-    "tdt_include_token_duration",
-    "tdt_include_duration_confidence",
-    "fused_kernels",
-    "fast_math",
-}
-# every key of NeMo's beam section (merged configs carry them all), NeMo's `max_symbols` (what malsd_batch
-# reads), and ours; NeMo's malsd_batch ignores most of its section (search parameters of other strategies)
-FAST_BEAM_OPTIONS = {field.name for field in dataclasses.fields(BeamRNNTInferConfig)} | {
-    "max_symbols",
-    "graph_mode",
-    "fused_topk",
-    "fast_math",
-    "compiled_step",
-}
+logger = logging.getLogger("nemo_fastdecode")
 
 
 @dataclass(frozen=True)
@@ -64,73 +42,85 @@ class FastStrategy:
     Attributes:
         stand_in: NeMo strategy whose configuration keys it takes; NeMo sets the decoding up as for it.
         section: the ``decoding`` sub-section holding its options (``greedy`` / ``beam``).
-        options: keys accepted in that section (anything else is a typo or an unsupported feature).
-        own_options: our keys, removed before NeMo sees the stand-in config.
+        options_class: our options dataclass (:mod:`nemo_fastdecode.config`): names, defaults, validation.
+        nemo_options: the keys NeMo accepts in that section for the stand-in (its config dataclass, plus the
+            keys its ``RNNTDecoding`` reads from the section directly).
         graphs_switch: the stand-in's key that allows CUDA graphs (off: NeMo's computer is replaced at once).
         build: ``(decoding, decoding_cfg, decoder, joint) -> decoding module`` replacing NeMo's.
     """
 
     stand_in: str
     section: str
-    options: frozenset[str]
-    own_options: frozenset[str]
+    options_class: type
+    nemo_options: frozenset[str]
     graphs_switch: str
     build: Callable
+
+    @property
+    def options(self) -> frozenset[str]:
+        """Keys accepted in the section (anything else is a typo or an unsupported feature)."""
+        return self.nemo_options | option_names(self.options_class)
+
+    @property
+    def own_options(self) -> frozenset[str]:
+        """Our keys, removed before NeMo sees the stand-in's config."""
+        return option_names(self.options_class) - self.nemo_options
 
 
 def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
     from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 
-    greedy_cfg = decoding_cfg.get("greedy") or {}
-    if decoding._is_tdt and not greedy_cfg.get("loop_labels", True):
+    section = decoding_cfg.get("greedy") or {}
+    options = options_from_section(FastGreedyConfig, section)
+    if decoding._is_tdt and not options.loop_labels:
         raise ValueError("loop_labels=False (frame looping) is RNN-T only; TDT models decode with loop_labels=True")
     return FastGreedyBatchedInfer(
         decoder_model=decoder,
         joint_model=joint,
         blank_index=decoding.blank_id,
-        max_symbols_per_step=greedy_cfg.get("max_symbols", None) or greedy_cfg.get("max_symbols_per_step", None),
+        max_symbols_per_step=greedy_max_symbols(section),
         durations=list(decoding.durations) if decoding._is_tdt else None,
-        loop_labels=greedy_cfg.get("loop_labels", True),
-        use_cuda_graph_decoder=greedy_cfg.get("use_cuda_graph_decoder", True),
-        graph_mode=greedy_cfg.get("graph_mode", "auto"),
+        loop_labels=options.loop_labels,
+        use_cuda_graph_decoder=options.use_cuda_graph_decoder,
+        graph_mode=options.graph_mode,
         include_duration=decoding.tdt_include_token_duration,
-        fused_kernels=greedy_cfg.get("fused_kernels", None),
-        fast_math=bool(greedy_cfg.get("fast_math", False)),
+        fused_kernels=options.fused_kernels,
+        fast_math=bool(options.fast_math),
     )
 
 
 def _build_fast_beam(decoding, decoding_cfg: DictConfig, decoder, joint):
     from nemo_fastdecode.beam.infer import FastBeamBatchedInfer
 
-    beam_cfg = decoding_cfg.get("beam") or {}
-    if beam_cfg.get("beam_size") is None:
+    section = decoding_cfg.get("beam") or {}
+    if section.get("beam_size") is None:
         raise ValueError("fast_beam needs decoding.beam.beam_size (e.g. 4)")
-    # as NeMo's malsd_batch: `beam.max_symbols` (default 10); NeMo ignores `beam.max_symbols_per_step`
-    max_symbols = beam_cfg.get("max_symbols", 10)
-    per_step = beam_cfg.get("max_symbols_per_step", None)
-    if per_step is not None and per_step != max_symbols:
+    options = options_from_section(FastBeamConfig, section)
+    # as NeMo's malsd_batch: `beam.max_symbols`; NeMo ignores `beam.max_symbols_per_step`
+    per_step = section.get("max_symbols_per_step", None)
+    if per_step is not None and per_step != options.max_symbols:
         logger.warning(
             "nemo_fastdecode: beam.max_symbols_per_step=%s has no effect (malsd_batch and fast_beam read "
             "beam.max_symbols, here %s)",
             per_step,
-            max_symbols,
+            options.max_symbols,
         )
-    if beam_cfg.get("softmax_temperature", 1.0) != 1.0:
+    if section.get("softmax_temperature", 1.0) != 1.0:
         logger.warning("nemo_fastdecode: beam.softmax_temperature has no effect in malsd_batch and fast_beam")
     return FastBeamBatchedInfer(
         decoder_model=decoder,
         joint_model=joint,
         blank_index=decoding.blank_id,
-        beam_size=beam_cfg.beam_size,
-        max_symbols_per_step=max_symbols,
+        beam_size=options.beam_size,
+        max_symbols_per_step=options.max_symbols,
         durations=list(decoding.durations) if decoding._is_tdt else None,
-        score_norm=beam_cfg.get("score_norm", True),
-        return_best_hypothesis=beam_cfg.get("return_best_hypothesis", True),
-        allow_cuda_graphs=beam_cfg.get("allow_cuda_graphs", True),
-        graph_mode=beam_cfg.get("graph_mode", "auto"),
-        fused_topk=beam_cfg.get("fused_topk", None),
-        fast_math=bool(beam_cfg.get("fast_math", False)),
-        compiled_step=bool(beam_cfg.get("compiled_step", False)),
+        score_norm=options.score_norm,
+        return_best_hypothesis=options.return_best_hypothesis,
+        allow_cuda_graphs=options.allow_cuda_graphs,
+        graph_mode=options.graph_mode,
+        fused_topk=options.fused_topk,
+        fast_math=bool(options.fast_math),
+        compiled_step=bool(options.compiled_step),
     )
 
 
@@ -138,16 +128,18 @@ FAST_STRATEGIES: dict[str, FastStrategy] = {
     "fast_greedy": FastStrategy(
         stand_in="greedy_batch",
         section="greedy",
-        options=frozenset(FAST_GREEDY_OPTIONS),
-        own_options=frozenset({"graph_mode", "fused_kernels", "fast_math"}),
+        options_class=FastGreedyConfig,
+        # NeMo's RNNTDecoding reads `max_symbols` and `compute_timestamps` from the greedy section too
+        nemo_options=option_names(GreedyBatchedRNNTInferConfig) | {"max_symbols", "compute_timestamps"},
         graphs_switch="use_cuda_graph_decoder",
         build=_build_fast_greedy,
     ),
     "fast_beam": FastStrategy(
         stand_in="malsd_batch",
         section="beam",
-        options=frozenset(FAST_BEAM_OPTIONS),
-        own_options=frozenset({"graph_mode", "fused_topk", "fast_math", "compiled_step"}),
+        options_class=FastBeamConfig,
+        # merged NeMo configs carry every key of its beam section; malsd_batch reads `max_symbols`
+        nemo_options=option_names(BeamRNNTInferConfig) | {"max_symbols"},
         graphs_switch="allow_cuda_graphs",
         build=_build_fast_beam,
     ),
@@ -195,14 +187,6 @@ def register() -> None:
         self.cfg = decoding_cfg
 
     rnnt_decoding.AbstractRNNTDecoding.__init__ = init_with_fast_strategies
-
-
-def unregister() -> None:
-    """Remove the hook (tests)."""
-    global _original_init
-    if _original_init is not None:
-        rnnt_decoding.AbstractRNNTDecoding.__init__ = _original_init
-        _original_init = None
 
 
 def _unsupported(strategy: str, fast: FastStrategy, features: list[str]) -> None:

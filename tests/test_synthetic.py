@@ -77,7 +77,8 @@ def test_big_preset_config_sizes(preset, layers, pred_layers, durations):
     assert cfg.decoder.vocab_size == 1024
     assert len(cfg.labels) == 1024 and len(set(cfg.labels)) == 1024
     assert cfg.preprocessor.features == 80 and cfg.preprocessor.dither == 0.0 and cfg.preprocessor.sample_rate == 16000
-    assert cfg.spec_augment is None and cfg.train_ds is None and cfg.validation_ds is None
+    # no datasets (validation_ds only carries the keys NeMo's transcribe() reads)
+    assert cfg.spec_augment is None and cfg.train_ds is None and cfg.validation_ds.manifest_filepath is None
     if durations is None:
         assert "tdt_durations" not in cfg.model_defaults
         assert cfg.joint.num_extra_outputs == 0
@@ -286,3 +287,12 @@ def test_synthetic_audio_wavs_and_manifest(tmp_path):
     assert all(e["text"] == "" and e["audio_filepath"].endswith(".wav") for e in entries)
     with pytest.raises(ValueError, match="same length"):
         S.write_manifest(paths, durations[:1], tmp_path / "bad.json")
+
+
+def test_a_bpe_model_transcribes_files(tmp_path):
+    # NeMo's transcribe() of a BPE model reads its validation_ds section
+    model = S.build_synthetic_model("tiny-rnnt", vocab="bpe")
+    paths = S.write_wavs(S.synthetic_audio([1.5, 1.0]), tmp_path)
+    hyps = model.transcribe([str(p) for p in paths], batch_size=2, verbose=False)
+    assert len(hyps) == 2 and all(isinstance(h.text, str) for h in hyps)
+    assert any(len(h.y_sequence) > 0 for h in hyps)

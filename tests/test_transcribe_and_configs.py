@@ -73,7 +73,7 @@ def test_decoding_keys_are_nemo_keys_and_accepted_by_fast_greedy():
     nemo = OmegaConf.structured(RNNTDecodingConfig)
     ours = OmegaConf.structured(FastGreedyDecodingConfig)
     assert set(ours) <= set(nemo), set(ours) - set(nemo)
-    assert set(ours.greedy) <= registry.FAST_GREEDY_OPTIONS
+    assert set(ours.greedy) <= registry.FAST_STRATEGIES["fast_greedy"].options
     assert set(ours.greedy) - {"max_symbols", *registry.FAST_STRATEGIES["fast_greedy"].own_options} <= set(nemo.greedy)
     assert ("auto", *(m.value for m in GraphMode)) == GRAPH_MODES
     for mode in GRAPH_MODES:
@@ -83,8 +83,9 @@ def test_decoding_keys_are_nemo_keys_and_accepted_by_fast_greedy():
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="graph_mode='fast'.*auto, full_graph"):
         FastGreedyConfig(graph_mode="fast")
-    with pytest.raises(ValueError, match="max_symbols"):
-        FastGreedyConfig(max_symbols=0)
+    with pytest.raises(ValueError, match="max_symbols must be >= 1 or None or 0 .unset., got -1"):
+        FastGreedyConfig(max_symbols=-1)
+    assert FastGreedyConfig(max_symbols=0).max_symbols == 0  # unset, as in NeMo: max_symbols_per_step applies
     with pytest.raises(Exception, match="batch_size"):
         T.resolve_config({"batch_size": "many"})
     with pytest.raises(Exception, match="no_such_key"):

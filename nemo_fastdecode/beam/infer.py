@@ -16,9 +16,9 @@ from nemo.core.classes import Typing, typecheck
 from nemo.core.neural_types import AcousticEncodedRepresentation, HypothesisType, LengthsType, NeuralType
 
 from nemo_fastdecode.beam.malsd import MALSDBeamComputer
+from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
-from nemo_fastdecode.greedy.infer import _check_inputs, eval_mode
 
 
 class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs):
@@ -102,7 +102,7 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             raise NotImplementedError(
                 "fast_beam does not continue partial hypotheses (streaming); NeMo's malsd_batch does not either"
             )
-        _check_inputs(encoder_output, encoded_lengths, None)
+        check_decoder_inputs(encoder_output, encoded_lengths, None)
         batch_size = encoder_output.shape[0]
         if batch_size == 0:
             return ([],)

@@ -187,9 +187,6 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     def _allocate(self, batch_size, max_time, hidden, capacity, device, dtype) -> LoopBuffers:
         buffers = LoopBuffers(batch_size, max_time, hidden, capacity, device, dtype, self.score_dtype)
-        # each row's best token (steps.best_token writes them here)
-        buffers.token_scores = torch.zeros([batch_size], dtype=torch.float32, device=device)
-        buffers.token_labels = torch.zeros([batch_size], dtype=torch.long, device=device)
         self._extra_buffers(buffers)
         if self.is_tdt:
             self._durations = torch.tensor(self.durations_list, dtype=torch.long, device=device)

@@ -7,8 +7,7 @@ runs our own frame- or label-looping computers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import torch
 from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import _GreedyRNNTInfer
@@ -16,6 +15,7 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo.collections.common.parts.optional_cuda_graphs import WithOptionalCudaGraphs
 from nemo.core.classes import typecheck
 
+from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.base import GreedyComputerBase
@@ -99,7 +99,7 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         partial_hypotheses: list[Hypothesis | None] | None = None,
     ) -> tuple[list[Hypothesis]]:
         """Decode ``encoder_output [B, D, T]`` with ``encoded_lengths [B]``; returns ``(hypotheses,)``."""
-        lengths_on_host = _check_inputs(encoder_output, encoded_lengths, partial_hypotheses)
+        lengths_on_host = check_decoder_inputs(encoder_output, encoded_lengths, partial_hypotheses)
         previous_states = None
         if partial_hypotheses is not None:
             previous_states = [_state_of(h) for h in partial_hypotheses]
@@ -118,23 +118,6 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             return (hyps,)
 
 
-@contextmanager
-def eval_mode(*modules: torch.nn.Module) -> Iterator[None]:
-    """The modules in eval mode for a decode, their training flags restored after it.
-
-    Only modules in training mode are switched: ``Module.train`` walks every submodule, which cost about 0.4 ms
-    of host time per batch on the decoders' hot path when done unconditionally.
-    """
-    training = [m for m in modules if m.training]
-    for module in training:
-        module.eval()
-    try:
-        yield
-    finally:
-        for module in training:
-            module.train()
-
-
 def _state_of(hyp: Hypothesis | None) -> GreedyStateItem | None:
     if hyp is None or hyp.dec_state is None:
         return None
@@ -144,28 +127,3 @@ def _state_of(hyp: Hypothesis | None) -> GreedyStateItem | None:
             "continue from hypotheses it produced itself (GreedyStateItem). Decode the stream with one strategy."
         )
     return hyp.dec_state
-
-
-def _check_inputs(encoder_output, encoded_lengths, partial_hypotheses) -> torch.Tensor:
-    """Raise a ValueError naming what is wrong with a decoder's inputs; returns ``encoded_lengths`` on the CPU."""
-    if encoder_output.dim() != 3:
-        raise ValueError(f"encoder_output must be [B, D, T], got shape {tuple(encoder_output.shape)}")
-    if not encoder_output.is_floating_point():
-        raise ValueError(f"encoder_output must be a float tensor, got {encoder_output.dtype}")
-    batch_size, _, max_time = encoder_output.shape
-    if encoded_lengths.shape != (batch_size,):
-        raise ValueError(f"encoded_lengths must be [B]=[{batch_size}], got shape {tuple(encoded_lengths.shape)}")
-    if encoded_lengths.is_floating_point() or encoded_lengths.dtype == torch.bool:
-        raise ValueError(f"encoded_lengths must be an integer tensor, got {encoded_lengths.dtype}")
-    if encoded_lengths.device != encoder_output.device:
-        raise ValueError(
-            f"encoded_lengths is on {encoded_lengths.device} but encoder_output on {encoder_output.device}"
-        )
-    lengths_on_host = encoded_lengths.cpu()  # one host synchronisation
-    if batch_size:
-        shortest, longest = (int(v) for v in torch.aminmax(lengths_on_host))
-        if shortest < 0 or longest > max_time:
-            raise ValueError(f"encoded_lengths must be in [0, T={max_time}], got min {shortest} max {longest}")
-    if partial_hypotheses is not None and len(partial_hypotheses) != batch_size:
-        raise ValueError(f"partial_hypotheses has {len(partial_hypotheses)} entries for a batch of {batch_size}")
-    return lengths_on_host

@@ -100,13 +100,11 @@ class LabelLoopGreedy(GreedyComputerBase):
         return auto_lookahead_frames(batch_size, self.is_tdt) if windowed else 1
 
     def _extra_buffers(self, b: LoopBuffers) -> None:
-        b.recurrent_gates, b.side_stream = None, None
         if self.fast_predictor is not None and self._use_fused(b.device):
             layers, hidden = self.fast_predictor.lstm.num_layers, self.fast_predictor.lstm.hidden_size
             b.recurrent_gates = torch.empty([layers, b.batch_size, 4 * hidden], dtype=b.float_dtype, device=b.device)
             b.side_stream = torch.cuda.Stream(b.device) if b.device.type == "cuda" else None
         window = self._lookahead(b.device, b.batch_size)
-        b.window_look = None
         if window > 1:
             rows = b.batch_size * window
             b.window_hidden = torch.empty([rows, b.predictor_output.shape[-1]], dtype=b.float_dtype, device=b.device)

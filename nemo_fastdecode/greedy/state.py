@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from nemo_fastdecode.graphs.owner import CapturedBuffers
 from nemo_fastdecode.greedy.hyps import BatchedHypsBuffer
+
+if TYPE_CHECKING:
+    from nemo_fastdecode.greedy.window_look import WindowLookBuffers
 
 
 @dataclass
@@ -153,3 +157,15 @@ class LoopBuffers(CapturedBuffers):
         self.sos_predictor_states: list[torch.Tensor] = []
         self.sos_predictor_output = torch.zeros_like(self.predictor_output)
         self.hyps = BatchedHypsBuffer(batch_size, capacity, device, score_dtype)
+        # each row's best token of the current look (written by steps.best_token)
+        self.token_scores = torch.zeros([batch_size], dtype=torch.float32, device=device)
+        self.token_labels = longs()
+        # label loop with fast math only (allocated by LabelLoopGreedy, else None):
+        # the LSTM's recurrent gates computed ahead on a side stream while the joint runs
+        self.recurrent_gates: torch.Tensor | None = None  # [L, B, 4 * H]
+        self.side_stream: torch.cuda.Stream | None = None
+        # looks at each row's next `window` frames per joint call (window > 1)
+        self.window_hidden: torch.Tensor | None = None  # [B * window, H], the joint's hidden layer per frame
+        self.window_look: WindowLookBuffers | None = None  # one-kernel look (joint without log-softmax)
+        self.window_scores: torch.Tensor | None = None  # [B * window], best token score per frame (log-softmax joint)
+        self.window_labels: torch.Tensor | None = None  # [B * window], its label

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
+from nemo_fastdecode.config import greedy_max_symbols
 from nemo_fastdecode.graphs import TwoLevelLoop
 from nemo_fastdecode.graphs.capture import capture_graph
 from nemo_fastdecode.greedy.base import GreedyComputerBase
@@ -74,7 +75,7 @@ class SlotDecoder:
         decoding_cfg = model.cfg.get("decoding", {}) or {}
         greedy = decoding_cfg.get("greedy", {}) or {}
         if max_symbols is None:
-            max_symbols = greedy.get("max_symbols", None) or greedy.get("max_symbols_per_step", None) or 10
+            max_symbols = greedy_max_symbols(greedy, bounded=True)
         durations = decoding_cfg.get("durations", None) or None
         self.model, self.num_slots = model, num_slots
         parameter = next(model.decoder.parameters())

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from nemo_fastdecode.config import greedy_max_symbols
 from nemo_fastdecode.tools.nemo_context import eval_mode, quiet_nemo
 from nemo_fastdecode.tools.synthetic.audio import synthetic_audio
 from nemo_fastdecode.tools.synthetic.presets import check_vocab, get_preset, make_synthetic_config, train_bpe_tokenizer
@@ -191,14 +192,13 @@ def transducer_spec(model: ASRModel) -> TransducerSpec:
     decoding_cfg = model.cfg.decoding
     durations = decoding_cfg.get("durations", None)
     durations = [int(d) for d in durations] if durations else None
-    greedy = decoding_cfg.get("greedy", None) or {}
-    max_symbols = greedy.get("max_symbols", None) or greedy.get("max_symbols_per_step", None)
+    max_symbols = greedy_max_symbols(decoding_cfg.get("greedy", None))
     return TransducerSpec(
         vocab_size=vocab_size,
         blank_id=int(model.decoding.blank_id),
         durations=durations,
         num_outputs=int(joint.num_classes_with_blank),
-        max_symbols=int(max_symbols) if max_symbols is not None else None,
+        max_symbols=max_symbols,
     )
 
 
@@ -217,7 +217,7 @@ def nemo_baseline_greedy(
 
     spec = transducer_spec(model)
     if max_symbols is None:
-        max_symbols = spec.max_symbols if spec.max_symbols is not None else 10
+        max_symbols = greedy_max_symbols(model.cfg.decoding.get("greedy", None), bounded=True)
     common = {
         "decoder_model": model.decoder,
         "joint_model": model.joint,

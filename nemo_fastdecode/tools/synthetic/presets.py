@@ -174,7 +174,14 @@ def make_synthetic_config(preset: str, *, vocab: str = "char", tokenizer_dir: st
         "skip_nan_grad": False,
         "model_defaults": model_defaults,
         "train_ds": None,
-        "validation_ds": None,
+        # no data, but the keys NeMo's transcribe() reads from it (the BPE models read validation_ds)
+        "validation_ds": {
+            "manifest_filepath": None,
+            "sample_rate": SAMPLE_RATE,
+            "batch_size": 1,
+            "shuffle": False,
+            "use_start_end_token": False,
+        },
         "test_ds": None,
         "preprocessor": {
             "_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
