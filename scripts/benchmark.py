@@ -1,9 +1,11 @@
 """Benchmark fast_greedy / fast_beam against NeMo's strategies on the same encoder outputs (on a GPU).
 
-python scripts/benchmark.py                                   # rnnt-0.6b and tdt-0.6b, 1 hour, batch 32
-python scripts/benchmark.py models=[tdt-0.6b] total_seconds=600 out_dir=/tmp/bench
-python scripts/benchmark.py 'strategies=["nemo_malsd_batch+graphs","fast_beam[no_while_graph]"]' beam_size=4  # beam
-python scripts/benchmark.py models=[tiny-rnnt] total_seconds=20 'strategies=["fast_beam[eager]"]'  # CPU smoke test
+Options: ``configs/benchmark.yaml`` (``nemo_fastdecode.tools.configs.BenchmarkConfig``).
+
+    python scripts/benchmark.py                               # GPU: rnnt-0.6b and tdt-0.6b, 1 hour, batch 32
+    python scripts/benchmark.py models=[tdt-0.6b] total_seconds=600 out_dir=/tmp/bench
+    python scripts/benchmark.py 'strategies=["nemo_malsd_batch+graphs","fast_beam[full_graph]"]' beam_size=4
+    python scripts/benchmark.py                               # CPU: tiny models, eager rows (a smoke test)
 """
 
 from __future__ import annotations
@@ -13,23 +15,30 @@ import sys
 
 import hydra
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
+from nemo_fastdecode.tools.configs import BenchmarkConfig
 from nemo_fastdecode.tools.decoder_benchmark import BEAM_STRATEGIES, benchmark_model, write_reports
 
 
 @hydra.main(config_path="../configs", config_name="benchmark", version_base=None)
 def main(cfg: DictConfig) -> None:
+    cfg = BenchmarkConfig(**OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig), cfg)))
     cuda = torch.cuda.is_available()
-    if not cuda:  # e.g. models=[tiny-rnnt] total_seconds=20 to check the set-up; the comparison is about GPUs
-        print("No CUDA GPU: running on the CPU (a smoke test; the timings say nothing about GPU decoding).")
+    models = cfg.models or (["rnnt-0.6b", "tdt-0.6b"] if cuda else ["tiny-rnnt", "tiny-tdt"])
+    total_seconds = cfg.total_seconds or (3600.0 if cuda else 20.0)
+    if not cuda:
+        print(
+            f"No CUDA GPU: a CPU smoke test ({', '.join(models)}, {total_seconds:g} s); the timings say nothing "
+            "about GPU decoding, and rows that need CUDA are skipped."
+        )
     torch.backends.cuda.matmul.allow_tf32 = False  # exactness is decided in fp32
     torch.backends.cudnn.allow_tf32 = False
     reports = [
         benchmark_model(
             preset,
-            total_seconds=cfg.total_seconds,
+            total_seconds=total_seconds,
             batch_size=cfg.batch_size,
             repeats=cfg.repeats,
             max_symbols=cfg.max_symbols,
@@ -40,7 +49,7 @@ def main(cfg: DictConfig) -> None:
             beam_size=cfg.beam_size,
             encoder_dtype=torch.bfloat16 if cuda else None,
         )
-        for preset in cfg.models
+        for preset in models
     ]
     os.makedirs(cfg.out_dir, exist_ok=True)
     command = "python " + " ".join(sys.argv)

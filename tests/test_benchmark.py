@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nemo_fastdecode.tools.decoder_benchmark import benchmark_model, write_reports
+from nemo_fastdecode.tools.decoder_benchmark import benchmark_model, needs_cuda, write_reports
 
 
 @pytest.mark.parametrize("preset", ["tiny-rnnt", "tiny-tdt"])
@@ -45,3 +45,17 @@ def test_idle_gaps_split_launch_gaps_from_host_time():
     assert gaps.before == [("c", 5, 1), ("a", 2, 1), ("e", 1, 1)]  # the kernel each idle stretch follows
     assert gaps.long_between == [("d", "e", 160, 1)]  # the kernels around each long stretch
     assert idle_gaps([]).busy_us == 0.0
+
+
+def test_on_the_cpu_rows_that_need_cuda_are_skipped_and_said_so(tmp_path):
+    """scripts/benchmark.py's default rows on the CPU: graph rows are skipped with a note, the rest run."""
+    lines: list[str] = []
+    report = benchmark_model("tiny-rnnt", total_seconds=5, batch_size=4, repeats=1, device="cpu", log=lines.append)
+    rows = [r.strategy for r in report.results]
+    assert "nemo_baseline" in rows and "fast_greedy_label_loop[eager]" in rows
+    assert not any(needs_cuda(name) for name in rows)
+    note = next(line for line in lines if "skipped on the CPU" in line)
+    assert "fast_greedy_label_loop[full_graph]" in note and "nemo_label_loop+graphs" in note
+    assert all(r.identical_utterances == 1.0 and r.tokens > 0 for r in report.results)
+    text = write_reports([report], "pytest", str(tmp_path / "r.json"), str(tmp_path / "r.md"))
+    assert "do not represent GPU decoding" in text and f"{report.encoder_dtype} encoder outputs" in text

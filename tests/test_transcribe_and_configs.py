@@ -194,6 +194,18 @@ def test_manifest_via_hydra_overrides(audio_inputs, tmp_path):
     assert [r["pred_text"] for r in baseline.records] == [r["pred_text"] for r in records]
 
 
+def test_the_comparison_times_beam_rows_for_fast_beam(demo):
+    model = demo[0].model
+    audio = models.demo_audio()[:2]
+    rows = T.compare_strategies(model, audio, decoding={"strategy": "fast_beam", "beam": {"beam_size": 2}}, repeats=1)
+    assert [row.name for row in rows] == ["malsd_batch", "fast_beam"]
+    assert rows[0].tokens > 0 and rows[1].tokens == rows[0].tokens and rows[1].identical
+    assert (
+        T.comparison_kind({"strategy": "fast_beam"}) == "beam" and T.comparison_kind({"strategy": "beam"}) == "greedy"
+    )
+    assert model.cfg.decoding.strategy == "fast_greedy"  # the model's decoding is restored
+
+
 def test_clear_errors(tmp_path, demo, monkeypatch):
     with pytest.raises(FileNotFoundError, match="audio_dir .*does not exist"):
         T.run({"audio_dir": str(tmp_path / "missing")}, log=lambda line: None)

@@ -20,7 +20,8 @@ from nemo_fastdecode.greedy.window_look import WindowLookBuffers, window_look
 from nemo_fastdecode.prediction import joint_normalises, normalise_joint_logits
 
 # automatic look-ahead where it is exact (fast_math on Triton; see LabelLoopGreedy): about this many joint rows
-# per look, at most MAX_AUTO_LOOKAHEAD_FRAMES frames. H200, 1 h, batch 32 (benchmarks/results, fifth session):
+# per look, at most MAX_AUTO_LOOKAHEAD_FRAMES frames. H200, 1 h, batch 32
+# (benchmarks/results/archive/greedy_rnnt-tdt-0.6b_H200_2026-11-22_lookahead-sweep.md):
 # RNN-T 16 frames beat 8 and 4 (blank runs are long); TDT 4 beat 8 and 16 (blanks jump by their durations, so
 # most looks end within a few frames and wider windows only add joint rows)
 AUTO_LOOKAHEAD_ROWS = {"rnnt": 512, "tdt": 128}
@@ -28,7 +29,7 @@ MAX_AUTO_LOOKAHEAD_FRAMES = 16
 
 
 # automatic looks per iteration with CUDA graphs (0: the two-level loop); see LabelLoopGreedy. H200, 1 h, batch 32
-# (benchmarks/results, eleventh session), fast_math: TDT 1 look 0.085 s, 2 looks 0.098 s, 3 looks 0.120 s, two-level
+# (benchmarks/results/archive/greedy_tdt-0.6b_H200_2026-11-23_looks-sweep.md, latest/greedy_*), fast_math: TDT 1 look 0.085 s, 2 looks 0.098 s, 3 looks 0.120 s, two-level
 # 0.107 s; RNN-T 1 look 0.103 s, 2 looks 0.150 s, two-level 0.158 s; exact path, RNN-T: 1 look 0.242 s, two-level
 # 0.911 s. An iteration that only skips blanks runs the prediction network for nothing, but costs less than a
 # WHILE node's condition evaluation (or, without WHILE nodes, a host read of the flag) and the launches around it.

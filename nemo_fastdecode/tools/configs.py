@@ -2,6 +2,9 @@
 
 * :class:`TranscribeConfig` -- ``scripts/transcribe.py`` (``configs/transcribe.yaml``).
 * :class:`StreamingConfig` -- ``scripts/streaming.py`` (``configs/streaming*.yaml``).
+* :class:`BenchmarkConfig` -- ``scripts/benchmark.py`` (``configs/benchmark.yaml``).
+
+Output folders default to ``outputs/`` (ignored by git), never the repository's own folders.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ class TranscribeConfig:
             ``text``; relative paths are relative to the manifest's folder).
             Neither given: the embedded demo (4 synthetic utterances, synthetic model).
         output_filename: where to write the output manifest (``pred_text`` per entry). ``None``: next to
-            the input (``<manifest stem>_transcribed.jsonl`` / ``<audio_dir>/transcribe_output.jsonl``),
-            or ``./transcribe_output.jsonl`` for the demo.
+            the input (``<manifest stem>_transcribed.jsonl`` / ``<audio_dir>_transcribed.jsonl``),
+            or ``outputs/transcribe_output.jsonl`` for the demo.
         batch_size: utterances per batch.
         bf16: run the model under ``torch.autocast(dtype=torch.bfloat16)`` on a GPU.
         timestamps: compute char/word/segment timestamps and write them into the manifest.
@@ -105,7 +108,7 @@ class StreamingConfig:
     compare_nemo: bool = True
     cuda: int | None = None
     seed: int = 0
-    output_dir: str = "."
+    output_dir: str = "outputs/streaming"
     tag: str | None = None
     fixed_step_repeats: int = 10
     num_streams_sweep: list[int] | None = None
@@ -126,3 +129,46 @@ class StreamingConfig:
             not self.num_streams_sweep or any(int(n) < 1 for n in self.num_streams_sweep)
         ):
             raise ValueError(f"num_streams_sweep must be a non-empty list of counts >= 1, got {self.num_streams_sweep}")
+
+
+@dataclass
+class BenchmarkConfig:
+    """``scripts/benchmark.py``: NeMo's decoders and ours on the same encoder outputs of a synthetic test set.
+
+    Attributes:
+        models: synthetic presets; ``None``: ``rnnt-0.6b`` and ``tdt-0.6b`` on a GPU, ``tiny-rnnt`` and ``tiny-tdt``
+            on the CPU (a smoke test of the set-up: CPU timings say nothing about GPU decoding).
+        total_seconds: audio per model, LibriSpeech test-other-like durations sorted longest first; ``None``:
+            3600 on a GPU, 20 on the CPU.
+        batch_size: utterances per batch.
+        repeats: timed passes per strategy (the best is reported).
+        max_symbols: most tokens per frame for every decoder.
+        strategies: rows to time (names from :func:`~nemo_fastdecode.tools.decoder_benchmark.decoder_factories`);
+            ``None``: every greedy row. Beam rows run only when named. Rows that need CUDA (graph modes,
+            NeMo's graph decoders, compiled steps) are skipped on the CPU, with a note.
+        beam_size: beam rows' beam size.
+        seed: synthetic weights and audio.
+        experimental: also time the ablations (unfused step kernels, look-ahead and looks-per-iteration sweeps).
+        profile_busy: GPU-busy share of each row under ``torch.profiler``.
+        out_dir: where ``{greedy,beam}_<GPU>[_<date>].json`` / ``.md`` go.
+        date: added to the output file names (e.g. 2026-11-23).
+    """
+
+    models: list[str] | None = None
+    total_seconds: float | None = None
+    batch_size: int = 32
+    repeats: int = 3
+    max_symbols: int = 10
+    strategies: list[str] | None = None
+    beam_size: int = 4
+    seed: int = 0
+    experimental: bool = False
+    profile_busy: bool = False
+    out_dir: str = "outputs/benchmarks"
+    date: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.total_seconds is not None and self.total_seconds <= 0:
+            raise ValueError(f"total_seconds must be > 0 or null, got {self.total_seconds}")
+        if self.batch_size < 1 or self.repeats < 1:
+            raise ValueError(f"batch_size and repeats must be >= 1, got {self.batch_size} and {self.repeats}")

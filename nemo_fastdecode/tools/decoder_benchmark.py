@@ -54,6 +54,7 @@ class ModelReport:
     frames: int
     encoder_seconds: float
     tokens_per_frame: float
+    encoder_dtype: str = "float32"  # decoding runs in fp32 on the encoder outputs of this dtype
     results: list[StrategyResult] = field(default_factory=list)
 
 
@@ -195,6 +196,12 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
     }
 
 
+def needs_cuda(name: str) -> bool:
+    """Rows that only mean something on a GPU: our graph modes, NeMo's graph decoders (on the CPU NeMo quietly runs
+    them without graphs, a duplicate row) and compiled steps."""
+    return any(key in name for key in ("full_graph", "no_while_graph", "+graphs", "compiled"))
+
+
 def _gpu_busy_share(decoder, batches) -> float | None:
     """Sum of GPU kernel time over wall time for one pass (how much of the decoder time the GPU works)."""
     try:
@@ -262,12 +269,15 @@ def benchmark_model(
     )
     lengths = [n for _, n in batches]
     frames = int(sum(int(n.sum()) for n in lengths))
-    report = ModelReport(preset, sum(durations), len(durations), frames, encoder_seconds, rate)
+    dtype_name = str(encoder_dtype or torch.float32).removeprefix("torch.")
+    report = ModelReport(preset, sum(durations), len(durations), frames, encoder_seconds, rate, dtype_name)
     log(
         f"{preset}: {len(durations)} utterances, {sum(durations):.0f} s, {frames} frames, encoder {encoder_seconds:.2f} s, calibrated {rate:.3f} tokens/frame"
     )
     beam_selected = any(name in BEAM_STRATEGIES for name in strategies or ())
     references: dict[bool, list] = {}  # beam row? -> the first hypotheses of that family
+    on_gpu = batches[0][0].is_cuda if batches else False
+    skipped = []
     for name, factory in decoder_factories(model, max_symbols, beam_size).items():
         is_beam = name in BEAM_STRATEGIES
         if is_beam and not (beam_selected and (name in strategies or name == BEAM_STRATEGIES[0])):
@@ -276,6 +286,9 @@ def benchmark_model(
             continue
         ablation = name.endswith("unfused]") or "lookahead=" in name or "looks=" in name
         if ablation and not experimental and name not in (strategies or ()):  # opt-in: named or experimental
+            continue
+        if not on_gpu and needs_cuda(name):
+            skipped.append(name)
             continue
         decoder = factory()
         decode_all(decoder, batches[:2])  # warm-up: graphs captured, kernels loaded
@@ -308,6 +321,8 @@ def benchmark_model(
         # outlive it into the next rows' timings
         del decoder
         gc.collect()
+    if skipped:
+        log(f"  skipped on the CPU (they need CUDA): {', '.join(skipped)}")
     for is_beam in (False, True):  # greedy rows against NeMo's greedy, beam rows against NeMo's beam search
         family = [r for r in report.results if (r.strategy in BEAM_STRATEGIES) == is_beam]
         fastest_nemo = min((r.decoder_seconds for r in family if r.strategy.startswith("nemo")), default=None)
@@ -329,10 +344,14 @@ def write_reports(reports: list[ModelReport], command: str, json_path: str, mark
         "",
         f"Command: `{command}`",
         "",
-        f"torch {env['torch']} (CUDA {env['cuda']}), NeMo {env['nemo']}. Synthetic random-weight models; "
-        "fp32 decoding of bf16 encoder outputs; decoder seconds are the best of the repeats.",
+        f"torch {env['torch']} (CUDA {env['cuda']}), Triton {env['triton']}, NeMo {env['nemo']}, driver "
+        f"{env['driver']}, commit {env['commit']}. Synthetic random-weight models; fp32 decoding of "
+        f"{', '.join(sorted({r.encoder_dtype for r in reports}))} encoder outputs; decoder seconds are the best of the "
+        "repeats.",
         "",
     ]
+    if env["gpu"] == "cpu":
+        lines += ["**CPU run: a smoke test of the set-up; these timings do not represent GPU decoding.**", ""]
     for report in reports:
         lines += [
             f"## {report.model}: {report.utterances} utterances, {report.audio_seconds:.0f} s audio, "

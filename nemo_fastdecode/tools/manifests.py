@@ -21,7 +21,7 @@ AUDIO_EXTENSIONS: tuple[str, ...] = (".wav", ".flac")
 
 
 #: Output manifest of the embedded demo, in the current directory.
-DEFAULT_OUTPUT_FILENAME = "transcribe_output.jsonl"
+DEFAULT_OUTPUT_FILENAME = "outputs/transcribe_output.jsonl"
 
 
 @dataclass
@@ -94,7 +94,7 @@ def default_output_path(audio_dir: str | os.PathLike | None, dataset_manifest: s
     """Where the output manifest goes when ``output_filename`` is not given.
 
     ``dir/test.jsonl`` -> ``dir/test_transcribed.jsonl``; ``data/wavs/`` -> ``data/wavs_transcribed.jsonl``;
-    neither (the demo) -> ``./transcribe_output.jsonl``.
+    neither (the demo) -> ``outputs/transcribe_output.jsonl`` (a folder git ignores).
     """
     if dataset_manifest is not None:
         manifest = Path(dataset_manifest)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from nemo_fastdecode.config import FastBeamConfig, greedy_max_symbols, option_names
 from nemo_fastdecode.registry import valid_strategies
 from nemo_fastdecode.tools import synthetic
 from nemo_fastdecode.tools.comparison import agreement, as_int_list, decode_all
@@ -158,14 +159,42 @@ class StrategyRun:
     max_score_diff: float
 
 
+#: Strategies the comparison runs beam search rows for (NeMo's batched beam search and ours); greedy rows otherwise.
+BEAM_COMPARISON_STRATEGIES = ("fast_beam", "malsd_batch")
+
+
+def comparison_kind(decoding: DictConfig | dict[str, Any] | None) -> str:
+    """``"beam"`` when the user's strategy is a batched beam search (:data:`BEAM_COMPARISON_STRATEGIES`), else
+    ``"greedy"``: which rows :func:`compare_strategies` times."""
+    strategy = (decoding or {}).get("strategy", "fast_greedy")
+    return "beam" if strategy in BEAM_COMPARISON_STRATEGIES else "greedy"
+
+
 def _comparison_configs(
     model: ASRModel, decoding: DictConfig | dict[str, Any] | None
 ) -> list[tuple[str, dict[str, Any]]]:
-    """NeMo's baselines (no CUDA graphs) first, then ``fast_greedy`` with the user's greedy options."""
+    """NeMo's reference (no CUDA graphs) first, then ours with the user's options: greedy or beam rows."""
     user = OmegaConf.to_container(decoding, resolve=True) if isinstance(decoding, DictConfig) else dict(decoding or {})
+    if comparison_kind(user) == "beam":
+        user_beam = dict(user.get("beam") or {})
+        beam = {
+            "beam_size": user_beam.get("beam_size", FastBeamConfig.beam_size),
+            "max_symbols": user_beam.get("max_symbols", FastBeamConfig.max_symbols),
+            "score_norm": user_beam.get("score_norm", FastBeamConfig.score_norm),
+            "return_best_hypothesis": True,
+        }
+        own = (
+            {k: v for k, v in user_beam.items() if k in option_names(FastBeamConfig)}
+            if user["strategy"] == "fast_beam"
+            else {}
+        )
+        return [
+            ("malsd_batch", {"strategy": "malsd_batch", "beam": {**beam, "allow_cuda_graphs": False}}),
+            ("fast_beam", {"strategy": "fast_beam", "beam": {**own, **beam}}),
+        ]
     user_greedy = dict(user.get("greedy") or {}) if user.get("strategy") == "fast_greedy" else {}
     is_tdt = model.cfg.decoding.get("model_type", "rnnt") == "tdt" or bool(model.cfg.decoding.get("durations"))
-    max_symbols = user_greedy.get("max_symbols", 10)
+    max_symbols = greedy_max_symbols(user_greedy, bounded=True)
     nemo_algorithms = [("label loop", True)] if is_tdt else [("frame loop", False), ("label loop", True)]
     fast_algorithms = [("label loop", True)] if is_tdt else [("label loop", True), ("frame loop", False)]
     configs = []
@@ -186,18 +215,19 @@ def compare_strategies(
     batch_size: int = 32,
     repeats: int = 3,
 ) -> list[StrategyRun]:
-    """Time ``fast_greedy`` against NeMo's ``greedy_batch`` on the same encoder outputs, in fp32.
+    """Time ours against NeMo's decoder on the same encoder outputs, in fp32: greedy or beam rows.
 
     The encoder runs once; each strategy then decodes every batch (one warm-up pass, then the best
-    of ``repeats`` passes). The first row, NeMo's ``greedy_batch`` without CUDA graphs (frame
-    looping for RNN-T, label looping for TDT), is the reference the others are checked against:
-    a row is ``identical`` when every hypothesis has the same tokens and per-token timestamps.
-    The model's decoding configuration is restored afterwards.
+    of ``repeats`` passes). For greedy strategies the first row, NeMo's ``greedy_batch`` without CUDA graphs
+    (frame looping for RNN-T, label looping for TDT), is the reference; for ``fast_beam`` / ``malsd_batch``
+    (:func:`comparison_kind`) it is NeMo's ``malsd_batch`` without CUDA graphs, against ``fast_beam``. A row is
+    ``identical`` when every hypothesis has the reference's tokens and per-token timestamps. The model's
+    decoding configuration is restored afterwards.
 
     Args:
         model: a transducer model.
         audio: mono float arrays at the model's sample rate (see :func:`load_audio`).
-        decoding: the user's decoding section; its ``fast_greedy`` greedy options are used for our rows.
+        decoding: the user's decoding section; its ``fast_greedy`` / ``fast_beam`` options are used for our rows.
         batch_size: utterances per encoder/decoder batch.
         repeats: timed passes per strategy (the best is reported).
     """
@@ -374,9 +404,14 @@ def run(
                 else load_audio([u.audio_path for u in utterances], sample_rate)
             )
             comparison = compare_strategies(model, audio, decoding=cfg.decoding, batch_size=cfg.batch_size)
+            kind = comparison_kind(cfg.decoding)
             log(
-                f"\nDecoder comparison on the same fp32 encoder outputs ({len(audio)} utterances, {device}; "
-                f"best of 3, encoder excluded):"
+                f"\n{kind.capitalize()} decoder comparison on the same fp32 encoder outputs ({len(audio)} utterances, "
+                f"{device}; best of 3, encoder excluded):"
             )
+            if kind == "greedy" and cfg.decoding.strategy not in ("fast_greedy", "greedy_batch"):
+                log(f"(strategy {cfg.decoding.strategy!r} has no counterpart here: greedy rows are compared)")
             log(format_comparison(comparison))
+            if device.type == "cpu":
+                log("CPU timings of a tiny model: they check the set-up and do not represent GPU decoding speed.")
     return TranscribeResult(output_path=output_path, records=records, comparison=comparison, demo=demo, model=model)

@@ -24,7 +24,7 @@ class FixedStep:
 
     @property
     def ours_over_nemo(self) -> float | None:
-        """Our step time / NeMo's (the issue's target: at most 0.1 at 256 of 1024 slots)."""
+        """Our step time / NeMo's (the streaming benchmark's target: at most 0.1 at 256 of 1024 slots)."""
         ours, nemo = (list(self.step_ms.values()) + [None, None])[:2]
         return round(ours / nemo, 4) if ours is not None and nemo else None
 

@@ -204,7 +204,7 @@ def time_fixed_steps(
     """Median time (ms) of a step in which ``num_streams`` streams step together, past their first chunk.
 
     The first ``num_streams`` plans open, step their first chunk, then ``repeats`` later chunks all together
-    (stagger 0 at a fixed batch: the issue's "256 active streams out of 1024 slots" step), then close; the
+    (stagger 0 at a fixed batch: e.g. 256 active streams out of 1024 slots), then close; the
     tokens their final hypotheses hold are counted. ``around_steps`` (e.g. a profiler) is entered around the
     ``repeats`` steps only.
     """
