@@ -243,3 +243,17 @@ def test_decoder_profile_script_profiles_one_decoder_step(capsys):
     out = capsys.readouterr().out
     assert "2 streams, fast_math=False: one decoder step," in out and "tokens emitted, loop eager" in out
     assert "GPU kernels:" in out
+
+
+def test_the_fixed_step_leaves_out_short_last_chunks():
+    """Every stream steps a chunk of one length, so both paths do the same work (NeMo's batched step pads)."""
+    full, short = torch.zeros(80, 32), torch.zeros(80, 7)
+    plans = [
+        sim.StreamPlan("a", 0.0, [torch.zeros(80, 9), full, full, short], [1.0, 2.0, 3.0, 4.0]),
+        sim.StreamPlan("b", 0.0, [torch.zeros(80, 9), full, short], [1.0, 2.0, 3.0]),
+        sim.StreamPlan("c", 0.0, [torch.zeros(80, 9)], [1.0]),
+    ]
+    for repeat in range(4):
+        chunks = sim.fixed_step_chunks(plans, repeat)
+        assert [c.shape[1] for c in chunks] == [32, 32, 9]
+    assert sim.fixed_step_chunks(plans[:1], 1) is not None and sim.fixed_step_chunks(plans[:1], 1)[0] is full

@@ -10,6 +10,10 @@ from typing import Any
 from nemo_fastdecode.tools.streaming_sim.plot import plot_sweep
 from nemo_fastdecode.tools.streaming_sim.schedule import PathStats
 
+UNEQUAL_WORK_WARNING = (
+    "Warning: the paths decoded different numbers of tokens in this step, so its times compare unequal work."
+)
+
 
 @dataclass
 class FixedStep:
@@ -21,6 +25,11 @@ class FixedStep:
     repeats: int
     step_ms: dict[str, float]
     tokens: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def equal_work(self) -> bool:
+        """Every path decoded the same number of tokens for these streams (else the times compare unequal work)."""
+        return len(set(self.tokens.values())) <= 1
 
     @property
     def ours_over_nemo(self) -> float | None:
@@ -86,7 +95,10 @@ def _fixed_step_line(fixed: FixedStep | None) -> list[str]:
     if fixed.ours_over_nemo is not None:
         line += f"; ours / NeMo = {fixed.ours_over_nemo:.3f} (target <= 0.1)"
     tokens = ", ".join(map(str, fixed.tokens.values()))
-    return [line + f"; tokens decoded for these streams (first chunk included): {tokens}."]
+    lines = [line + f"; tokens decoded for these streams (first chunk included): {tokens}."]
+    if not fixed.equal_work:
+        lines.append(UNEQUAL_WORK_WARNING)
+    return lines
 
 
 def format_markdown(result: StreamingRunResult) -> str:
@@ -157,6 +169,8 @@ def format_sweep_markdown(result: SweepResult) -> str:
                 f"- {pt.num_streams} streams stepping together: ours / NeMo step time = "
                 f"{pt.fixed_step.ours_over_nemo:.3f} (tokens decoded for those streams: {tokens})"
             )
+            if not pt.fixed_step.equal_work:
+                lines.append(f"  {UNEQUAL_WORK_WARNING}")
     return "\n".join(lines)
 
 

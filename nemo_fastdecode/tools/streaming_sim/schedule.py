@@ -225,9 +225,16 @@ def time_fixed_steps(
 
 
 def fixed_step_chunks(plans: Sequence[StreamPlan], repeat: int) -> list[torch.Tensor]:
-    """The chunks of :func:`time_fixed_steps`' ``repeat``-th timed step: a later chunk of each stream, cycling (a
-    one-chunk stream repeats its first: never longer than a later one)."""
-    return [p.chunks[1 + repeat % (len(p.chunks) - 1)] if len(p.chunks) > 1 else p.chunks[0] for p in plans]
+    """The chunks of :func:`time_fixed_steps`' ``repeat``-th timed step: a later full-length chunk of each stream,
+    cycling. A stream's short last chunk is left out, so that every stream steps a chunk of one length and both
+    paths do the same work (NeMo's batched step pads a ragged batch, and decodes the padding). A one-chunk stream
+    repeats its first chunk."""
+    chunks = []
+    for plan in plans:
+        later = plan.chunks[1:]
+        full = [c for c in later if c.shape[1] == max(c.shape[1] for c in later)] if later else [plan.chunks[0]]
+        chunks.append(full[repeat % len(full)])
+    return chunks
 
 
 def served_in_real_time(stats: PathStats, target_ms: float) -> bool:
