@@ -69,6 +69,23 @@ def random_encoder_output(batch_size: int, max_time: int, seed: int = 0, lengths
     return x.to(device), torch.as_tensor(lengths, dtype=torch.long).to(device)
 
 
+def calibrated_model(preset: str, audio, target_tokens_per_frame: float = 0.3) -> torch.nn.Module:
+    """A synthetic model whose blank bias is calibrated on its own encoder outputs of ``audio``."""
+    from nemo_fastdecode.tools import synthetic
+
+    model = synthetic.build_synthetic_model(preset, seed=0)
+    encoded, lengths = synthetic.encode(model, audio, batch_size=len(audio), device="cpu")
+    synthetic.calibrate_blank_bias(model, encoded, lengths, target_tokens_per_frame)
+    return model
+
+
+def transcribe(model, audio, **kwargs):
+    """``model.transcribe`` on ``audio`` (batch 2), its best hypotheses, the modules left in eval mode."""
+    hyps = model.transcribe(audio, batch_size=2, verbose=False, **kwargs)
+    model.eval()  # NeMo 3.0's transcribe leaves modules in train mode
+    return hyps[0] if isinstance(hyps, tuple) else hyps
+
+
 @pytest.fixture(scope="module")
 def single_thread():
     """Tiny models are dominated by per-op overhead: several threads on a busy 2-core CPU just spin."""

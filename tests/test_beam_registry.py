@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import calibrated_model, transcribe
 from nemo.collections.asr.parts.submodules.rnnt_decoding import RNNTDecodingConfig
 from omegaconf import OmegaConf
 
@@ -30,16 +31,7 @@ def audio():
 
 @pytest.fixture(scope="module")
 def rnnt_model(audio):
-    model = synthetic.build_synthetic_model("tiny-rnnt", seed=0)
-    encoded, lengths = synthetic.encode(model, audio, batch_size=len(audio), device="cpu")
-    synthetic.calibrate_blank_bias(model, encoded, lengths, 0.3)
-    return model
-
-
-def transcribe(model, audio, **kwargs):
-    hyps = model.transcribe(audio, batch_size=2, verbose=False, **kwargs)
-    model.eval()  # NeMo 3.0's transcribe leaves modules in train mode
-    return hyps[0] if isinstance(hyps, tuple) else hyps
+    return calibrated_model("tiny-rnnt", audio)
 
 
 def test_decoding_yaml_matches_dataclass():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VOCAB_SIZE, make_networks, random_encoder_output
+from conftest import VOCAB_SIZE, calibrated_model, make_networks, random_encoder_output, transcribe
 from omegaconf import OmegaConf
 
 from nemo_fastdecode import valid_strategies
@@ -21,22 +21,9 @@ def audio():
     return synthetic.synthetic_audio([2.5, 1.0, 3.2], seed=1)
 
 
-def calibrated(preset: str, audio) -> torch.nn.Module:
-    model = synthetic.build_synthetic_model(preset, seed=0)
-    encoded, lengths = synthetic.encode(model, audio, batch_size=len(audio), device="cpu")
-    synthetic.calibrate_blank_bias(model, encoded, lengths, 0.3)
-    return model
-
-
-def transcribe(model, audio, **kwargs):
-    hyps = model.transcribe(audio, batch_size=2, verbose=False, **kwargs)
-    model.eval()  # NeMo 3.0's transcribe leaves modules in train mode
-    return hyps[0] if isinstance(hyps, tuple) else hyps
-
-
 @pytest.mark.parametrize("preset", ["tiny-rnnt"])  # TDT, hybrid, BPE, streaming: tests/test_registry_models.py
 def test_change_decoding_strategy_and_transcribe_match_greedy_batch(preset, audio):
-    model = calibrated(preset, audio)
+    model = calibrated_model(preset, audio)
     base = OmegaConf.create({})
     kwargs = {"decoder_type": "rnnt"} if preset == "tiny-hybrid" else {}
     model.change_decoding_strategy(
