@@ -110,7 +110,7 @@ def _window_look_kernel(
         if tl.atomic_add(counters_ptr + row_tiles, 1, sem="acq_rel") == row_tiles - 1:
             # 4. the last row tile: the window selection over the whole batch
             tl.atomic_xchg(counters_ptr + row_tiles, 0)
-            steps._window_select_rows(
+            steps.window_select_rows(
                 best_scores_ptr, best_labels_ptr, logits_ptr + num_tokens, logits_stride, duration_values, time,
                 safe_time, label_time, last_frame, lengths, active, active_before, advance, blank, labels, scores,
                 durations, inner_flag, batch, blank_id, START, WINDOW, NUM_DURATIONS, SELECT_BLOCK_B, BLOCK_D, ".cg",
@@ -146,7 +146,7 @@ def window_look(
     block_b, block_n, num_warps = look_tiling(b.batch_size, window)
     grid = (triton.cdiv(rows_total, block_b), triton.cdiv(n_out, block_n))
     num_durations = n_out - num_tokens if duration_values is not None else 0
-    select_block, _ = steps._batch_block(b.batch_size)
+    select_block, _ = steps.batch_block(b.batch_size)
     _window_look_kernel[grid](
         hidden, hidden.stride(0), weight, weight.stride(0), bias, scratch.logits, scratch.logits.stride(0),
         scratch.tile_scores, scratch.tile_labels, scratch.best_scores, scratch.best_labels, scratch.counters,
