@@ -7,11 +7,11 @@ match NeMo bit for bit. :class:`FastMathPredictor` computes the same step with f
   table ``embedding @ W_ih^T + b_ih + b_hh`` computed once in float64 (``[V + 1, 4H]``);
 - each layer is one 3xTF32 tensor-core kernel with the LSTM cell in its epilogue
   (:func:`~nemo_fastdecode.kernels.lstm_step.lstm_cell_step`), the projection one more
-  (:func:`~nemo_fastdecode.kernels.lstm_step.linear`);
+  (:func:`~nemo_fastdecode.kernels.matmul.linear`);
 - the joint's output layer (``[B, H] -> [B, V + 1 (+ durations)]``, evaluated every step) is the same 3xTF32
   linear kernel instead of cuBLAS's fp32 SIMT GEMM and its split-K reduction.
 
-Results are near fp32 but not bit-identical (see :mod:`nemo_fastdecode.kernels.lstm_step`). Without a Triton
+Results are near fp32 but not bit-identical (see :mod:`nemo_fastdecode.kernels.tf32x3`). Without a Triton
 backend (CPU) it runs the kernels' torch references, which is how the CPU tests check the algebra.
 """
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from nemo_fastdecode.kernels import lstm_step, triton_runs_on
+from nemo_fastdecode.kernels import lstm_step, matmul, triton_runs_on
+from nemo_fastdecode.kernels.tf32x3 import split_k_counters
 
 
 def is_default_joint(joint: torch.nn.Module) -> bool:
@@ -136,7 +137,7 @@ class FastMathPredictor:
         else:
             self._weights = {key: value.contiguous() for key, value in weights.items()}
             device = self._weights["table"].device
-            self._counters = {stream: lstm_step.split_k_counters(device) for stream in ("main", "recurrent")}
+            self._counters = {stream: split_k_counters(device) for stream in ("main", "recurrent")}
         self._source_versions = versions
         return not same_layout
 
@@ -244,10 +245,10 @@ class FastMathPredictor:
 
     def _linear(self, x, weight, bias, out, fused: bool, stream: str, row_mask: torch.Tensor | None = None) -> None:
         if not fused:
-            lstm_step.linear_reference(x, weight, bias, out, row_mask)
+            matmul.linear_reference(x, weight, bias, out=out, row_mask=row_mask)
             return
-        options = lstm_step.linear_tiling(x.shape[0])
-        lstm_step.linear(x, weight, bias, out, counters=self._counters[stream], row_mask=row_mask, **options)
+        options = matmul.decoder_tiling(x.shape[0], split_k=True)
+        matmul.linear(x, weight, bias, out=out, row_mask=row_mask, counters=self._counters[stream], **options)
 
     def joint_output(self, hidden: torch.Tensor, tile_rows: int | None = None) -> torch.Tensor:
         """The joint's last Linear on its hidden activations: ``[B, H_joint] -> [B, V + 1 (+ durations)]`` (fp32).
@@ -259,9 +260,8 @@ class FastMathPredictor:
         weight, bias = self._weights["joint_weight"], self._weights["joint_bias"]
         out = torch.empty([hidden.shape[0], weight.shape[0]], device=hidden.device)
         if not triton_runs_on(hidden.device):
-            return lstm_step.linear_reference(hidden, weight, bias, out)
-        block_b, num_warps = lstm_step.batch_tiling(tile_rows or hidden.shape[0])
-        return lstm_step.linear(hidden, weight, bias, out, block_b=block_b, num_warps=num_warps)
+            return matmul.linear_reference(hidden, weight, bias, out=out)
+        return matmul.linear(hidden, weight, bias, out=out, **matmul.decoder_tiling(tile_rows or hidden.shape[0]))
 
     @property
     def joint_output_weights(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -66,24 +66,23 @@ def time_batch(batch: int, linear: torch.nn.Linear, num_tokens: int, g: torch.Ge
 def time_windows(batch: int, window: int, linear: torch.nn.Linear, g: torch.Generator) -> list[str]:
     """Markdown rows: fast_math's joint output layer on a look-ahead window's ``B * W`` hidden rows, tiled as for
     ``B`` rows (block_b, block_k) with several column widths and warp counts; each row says whether its logits
-    equal the default tiling's (block_n 16, ``batch_tiling``'s warps) bit for bit."""
+    equal the default tiling's (``matmul.decoder_tiling``: block_n 16, ``batch_tiling``'s warps) bit for bit."""
     import triton.testing
 
-    from nemo_fastdecode.kernels import lstm_step
+    from nemo_fastdecode.kernels import matmul
 
     hidden = torch.randn([batch * window, linear.in_features], device="cuda", generator=g)
     weight, bias = linear.weight.detach(), linear.bias.detach()
-    block_b, default_warps = lstm_step.batch_tiling(batch)
-    reference = lstm_step.linear(hidden, weight, bias, torch.empty([hidden.shape[0], linear.out_features],
-                                 device="cuda"), block_b=block_b, num_warps=default_warps)  # fmt: skip
+    tiling = matmul.decoder_tiling(batch)
+    reference = matmul.linear(hidden, weight, bias, **tiling)
     rows = []
     with torch.inference_mode():
         for block_n in (16, 32, 64):
             for num_warps in (2, 4):
                 out = torch.empty_like(reference)
 
-                def run(block_n=block_n, num_warps=num_warps, out=out):
-                    lstm_step.linear(hidden, weight, bias, out, block_b=block_b, block_n=block_n, num_warps=num_warps)
+                def run(options=tiling | {"block_n": block_n, "num_warps": num_warps}, out=out):
+                    matmul.linear(hidden, weight, bias, out=out, **options)
 
                 run()
                 us = triton.testing.do_bench_cudagraph(run, rep=50) * 1e3

@@ -158,7 +158,9 @@ def bench_beam_topk(args: argparse.Namespace, env: Env) -> BenchResult:
             def run_triton(logits=logits, k=k):
                 if args.num_warps is None:  # the public entry point, argument checks included, as callers pay them
                     return beam_topk.log_softmax_topk(logits, k, blank_id, args.temperature)
-                return beam_topk._launch(logits, k, blank_id, args.temperature, num_warps=args.num_warps)
+                return beam_topk.launch_log_softmax_topk(
+                    logits, k, blank_id, args.temperature, num_warps=args.num_warps
+                )
 
             def run_torch(logits=logits, k=k):
                 return torch_beam_step(logits, k, blank_index, args.temperature)

@@ -48,7 +48,7 @@ def float64_output(decoder, joint, labels, states) -> torch.Tensor:
 def time_case(batch: int, layers: int, args, sweep: bool) -> list[str]:
     import triton.testing
 
-    from nemo_fastdecode.kernels import lstm_step
+    from nemo_fastdecode.kernels import lstm_step, matmul, tf32x3
     from nemo_fastdecode.prediction import FastMathPredictor
 
     decoder, joint = build(args.hidden, args.tokens, layers)
@@ -86,8 +86,8 @@ def time_case(batch: int, layers: int, args, sweep: bool) -> list[str]:
         w = predictor._weights
         h, c = states
         h_out, c_out = torch.empty_like(h[0]), torch.empty_like(c[0])
-        counters = lstm_step.split_k_counters(h.device)
-        row_blocks = [lstm_step.batch_tiling(batch)[0]]
+        counters = tf32x3.split_k_counters(h.device)
+        row_blocks = [matmul.batch_tiling(batch)[0]]
         # layer 0 (label table + h @ W_hh, depth H), a deeper layer (x @ W_ih + h @ W_hh, depth 2H), and both with
         # h @ W_hh precomputed (the label loop's parallel branch)
         g = torch.randn([batch, 4 * args.hidden], device="cuda")
@@ -120,8 +120,8 @@ def time_case(batch: int, layers: int, args, sweep: bool) -> list[str]:
 
             def run(weight=weight, bias=bias, out=out, block_b=block_b, block_n=block_n, block_k=block_k, warps=warps,
                     split_k=split_k):  # fmt: skip
-                lstm_step.linear(h_out, weight, bias, out, split_k=split_k, counters=counters, block_b=block_b,
-                                 block_n=block_n, block_k=block_k, num_warps=warps)  # fmt: skip
+                matmul.linear(h_out, weight, bias, out=out, split_k=split_k, counters=counters, block_m=block_b,
+                              block_n=block_n, block_k=block_k, num_warps=warps, num_stages=4)  # fmt: skip
 
             t = triton.testing.do_bench_cudagraph(run, rep=20) * 1e3
             rows.append(f"| {batch} | {name} block_b={block_b} block_n={block_n} block_k={block_k} warps={warps} "

@@ -29,7 +29,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     h, d, s, dev = HEADS, HEAD_DIM, SLOTS, "cuda"
-    pick_blocks = ia._pick_blocks
+    default_pick_blocks = ia.pick_blocks
     try:
         for n, tq, w in SHAPES:
             t = w + tq
@@ -52,7 +52,7 @@ def main() -> None:
             for use_dot, block_n, warps in configs:
                 block_m = max(16, triton_pow2(tq)) if use_dot else triton_pow2(tq)
                 block_d = max(16, triton_pow2(d))
-                ia._pick_blocks = lambda *_, c=(use_dot, block_m, block_n, block_d, warps): c
+                ia.pick_blocks = lambda *_, c=(use_dot, block_m, block_n, block_d, warps): c
 
                 run = functools.partial(
                     ia.indexed_attention, q, keys, values, slot_ids, lengths, scale, check_values=False, **extra
@@ -65,7 +65,7 @@ def main() -> None:
                     flush=True,
                 )
     finally:
-        ia._pick_blocks = pick_blocks
+        ia.pick_blocks = default_pick_blocks
 
 
 def triton_pow2(value: int) -> int:

@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 from test_greedy_exactness import ALGORITHMS, REALISTIC_BIAS, assert_same_hypotheses, ours
 
 from nemo_fastdecode.config import FastGreedyConfig
-from nemo_fastdecode.kernels import lstm_step
+from nemo_fastdecode.kernels import lstm_step, matmul
+from nemo_fastdecode.kernels.tf32x3 import split_k_counters
 from nemo_fastdecode.prediction import FastMathPredictor, fast_math_unsupported_reason
 from nemo_fastdecode.tools import synthetic
 
@@ -35,7 +36,12 @@ def _split_k_options(split_k: int) -> dict:
     """Kernel options for ``split_k`` programs per tile (16-deep K blocks, so that small depths really split)."""
     if split_k == 1:
         return {}
-    return {"split_k": split_k, "counters": lstm_step.split_k_counters(DEVICE), "block_k": 16}
+    return {"split_k": split_k, "counters": split_k_counters(DEVICE), "block_k": 16}
+
+
+def _linear(x, weight, bias, out, **options):
+    """The linear kernel tiled as the prediction network runs it, ``options`` on top."""
+    return matmul.linear(x, weight, bias, out=out, **(matmul.decoder_tiling(x.shape[0]) | options))
 
 
 @pytest.mark.parametrize("batch,hidden,depth", [(1, 16, 16), (5, 24, 40), (33, 40, 24), (70, 17, 9)])
@@ -67,10 +73,10 @@ def test_linear_kernel_matches_reference(batch, n_out, depth, split_k):
     g = torch.Generator().manual_seed(batch)
     x, weight, bias = _randn(batch, depth, g=g), _randn(n_out, depth, g=g), _randn(n_out, g=g)
     options = _split_k_options(split_k)
-    expected = lstm_step.linear_reference(x, weight, bias, torch.empty([batch, n_out], device=DEVICE))
-    actual = lstm_step.linear(x, weight, bias, torch.full([batch, n_out], float("nan"), device=DEVICE), **options)
+    expected = matmul.linear_reference(x, weight, bias, out=torch.empty([batch, n_out], device=DEVICE))
+    actual = _linear(x, weight, bias, torch.full([batch, n_out], float("nan"), device=DEVICE), **options)
     torch.testing.assert_close(actual, expected, rtol=TOLERANCE, atol=TOLERANCE)
-    again = lstm_step.linear(x, weight, bias, torch.full([batch, n_out], float("nan"), device=DEVICE), **options)
+    again = _linear(x, weight, bias, torch.full([batch, n_out], float("nan"), device=DEVICE), **options)
     assert torch.equal(actual, again)  # deterministic, whatever order the splits finish in
     if "counters" in options:  # every launch leaves its counters at zero for the next one
         assert not options["counters"].any()
@@ -97,26 +103,27 @@ def test_masked_in_place_step_writes_only_the_masked_rows(split_k):
     weight, bias = _randn(n_out, hidden, g=g), _randn(n_out, g=g)
     out = _randn(batch, n_out, g=g)
     before = out.clone()
-    lstm_step.linear(state_h, weight, bias, out, row_mask=mask, **_split_k_options(split_k))
-    expected = lstm_step.linear_reference(state_h, weight, bias, before.clone(), mask)
+    _linear(state_h, weight, bias, out, row_mask=mask, **_split_k_options(split_k))
+    expected = matmul.linear_reference(state_h, weight, bias, out=before.clone(), row_mask=mask)
     torch.testing.assert_close(out, expected, rtol=TOLERANCE, atol=TOLERANCE)
     assert torch.equal(out[~mask], before[~mask]) and not torch.equal(out[mask], before[mask])
     with pytest.raises(ValueError, match="h_out may be h only with recurrent_gates"):
         lstm_step.lstm_cell_step(table, labels, None, None, h, weight_h, c, h, c.clone())
 
 
-def test_split_k_needs_counters():
-    x = torch.zeros([2, 16], device=DEVICE)
+def test_split_k_needs_int32_counters():
+    x, out = torch.zeros([2, 16], device=DEVICE), torch.empty([2, 4], device=DEVICE)
+    weight, bias = torch.zeros([4, 16], device=DEVICE), torch.zeros(4, device=DEVICE)
     with pytest.raises(ValueError, match="split_k=2 needs int32 tile counters"):
-        lstm_step.linear(x, torch.zeros([4, 16], device=DEVICE), torch.zeros(4, device=DEVICE), x, split_k=2)
+        _linear(x, weight, bias, out, split_k=2, counters=torch.zeros(8, device=DEVICE))
     with pytest.raises(ValueError, match="split_k must be a positive int, got 0"):
-        lstm_step.linear(x, torch.zeros([4, 16], device=DEVICE), torch.zeros(4, device=DEVICE), x, split_k=0)
+        _linear(x, weight, bias, out, split_k=0)
 
 
 def test_kernels_reject_non_fp32_inputs_and_bad_shapes():
     h = torch.zeros([2, 16], device=DEVICE)
-    with pytest.raises(ValueError, match="x is torch.bfloat16"):
-        lstm_step.linear(h.bfloat16(), torch.zeros([4, 16], device=DEVICE), torch.zeros(4, device=DEVICE), h)
+    with pytest.raises(ValueError, match="x must be float32, got torch.bfloat16"):
+        _linear(h.bfloat16(), torch.zeros([4, 16], device=DEVICE), torch.zeros(4, device=DEVICE), h[:, :4])
     with pytest.raises(ValueError, match="LSTM shapes disagree"):
         lstm_step.lstm_cell_step(torch.zeros(64, device=DEVICE), None, None, None, h, torch.zeros([16, 16], device=DEVICE),
                                  h, h.clone(), h.clone())  # fmt: skip

@@ -16,7 +16,7 @@ from nemo_fastdecode.greedy import label_loop, steps
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 from nemo_fastdecode.greedy.label_loop import auto_lookahead_frames
 from nemo_fastdecode.greedy.window_look import WindowLookBuffers, look_tiling, window_look
-from nemo_fastdecode.kernels import lstm_step
+from nemo_fastdecode.kernels import matmul
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LENGTHS = [24, 1, 17, 0, 9, 24, 3]
@@ -86,9 +86,7 @@ def test_window_look_kernel_is_linear_best_token_and_window_select(batch, window
     bias[1] = bias[blank] = 0.0
     hidden[2] = 0.0  # a row whose logits are the bias
     values = torch.tensor(TDT_DURATIONS, device=DEVICE) if tdt else None
-    block_b, warps = lstm_step.batch_tiling(batch)
-    logits = lstm_step.linear(hidden, weight, bias, torch.empty([batch * window, n_out], device=DEVICE),
-                              block_b=block_b, num_warps=warps)  # fmt: skip
+    logits = matmul.linear(hidden, weight, bias, **matmul.decoder_tiling(batch))  # tiled as for the batch's rows
     scores, labels = steps.best_token(logits, num_tokens, torch.empty([batch * window], device=DEVICE),
                                       torch.empty([batch * window], dtype=torch.long, device=DEVICE), True)  # fmt: skip
     assert labels[0] == 1 and logits[0, blank] == scores[0], "setup: row 0's best is the tie"

@@ -141,7 +141,9 @@ def test_blocked_variant_on_small_rows(v: int, block_v: int, k: int, dtype: torc
     logits = random_logits(2, v, torch.float32, seed=v + k).round().to(dtype)
     for blank_id in (0, 40, v - 1):
         want = reference_float64(logits, k, blank_id, 2.0)
-        got = beam_topk._launch(logits, k, blank_id, 2.0, max_single_block_v=16, blocked_block_v=block_v)
+        got = beam_topk.launch_log_softmax_topk(
+            logits, k, blank_id, 2.0, max_single_block_v=16, blocked_block_v=block_v
+        )
         assert_matches(got, want, dtype)
 
 
@@ -167,7 +169,7 @@ def test_tdt_token_part_ignores_duration_logits(use_blocked: bool) -> None:
     tokens = joint[:, :v]
     assert tokens.stride(0) == v + num_durations
     if use_blocked:
-        got = beam_topk._launch(tokens, 8, v - 1, 1.0, max_single_block_v=16, blocked_block_v=256)
+        got = beam_topk.launch_log_softmax_topk(tokens, 8, v - 1, 1.0, max_single_block_v=16, blocked_block_v=256)
     else:
         got = log_softmax_topk(tokens, 8, v - 1, use_triton=True)
     assert int(got[1].max()) < v
@@ -210,7 +212,7 @@ def test_nonfinite_rows(variant: str, dtype: torch.dtype) -> None:
     if variant == "single":
         got = log_softmax_topk(logits, 8, 2, use_triton=True)
     else:
-        got = beam_topk._launch(logits, 8, 2, 1.0, max_single_block_v=16, blocked_block_v=64)
+        got = beam_topk.launch_log_softmax_topk(logits, 8, 2, 1.0, max_single_block_v=16, blocked_block_v=64)
     assert_matches(got, want, dtype)
     assert_matches(log_softmax_topk_reference(logits, 8, 2), want, dtype)
     values, ids = (t.cpu() for t in got)

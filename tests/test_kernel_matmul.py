@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nemo_fastdecode.kernels import matmul
+from nemo_fastdecode.kernels.tf32x3 import stream_split_k_counters
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -49,7 +50,7 @@ def test_split_k_is_deterministic_and_leaves_its_counters_at_zero():
     first = matmul.linear(x, weight, bias, split_k=3, block_m=16, block_n=16)
     again = matmul.linear(x, weight, bias, split_k=3, block_m=16, block_n=16)
     assert torch.equal(first, again)
-    assert not matmul._split_k_counters(x.device).any()
+    assert not stream_split_k_counters(x.device).any()
     close_to_float64(first, x, weight, bias)
 
 
@@ -60,6 +61,22 @@ def test_leading_dims_and_strided_input():
     assert got.shape == (10, 3, 40)
     close_to_float64(got.reshape(-1, 40), x.reshape(-1, 24), weight, bias)
     assert torch.allclose(got, matmul.linear_reference(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_out_and_row_mask_write_in_place():
+    """``out``: written and returned; ``row_mask``: only its rows are written (the decoder's masked state update)."""
+    x, weight, bias = random(3, 5, 24, seed=2), random(40, 24, seed=3), random(40, seed=4)
+    out = torch.full([3, 5, 40], 7.0, device=DEVICE)
+    mask = torch.arange(15, device=DEVICE) % 3 == 0
+    got = matmul.linear(x, weight, bias, out=out, row_mask=mask, swish=True, block_m=16, block_n=16)
+    assert got is out
+    expected = matmul.linear_reference(x, weight, bias, out=torch.full_like(out, 7.0), row_mask=mask, swish=True)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert (out.view(15, 40)[~mask] == 7.0).all() and not (out.view(15, 40)[mask] == 7.0).any()
+    with pytest.raises(ValueError, match=r"out must be \[..., N\] = \(3, 5, 40\)"):
+        matmul.linear(x, weight, out=out[..., :-1])
+    with pytest.raises(ValueError, match="row_mask cannot be combined with row_stats or scatter"):
+        matmul.linear(x, weight, row_mask=mask, row_stats=True)
 
 
 def test_empty_rows_and_zero_depth():

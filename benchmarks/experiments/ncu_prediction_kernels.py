@@ -8,7 +8,7 @@ ncu --clock-control none -k regex:"_lstm_cell_kernel|_linear_kernel" -s 3 -c 3 -
 
 import torch
 
-from nemo_fastdecode.kernels import lstm_step
+from nemo_fastdecode.kernels import lstm_step, matmul
 
 torch.manual_seed(0)
 B, H, V = 128, 640, 1025
@@ -26,5 +26,5 @@ out = torch.empty(B, V, device=dev)
 for _ in range(3):
     lstm_step.lstm_cell_step(table, labels, None, None, h, wh, c, ho, co)
     lstm_step.lstm_cell_step(bias, None, x, wx, h, wh, c, ho, co)
-    lstm_step.linear(h, wj, bj, out)
+    matmul.linear(h, wj, bj, out=out, **matmul.decoder_tiling(B))
 torch.cuda.synchronize()

@@ -24,11 +24,9 @@ import triton.language as tl
 from nemo_fastdecode.greedy.hyps import BatchedHypsBuffer
 from nemo_fastdecode.greedy.state import LoopBuffers
 
-# rows per program of the one-program bookkeeping kernels; larger batches use the torch path
-MAX_FUSED_BATCH = 4096
 
-
-def _batch_block(batch_size: int) -> tuple[int, int]:
+def batch_block(batch_size: int) -> tuple[int, int]:
+    """``(rows, warps)`` of the one-program bookkeeping kernels: the whole batch in one block."""
     block = triton.next_power_of_2(max(batch_size, 16))
     return block, 4 if block <= 512 else 8
 
@@ -463,7 +461,7 @@ def label_select(
     Updates labels, scores, durations, label_time, blank, time_indices, active, advance, inner_flag.
     """
     if fused:
-        block, warps = _batch_block(b.batch_size)
+        block, warps = batch_block(b.batch_size)
         num_durations = 0 if duration_logits is None else duration_logits.shape[1]
         _label_select_kernel[(1,)](
             best_scores, best_labels,
@@ -503,7 +501,7 @@ def label_select(
 
 
 @triton.jit
-def _window_select_rows(
+def window_select_rows(
     best_scores,
     best_labels,
     duration_logits,
@@ -586,10 +584,10 @@ def _window_select_kernel(
     START: tl.constexpr, WINDOW: tl.constexpr, NUM_DURATIONS: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    _window_select_rows(best_scores, best_labels, duration_logits, duration_logits_stride, duration_values, time,
-                        safe_time, label_time, last_frame, lengths, active, active_before, advance, blank, labels,
-                        scores, durations, inner_flag, batch, blank_id, START, WINDOW, NUM_DURATIONS, BLOCK_B, BLOCK_D,
-                        "")  # fmt: skip
+    window_select_rows(best_scores, best_labels, duration_logits, duration_logits_stride, duration_values, time,
+                       safe_time, label_time, last_frame, lengths, active, active_before, advance, blank, labels,
+                       scores, durations, inner_flag, batch, blank_id, START, WINDOW, NUM_DURATIONS, BLOCK_B, BLOCK_D,
+                       "")  # fmt: skip
 
 
 def window_select(
@@ -612,7 +610,7 @@ def window_select(
     frames, so the loop ends in the state the single-frame looks reach (rows that are not decoding may keep
     other junk labels; nothing reads them).
     """
-    block, warps = _batch_block(b.batch_size)
+    block, warps = batch_block(b.batch_size)
     num_durations = 0 if duration_logits is None else duration_logits.shape[1]
     _window_select_kernel[(1,)](
         best_scores, best_labels,
@@ -631,7 +629,7 @@ def label_emit(b: LoopBuffers, max_symbols: int | None, with_durations: bool, fu
     Updates found, the hypotheses, time_indices/active (forced blanks) and outer_flag.
     """
     if fused:
-        block, warps = _batch_block(b.batch_size)
+        block, warps = batch_block(b.batch_size)
         _label_emit_kernel[(1,)](
             b.active_before, b.blank, b.labels, b.label_time, b.scores, b.durations, b.found,
             b.time_indices, b.safe_time_indices, b.last_frame, b.encoder_lengths, b.active, b.outer_flag,
@@ -741,7 +739,7 @@ def frame_select(
     Shapes: best_scores/best_labels ``[B]``. Updates scores, labels, blank and inner_flag.
     """
     if fused:
-        block, warps = _batch_block(b.batch_size)
+        block, warps = batch_block(b.batch_size)
         _frame_select_kernel[(1,)](
             best_scores, best_labels, b.scores, b.labels, b.blank, b.hyps.lengths, b.hyps.capacity,
             b.symbols_at_frame, b.inner_flag, b.batch_size, blank_id, max_symbols or 0,
@@ -762,7 +760,7 @@ def frame_select(
 def frame_emit(b: LoopBuffers, fused: bool) -> None:
     """Rows that have not seen blank at this frame emit their label (``b.found``); count the symbol."""
     if fused:
-        block, warps = _batch_block(b.batch_size)
+        block, warps = batch_block(b.batch_size)
         _frame_emit_kernel[(1,)](
             b.blank, b.labels, b.scores, b.frame, b.symbols_at_frame, b.found, b.batch_size, *_hyps_args(b.hyps),
             BLOCK_B=block, num_warps=warps,

@@ -1,9 +1,9 @@
 """One look of the label loop's look-ahead (``fast_math``) as ONE kernel: the joint's output layer on the window's
 hidden rows, each row's best token, and the window selection.
 
-:func:`window_look` leaves exactly the state of :func:`~nemo_fastdecode.kernels.lstm_step.linear` (tiled as for the
-batch's rows) + :func:`steps.best_token` + :func:`steps.window_select` on the same buffers, in one launch instead of
-three. Each program computes a tile of logits and, for its rows, the best token among its columns; the last
+:func:`window_look` leaves exactly the state of :func:`~nemo_fastdecode.kernels.matmul.linear` (tiled as for
+the batch's rows) + :func:`steps.best_token` + :func:`steps.window_select` on the same buffers, in one launch instead
+of three. Each program computes a tile of logits and, for its rows, the best token among its columns; the last
 program of a row tile to finish combines the tiles' answers (the lowest label among equal scores, as ``torch.max``);
 the last row tile to finish runs the selection. Inside a CUDA graph a label-loop step waits on each launch for a few
 microseconds, so the look-ahead's critical path loses two of them per look.
@@ -22,17 +22,18 @@ import triton.language as tl
 
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.state import LoopBuffers
-from nemo_fastdecode.kernels import lstm_step
+from nemo_fastdecode.kernels.matmul import batch_tiling
+from nemo_fastdecode.kernels.tf32x3 import accumulate, check_fp32
 
 
 def look_tiling(batch_size: int, window: int) -> tuple[int, int, int]:
     """``(rows per program, columns per program, warps)`` for ``batch_size * window`` joint rows.
 
-    Rows and warps are :func:`lstm_step.batch_tiling` of the batch (the same sums as the single-frame joint, row for
-    row); wider column tiles from 256 rows (H200, ``scripts/bench_joint.py``: 23.7 -> 17.5 us at 512 rows, bit for
-    bit the same logits).
+    Rows and warps are :func:`~nemo_fastdecode.kernels.matmul.batch_tiling` of the batch (the same sums as the
+    single-frame joint, row for row); wider column tiles from 256 rows (H200, ``scripts/bench_joint.py``: 23.7 ->
+    17.5 us at 512 rows, bit for bit the same logits).
     """
-    block_b, num_warps = lstm_step.batch_tiling(batch_size)
+    block_b, num_warps = batch_tiling(batch_size)
     return block_b, (32 if batch_size * window >= 256 else 16), num_warps
 
 
@@ -76,14 +77,14 @@ def _window_look_kernel(
     BLOCK_TILES: tl.constexpr, START: tl.constexpr, WINDOW: tl.constexpr, NUM_DURATIONS: tl.constexpr,
     SELECT_BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    # 1. a tile of logits, computed as lstm_step._linear_kernel computes it (SPLIT_K = 1)
+    # 1. a tile of logits, computed as matmul.linear computes it (SPLIT_K = 1, no epilogue)
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < rows_total, cols < n_out
     acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
     w_rows = tl.minimum(cols, n_out - 1)
-    acc = lstm_step._accumulate(acc, hidden_ptr, hidden_stride, w_ptr, w_stride, w_rows, rows, row_ok, depth,
-                                BLOCK_K, PRECISION, 1)  # fmt: skip
+    acc = accumulate(acc, hidden_ptr, hidden_stride, w_ptr, w_stride, w_rows, rows, row_ok, depth, BLOCK_K, PRECISION,
+                     1)  # fmt: skip
     acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0)[None, :]
     tl.store(logits_ptr + rows[:, None] * logits_stride + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
     # 2. the tile's best token per row (durations and padding columns excluded); ties: the lower label
@@ -110,7 +111,7 @@ def _window_look_kernel(
         if tl.atomic_add(counters_ptr + row_tiles, 1, sem="acq_rel") == row_tiles - 1:
             # 4. the last row tile: the window selection over the whole batch
             tl.atomic_xchg(counters_ptr + row_tiles, 0)
-            steps._window_select_rows(
+            steps.window_select_rows(
                 best_scores_ptr, best_labels_ptr, logits_ptr + num_tokens, logits_stride, duration_values, time,
                 safe_time, label_time, last_frame, lengths, active, active_before, advance, blank, labels, scores,
                 durations, inner_flag, batch, blank_id, START, WINDOW, NUM_DURATIONS, SELECT_BLOCK_B, BLOCK_D, ".cg",
@@ -137,7 +138,7 @@ def window_look(
     Leaves ``scratch.logits`` / ``best_scores`` / ``best_labels`` as ``linear`` / ``best_token`` would, and ``b`` as
     :func:`steps.window_select` would.
     """
-    lstm_step._check_fp32(hidden=hidden, weight=weight, bias=bias)
+    check_fp32(hidden=hidden, weight=weight, bias=bias)
     rows_total, depth = hidden.shape
     n_out = weight.shape[0]
     if rows_total != b.batch_size * window or scratch.logits.shape != (rows_total, n_out) or weight.shape[1] != depth:
@@ -146,7 +147,7 @@ def window_look(
     block_b, block_n, num_warps = look_tiling(b.batch_size, window)
     grid = (triton.cdiv(rows_total, block_b), triton.cdiv(n_out, block_n))
     num_durations = n_out - num_tokens if duration_values is not None else 0
-    select_block, _ = steps._batch_block(b.batch_size)
+    select_block, _ = steps.batch_block(b.batch_size)
     _window_look_kernel[grid](
         hidden, hidden.stride(0), weight, weight.stride(0), bias, scratch.logits, scratch.logits.stride(0),
         scratch.tile_scores, scratch.tile_labels, scratch.best_scores, scratch.best_labels, scratch.counters,

@@ -1,4 +1,7 @@
-"""Triton kernels, one file each: the @triton.jit kernel, its checked launcher and a torch reference."""
+"""Triton kernels, one file each: the @triton.jit kernel, its checked launcher and a torch reference.
+
+``tf32x3.py`` is no kernel of its own: the 3xTF32 tile products, split-K and checks that the GEMM kernels share.
+"""
 
 from __future__ import annotations
 

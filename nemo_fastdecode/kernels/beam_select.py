@@ -46,12 +46,6 @@ _FAR = tl.constexpr(1 << 30)  # a position past every real one: what a min-reduc
 
 
 @triton.jit
-def _greater(a, b):
-    """``a`` ranks above ``b``: larger, or NaN over a number (``torch.topk``'s order)."""
-    return (a > b) | ((a != a) & (b == b))
-
-
-@triton.jit
 def _pick_best(scores, positions, alive):
     """The best alive entry: ``(its score, its position)``; ties (NaN with NaN) go to the lower position."""
     any_nan = tl.max(tl.where(alive & (scores != scores), 1, 0)) > 0

@@ -43,6 +43,7 @@ __all__ = [
     "MAX_K",
     "MAX_SINGLE_BLOCK_V",
     "SUPPORTED_DTYPES",
+    "launch_log_softmax_topk",
     "log_softmax_topk",
     "log_softmax_topk_reference",
 ]
@@ -262,7 +263,7 @@ def _empty_outputs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     return values, ids
 
 
-def _launch(
+def launch_log_softmax_topk(
     logits: torch.Tensor,
     k: int,
     blank_id: int,
@@ -272,8 +273,8 @@ def _launch(
     blocked_block_v: int = BLOCKED_BLOCK_V,
     num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the Triton kernel on already-checked inputs. The block-size and warp knobs exist for tests (to run
-    the blocked variant on small rows) and benchmarks; block sizes must be powers of two."""
+    """The Triton kernel of :func:`log_softmax_topk` on inputs that it has checked. The block-size and warp knobs
+    exist for tests (to run the blocked variant on small rows) and benchmarks; block sizes must be powers of two."""
     n, v = logits.shape
     values, ids = _empty_outputs(logits, k)
     if n == 0:
@@ -348,7 +349,7 @@ def log_softmax_topk(
             f"use_triton=True needs CUDA logits or TRITON_INTERPRET=1, got logits on {logits.device} "
             f"with TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', 'unset')}"
         )
-    return _launch(logits, k, blank_id, temperature)
+    return launch_log_softmax_topk(logits, k, blank_id, temperature)
 
 
 def log_softmax_topk_reference(

@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
     tl = None
 
-__all__ = ["indexed_attention", "indexed_attention_reference", "build_rel_pos_table"]
+__all__ = ["indexed_attention", "indexed_attention_reference", "build_rel_pos_table", "pick_blocks"]
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -249,8 +249,8 @@ if triton is not None:
 SMALL_TQ = 4
 
 
-def _pick_blocks(tq: int, d: int) -> tuple[bool, int, int, int, int]:
-    """USE_DOT, BLOCK_M, BLOCK_N, BLOCK_D, num_warps."""
+def pick_blocks(tq: int, d: int) -> tuple[bool, int, int, int, int]:
+    """USE_DOT, BLOCK_M, BLOCK_N, BLOCK_D, num_warps (``scripts/sweep_indexed_attention.py`` swaps it to sweep)."""
     block_d = max(16, triton.next_power_of_2(d))
     if tq <= SMALL_TQ:
         block_m = triton.next_power_of_2(tq)
@@ -480,7 +480,7 @@ def indexed_attention(
         scale = 1.0 / math.sqrt(d)
 
     has_rel = pos_emb is not None
-    use_dot, block_m, block_n, block_d, num_warps = _pick_blocks(tq, d)
+    use_dot, block_m, block_n, block_d, num_warps = pick_blocks(tq, d)
     # Absent optional tensors: pass q as a never-read placeholder; the constexpr flags remove the loads.
     bias_u = pos_bias_u if pos_bias_u is not None else q
     bias_v = pos_bias_v if pos_bias_v is not None else q

@@ -1,11 +1,15 @@
-"""``x @ W^T + b`` on tensor cores in 3xTF32: near-fp32 GEMMs for the cache-aware streaming encoder (opt-in).
+"""``x @ W^T + b`` on tensor cores in 3xTF32: the near-fp32 linear layer of the opt-in fast paths.
 
 cuBLAS runs fp32 GEMMs on the CUDA cores (SIMT) unless TF32 is allowed, and TF32 alone rounds the inputs to 10
 mantissa bits (relative error ~1e-3, too coarse for the streaming encoder's 1e-4 agreement with NeMo). 3xTF32
-splits each input into a TF32 high part and a TF32 remainder and adds three tensor-core products (hi*hi + hi*lo +
-lo*hi): fp32-level accuracy (~1e-6 relative here) at tensor-core speed. At the encoder's shapes (a few hundred rows
-of 512-2048 features) cuBLAS's SIMT kernels reached about a third of fp32 peak on an H200
-(``scripts/profile_streaming.py``); ``scripts/bench_matmul.py`` times this kernel against them.
+(:mod:`~nemo_fastdecode.kernels.tf32x3`, which holds the tile products and split-K) gives fp32-level accuracy
+(~1e-6 relative here) at tensor-core speed. At the encoder's shapes (a few hundred rows of 512-2048 features)
+cuBLAS's SIMT kernels reached about a third of fp32 peak on an H200 (``scripts/profile_streaming.py``);
+``scripts/bench_matmul.py`` times this kernel against them, tiled by :func:`matmul_tiling`.
+
+The fast-math decoder's per-step GEMMs (the prediction network's projection and recurrent gates, the joint's output
+layer) run the same kernel at a few dozen rows, tiled by :func:`decoder_tiling`, into buffers they keep (``out``),
+optionally only the rows of a mask (``row_mask``).
 
 :func:`linear_reference` (``torch.nn.functional.linear``) is the CPU path and the tests' reference; Triton's
 interpreter runs the kernel on the CPU in tests.
@@ -20,9 +24,17 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from nemo_fastdecode.kernels import lstm_step
-
-PRECISIONS = ("tf32x3", "tf32", "ieee")
+from nemo_fastdecode.kernels.tf32x3 import (
+    PRECISIONS,
+    accumulate,
+    accumulate_normalized,
+    and_flag,
+    check_fp32,
+    check_row_mask,
+    split_k_buffers,
+    split_k_total,
+    stream_split_k_counters,
+)
 
 
 @triton.jit
@@ -30,10 +42,11 @@ def _linear_kernel(
     x_ptr, x_stride, w_ptr, w_stride, b_ptr, out_ptr, out_stride, partial_ptr, counter_ptr, rows, n_out, depth,
     residual_ptr, residual_stride, residual_scale,
     stats_out_ptr, stats_in_ptr, stats_in_tiles, stats_in_width, norm_w_ptr, norm_b_ptr, norm_eps,
-    scatter_ptr, scatter_offsets_ptr, scatter_start,
+    scatter_ptr, scatter_offsets_ptr, scatter_start, row_mask_ptr,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, SWISH: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, STATS_OUT: tl.constexpr, NORM_IN: tl.constexpr, SCATTER: tl.constexpr,
+    HAS_ROW_MASK: tl.constexpr,
 ):  # fmt: skip
     # grouped program order: GROUP_M row tiles share each weight tile while it is in L2
     pid = tl.program_id(0)
@@ -52,15 +65,17 @@ def _linear_kernel(
     w_rows = tl.minimum(offs_n, n_out - 1)
     if NORM_IN:  # x's rows pass through a layer norm as they are loaded: statistics from the GEMM that wrote x
         mean, rstd = _merged_row_stats(stats_in_ptr, stats_in_tiles, stats_in_width, depth, offs_m, m_ok, norm_eps)
-        acc = _accumulate_normalized(acc, x_ptr, x_stride, w_ptr, w_stride, w_rows, offs_m, m_ok, depth, mean, rstd,
-                                     norm_w_ptr, norm_b_ptr, BLOCK_K, PRECISION, SPLIT_K)  # fmt: skip
+        acc = accumulate_normalized(acc, x_ptr, x_stride, w_ptr, w_stride, w_rows, offs_m, m_ok, depth, mean, rstd,
+                                    norm_w_ptr, norm_b_ptr, BLOCK_K, PRECISION, SPLIT_K)  # fmt: skip
     else:
-        acc = lstm_step._accumulate(acc, x_ptr, x_stride, w_ptr, w_stride, w_rows, offs_m, m_ok, depth, BLOCK_K,
-                                    PRECISION, SPLIT_K)  # fmt: skip
+        acc = accumulate(acc, x_ptr, x_stride, w_ptr, w_stride, w_rows, offs_m, m_ok, depth, BLOCK_K, PRECISION,
+                         SPLIT_K)  # fmt: skip
     if SPLIT_K > 1:  # the tile's last program adds the partial sums in split order (deterministic)
-        acc, last = lstm_step._split_k_total(acc, partial_ptr, rows * n_out, offs_m[:, None] * n_out + offs_n[None, :],
-                                             mask, counter_ptr, SPLIT_K)  # fmt: skip
-        mask = lstm_step._and_flag(mask, last)
+        acc, last = split_k_total(acc, partial_ptr, rows * n_out, offs_m[:, None] * n_out + offs_n[None, :], mask,
+                                  counter_ptr, SPLIT_K)  # fmt: skip
+        mask = and_flag(mask, last)
+    if HAS_ROW_MASK:  # rows outside the mask keep what `out` held
+        mask = mask & (tl.load(row_mask_ptr + offs_m, mask=m_ok, other=0) != 0)[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
     # epilogue: the elementwise work around the GEMM in a Conformer layer, in torch's order of operations
@@ -113,36 +128,6 @@ def _merged_row_stats(stats_ptr, tiles, width, features, offs_m, m_ok, eps):
     return mean, 1.0 / tl.sqrt(m2 / features + eps)
 
 
-@triton.jit
-def _accumulate_normalized(acc, a_ptr, a_stride, w_ptr, w_stride, w_rows, rows, row_ok, depth, mean, rstd, gamma_ptr,
-                           beta_ptr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
-    """``lstm_step._accumulate`` of ``layer_norm(a)``: each loaded tile becomes ``(a - mean) * rstd * gamma + beta``
-    (torch's order of operations) before the product."""
-    start, end = lstm_step._depth_share(depth, BLOCK_K, SPLIT_K)
-    for k0 in range(start, end, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < end
-        a = tl.load(a_ptr + rows[:, None] * a_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        gamma = tl.load(gamma_ptr + ks, mask=k_ok, other=0.0)
-        beta = tl.load(beta_ptr + ks, mask=k_ok, other=0.0)
-        a = (a - mean[:, None]) * rstd[:, None] * gamma[None, :] + beta[None, :]
-        w = tl.load(w_ptr + w_rows[:, None] * w_stride + ks[None, :], mask=k_ok[None, :], other=0.0)
-        acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
-    return acc
-
-
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def _split_k_counters(device: torch.device) -> torch.Tensor:
-    """Split-K tile counters of ``device``'s current stream (launches on one stream never overlap)."""
-    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
-    key = (str(device), stream)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = lstm_step.split_k_counters(device)
-    return _COUNTERS[key]
-
-
 def matmul_tiling(rows: int, n_out: int, depth: int = 512) -> dict:
     """Block sizes, warps and split-K for ``rows x depth @ depth x n_out``, the best of sweeps on an H200 at the
     encoder's shapes (``scripts/bench_matmul.py --sweep``, ``benchmarks/results/matmul_*sweep*_2026-11-22-s7.md``):
@@ -164,6 +149,24 @@ def matmul_tiling(rows: int, n_out: int, depth: int = 512) -> dict:
             "split_k": 1}  # fmt: skip
 
 
+def batch_tiling(batch: int) -> tuple[int, int]:
+    """``(rows per program, warps)`` of the decoder's per-step kernels at ``batch`` rows (this GEMM and the LSTM
+    cell), tuned on an H200 (``scripts/bench_prediction.py --sweep``)."""
+    return (32, 2) if batch <= 32 else (64, 4)
+
+
+def decoder_tiling(batch: int, split_k: bool = False) -> dict:
+    """:func:`linear` options for the decoder's per-step GEMMs at ``batch`` rows (H = 640), tuned on an H200
+    (``scripts/bench_prediction.py --sweep``): :func:`batch_tiling`'s rows and warps, 16 columns, 64-deep blocks.
+    ``split_k``: the prediction network's layers split the depth over 8 programs at batch <= 32 (8.1 -> 5.4 us for
+    the projection)."""
+    block_m, num_warps = batch_tiling(batch)
+    tiling = {"block_m": block_m, "block_n": 16, "block_k": 64, "num_warps": num_warps, "num_stages": 4, "split_k": 1}
+    if split_k and batch <= 32:
+        tiling.update(split_k=8, block_n=32, block_k=32, num_warps=2)
+    return tiling
+
+
 def tensor_cores_win(rows: int, n_out: int, depth: int) -> bool:
     """Whether this kernel, tiled by :func:`matmul_tiling`, beat cuBLAS fp32 at ``rows x depth @ depth x n_out`` in
     the H200 sweeps: from 128 rows (512 x 512 -> 2048: 32.1 -> 20.5 us), and at depth 1024 and more with split-K
@@ -178,6 +181,9 @@ def linear(
     bias: torch.Tensor | None = None,
     precision: str = "tf32x3",
     *,
+    out: torch.Tensor | None = None,
+    row_mask: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
@@ -197,6 +203,12 @@ def linear(
     order (deterministic). Epilogue: ``swish`` applies ``y * sigmoid(y)``; ``residual [..., N]`` returns
     ``residual + residual_scale * y`` (a Conformer layer's half-step feed-forward: ``x + 0.5 * ff(x)``).
 
+    ``out [..., N]`` (row stride free, columns contiguous): written and returned instead of a new tensor.
+    ``row_mask [rows]`` (bool, rows = ``x.shape[:-1].numel()``): only its rows of ``out`` are written, the others
+    keep what they held. ``counters``: split-K tile counters (:func:`~nemo_fastdecode.kernels.tf32x3.
+    split_k_counters`) for kernels that may run concurrently on other streams of one graph; ``None``: those of the
+    current stream.
+
     ``layer_norm``: multiply ``layer_norm(x)`` instead of ``x``, normalising rows as they are loaded, with the row
     statistics of ``x`` that the GEMM which wrote ``x`` kept (no layer-norm kernel, no normalised copy of ``x``).
     ``row_stats``: also return those statistics of this GEMM's output (after its epilogue), ``(y, RowStats)``.
@@ -205,11 +217,9 @@ def linear(
     returned (no residual or row statistics with it)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    tensors = {"x": x, "weight": weight} | ({"bias": bias} if bias is not None else {})
-    for name, t in tensors.items():
-        if t.dtype != torch.float32:
-            raise ValueError(f"{name} must be float32, got {t.dtype}")
-        if t.device != x.device:
+    check_fp32(x=x, weight=weight, bias=bias, out=out)
+    for name, t in {"weight": weight, "bias": bias, "out": out}.items():
+        if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device}, x on {x.device}: all on one device")
     if residual is not None and (residual.dtype != torch.float32 or residual.device != x.device):
         raise ValueError(f"residual must be float32 on {x.device}, got {residual.dtype} on {residual.device}")
@@ -226,21 +236,24 @@ def linear(
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     rows, depth = x2.shape
     n_out = weight.shape[0]
+    check_row_mask(row_mask, rows)
+    if row_mask is not None and (row_stats or scatter is not None):
+        raise ValueError("row_mask cannot be combined with row_stats or scatter")
     if scatter is not None:
         if residual is not None or row_stats:
             raise ValueError("scatter cannot be combined with residual or row_stats")
         scatter.check(rows, n_out, x.device)
-        if 0 in (rows, n_out, depth):  # nothing for the kernel to do: the reference handles the edge cases
-            return scatter.apply(linear_reference(x, weight, bias, swish=swish))
-    if (row_stats or layer_norm is not None) and 0 in (rows, n_out, depth):
+    if (row_stats or layer_norm is not None) and 0 in (rows, n_out, depth) and scatter is None:
         raise ValueError(f"row_stats / layer_norm need a non-empty product, got [{rows}, {depth}] @ [{depth}, {n_out}]")
     kept = n_out if scatter is None else scatter.start
-    out = torch.empty([rows, kept], dtype=torch.float32, device=x.device)
-    if rows == 0 or n_out == 0:
-        return out.view(*x.shape[:-1], n_out)
-    if depth == 0:  # no product: the epilogue on the bias alone, in torch
-        out = out.copy_(bias.expand(rows, n_out) if bias is not None else 0).view(*x.shape[:-1], n_out)
-        return _epilogue_reference(out, swish, residual, residual_scale)
+    if out is None:
+        out = torch.empty([*x.shape[:-1], kept], dtype=torch.float32, device=x.device)
+    elif out.shape != (*x.shape[:-1], kept) or out.stride(-1) != 1:
+        raise ValueError(f"out must be [..., N] = {(*x.shape[:-1], kept)} with contiguous rows, got "
+                         f"{tuple(out.shape)} strides {out.stride()}")  # fmt: skip
+    if 0 in (rows, n_out, depth):  # nothing for the kernel to multiply: torch covers the edge cases
+        y = linear_reference(x, weight, bias, swish=swish, residual=residual, residual_scale=residual_scale)
+        return _write_rows(out, scatter.apply(y) if scatter is not None else y, row_mask)
     if layer_norm is not None:
         layer_norm.check(x2)
     tiling = matmul_tiling(rows, n_out, depth)
@@ -248,30 +261,30 @@ def linear(
                  "num_stages": num_stages, "split_k": split_k}  # fmt: skip
     tiling.update({k: v for k, v in overrides.items() if v is not None})
     tiles = triton.cdiv(rows, tiling["block_m"]) * triton.cdiv(n_out, tiling["block_n"])
-    partials, counters = lstm_step._split_k_buffers(
-        tiling["split_k"], _split_k_counters(x.device), tiles, [rows, n_out], out
-    )
-    residual2 = out if residual is None else residual.reshape(rows, n_out)
+    if counters is None and tiling["split_k"] > 1:
+        counters = stream_split_k_counters(x.device)
+    out2 = out.view(rows, kept)
+    partials, counters = split_k_buffers(tiling["split_k"], counters, tiles, [rows, n_out], out2)
+    residual2 = out2 if residual is None else residual.reshape(rows, n_out)
     if residual2.stride(-1) != 1:
         residual2 = residual2.contiguous()
     stats = RowStats(
         torch.empty([rows, triton.cdiv(n_out, tiling["block_n"]), 2], dtype=torch.float32, device=x.device),
         tiling["block_n"],
     ) if row_stats else None  # fmt: skip
-    norm = layer_norm if layer_norm is not None else LayerNormInput(RowStats(out, 1), out, out, 0.0)  # placeholders
+    norm = layer_norm if layer_norm is not None else LayerNormInput(RowStats(out2, 1), out2, out2, 0.0)  # dummies
     _linear_kernel[(tiles, 1, tiling["split_k"])](
-        x2, x2.stride(0), weight, weight.stride(0), bias if bias is not None else weight, out, out.stride(0),
+        x2, x2.stride(0), weight, weight.stride(0), bias if bias is not None else weight, out2, out2.stride(0),
         partials, counters, rows, n_out, depth, residual2, residual2.stride(0), float(residual_scale),
-        stats.partials if stats is not None else out, norm.stats.partials, norm.stats.partials.shape[1],
+        stats.partials if stats is not None else out2, norm.stats.partials, norm.stats.partials.shape[1],
         norm.stats.tile_width, norm.weight, norm.bias, float(norm.eps),
-        scatter.target if scatter is not None else out, scatter.row_offsets if scatter is not None else out,
-        scatter.start if scatter is not None else n_out,
+        scatter.target if scatter is not None else out2, scatter.row_offsets if scatter is not None else out2,
+        scatter.start if scatter is not None else n_out, row_mask if row_mask is not None else out2,
         HAS_BIAS=bias is not None, BLOCK_M=tiling["block_m"], BLOCK_N=tiling["block_n"], BLOCK_K=tiling["block_k"],
         GROUP_M=8, PRECISION=precision, SPLIT_K=tiling["split_k"], SWISH=swish, HAS_RESIDUAL=residual is not None,
         STATS_OUT=row_stats, NORM_IN=layer_norm is not None, SCATTER=scatter is not None,
-        num_warps=tiling["num_warps"], num_stages=tiling["num_stages"],
+        HAS_ROW_MASK=row_mask is not None, num_warps=tiling["num_warps"], num_stages=tiling["num_stages"],
     )  # fmt: skip
-    out = out.view(*x.shape[:-1], kept)
     return (out, stats) if row_stats else out
 
 
@@ -355,18 +368,26 @@ def linear_reference(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
+    out: torch.Tensor | None = None,
+    row_mask: torch.Tensor | None = None,
     swish: bool = False,
     residual: torch.Tensor | None = None,
     residual_scale: float = 1.0,
     layer_norm: torch.nn.LayerNorm | None = None,
 ) -> torch.Tensor:
-    """:func:`linear` in torch (``F.linear`` and the epilogue's ops; ``layer_norm`` a module applied to ``x`` first):
-    the CPU path and the tests' reference."""
+    """:func:`linear` in torch (``F.linear`` and the epilogue's ops; ``layer_norm`` a module applied to ``x`` first;
+    ``out`` / ``row_mask`` as there): the CPU path and the tests' reference."""
     x = layer_norm(x) if layer_norm is not None else x
-    return _epilogue_reference(F.linear(x, weight, bias), swish, residual, residual_scale)
-
-
-def _epilogue_reference(y: torch.Tensor, swish: bool, residual: torch.Tensor | None, scale: float) -> torch.Tensor:
+    y = F.linear(x, weight, bias)
     if swish:
         y = y * torch.sigmoid(y)
-    return y if residual is None else residual + scale * y
+    if residual is not None:
+        y = residual + residual_scale * y
+    return y if out is None else _write_rows(out, y, row_mask)
+
+
+def _write_rows(out: torch.Tensor, y: torch.Tensor, row_mask: torch.Tensor | None) -> torch.Tensor:
+    """``out`` with ``y`` in the rows of ``row_mask`` (all rows without one)."""
+    if row_mask is None:
+        return out.copy_(y)
+    return torch.where(row_mask.view(*y.shape[:-1], 1), y, out, out=out)
