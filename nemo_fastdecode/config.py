@@ -182,25 +182,45 @@ def option_names(options_class: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(options_class))
 
 
-def options_from_section(options_class: type[Options], section: Mapping[str, Any] | None) -> Options:
+def options_from_section(
+    options_class: type[Options], section: Mapping[str, Any] | None, where: str = "decoding"
+) -> Options:
     """The options of ``options_class`` that ``section`` sets, the dataclass defaults for the others.
 
     Keys of ``section`` that are not options of ``options_class`` (NeMo's own keys) are ignored here; the
-    registry checks them. Values are validated by the dataclass (an invalid one raises ``ValueError``).
+    registry checks them. Types are checked as OmegaConf checks a structured config (``"5"`` for an int is 5,
+    ``"five"`` is an error), values by the dataclass. Errors are ``ValueError`` naming ``where.key``.
     """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
+
     section = section or {}
-    return options_class(**{name: section[name] for name in option_names(options_class) if name in section})
+    given = {name: section[name] for name in option_names(options_class) if name in section}
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(options_class), given)
+    except ValidationError as error:
+        expected = {f.name: f.type for f in dataclasses.fields(options_class)}.get(error.key, "?")
+        raise ValueError(
+            f"{where}.{error.key}={error.value!r} is not valid: expected {expected} ({error.msg.splitlines()[0]})"
+        ) from None
+    try:
+        return options_class(**{name: typed[name] for name in given})
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
 
 
 def greedy_max_symbols(section: Mapping[str, Any] | None, *, bounded: bool = False) -> int | None:
-    """NeMo's rule for the greedy ``max_symbols`` of a ``decoding.greedy`` section.
+    """NeMo 3.0's rule for the greedy ``max_symbols`` of a ``decoding.greedy`` section.
 
-    ``max_symbols`` if set (not ``None`` or 0), else ``max_symbols_per_step`` (as NeMo's ``RNNTDecoding``
-    reads them). ``None`` means no limit; with ``bounded`` it becomes :data:`DEFAULT_MAX_SYMBOLS`, for loops that
-    need one (a captured streaming step, a calibration decoder).
+    ``max_symbols`` if set (not ``None`` or 0), else ``max_symbols_per_step`` (as NeMo's ``RNNTDecoding`` reads
+    them). Left unset, NeMo's label-looping decoders (its default, and TDT's) use :data:`DEFAULT_MAX_SYMBOLS`
+    whenever ``use_cuda_graph_decoder`` is on (its default, on the CPU too), and no limit otherwise; the frame loop
+    has no limit. ``None`` means no limit; ``bounded`` turns it into :data:`DEFAULT_MAX_SYMBOLS`, for loops that need
+    one (a captured streaming step, a calibration decoder).
     """
     section = section or {}
     max_symbols = section.get("max_symbols", None) or section.get("max_symbols_per_step", None)
-    if max_symbols is None and bounded:
-        return DEFAULT_MAX_SYMBOLS
-    return int(max_symbols) if max_symbols is not None else None
+    if max_symbols is not None:
+        return int(max_symbols)
+    label_loop_with_graphs = section.get("loop_labels", True) and section.get("use_cuda_graph_decoder", True)
+    return DEFAULT_MAX_SYMBOLS if bounded or label_loop_with_graphs else None

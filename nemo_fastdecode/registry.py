@@ -9,13 +9,21 @@ replaces the decoding computer with ours and restores the strategy name in ``cfg
 strategies go through untouched; an unknown name fails with the full list of valid ones. Our
 strategies are rows of one table, :data:`FAST_STRATEGIES` (stand-in, config section, options dataclass, builder);
 the keys they accept and the defaults they fill in come from the dataclasses in :mod:`nemo_fastdecode.config`.
+
+:func:`register` also makes our options fields of NeMo's greedy and beam config dataclasses (so that Hydra
+schemas such as ``transcribe_speech.py``'s accept ``rnnt_decoding.greedy.fast_math=true`` without ``+``), and
+makes ``.nemo`` files portable: a model saved with one of our strategies stores NeMo's stand-in strategy and
+ours under :data:`PORTABLE_KEY`, so that it loads with the stand-in where this package is not installed and
+with ours where it is.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
-import logging
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, is_dataclass
 
 from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
@@ -31,8 +39,13 @@ from nemo_fastdecode.config import (
     option_names,
     options_from_section,
 )
+from nemo_fastdecode.logs import logger, quiet_repeated_nemo_lines
 
-logger = logging.getLogger("nemo_fastdecode")
+#: Where a portable ``.nemo`` config keeps our strategy (``decoding.nemo_fastdecode.strategy``); its
+#: ``decoding.strategy`` is NeMo's stand-in. ``autoload/nemo_fastdecode_autoload.py`` reads the same key.
+PORTABLE_KEY = "nemo_fastdecode"
+# the top-level keys NeMo's decoding section has (before register() adds fields to the sections' dataclasses)
+_DECODING_KEYS = option_names(rnnt_decoding.RNNTDecodingConfig) | {PORTABLE_KEY}
 
 
 @dataclass(frozen=True)
@@ -71,7 +84,7 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
     from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 
     section = decoding_cfg.get("greedy") or {}
-    options = options_from_section(FastGreedyConfig, section)
+    options = options_from_section(FastGreedyConfig, section, "decoding.greedy")
     if decoding._is_tdt and not options.loop_labels:
         raise ValueError("loop_labels=False (frame looping) is RNN-T only; TDT models decode with loop_labels=True")
     return FastGreedyBatchedInfer(
@@ -95,7 +108,7 @@ def _build_fast_beam(decoding, decoding_cfg: DictConfig, decoder, joint):
     section = decoding_cfg.get("beam") or {}
     if section.get("beam_size") is None:
         raise ValueError("fast_beam needs decoding.beam.beam_size (e.g. 4)")
-    options = options_from_section(FastBeamConfig, section)
+    options = options_from_section(FastBeamConfig, section, "decoding.beam")
     # as NeMo's malsd_batch: `beam.max_symbols`; NeMo ignores `beam.max_symbols_per_step`
     per_step = section.get("max_symbols_per_step", None)
     if per_step is not None and per_step != options.max_symbols:
@@ -170,7 +183,7 @@ def register() -> None:
     def init_with_fast_strategies(self, decoding_cfg, decoder, joint, blank_id, *args, **kwargs):
         if is_dataclass(decoding_cfg):
             decoding_cfg = OmegaConf.structured(decoding_cfg)
-        strategy = decoding_cfg.get("strategy", None)
+        strategy = _restore_portable_strategy(decoding_cfg)
         fast = FAST_STRATEGIES.get(strategy)
         if fast is None:
             if strategy not in nemo_strategies():
@@ -179,6 +192,7 @@ def register() -> None:
                 )
             return _original_init(self, decoding_cfg, decoder, joint, blank_id, *args, **kwargs)
         # before NeMo's set-up: it would load an n-gram LM or reject a multi-blank model in the stand-in's words
+        _check_decoding_keys(strategy, decoding_cfg)
         _check_options(strategy, fast, decoding_cfg)
         _original_init(self, _stand_in_config(decoding_cfg, fast), decoder, joint, blank_id, *args, **kwargs)
         if self.preserve_frame_confidence:
@@ -187,6 +201,10 @@ def register() -> None:
         self.cfg = decoding_cfg
 
     rnnt_decoding.AbstractRNNTDecoding.__init__ = init_with_fast_strategies
+    for strategy in FAST_STRATEGIES.values():
+        _add_option_fields(strategy)
+    _install_portable_save()
+    quiet_repeated_nemo_lines()
 
 
 def _unsupported(strategy: str, fast: FastStrategy, features: list[str]) -> None:
@@ -195,14 +213,29 @@ def _unsupported(strategy: str, fast: FastStrategy, features: list[str]) -> None
     )
 
 
+def _unknown_keys_message(strategy: str, keys: Iterable[str], valid: Iterable[str], where: str, noun: str) -> str:
+    """``"Unknown fast_greedy key(s) ['greddy'] in decoding (did you mean 'greddy' -> 'greedy'?); valid keys: ..."``."""
+    valid = sorted(valid)
+    keys = sorted(keys)
+    hints = [f"{key!r} -> {match[0]!r}" for key in keys if (match := difflib.get_close_matches(key, valid, n=1))]
+    hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+    return f"Unknown {strategy} {noun}(s) {keys} in {where}{hint}; valid {noun}s: {', '.join(valid)}"
+
+
+def _check_decoding_keys(strategy: str, decoding_cfg: DictConfig) -> None:
+    """A misspelled section (``greddy:``) in the decoding config of one of our strategies is an error, not ignored."""
+    unknown = set(decoding_cfg.keys()) - _DECODING_KEYS
+    if unknown:
+        raise ValueError(_unknown_keys_message(strategy, unknown, _DECODING_KEYS, "decoding", noun="key"))
+
+
 def _check_options(strategy: str, fast: FastStrategy, decoding_cfg: DictConfig) -> None:
     """Unknown keys in the strategy's section (ValueError) and features we do not support (NotImplementedError)."""
     section = decoding_cfg.get(fast.section) or {}
-    unknown = sorted(set(section.keys()) - fast.options)
+    unknown = set(section.keys()) - fast.options
     if unknown:
         raise ValueError(
-            f"Unsupported {strategy} option(s) {unknown} in decoding.{fast.section}; "
-            f"valid options: {', '.join(sorted(fast.options))}"
+            _unknown_keys_message(strategy, unknown, fast.options, f"decoding.{fast.section}", noun="option")
         )
     unsupported = []
     # NeMo takes the section's value when the top-level one is unset (greedy strategies)
@@ -233,3 +266,100 @@ def _stand_in_config(decoding_cfg: DictConfig, fast: FastStrategy) -> DictConfig
         for key in fast.own_options:
             section.pop(key, None)
     return stand_in
+
+
+def _restore_portable_strategy(decoding_cfg: DictConfig) -> str | None:
+    """The config's strategy; a portable config (stand-in strategy, ours under :data:`PORTABLE_KEY`) is turned back
+    into ours in place, so that the model's config names the strategy that decodes."""
+    strategy = decoding_cfg.get("strategy", None)
+    portable = decoding_cfg.get(PORTABLE_KEY, None)
+    if not portable:
+        return strategy
+    ours = portable.get("strategy", None)
+    fast = FAST_STRATEGIES.get(ours)
+    if fast is None:
+        raise ValueError(
+            f"decoding.{PORTABLE_KEY}.strategy={ours!r} is not one of this package's strategies "
+            f"({', '.join(sorted(FAST_STRATEGIES))})"
+        )
+    if strategy != fast.stand_in:  # the user switched strategies since: theirs wins
+        return strategy
+    with open_dict(decoding_cfg):
+        decoding_cfg.strategy = ours
+        decoding_cfg.pop(PORTABLE_KEY)
+    return ours
+
+
+def portable_decoding_config(cfg: DictConfig) -> DictConfig | None:
+    """A copy of a model config whose decoding loads anywhere: NeMo's stand-in strategy, ours under
+    :data:`PORTABLE_KEY`; ``None`` when the model does not decode with one of our strategies."""
+    decoding = cfg.get("decoding", None) if isinstance(cfg, (DictConfig, Mapping)) else None
+    strategy = decoding.get("strategy", None) if decoding is not None else None
+    if strategy not in FAST_STRATEGIES:
+        return None
+    portable = OmegaConf.create(OmegaConf.to_container(cfg))
+    with open_dict(portable):
+        portable.decoding.strategy = FAST_STRATEGIES[strategy].stand_in
+        portable.decoding[PORTABLE_KEY] = {"strategy": strategy}
+    return portable
+
+
+def _install_portable_save() -> None:
+    """``.nemo`` files (``model.save_to``) get the portable decoding config; the model's own config is unchanged."""
+    from nemo.core.classes.common import FileIO
+
+    nemo_to_config_file = FileIO.to_config_file
+    if getattr(nemo_to_config_file, "_nemo_fastdecode", False):
+        return
+
+    @functools.wraps(nemo_to_config_file)
+    def to_config_file(self, path2yaml_file: str):
+        portable = portable_decoding_config(getattr(self, "_cfg", None))
+        if portable is None:
+            return nemo_to_config_file(self, path2yaml_file)
+        own = self._cfg
+        self._cfg = portable
+        try:
+            return nemo_to_config_file(self, path2yaml_file)
+        finally:
+            self._cfg = own
+
+    to_config_file._nemo_fastdecode = True
+    FileIO.to_config_file = to_config_file
+
+
+def _nemo_section_class(fast: FastStrategy) -> type:
+    return GreedyBatchedRNNTInferConfig if fast.section == "greedy" else BeamRNNTInferConfig
+
+
+# NeMo's greedy section reads `max_symbols` before `max_symbols_per_step`: unset by default, so NeMo's own
+# strategies keep their behaviour; the beam section's `max_symbols` default (10) is what malsd_batch reads
+_NEMO_FIELD_DEFAULTS = {("greedy", "max_symbols"): None}
+
+
+def _add_option_fields(fast: FastStrategy) -> None:
+    """Our options (and NeMo's ``max_symbols``) as fields of NeMo's section dataclass, with our types and defaults.
+
+    Hydra schemas built from NeMo's ``RNNTDecodingConfig`` then accept and type-check them on the command line.
+    The fields are added to the existing class (the default factories of NeMo's configs refer to it); NeMo reads
+    its sections with ``.get`` and ignores keys it does not use.
+    """
+    target = _nemo_section_class(fast)
+    hints = typing.get_type_hints(fast.options_class)
+    for option in dataclasses.fields(fast.options_class):
+        if option.name in target.__dataclass_fields__:
+            continue
+        default = _NEMO_FIELD_DEFAULTS.get((fast.section, option.name), option.default)
+        field = dataclasses.field(default=default)
+        field.name, field.type, field._field_type = option.name, _omegaconf_type(hints[option.name]), dataclasses._FIELD
+        target.__dataclass_fields__[option.name] = field
+        target.__annotations__[option.name] = field.type
+        setattr(target, option.name, default)
+
+
+def _omegaconf_type(hint: object) -> object:
+    """``X | None`` as ``Optional[X]``: the form OmegaConf's structured configs understand."""
+    args = typing.get_args(hint)
+    if type(None) in args and len(args) == 2:
+        return typing.Optional[next(a for a in args if a is not type(None))]  # noqa: UP045
+    return hint

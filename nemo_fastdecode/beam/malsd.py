@@ -38,6 +38,7 @@ from nemo_fastdecode.greedy.steps import joint_hidden
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.beam_select import advance_beams, kernel_by_default, select_extensions_reference
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
+from nemo_fastdecode.logs import logger
 from nemo_fastdecode.prediction import FastMathPredictor
 
 # With max_symbols=None a hypothesis may emit any number of labels per frame: start with room for this
@@ -260,6 +261,9 @@ class MALSDBeamComputer(CapturedLoopOwner):
             grown_batch = max(batch_size, old.batch_size) if old is not None else batch_size
             self._buffers = self._allocate(grown_batch, grown_time, hidden, device, dtype)
             self._loop = TwoLevelLoop(self._phases(self._buffers), mode)
+            logger.debug(
+                "nemo_fastdecode: beam %s graphs sized for %d x %d frames", mode.value, grown_batch, grown_time
+            )
         return self._buffers, self._loop
 
     def _allocate(self, batch_size: int, max_time: int, hidden: int, device, dtype) -> BeamLoopBuffers:

@@ -19,6 +19,7 @@ from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.state import BatchedGreedyState, GreedyStateItem, LoopBuffers
 from nemo_fastdecode.kernels import triton_runs_on
+from nemo_fastdecode.logs import logger
 from nemo_fastdecode.prediction import FastMathPredictor, is_default_joint, normalise_joint_logits
 
 # With max_symbols=None the number of labels per frame is unbounded: start with this many slots per
@@ -183,6 +184,9 @@ class GreedyComputerBase(CapturedLoopOwner):
             grown_batch = max(batch_size, old.batch_size) if old is not None and old.device == device else batch_size
             self._buffers = self._allocate(grown_batch, grown_time, hidden, self._capacity(grown_time), device, dtype)
             self._loop = TwoLevelLoop(self._phases(self._buffers, mode), mode)
+            logger.debug(
+                "nemo_fastdecode: greedy %s graphs sized for %d x %d frames", mode.value, grown_batch, grown_time
+            )
         return self._buffers, self._loop
 
     def _allocate(self, batch_size, max_time, hidden, capacity, device, dtype) -> LoopBuffers:

@@ -1,0 +1,148 @@
+"""Make NeMo's own entry points accept ``fast_greedy`` / ``fast_beam`` with no wrapper and no ``import``.
+
+``nemo_fastdecode.pth`` (installed beside this module in site-packages) imports this module when Python
+starts. It loads nothing heavy: it installs an import hook that acts on two NeMo modules when they are first
+imported, and at that moment only wraps a function or two; ``nemo_fastdecode`` itself is imported later, when
+NeMo is fully loaded and one of its strategies is asked for:
+
+* ``nemo.core.config.hydra_runner``: a script decorated with NeMo's ``hydra_runner`` (``transcribe_speech.py``,
+  ``transcribe_speech_parallel.py``, the cache-aware streaming script) imports ``nemo_fastdecode`` when its
+  ``main`` starts, before Hydra reads the command line, so that ``rnnt_decoding.strategy=fast_greedy`` and our
+  options (``rnnt_decoding.greedy.fast_math=true``) are accepted without Hydra's ``+``.
+* ``nemo.collections.asr.parts.submodules.rnnt_decoding``: building a decoding whose config names one of our
+  strategies (``model.change_decoding_strategy``, a ``.nemo`` restore, NeMo's streaming pipelines) imports
+  ``nemo_fastdecode`` first, which registers the strategies.
+
+It also quiets the OneLogger telemetry lines that NeMo prints on every import (the ``nv_one_logger`` loggers
+are set to ERROR). Set ``NEMO_FASTDECODE_AUTOLOAD=0`` to switch all of this off. Only the standard library is
+imported here.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import sys
+
+__all__ = ["install", "installed"]
+
+_DECODING_MODULE = "nemo.collections.asr.parts.submodules.rnnt_decoding"
+_HYDRA_RUNNER_MODULE = "nemo.core.config.hydra_runner"
+# our strategies, and the key a portable .nemo config keeps ours under (its strategy is NeMo's stand-in)
+_STRATEGIES = ("fast_greedy", "fast_beam")
+_SIDECAR_KEY = "nemo_fastdecode"
+
+
+def _wants_fastdecode(decoding_cfg) -> bool:
+    """The decoding config names one of our strategies (directly, or in a portable config's sidecar)."""
+    try:
+        if decoding_cfg.get("strategy", None) in _STRATEGIES:
+            return True
+        sidecar = decoding_cfg.get(_SIDECAR_KEY, None)
+        return bool(sidecar) and sidecar.get("strategy", None) in _STRATEGIES
+    except AttributeError:  # a dataclass config: only NeMo's own strategies can be spelled there
+        return getattr(decoding_cfg, "strategy", None) in _STRATEGIES
+
+
+def _patch_decoding(module) -> None:
+    cls = module.AbstractRNNTDecoding
+    nemo_init = cls.__init__
+
+    def init_loading_nemo_fastdecode(self, decoding_cfg, *args, **kwargs):
+        if _wants_fastdecode(decoding_cfg) and "nemo_fastdecode.registry" not in sys.modules:
+            import nemo_fastdecode  # noqa: F401  (registers: replaces AbstractRNNTDecoding.__init__)
+
+            return cls.__init__(self, decoding_cfg, *args, **kwargs)
+        return nemo_init(self, decoding_cfg, *args, **kwargs)
+
+    init_loading_nemo_fastdecode.__wrapped__ = nemo_init
+    cls.__init__ = init_loading_nemo_fastdecode
+
+
+def _patch_hydra_runner(module) -> None:
+    nemo_hydra_runner = module.hydra_runner
+
+    def hydra_runner(*args, **kwargs):
+        decorate = nemo_hydra_runner(*args, **kwargs)
+
+        def decorator(task_function):
+            wrapped = decorate(task_function)
+
+            def main(*main_args, **main_kwargs):
+                import nemo_fastdecode  # noqa: F401  (registers; our options become fields of NeMo's schema)
+
+                return wrapped(*main_args, **main_kwargs)
+
+            main.__wrapped__ = wrapped
+            main.__name__, main.__doc__ = getattr(wrapped, "__name__", "main"), getattr(wrapped, "__doc__", None)
+            return main
+
+        return decorator
+
+    hydra_runner.__wrapped__ = nemo_hydra_runner
+    module.hydra_runner = hydra_runner
+    package = sys.modules.get("nemo.core.config")
+    if package is not None and getattr(package, "hydra_runner", None) is nemo_hydra_runner:
+        package.hydra_runner = hydra_runner
+
+
+_PATCHES = {_DECODING_MODULE: _patch_decoding, _HYDRA_RUNNER_MODULE: _patch_hydra_runner}
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs the real loader, then the module's patch."""
+
+    def __init__(self, loader: importlib.abc.Loader, patch) -> None:
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        self._patch(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds the NeMo modules to patch through the other finders and wraps their loaders."""
+
+    def find_spec(self, fullname, path, target=None):
+        patch = _PATCHES.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader, patch)
+                return spec
+        return None
+
+
+_finder: _Finder | None = None
+
+
+def installed() -> bool:
+    """Whether the hook is installed in this interpreter."""
+    return _finder is not None
+
+
+def install() -> None:
+    """Install the hook (idempotent); modules NeMo already imported are patched at once."""
+    global _finder
+    if _finder is not None:
+        return
+    for name in ("nv_one_logger", "nv_one_logger.api.config", "nv_one_logger.training_telemetry"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    _finder = _Finder()
+    sys.meta_path.insert(0, _finder)
+    for name, patch in _PATCHES.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+
+
+if os.environ.get("NEMO_FASTDECODE_AUTOLOAD", "1") != "0":
+    install()
