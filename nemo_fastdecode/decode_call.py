@@ -4,17 +4,41 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["check_decoder_inputs", "eval_mode"]
+from nemo_fastdecode.logs import logger
+
+__all__ = ["DecoderInputs", "check_decoder_inputs", "eval_mode", "mark_nonfinite"]
+
+
+@dataclass(frozen=True)
+class DecoderInputs:
+    """What :func:`check_decoder_inputs` found.
+
+    Attributes:
+        lengths: ``encoded_lengths`` to decode with, on the input's device ``[B]``: rows with non-finite
+            encoder output have length 0 (they decode to an empty hypothesis).
+        lengths_on_host: the caller's ``encoded_lengths`` on the CPU ``[B]`` (what NeMo reports as ``length``).
+        nonfinite_rows: batch rows whose encoder output has NaN or inf in a frame they decode.
+    """
+
+    lengths: torch.Tensor
+    lengths_on_host: torch.Tensor
+    nonfinite_rows: list[int]
 
 
 def check_decoder_inputs(
     encoder_output: torch.Tensor, encoded_lengths: torch.Tensor, partial_hypotheses: Sequence[Any] | None
-) -> torch.Tensor:
-    """Raise a ValueError naming what is wrong with a decoder's inputs; returns ``encoded_lengths`` on the CPU."""
+) -> DecoderInputs:
+    """Raise a ValueError naming what is wrong with a decoder's inputs; find rows with non-finite encoder output.
+
+    NaN or inf in an utterance's encoder output would decode to meaningless tokens (NeMo decodes them anyway);
+    here such a row is decoded as empty and reported (:func:`mark_nonfinite`), and the other rows decode as usual.
+    One host synchronisation reads the lengths and the rows together.
+    """
     if encoder_output.dim() != 3:
         raise ValueError(f"encoder_output must be [B, D, T], got shape {tuple(encoder_output.shape)}")
     if not encoder_output.is_floating_point():
@@ -28,14 +52,37 @@ def check_decoder_inputs(
         raise ValueError(
             f"encoded_lengths is on {encoded_lengths.device} but encoder_output on {encoder_output.device}"
         )
-    lengths_on_host = encoded_lengths.cpu()  # one host synchronisation
+    if partial_hypotheses is not None and len(partial_hypotheses) != batch_size:
+        raise ValueError(f"partial_hypotheses has {len(partial_hypotheses)} entries for a batch of {batch_size}")
+    # a frame counts if some row decodes it: [B, T] -> per row, any non-finite value in its frames
+    decoded = torch.arange(max_time, device=encoder_output.device)[None, :] < encoded_lengths[:, None]
+    nonfinite = (~torch.isfinite(encoder_output)).any(dim=1).logical_and_(decoded).any(dim=1)  # [B]
+    on_host = torch.stack([encoded_lengths.to(torch.int64), nonfinite.to(torch.int64)]).cpu()  # one synchronisation
+    lengths_on_host, rows = on_host[0].to(encoded_lengths.dtype), on_host[1].nonzero().flatten().tolist()
     if batch_size:
         shortest, longest = (int(v) for v in torch.aminmax(lengths_on_host))
         if shortest < 0 or longest > max_time:
             raise ValueError(f"encoded_lengths must be in [0, T={max_time}], got min {shortest} max {longest}")
-    if partial_hypotheses is not None and len(partial_hypotheses) != batch_size:
-        raise ValueError(f"partial_hypotheses has {len(partial_hypotheses)} entries for a batch of {batch_size}")
-    return lengths_on_host
+    lengths = encoded_lengths.masked_fill(nonfinite, 0) if rows else encoded_lengths
+    return DecoderInputs(lengths, lengths_on_host, rows)
+
+
+def mark_nonfinite(hypotheses: Sequence[Any], rows: Sequence[int]) -> None:
+    """Give the hypotheses of ``rows`` (decoded empty) a NaN score, and say which rows in one warning.
+
+    ``hypotheses``: one ``Hypothesis`` or ``NBestHypotheses`` per batch row.
+    """
+    if not rows:
+        return
+    for row in rows:
+        entry = hypotheses[row]
+        for hyp in getattr(entry, "n_best_hypotheses", None) or [entry]:
+            hyp.score = float("nan")
+    logger.warning(
+        "nemo_fastdecode: encoder output has NaN or inf values in batch row(s) %s; decoded as empty hypotheses "
+        "with score NaN (check the audio, and the model's precision)",
+        list(rows),
+    )
 
 
 @contextmanager

@@ -15,6 +15,8 @@ Follows NeMo's ``examples/asr/transcribe_speech.py``; the logic lives in ``nemo_
     python scripts/transcribe.py decoding.strategy=greedy_batch
 """
 
+import sys
+
 from nemo.core.config import hydra_runner
 from omegaconf import DictConfig
 
@@ -23,7 +25,8 @@ from nemo_fastdecode.tools.transcribe_app import run
 
 @hydra_runner(config_path="../configs", config_name="transcribe")
 def main(cfg: DictConfig) -> None:
-    run(cfg)
+    if run(cfg).failed:  # every readable file was transcribed; the others are listed above and in the manifest
+        sys.exit(1)
 
 
 if __name__ == "__main__":

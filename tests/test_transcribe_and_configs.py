@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -262,6 +263,38 @@ def test_script_end_to_end(audio_inputs, tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == len(paths) and all("pred_text" in r for r in records)
     assert not (tmp_path / "outputs").exists()  # no Hydra run folders
+
+
+def test_unreadable_files_are_reported_and_the_others_transcribed(audio_inputs, tmp_path):
+    """A corrupt, a stereo and an empty file: each is named with its reason, the rest are transcribed, exit 1."""
+    import numpy as np
+    import soundfile as sf
+
+    root, paths, _ = audio_inputs
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for path in paths:
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "corrupt.wav").write_bytes(b"RIFF\x00\x01not really a wave file" * 10)
+    sf.write(folder / "stereo.wav", np.zeros((8000, 2), dtype=np.float32), 16000)
+    sf.write(folder / "empty.wav", np.zeros(0, dtype=np.float32), 16000)
+    out = tmp_path / "mixed.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(ROOT / "scripts" / "transcribe.py"), f"audio_dir={folder}"]
+    done = subprocess.run(
+        [*command, f"output_filename={out}", "batch_size=2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "3 of 5 file(s) could not be transcribed" in done.stdout
+    assert re.search(r"corrupt\.wav: cannot be decoded as audio \(\w+", done.stdout)
+    assert "stereo.wav: has 2 channels; the model takes mono audio" in done.stdout
+    assert "empty.wav: has no samples" in done.stdout
+    records = {Path(r["audio_filepath"]).name: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(records) == {p.name for p in paths} | {"corrupt.wav", "stereo.wav", "empty.wav"}
+    for path in paths:
+        assert isinstance(records[path.name]["pred_text"], str) and "error" not in records[path.name]
+    assert records["empty.wav"]["pred_text"] is None and records["empty.wav"]["error"] == "it has no samples"
 
 
 # ----------------------------------------------------------------------------------------------

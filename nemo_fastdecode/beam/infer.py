@@ -16,7 +16,7 @@ from nemo.core.classes import Typing, typecheck
 from nemo.core.neural_types import AcousticEncodedRepresentation, HypothesisType, LengthsType, NeuralType
 
 from nemo_fastdecode.beam.malsd import MALSDBeamComputer
-from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode
+from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_nonfinite
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 
@@ -102,11 +102,13 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             raise NotImplementedError(
                 "fast_beam does not continue partial hypotheses (streaming); NeMo's malsd_batch does not either"
             )
-        check_decoder_inputs(encoder_output, encoded_lengths, None)
+        inputs = check_decoder_inputs(encoder_output, encoded_lengths, None)
         batch_size = encoder_output.shape[0]
         if batch_size == 0:
             return ([],)
         with eval_mode(self.decoder, self.joint), torch.inference_mode():
-            hyps = self.computer(encoder_output.transpose(1, 2), encoded_lengths)
+            hyps = self.computer(encoder_output.transpose(1, 2), inputs.lengths)
             nbest = not self.return_best_hypothesis
-            return (hyps.to_hypotheses(batch_size, score_norm=self.score_norm, nbest=nbest),)
+            hypotheses = hyps.to_hypotheses(batch_size, score_norm=self.score_norm, nbest=nbest)
+            mark_nonfinite(hypotheses, inputs.nonfinite_rows)
+            return (hypotheses,)

@@ -15,7 +15,7 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo.collections.common.parts.optional_cuda_graphs import WithOptionalCudaGraphs
 from nemo.core.classes import typecheck
 
-from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode
+from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_nonfinite
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.base import GreedyComputerBase
@@ -99,13 +99,13 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         partial_hypotheses: list[Hypothesis | None] | None = None,
     ) -> tuple[list[Hypothesis]]:
         """Decode ``encoder_output [B, D, T]`` with ``encoded_lengths [B]``; returns ``(hypotheses,)``."""
-        lengths_on_host = check_decoder_inputs(encoder_output, encoded_lengths, partial_hypotheses)
+        inputs = check_decoder_inputs(encoder_output, encoded_lengths, partial_hypotheses)
         previous_states = None
         if partial_hypotheses is not None:
             previous_states = [_state_of(h) for h in partial_hypotheses]
         with eval_mode(self.decoder, self.joint), torch.inference_mode():
             hyps = self.computer(
-                encoder_output.transpose(1, 2), encoded_lengths, previous_states, with_durations=self.include_duration
+                encoder_output.transpose(1, 2), inputs.lengths, previous_states, with_durations=self.include_duration
             )
             if partial_hypotheses is not None:  # continue the previous chunk's hypotheses, as NeMo does
                 hyps = [
@@ -113,8 +113,9 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
                     for previous, hyp in zip(partial_hypotheses, hyps, strict=True)
                 ]
             # NeMo's pack_hypotheses: the encoded length of each row as a 0-d CPU tensor (labels are int64 already)
-            for hyp, length in zip(hyps, lengths_on_host.unbind(0), strict=True):
+            for hyp, length in zip(hyps, inputs.lengths_on_host.unbind(0), strict=True):
                 hyp.length = length
+            mark_nonfinite(hyps, inputs.nonfinite_rows)
             return (hyps,)
 
 

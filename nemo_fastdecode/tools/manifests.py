@@ -160,3 +160,22 @@ def load_audio(paths: Sequence[str | os.PathLike], sample_rate: int) -> list[np.
     from nemo.collections.asr.parts.preprocessing.segment import AudioSegment
 
     return [AudioSegment.from_file(str(p), target_sr=sample_rate).samples.astype(np.float32) for p in paths]
+
+
+def audio_problem(path: str | os.PathLike) -> str | None:
+    """Why NeMo's ``transcribe`` could not read ``path`` (corrupt, not audio, empty, more than one channel), or
+    ``None`` when it can: the file is decoded once here, so that one bad file is reported instead of stopping
+    the batch it would land in."""
+    import soundfile as sf
+
+    try:
+        data, _ = sf.read(str(path), dtype="float32", always_2d=True)
+    except Exception as error:  # soundfile raises LibsndfileError, RuntimeError, TypeError ... by format
+        return f"cannot be decoded as audio ({type(error).__name__}: {str(error).strip() or 'no detail'})"
+    if data.shape[0] == 0:
+        return "has no samples"
+    if data.shape[1] != 1:
+        return f"has {data.shape[1]} channels; the model takes mono audio (mix it down first, e.g. sox in.wav -c 1 out.wav)"
+    if not np.isfinite(data).all():
+        return "has NaN or inf samples"
+    return None

@@ -33,6 +33,7 @@ from nemo_fastdecode.tools import synthetic
 from nemo_fastdecode.tools.comparison import agreement, as_int_list, decode_all
 from nemo_fastdecode.tools.configs import TranscribeConfig
 from nemo_fastdecode.tools.manifests import (
+    audio_problem,
     default_output_path,
     load_audio,
     output_records,
@@ -315,7 +316,9 @@ class TranscribeResult:
 
     Attributes:
         output_path: the output manifest.
-        records: its entries (input entry + ``pred_text`` [+ timestamps]).
+        records: its entries (input entry + ``pred_text`` [+ timestamps]; files that could not be read have
+            ``pred_text: null`` and ``error``, the reason).
+        failed: ``(audio path, reason)`` of each input that could not be transcribed.
         comparison: the strategy comparison rows, if it ran.
         demo: whether this was the embedded demo (synthetic audio in a temporary folder).
         model: the model that transcribed.
@@ -323,6 +326,7 @@ class TranscribeResult:
 
     output_path: Path
     records: list[dict[str, Any]]
+    failed: list[tuple[str, str]]
     comparison: list[StrategyRun] | None
     demo: bool
     model: Any
@@ -377,31 +381,45 @@ def run(
         apply_decoding(model, decoding)
         log(f"Model {cfg.model!r} on {device}, decoding strategy {decoding.strategy!r}; {len(utterances)} file(s).")
 
-        hyps = transcribe_files(
-            model,
-            [u.audio_path for u in utterances],
-            batch_size=cfg.batch_size,
-            timestamps=bool(cfg.timestamps),
-            bf16=cfg.bf16,
-            progress=progress,
+        problems = {i: reason for i, u in enumerate(utterances) if (reason := audio_problem(u.audio_path)) is not None}
+        for i, reason in problems.items():
+            log(f"Cannot transcribe {utterances[i].audio_path}: it {reason}")
+        readable = [u for i, u in enumerate(utterances) if i not in problems]
+        hyps = (
+            transcribe_files(
+                model,
+                [u.audio_path for u in readable],
+                batch_size=cfg.batch_size,
+                timestamps=bool(cfg.timestamps),
+                bf16=cfg.bf16,
+                progress=progress,
+            )
+            if readable
+            else []
         )
-        records = output_records(utterances, hyps, timestamps=bool(cfg.timestamps))
+        transcribed = iter(output_records(readable, hyps, timestamps=bool(cfg.timestamps)))
+        records = [
+            {**u.entry, "pred_text": None, "error": f"it {problems[i]}"} if i in problems else next(transcribed)
+            for i, u in enumerate(utterances)
+        ]
         write_output_manifest(records, output_path)
+        failed = [(str(utterances[i].audio_path), reason) for i, reason in problems.items()]
 
         shown = records if demo or len(records) <= 10 else records[:10]
         for record in shown:
             log(f"{Path(record['audio_filepath']).name}: {record['pred_text']!r}")
         if len(shown) < len(records):
             log(f"... and {len(records) - len(shown)} more")
-        log(f"Wrote {len(records)} transcript(s) to {output_path}")
+        log(f"Wrote {len(records) - len(failed)} transcript(s) to {output_path}")
+        if failed:
+            log(f"{len(failed)} of {len(records)} file(s) could not be transcribed (each has an 'error' entry there):")
+            log("\n".join(f"  {path}: {reason}" for path, reason in failed))
 
         comparison = None
-        if compare:
+        if compare and (paths is not None or readable):
             sample_rate = int(model.cfg.get("sample_rate", synthetic.SAMPLE_RATE))
             audio = (
-                demo_audio(cfg.seed)
-                if paths is not None
-                else load_audio([u.audio_path for u in utterances], sample_rate)
+                demo_audio(cfg.seed) if paths is not None else load_audio([u.audio_path for u in readable], sample_rate)
             )
             comparison = compare_strategies(model, audio, decoding=cfg.decoding, batch_size=cfg.batch_size)
             kind = comparison_kind(cfg.decoding)
@@ -414,4 +432,4 @@ def run(
             log(format_comparison(comparison))
             if device.type == "cpu":
                 log("CPU timings of a tiny model: they check the set-up and do not represent GPU decoding speed.")
-    return TranscribeResult(output_path=output_path, records=records, comparison=comparison, demo=demo, model=model)
+    return TranscribeResult(output_path, records, failed, comparison, demo, model)
