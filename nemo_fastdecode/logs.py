@@ -40,6 +40,8 @@ class _FirstOccurrenceOnly(logging.Filter):
 
 _verbose = os.environ.get("NEMO_FASTDECODE_VERBOSE", "0") not in ("", "0", "false", "False")
 _filter = _FirstOccurrenceOnly(_REPEATED_NEMO_LINES)
+_stderr = logging.StreamHandler()
+_stderr.setFormatter(logging.Formatter("%(message)s"))
 
 
 def verbose() -> bool:
@@ -48,10 +50,19 @@ def verbose() -> bool:
 
 
 def set_verbose(enabled: bool) -> None:
-    """Show every NeMo set-up line and our debug lines (``True``), or only their first occurrences (``False``)."""
+    """Show every NeMo set-up line and our info and debug lines (``True``), or only first occurrences (``False``).
+
+    Verbose output goes to stderr when the application has not set up logging itself.
+    """
     global _verbose
     _verbose = bool(enabled)
     logger.setLevel(logging.DEBUG if _verbose else logging.NOTSET)
+    if _verbose and not logger.handlers and not logging.getLogger().handlers:
+        logger.addHandler(_stderr)
+        logger.propagate = False
+    elif not _verbose and _stderr in logger.handlers:
+        logger.removeHandler(_stderr)
+        logger.propagate = True
 
 
 def quiet_repeated_nemo_lines() -> None:

@@ -237,6 +237,8 @@ def _check_options(strategy: str, fast: FastStrategy, decoding_cfg: DictConfig) 
         raise ValueError(
             _unknown_keys_message(strategy, unknown, fast.options, f"decoding.{fast.section}", noun="option")
         )
+    # types and values, before NeMo's stand-in reads the keys we share with it (max_symbols, ...)
+    options_from_section(fast.options_class, section, f"decoding.{fast.section}")
     unsupported = []
     # NeMo takes the section's value when the top-level one is unset (greedy strategies)
     alignments = decoding_cfg.get("preserve_alignments", None)
