@@ -19,6 +19,8 @@ RATE = 16000
 # whole-file lengths around the frame boundaries (hop 160, look-ahead 199) and a stream that wraps the rings often
 LENGTHS = [0, 1, 159, 160, 161, 199, 358, 359, 4001, RATE + 321]
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 
 @pytest.fixture(scope="module")
 def preprocessor():
@@ -229,3 +231,23 @@ def test_refused_preprocessor_settings(setting, value, message):
 def test_refused_featurizer():
     with pytest.raises(ValueError, match="computes NeMo's FilterbankFeatures .* got featurizer NoneType"):
         AudioFrontEnd(torch.nn.Identity(), num_slots=1)
+
+
+def test_benchmark_script_smoke_run(tmp_path):
+    """scripts/bench_frontend.py on the CPU: every row filled, and the front end's frames equal NeMo's."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_frontend.py"
+    spec = importlib.util.spec_from_file_location("bench_frontend", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = ["--device", "cpu", "--streams", "4", "--cycles", "2", "--warmup", "1", "--per-stream-max", "2"]
+    bench.main([*args, "--json", str(tmp_path / "f.json"), "--md", str(tmp_path / "f.md")])
+    (row,) = json.loads((tmp_path / "f.json").read_text())["results"]
+    assert row["streams"] == 4 and row["push_samples"] == 2560 and row["frames_per_stream_per_cycle"] == 16
+    assert row["max_abs_diff_vs_nemo"] == 0.0
+    assert row["ours_gpu_span_ms"] is None and row["nemo_per_stream_timed_streams"] == 2
+    assert all(row[k] > 0 for k in ("ours_cycle_ms", "ours_host_ms", "nemo_batched_ms", "nemo_per_stream_ms"))
+    assert "| 4 | 0.02 |" in (tmp_path / "f.md").read_text()
