@@ -4,8 +4,11 @@ Per engine cycle, :meth:`AudioFrontEnd.append` takes the new bytes of any number
 host buffer (pinned on a GPU host), copies it to the device in one copy, and one kernel per sample format
 (:mod:`~nemo_fastdecode.kernels.pcm_frames`) decodes and appends the samples to each slot's sample ring.
 :meth:`AudioFrontEnd.features` then computes, for all streams in one batched pass, every feature frame whose
-samples have all arrived: exactly the frames of NeMo's ``AudioToMelSpectrogramPreprocessor`` on the whole
-file (``FilterbankFeatures.forward`` in eval mode)::
+samples have all arrived: one kernel cuts the windowed, pre-emphasised frames from the rings
+(:mod:`~nemo_fastdecode.kernels.stft_frames`), torch's FFT transforms them, one kernel takes the power spectrum
+(:mod:`~nemo_fastdecode.kernels.power_spectrum`, on a GPU), and torch's mel product and log finish. These are
+exactly the frames of NeMo's ``AudioToMelSpectrogramPreprocessor`` on the whole file (``FilterbankFeatures.forward``
+in eval mode)::
 
     y[0] = x[0],  y[i] = x[i] - preemph * x[i - 1]       pre-emphasis (first sample kept)
     p = [n_fft // 2 zeros, y, n_fft // 2 zeros]            torch.stft(center=True, pad_mode="constant")
@@ -20,13 +23,14 @@ stream's end (``flush``) the remaining valid frames are computed with NeMo's zer
 The frames past ``seq_len`` (which NeMo masks to ``pad_value``) are never emitted: a stream of ``L`` samples
 yields exactly ``seq_len`` frames.
 
-Exactness (fp32): pre-emphasis, window, FFT, magnitude, power, mel product and log are the same torch operations
-on the same values, in the same layouts, as NeMo's; only the number of frames per call differs. On the CPU that
-changes nothing: the features equal NeMo's bit for bit (tested). A GPU library may pick another algorithm for
-another number of frames: the mel product ``fb @ spectrum`` sums 257 non-negative terms, so another summation
-order moves a mel energy by at most ~257 fp32 roundings (relative 1.5e-5, the same absolute after the log),
-typically one or two; an FFT computes each frame alone in practice, though no library promises it. Dither is not applied: NeMo adds it in training
-mode only, and eval-mode features are the reference (a model's ``dither: 1e-5`` changes nothing here).
+Exactness (fp32): every step rounds as NeMo's torch operations do, on the same values, in the same layouts; only
+the number of frames per call differs. On the CPU that changes nothing: the features equal NeMo's bit for bit
+(tested). On a GPU the frames, the FFT and the power spectrum stay bit-exact (cuFFT transforms each frame alone;
+checked on an H100), but cuBLAS may pick another algorithm for another number of frames: the mel product sums 257
+non-negative terms, so another summation order moves a mel energy by at most ~257 fp32 roundings (relative 1.5e-5,
+the same absolute after the log), in practice one or two (max 3.6e-7 after the log on an H100). Dither is not
+applied: NeMo adds it in training mode only, and eval-mode features are the reference (a model's ``dither: 1e-5``
+changes nothing here).
 
 What is refused, with an error naming the value: preprocessors other than NeMo's ``FilterbankFeatures``
 (e.g. its torchaudio variant), ``normalize`` other than ``"NA"`` (per-utterance statistics would look at the
@@ -57,6 +61,8 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.pcm_frames import ROW_FIELDS, SampleFormat, pcm_frames, pcm_frames_reference
+from nemo_fastdecode.kernels.power_spectrum import power_spectrum, power_spectrum_reference
+from nemo_fastdecode.kernels.stft_frames import FrameIndex, stft_frames, stft_frames_reference
 
 __all__ = ["AudioFrontEnd", "FrontEndOutput", "MelSettings", "SampleFormat"]
 
@@ -333,7 +339,7 @@ class AudioFrontEnd:
         self.ring = torch.zeros(num_slots, self.capacity, dtype=torch.float32, device=self.device)
         self._window = s.window.to(self.device)
         self._fb = s.fb.to(self.device)
-        self._taps = torch.arange(-1, s.n_fft, device=self.device)  # -1: the sample before a frame (pre-emphasis)
+        self._use_triton = triton is not None and triton_runs_on(self.device)
         self._audio = _Uploader(self.device)
         self._meta = _Uploader(self.device)
         # host-side state per slot: the host knows every count, so no decision waits on the GPU
@@ -461,7 +467,7 @@ class AudioFrontEnd:
         self._samples[rows[:, 2]] += rows[:, 1]  # slots are distinct
         received = self._audio.send(plan.nbytes)
         device_rows = _int_view(received[: rows.size * 4], torch.int32, ROW_FIELDS)
-        decode = pcm_frames if triton is not None and triton_runs_on(self.device) else pcm_frames_reference
+        decode = pcm_frames if self._use_triton else pcm_frames_reference
         for sample_format, group in plan.groups.items():
             max_samples = int(rows[group.first : group.last, 1].max())
             decode(received, device_rows[group.first : group.last], self.ring, sample_format, max_samples)
@@ -579,33 +585,25 @@ class AudioFrontEnd:
         host = self._meta.host(meta.nbytes)
         _int_view(host, np.int64, len(slots))[:] = meta
         slot, start, count, offset, end = _int_view(self._meta.send(meta.nbytes), torch.int64, len(slots))
-        row = torch.repeat_interleave(torch.arange(len(slots), device=self.device), count, output_size=total)
-        frame = start[row] + torch.arange(total, device=self.device) - offset[row]  # [R] frame index in its stream
-        # padded sample positions a frame reads, from the one before its first (pre-emphasis) on: [R, n_fft + 1]
-        position = frame[:, None] * s.hop + self._taps
-        samples = self.ring.take(slot[row, None] * self.capacity + position % self.capacity)
-        # zeros outside [first sample, last sample received]: NeMo's padding (and never another stream's samples)
-        valid = (position >= s.pad) & (position < end[row, None])
-        samples = torch.where(valid, samples, 0.0)
-        if s.preemph is None:
-            emphasised = samples[:, 1:]
-        else:  # NeMo: cat(x[0], x[1:] - preemph * x[:-1]); x[-1] is a masked zero, so x[0] - 0 keeps x[0]
-            emphasised = torch.where(valid[:, 1:], samples[:, 1:] - s.preemph * samples[:, :-1], 0.0)
-        return self._spectrum_to_mel(emphasised)
+        stream_of = torch.repeat_interleave(torch.arange(len(slots), device=self.device), count, output_size=total)
+        index = FrameIndex(stream_of, slot, start, offset, end)
+        cut = stft_frames if self._use_triton else stft_frames_reference
+        frames = cut(self.ring, self._window, index, hop=s.hop, pad=s.pad, preemph=s.preemph)
+        return self._spectrum_to_mel(frames)
 
     def _spectrum_to_mel(self, frames: torch.Tensor) -> torch.Tensor:
-        """``[R, n_fft]`` unwindowed frames -> ``[F, R]`` features, by NeMo's operations in NeMo's layout."""
+        """``[R, n_fft]`` windowed frames -> ``[F, R]`` features, by NeMo's operations in NeMo's layout."""
         s = self.settings
-        # torch.stft: input.mul(window) then a one-sided r2c FFT of every frame
-        spectrum = torch.fft.rfft(frames * self._window)  # [R, n_fft // 2 + 1]
-        magnitude = torch.sqrt(torch.view_as_real(spectrum).pow(2).sum(-1) + s.sqrt_guard)
-        if s.mag_power != 1.0:
-            magnitude = magnitude.pow(s.mag_power)
+        spectrum = torch.fft.rfft(frames)  # [R, n_fft // 2 + 1]: torch.stft's one-sided r2c FFT of each frame
+        # on the CPU, NeMo's (torch's) square root is not IEEE's: there the torch operations give NeMo's bits
+        fused = self.device.type == "cuda" and s.mag_power == 2.0
+        power = (power_spectrum if fused else power_spectrum_reference)(spectrum, s.sqrt_guard, s.mag_power)
         # NeMo multiplies fb [1, F, n_freq] by a contiguous [B, n_freq, T]: the same layout here. One column would
         # take BLAS's matrix-vector path, which orders the sums differently: a copy of it makes it a GEMM.
-        frames = magnitude.shape[0]
-        power = magnitude.t() if frames > 1 else magnitude.t().expand(-1, 2)
-        mel = torch.matmul(self._fb, power.contiguous().unsqueeze(0))[0, :, :frames]
+        frames = power.shape[1]
+        if frames == 1:
+            power = power.expand(-1, 2).contiguous()
+        mel = torch.matmul(self._fb, power.unsqueeze(0))[0, :, :frames]
         if s.log:
             mel = torch.log(mel + s.log_guard) if s.log_guard_type == "add" else torch.log(mel.clamp(min=s.log_guard))
         return mel
