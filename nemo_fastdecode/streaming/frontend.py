@@ -265,7 +265,7 @@ class _Uploader:
             self._received = torch.empty(self._staging.numel(), dtype=torch.uint8, device=self.device)
         received = self._received[:nbytes]
         received.copy_(self._staging[:nbytes], non_blocking=True)
-        self._copied.record()
+        self._copied.record(torch.cuda.current_stream(self.device))
         self._pending = True
         return received
 
