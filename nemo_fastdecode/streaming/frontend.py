@@ -1,0 +1,609 @@
+"""The streaming audio front end: every stream's raw PCM in, the mel features NeMo computes on the whole file out.
+
+Per engine cycle, :meth:`AudioFrontEnd.append` takes the new bytes of any number of streams, joins them into ONE
+host buffer (pinned on a GPU host), copies it to the device in one copy, and one kernel per sample format
+(:mod:`~nemo_fastdecode.kernels.pcm_frames`) decodes and appends the samples to each slot's sample ring.
+:meth:`AudioFrontEnd.features` then computes, for all streams in one batched pass, every feature frame whose
+samples have all arrived: one kernel cuts the windowed, pre-emphasised frames from the rings
+(:mod:`~nemo_fastdecode.kernels.stft_frames`), torch's FFT transforms them, one kernel takes the power spectrum
+(:mod:`~nemo_fastdecode.kernels.power_spectrum`, on a GPU), and torch's mel product and log finish. These are
+exactly the frames of NeMo's ``AudioToMelSpectrogramPreprocessor`` on the whole file (``FilterbankFeatures.forward``
+in eval mode)::
+
+    y[0] = x[0],  y[i] = x[i] - preemph * x[i - 1]       pre-emphasis (first sample kept)
+    p = [n_fft // 2 zeros, y, n_fft // 2 zeros]            torch.stft(center=True, pad_mode="constant")
+    frame t = p[t * hop : t * hop + n_fft] * window        (win_length window centred in n_fft, zeros around)
+    features[:, t] = log(fb @ |rfft(frame t)| ** mag_power + guard),   t < seq_len = floor(L / hop)
+
+Frame ``t`` reads the pre-emphasised samples where its padded window is non-zero: for NeMo's 400-sample Hann
+window (``periodic=False``, zero at both ends) in a 512-point FFT, ``y[t*hop - 199 : t*hop + 199]``, i.e. the
+samples ``x[t*hop - 200 : t*hop + 199]``. So it is emitted as soon as sample ``t*hop + 198`` has arrived
+(:attr:`MelSettings.lookahead`: 199 samples, 12.4 ms at 16 kHz, not the 256 of the whole FFT frame), and at a
+stream's end (``flush``) the remaining valid frames are computed with NeMo's zero padding.
+The frames past ``seq_len`` (which NeMo masks to ``pad_value``) are never emitted: a stream of ``L`` samples
+yields exactly ``seq_len`` frames.
+
+Exactness (fp32): every step rounds as NeMo's torch operations do, on the same values, in the same layouts; only
+the number of frames per call differs. On the CPU that changes nothing: the features equal NeMo's bit for bit
+(tested). On a GPU the frames, the FFT and the power spectrum stay bit-exact (cuFFT transforms each frame alone;
+checked on an H100), but cuBLAS may pick another algorithm for another number of frames: the mel product sums 257
+non-negative terms, so another summation order moves a mel energy by at most ~257 fp32 roundings (relative 1.5e-5,
+the same absolute after the log), in practice one or two (max 3.6e-7 after the log on an H100). Dither is not
+applied: NeMo adds it in training mode only, and eval-mode features are the reference (a model's ``dither: 1e-5``
+changes nothing here).
+
+What is refused, with an error naming the value: preprocessors other than NeMo's ``FilterbankFeatures``
+(e.g. its torchaudio variant), ``normalize`` other than ``"NA"`` (per-utterance statistics would look at the
+whole future of a stream), ``frame_splicing != 1``, ``exact_pad=True``, no window; streams at a sample rate
+other than the model's (resample before pushing; no resampler here), more than one channel, non-finite float
+samples. Memory is bounded: each slot keeps a ring of ``max_push_seconds`` of audio plus one frame's context,
+overwritten as frames are emitted.
+
+Not thread-safe: one engine thread calls ``append`` and ``features``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+try:  # Triton is optional: without it the kernel's torch reference decodes
+    import triton
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+
+from nemo_fastdecode.kernels import triton_runs_on
+from nemo_fastdecode.kernels.pcm_frames import ROW_FIELDS, SampleFormat, pcm_frames, pcm_frames_reference
+from nemo_fastdecode.kernels.power_spectrum import power_spectrum, power_spectrum_reference
+from nemo_fastdecode.kernels.stft_frames import FrameIndex, stft_frames, stft_frames_reference
+
+__all__ = ["AudioFrontEnd", "FrontEndOutput", "MelSettings", "SampleFormat"]
+
+_NO_NORMALIZATION = ("NA", None, "", False)  # NeMo's FilterbankFeatures skips normalize_batch or passes x through
+_ROW_BYTES = ROW_FIELDS * 4  # one int32 [4] row of the header per stream
+
+
+@dataclass(frozen=True)
+class MelSettings:
+    """NeMo's mel-spectrogram settings, read once from a model's preprocessor.
+
+    Attributes:
+        sample_rate: the model's sample rate (``preprocessor._sample_rate``).
+        n_fft, hop, win_length: FFT size, frame hop and window length in samples.
+        window: ``[n_fft]`` float32, the window centred in ``n_fft`` as ``torch.stft`` pads it.
+        fb: ``[1, n_mels, n_fft // 2 + 1]`` float32 mel filterbank (NeMo's ``fb``).
+        preemph: pre-emphasis coefficient, or ``None`` for none.
+        mag_power: power applied to the magnitude spectrum.
+        log: whether the log is taken; ``log_guard_type`` ``"add"`` or ``"clamp"``; ``log_guard`` its value.
+        sqrt_guard: added before the magnitude's square root (NeMo: 0 unless ``use_grads``).
+        pad: samples of zero padding on each side (``n_fft // 2``, ``torch.stft(center=True)``).
+        first_tap, last_tap: first and last index of the padded window that is non-zero.
+    """
+
+    sample_rate: int
+    n_fft: int
+    hop: int
+    win_length: int
+    window: torch.Tensor
+    fb: torch.Tensor
+    preemph: float | None
+    mag_power: float
+    log: bool
+    log_guard_type: str
+    log_guard: float
+    sqrt_guard: float
+    pad: int
+    first_tap: int
+    last_tap: int
+
+    @classmethod
+    def from_preprocessor(cls, preprocessor: torch.nn.Module) -> MelSettings:
+        """Read (and check) the settings of a NeMo ``AudioToMelSpectrogramPreprocessor``."""
+        from nemo.collections.asr.parts.preprocessing.features import CONSTANT, FilterbankFeatures
+
+        featurizer = getattr(preprocessor, "featurizer", None)
+        if type(featurizer) is not FilterbankFeatures:
+            raise ValueError(
+                "the audio front end computes NeMo's FilterbankFeatures (AudioToMelSpectrogramPreprocessor with "
+                f"use_torchaudio=False); got featurizer {type(featurizer).__name__}"
+            )
+        checks = {
+            "normalize": (featurizer.normalize, featurizer.normalize in _NO_NORMALIZATION, "'NA'"),
+            "frame_splicing": (featurizer.frame_splicing, featurizer.frame_splicing == 1, "1"),
+            "exact_pad": (featurizer.exact_pad, not featurizer.exact_pad, "False"),
+            "window": ("none", featurizer.window is not None, "a window name such as 'hann'"),
+        }
+        for name, (value, ok, valid) in checks.items():
+            if not ok:
+                raise ValueError(
+                    f"preprocessor setting {name}={value!r} is not supported by the streaming front end "
+                    f"(cache-aware models use {name}={valid})"
+                )
+        n_fft, win_length = int(featurizer.n_fft), int(featurizer.win_length)
+        if win_length > n_fft:
+            raise ValueError(f"preprocessor setting n_window_size={win_length} exceeds n_fft={n_fft}")
+        # torch.stft centres a shorter window in n_fft with zeros around it
+        window = torch.zeros(n_fft)
+        left = (n_fft - win_length) // 2
+        window[left : left + win_length] = featurizer.window.detach().float().cpu()
+        taps = torch.nonzero(window).flatten()
+        if taps.numel() == 0:
+            raise ValueError("preprocessor window is all zeros")
+        guard_probe = torch.zeros((), dtype=torch.float32)  # 'tiny' / 'eps' guards depend on the dtype
+        preemph = featurizer.preemph
+        return cls(
+            sample_rate=int(preprocessor._sample_rate),
+            n_fft=n_fft,
+            hop=int(featurizer.hop_length),
+            win_length=win_length,
+            window=window,
+            fb=featurizer.fb.detach().float().cpu(),
+            preemph=None if preemph is None else float(preemph),
+            mag_power=float(featurizer.mag_power),
+            log=bool(featurizer.log),
+            log_guard_type=str(featurizer.log_zero_guard_type),
+            log_guard=float(featurizer.log_zero_guard_value_fn(guard_probe)),
+            sqrt_guard=CONSTANT if featurizer.use_grads else 0.0,
+            pad=n_fft // 2,
+            first_tap=int(taps[0]),
+            last_tap=int(taps[-1]),
+        )
+
+    @property
+    def features(self) -> int:
+        """Mel features per frame (``feat_in`` of the encoder)."""
+        return int(self.fb.shape[1])
+
+    @property
+    def lookahead(self) -> int:
+        """Samples at and after ``t * hop`` that frame ``t`` reads (199 for NeMo's 400-in-512 Hann window)."""
+        return self.last_tap + 1 - self.pad
+
+    def seq_len(self, samples: np.ndarray) -> np.ndarray:
+        """NeMo's valid frame count for ``samples`` samples (``get_seq_len``, center=True), element-wise."""
+        return np.maximum((samples + 2 * self.pad - self.n_fft) // self.hop, 0)
+
+    def complete_frames(self, samples: np.ndarray) -> np.ndarray:
+        """Frames whose every sample is among the first ``samples`` (and valid however the stream ends)."""
+        # frame t reads padded positions up to t * hop + last_tap, i.e. samples up to t * hop + last_tap - pad
+        reach = samples + self.pad - self.last_tap - 1
+        complete = np.where(reach >= 0, reach // self.hop + 1, 0)
+        return np.minimum(complete, self.seq_len(samples))
+
+
+@dataclass
+class FrontEndOutput:
+    """New feature frames of one :meth:`AudioFrontEnd.features` call, packed along time.
+
+    Attributes:
+        features: ``[F, R]`` float32 on the front end's device: the new frames of ``slots[i]`` are columns
+            ``offsets[i] : offsets[i] + counts[i]``, in time order.
+        slots: the streams that got frames (slot ids), in increasing order.
+        starts: index of each stream's first new frame in its whole-file features.
+        counts: new frames per stream.
+        offsets: first column of each stream in ``features``.
+        ended: the slots flushed by this call (their last frames are here; they accept no more audio).
+    """
+
+    features: torch.Tensor
+    slots: list[int]
+    starts: list[int]
+    counts: list[int]
+    offsets: list[int]
+    ended: list[int]
+
+    def for_slot(self, slot: int) -> torch.Tensor:
+        """``[F, n]`` view of one stream's new frames (``n = 0`` if it got none)."""
+        i = bisect.bisect_left(self.slots, slot)
+        if i == len(self.slots) or self.slots[i] != slot:
+            return self.features[:, :0]
+        return self.features[:, self.offsets[i] : self.offsets[i] + self.counts[i]]
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(slot, [F, n] view)`` per stream that got frames."""
+        for slot, offset, count in zip(self.slots, self.offsets, self.counts, strict=True):
+            yield slot, self.features[:, offset : offset + count]
+
+
+def _host_bytes(audio: Any, sample_format: SampleFormat, slot: int) -> bytes | memoryview:
+    """The raw bytes of one push: bytes-like, or a mono numpy array / CPU tensor of the stream's dtype (or uint8)."""
+    if type(audio) is bytes:  # what a socket gives: no view needed
+        return audio
+    if isinstance(audio, torch.Tensor):
+        audio = audio.detach().cpu().numpy()
+    if isinstance(audio, np.ndarray):
+        if audio.ndim != 1:
+            raise ValueError(f"stream {slot}: audio must be mono (1-D), got an array of shape {audio.shape}")
+        expected = np.dtype("<i2" if sample_format is SampleFormat.INT16 else "<f4")
+        if audio.dtype not in (expected, np.dtype(np.uint8)):
+            raise ValueError(
+                f"stream {slot}: an array of dtype {audio.dtype} was pushed to a {sample_format.value} stream "
+                f"(valid: {expected} or raw bytes as uint8)"
+            )
+        audio = np.ascontiguousarray(audio)
+    view = memoryview(audio)
+    if not view.c_contiguous:
+        raise ValueError(f"stream {slot}: audio bytes must be contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+class _Uploader:
+    """A reusable host staging buffer (pinned on a GPU host, for one asynchronous copy) and its device copy.
+
+    ``host(n)`` waits until the previous copy out of the staging buffer is done before handing it out again;
+    both buffers grow (to the next power of two) when a cycle needs more.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._staging = torch.empty(0, dtype=torch.uint8)
+        self._received = torch.empty(0, dtype=torch.uint8, device=device)
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+        self._pending = False  # a copy out of the staging buffer may still run
+
+    def host(self, nbytes: int) -> np.ndarray:
+        """``[nbytes]`` uint8 host buffer to fill."""
+        if self._pending:
+            self._copied.synchronize()  # the previous cycle's copy has long finished in practice
+        if self._staging.numel() < nbytes:
+            size = 1 << max(nbytes - 1, 1).bit_length()
+            self._staging = torch.empty(size, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        return self._staging[:nbytes].numpy()
+
+    def send(self, nbytes: int) -> torch.Tensor:
+        """The first ``nbytes`` of the host buffer on the device: one copy (none on the CPU)."""
+        if self.device.type != "cuda":
+            return self._staging[:nbytes]
+        if self._received.numel() < nbytes:
+            self._received = torch.empty(self._staging.numel(), dtype=torch.uint8, device=self.device)
+        received = self._received[:nbytes]
+        received.copy_(self._staging[:nbytes], non_blocking=True)
+        self._copied.record(torch.cuda.current_stream(self.device))
+        self._pending = True
+        return received
+
+
+def _int_view(data: np.ndarray | torch.Tensor, dtype: Any, columns: int) -> Any:
+    """``[-1, columns]`` view of a uint8 buffer as ``dtype`` (numpy or torch)."""
+    return data.view(dtype).reshape(-1, columns)
+
+
+@dataclass
+class _Group:
+    """The rows ``[first, last)`` of one sample format in a packed buffer, their bytes ``[start, end)``, payloads."""
+
+    first: int
+    last: int
+    start: int
+    end: int
+    payloads: list[bytes | memoryview]
+
+
+@dataclass
+class _Plan:
+    """The layout of one append: int32 rows ``[B, 4]`` (byte offset, samples, slot, ring position), the rows of each
+    format, the first bytes of the samples split at the end of a push (per slot), and the total byte count."""
+
+    rows: np.ndarray
+    groups: dict[SampleFormat, _Group]
+    partial: dict[int, bytes]
+    nbytes: int
+
+
+class AudioFrontEnd:
+    """Raw audio of ``num_slots`` streams in, NeMo's whole-file mel features out, for all streams at once.
+
+    Typical cycle of a streaming engine::
+
+        front = AudioFrontEnd(model.preprocessor, num_slots=1024, device="cuda")
+        front.open(3)                                  # int16 PCM at the model's rate, mono
+        front.append({3: pcm_bytes, 7: other_bytes})   # any number of streams: one host-to-device copy
+        out = front.features(flush={7})                # every complete frame, batched; stream 7 ends
+        for slot, frames in out:                       # [F, n] views, in time order
+            ...
+
+    Args:
+        preprocessor: the model's ``AudioToMelSpectrogramPreprocessor`` (settings read once: :class:`MelSettings`).
+        num_slots: the most streams open at once (slots ``0 .. num_slots - 1``).
+        device: where the sample rings, the kernels and the features live.
+        max_push_seconds: the most audio a stream may receive between two :meth:`features` calls. Sizes the rings:
+            ``num_slots x (max_push_seconds * rate + n_fft + hop + 1)`` float32.
+    """
+
+    def __init__(
+        self,
+        preprocessor: torch.nn.Module,
+        num_slots: int,
+        device: str | torch.device = "cpu",
+        *,
+        max_push_seconds: float = 1.0,
+    ):
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        if not max_push_seconds > 0:
+            raise ValueError(f"max_push_seconds must be > 0, got {max_push_seconds}")
+        self.settings = s = MelSettings.from_preprocessor(preprocessor)
+        self.num_slots, self.device = num_slots, torch.device(device)
+        self.max_push_seconds = max_push_seconds
+        # Ring row of a slot: absolute padded sample position q (sample index + pad) lives at column q % capacity.
+        # Once features() has emitted every complete frame, the next frame's samples (from one before its first
+        # tap) span < n_fft + hop + 1 positions; one push comes on top.
+        self.capacity = math.ceil(max_push_seconds * s.sample_rate) + s.n_fft + s.hop + 1
+        self.ring = torch.zeros(num_slots, self.capacity, dtype=torch.float32, device=self.device)
+        self._window = s.window.to(self.device)
+        self._fb = s.fb.to(self.device)
+        self._use_triton = triton is not None and triton_runs_on(self.device)
+        self._audio = _Uploader(self.device)
+        self._meta = _Uploader(self.device)
+        # host-side state per slot: the host knows every count, so no decision waits on the GPU
+        self._open = np.zeros(num_slots, dtype=bool)
+        self._ended = np.zeros(num_slots, dtype=bool)
+        self._samples = np.zeros(num_slots, dtype=np.int64)  # whole samples received
+        self._emitted = np.zeros(num_slots, dtype=np.int64)  # feature frames emitted
+        self._format = [SampleFormat.INT16] * num_slots
+        self._itemsize = np.full(num_slots, SampleFormat.INT16.itemsize, dtype=np.int64)
+        self._is_float = np.zeros(num_slots, dtype=bool)
+        self._partial: dict[int, bytes] = {}  # leading bytes of a sample whose other bytes have not arrived yet
+
+    # ---- streams -------------------------------------------------------------------------------------------
+    def open(
+        self,
+        slot: int,
+        *,
+        sample_rate: int | None = None,
+        channels: int = 1,
+        sample_format: str | SampleFormat = "int16",
+    ) -> None:
+        """Start a stream in a free slot.
+
+        Args:
+            slot: a closed slot.
+            sample_rate: the audio's rate in Hz; must be the model's (``None``: the model's).
+            channels: must be 1 (mono).
+            sample_format: ``"int16"`` (16-bit PCM, scaled ``x / 32768`` as NeMo reads WAV files) or ``"float32"``,
+                both little-endian.
+        """
+        self._check_slot(slot)
+        if self._open[slot]:
+            raise ValueError(f"slot {slot} is already open; close or reset it first")
+        rate = self.settings.sample_rate
+        if sample_rate is not None and sample_rate != rate:
+            raise ValueError(
+                f"stream {slot}: sample rate {sample_rate} Hz is not supported; the model's preprocessor runs at "
+                f"{rate} Hz (resample the audio to {rate} Hz before pushing it)"
+            )
+        if channels != 1:
+            raise ValueError(f"stream {slot}: {channels} channels are not supported; valid: 1 (mono)")
+        self._format[slot] = sample_format = SampleFormat.parse(sample_format)
+        self._itemsize[slot] = sample_format.itemsize
+        self._is_float[slot] = sample_format is SampleFormat.FLOAT32
+        self._open[slot] = True
+        self.reset(slot)
+
+    def reset(self, slot: int) -> None:
+        """Restart an open stream at its first sample (same format); audio not yet turned into frames is dropped."""
+        self._check_open(slot)
+        self._ended[slot] = False
+        self._samples[slot] = self._emitted[slot] = 0
+        self._partial.pop(slot, None)
+        # the ring row keeps old samples: frames read only positions this stream has written (masks in features)
+
+    def close(self, slot: int) -> None:
+        """Free a slot; audio not yet turned into frames is dropped."""
+        self._check_open(slot)
+        self._open[slot] = False
+        self._partial.pop(slot, None)
+
+    def samples_received(self, slot: int) -> int:
+        """Whole samples the stream has received so far."""
+        return int(self._samples[slot])
+
+    def frames_emitted(self, slot: int) -> int:
+        """Feature frames of the stream emitted so far (= the index of its next frame)."""
+        return int(self._emitted[slot])
+
+    def ended(self, slot: int) -> bool:
+        """Whether the stream was flushed (all its frames emitted; it takes no more audio until reset)."""
+        return bool(self._ended[slot])
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} is out of range; valid: 0 to {self.num_slots - 1}")
+
+    def _check_open(self, slot: int) -> None:
+        self._check_slot(slot)
+        if not self._open[slot]:
+            raise ValueError(f"slot {slot} is not open")
+
+    def _check_live(self, slots: np.ndarray) -> None:
+        """Every slot is open and not flushed (vectorised: an append may name thousands)."""
+        bad = (slots < 0) | (slots >= self.num_slots)
+        bad[~bad] = ~self._open[slots[~bad]]
+        for slot in slots[bad][:1].tolist():
+            self._check_open(slot)
+        for slot in slots[self._ended[slots]][:1].tolist():
+            raise ValueError(f"stream {slot} was flushed; reset or close it before pushing more audio")
+
+    # ---- audio in ------------------------------------------------------------------------------------------
+    def append(self, pushes: Mapping[int, Any]) -> None:
+        """Append new audio of any number of open streams: one host buffer, one copy, one kernel per format.
+
+        The bytes are packed as ``[int32 rows [B, 4] | int16 payloads | float32 payloads]`` (rows: byte offset,
+        samples, slot, first ring position; the float payloads start at a multiple of 4 bytes), copied to the
+        device at once, and decoded into the sample rings by :func:`~nemo_fastdecode.kernels.pcm_frames.pcm_frames`.
+
+        Args:
+            pushes: ``{slot: audio}``; audio is bytes-like (``bytes``, ``bytearray``, ``memoryview``) in the stream's
+                format, or a 1-D numpy array / CPU tensor of its dtype (or uint8 bytes). Any byte count: the bytes of
+                a sample split between two pushes wait on the host until the rest arrives. Empty pushes do nothing.
+
+        Raises:
+            ValueError: a closed or flushed slot, a multi-channel array, a wrong dtype, non-finite float samples, or
+                more audio than ``max_push_seconds`` since the last :meth:`features` (each names the stream).
+                Nothing is appended when an error is raised.
+        """
+        plan = self._plan(pushes)
+        rows = plan.rows
+        if rows.shape[0] > 0:
+            host = self._audio.host(plan.nbytes)
+            _int_view(host[: rows.size * 4], np.int32, ROW_FIELDS)[:] = rows
+            for group in plan.groups.values():
+                parts = [np.frombuffer(payload, dtype=np.uint8) for payload in group.payloads]
+                np.concatenate(parts, out=host[group.start : group.end])
+            self._check_finite(host, plan)
+        # every check passed: commit the host state, then copy and decode
+        for slot in pushes:
+            self._partial.pop(slot, None)
+        self._partial.update(plan.partial)
+        if rows.shape[0] == 0:
+            return
+        self._samples[rows[:, 2]] += rows[:, 1]  # slots are distinct
+        received = self._audio.send(plan.nbytes)
+        device_rows = _int_view(received[: rows.size * 4], torch.int32, ROW_FIELDS)
+        decode = pcm_frames if self._use_triton else pcm_frames_reference
+        for sample_format, group in plan.groups.items():
+            max_samples = int(rows[group.first : group.last, 1].max())
+            decode(received, device_rows[group.first : group.last], self.ring, sample_format, max_samples)
+
+    def _plan(self, pushes: Mapping[int, Any]) -> _Plan:
+        """Check every push and lay out the packed buffer, vectorised over the streams; changes no state."""
+        s = self.settings
+        slots = np.fromiter(pushes, dtype=np.int64, count=len(pushes))
+        self._check_live(slots)
+        data = [_host_bytes(audio, self._format[slot], slot) for slot, audio in pushes.items()]
+        if self._partial:  # the first bytes of a split sample come first (rare: copies are fine)
+            for i, slot in enumerate(pushes):
+                if slot in self._partial:
+                    data[i] = self._partial[slot] + bytes(data[i])
+        lengths = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
+        split = lengths % self._itemsize[slots]
+        partial = {}
+        for i in np.flatnonzero(split).tolist():
+            whole = int(lengths[i] - split[i])
+            partial[int(slots[i])] = bytes(data[i][whole:])
+            data[i] = memoryview(data[i])[:whole]
+        lengths -= split
+        counts = lengths // self._itemsize[slots]
+        # the next frame still reads from one sample before its first padded position on
+        held = s.pad + self._samples[slots] + counts - (self._emitted[slots] * s.hop - 1)
+        for i in np.flatnonzero(held > self.capacity)[:1].tolist():
+            raise ValueError(
+                f"stream {slots[i]}: {counts[i]} new samples exceed what the front end holds between two features() "
+                f"calls (max_push_seconds={self.max_push_seconds}); call features() more often or raise "
+                "max_push_seconds"
+            )
+        pushed = np.flatnonzero(counts > 0)
+        is_float = self._is_float[slots[pushed]]
+        rows = np.empty((len(pushed), ROW_FIELDS), dtype=np.int32)
+        groups, first, start = {}, 0, len(pushed) * _ROW_BYTES
+        for sample_format, members in (
+            (SampleFormat.INT16, pushed[~is_float]),
+            (SampleFormat.FLOAT32, pushed[is_float]),
+        ):
+            if members.size == 0:
+                continue
+            start = -(-start // 4) * 4  # 4-aligned: the host's finiteness check views float payloads in place
+            end = start + int(lengths[members].sum())
+            if end >= 2**31:
+                raise ValueError(f"one append carries {end} bytes; at most 2**31 - 1 fit the int32 offsets")
+            last, member_slots = first + members.size, slots[members]
+            rows[first:last, 0] = start + np.cumsum(lengths[members]) - lengths[members]
+            rows[first:last, 1] = counts[members]
+            rows[first:last, 2] = member_slots
+            rows[first:last, 3] = (s.pad + self._samples[member_slots]) % self.capacity
+            groups[sample_format] = _Group(first, last, start, end, [data[i] for i in members.tolist()])
+            first, start = last, end
+        return _Plan(rows, groups, partial, start)
+
+    def _check_finite(self, host: np.ndarray, plan: _Plan) -> None:
+        """Refuse NaN and infinite float samples, naming the stream (one vectorised check over all float rows)."""
+        group = plan.groups.get(SampleFormat.FLOAT32)
+        if group is None or np.isfinite(host[group.start : group.end].view(np.float32)).all():
+            return
+        for offset, count, slot, _ in plan.rows[group.first : group.last].tolist():
+            values = host[offset : offset + 4 * count].view(np.float32)
+            if not np.isfinite(values).all():
+                bad = int(np.flatnonzero(~np.isfinite(values))[0])
+                raise ValueError(
+                    f"stream {slot}: non-finite sample {values[bad]} at sample {int(self._samples[slot]) + bad}; "
+                    "audio must be finite"
+                )
+
+    # ---- features out --------------------------------------------------------------------------------------
+    def features(self, flush: Iterable[int] = ()) -> FrontEndOutput:
+        """Every feature frame that became complete since the last call, for all streams in one batched pass.
+
+        Args:
+            flush: streams that end now: their remaining frames (up to NeMo's ``seq_len``) are computed with NeMo's
+                zero padding after the last sample, and they take no more audio until reset. The first bytes of a
+                sample still waiting for the rest are dropped, with a warning.
+
+        Returns:
+            :class:`FrontEndOutput`: the new frames of each stream, equal to its whole-file NeMo features (see the
+            module docstring for the precision).
+        """
+        s = self.settings
+        ending = sorted(set(flush))
+        self._check_live(np.array(ending, dtype=np.int64))
+        for slot in ending:
+            if slot in self._partial:
+                warnings.warn(
+                    f"stream {slot} ends with {len(self._partial.pop(slot))} byte(s) of an incomplete "
+                    f"{self._format[slot].value} sample; dropped",
+                    stacklevel=2,
+                )
+        live = self._open & ~self._ended
+        ready = np.where(live, s.complete_frames(self._samples), self._emitted)
+        ready[ending] = s.seq_len(self._samples[ending])
+        counts = ready - self._emitted
+        slots = np.flatnonzero(counts > 0)
+        counts, starts = counts[slots], self._emitted[slots]
+        offsets = np.cumsum(counts) - counts
+        total = int(counts.sum())
+        features = self._mel(slots, starts, counts, offsets, total)
+        self._emitted[slots] += counts
+        self._ended[ending] = True
+        return FrontEndOutput(features, slots.tolist(), starts.tolist(), counts.tolist(), offsets.tolist(), ending)
+
+    def _mel(
+        self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, offsets: np.ndarray, total: int
+    ) -> torch.Tensor:
+        """``[F, total]`` features of frames ``starts[i] .. starts[i] + counts[i] - 1`` of each ``slots[i]``."""
+        s = self.settings
+        if total == 0:
+            return torch.empty(s.features, 0, device=self.device)
+        # per-stream facts, one small copy: slot, first frame, frame count, first column, end of valid samples
+        ends = s.pad + self._samples[slots]
+        meta = np.stack([slots, starts, counts, offsets, ends]).astype(np.int64)
+        host = self._meta.host(meta.nbytes)
+        _int_view(host, np.int64, len(slots))[:] = meta
+        slot, start, count, offset, end = _int_view(self._meta.send(meta.nbytes), torch.int64, len(slots))
+        stream_of = torch.repeat_interleave(torch.arange(len(slots), device=self.device), count, output_size=total)
+        index = FrameIndex(stream_of, slot, start, offset, end)
+        cut = stft_frames if self._use_triton else stft_frames_reference
+        frames = cut(self.ring, self._window, index, hop=s.hop, pad=s.pad, preemph=s.preemph)
+        return self._spectrum_to_mel(frames)
+
+    def _spectrum_to_mel(self, frames: torch.Tensor) -> torch.Tensor:
+        """``[R, n_fft]`` windowed frames -> ``[F, R]`` features, by NeMo's operations in NeMo's layout."""
+        s = self.settings
+        spectrum = torch.fft.rfft(frames)  # [R, n_fft // 2 + 1]: torch.stft's one-sided r2c FFT of each frame
+        # on the CPU, NeMo's (torch's) square root is not IEEE's: there the torch operations give NeMo's bits
+        fused = self.device.type == "cuda" and s.mag_power == 2.0
+        power = (power_spectrum if fused else power_spectrum_reference)(spectrum, s.sqrt_guard, s.mag_power)
+        # NeMo multiplies fb [1, F, n_freq] by a contiguous [B, n_freq, T]: the same layout here. One column would
+        # take BLAS's matrix-vector path, which orders the sums differently: a copy of it makes it a GEMM.
+        frames = power.shape[1]
+        if frames == 1:
+            power = power.expand(-1, 2).contiguous()
+        mel = torch.matmul(self._fb, power.unsqueeze(0))[0, :, :frames]
+        if s.log:
+            mel = torch.log(mel + s.log_guard) if s.log_guard_type == "add" else torch.log(mel.clamp(min=s.log_guard))
+        return mel

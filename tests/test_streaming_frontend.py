@@ -1,0 +1,253 @@
+"""The streaming audio front end (streaming/frontend.py) against NeMo's preprocessor on whole files: any chunking
+and interleaving of pushes gives the whole-file features frame for frame, and exactly NeMo's ``seq_len`` frames."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from nemo_fastdecode.streaming.frontend import AudioFrontEnd, MelSettings
+
+# A frame's mel energy is a sum of 257 non-negative terms; BLAS (cuBLAS) may order it differently for another number
+# of frames, which moves it by at most ~257 fp32 roundings (relative 257 * 2**-24 = 1.5e-5), i.e. as much absolute
+# after the log, plus one rounding of the log (|log| < 17). On the CPU the features come out bit for bit.
+ATOL = 2e-5
+RATE = 16000
+# whole-file lengths around the frame boundaries (hop 160, look-ahead 199) and a stream that wraps the rings often
+LENGTHS = [0, 1, 159, 160, 161, 199, 358, 359, 4001, RATE + 321]
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module")
+def preprocessor():
+    from nemo_fastdecode.tools.synthetic import build_synthetic_model
+
+    # the cache-aware preset's preprocessor (normalize NA, NeMo's streaming settings); the joint's balancing is not
+    # needed for features
+    model = build_synthetic_model("tiny-streaming", balance_joint=False)
+    model.eval()
+    return model.preprocessor
+
+
+def _audio(length: int, rng: np.random.Generator) -> np.ndarray:
+    """Speech-like int16 PCM: a few tones under noise, with silence and clipping."""
+    t = np.arange(length) / RATE
+    wave = sum(np.sin(2 * np.pi * f * t + p) for f, p in rng.uniform([80, 0], [3000, 6], size=(3, 2)))
+    wave = 6000 * wave + 1500 * rng.standard_normal(length)
+    wave[length // 3 : length // 2] = 0
+    return np.clip(wave * (1 + 5 * (rng.random() < 0.3)), -32768, 32767).astype("<i2")
+
+
+def _nemo_features(preprocessor, samples: np.ndarray) -> torch.Tensor:
+    """``[F, seq_len]`` NeMo's features of one whole file (float samples as AudioSegment reads them), on the CPU."""
+    if len(samples) == 0:
+        return torch.zeros(preprocessor.featurizer.nfilt, 0)
+    device = preprocessor.featurizer.fb.device
+    signal = torch.from_numpy(samples.astype(np.float32) / (32768 if samples.dtype == np.int16 else 1))
+    length = torch.tensor([len(samples)], device=device)
+    features, length = preprocessor(input_signal=signal[None].to(device), length=length)
+    return features[0, :, : int(length)].cpu()
+
+
+def _expected_frames(samples: int) -> int:
+    """Frames out after ``samples`` samples, from NeMo's window alone: frame t reads samples up to t*160 + 198."""
+    return min(samples // 160, max(0, (samples - 199) // 160 + 1))
+
+
+def _stream_everything(front: AudioFrontEnd, streams: list[tuple[np.ndarray, str]], rng: np.random.Generator):
+    """Push all ``streams`` through ``front`` in random interleaved pieces, at most ``num_slots`` open at once, and
+    collect each stream's emitted frames. Checks on the way that frames come out as soon as their samples exist."""
+    waiting = list(range(len(streams)))
+    open_slots: dict[int, int] = {}  # slot -> stream
+    sent = [0] * len(streams)
+    blobs = [pcm.tobytes() for pcm, _ in streams]
+    frames: list[list[torch.Tensor]] = [[] for _ in streams]
+    while waiting or open_slots:
+        for slot in range(front.num_slots):  # streams open as slots free up
+            if slot not in open_slots and waiting:
+                stream = waiting.pop(0)
+                front.open(slot, sample_format=streams[stream][1], sample_rate=RATE)
+                open_slots[slot] = stream
+        pushes = {}
+        for slot, stream in open_slots.items():
+            if rng.random() < 0.3:
+                continue  # this stream sends nothing this cycle
+            size = int(rng.choice([0, 1, 2, 3, 5, int(rng.integers(1, 900))]))  # bytes: split samples included
+            pushes[slot] = blobs[stream][sent[stream] : sent[stream] + size]
+            sent[stream] += len(pushes[slot])
+        front.append(pushes)
+        ending = {slot for slot, stream in open_slots.items() if sent[stream] == len(blobs[stream])}
+        ending = {slot for slot in ending if rng.random() < 0.5}  # some finished streams linger a few cycles
+        out = front.features(flush=ending)
+        assert sorted(out.ended) == sorted(ending)
+        for slot, stream in open_slots.items():
+            new = out.for_slot(slot)
+            if new.shape[1]:
+                assert out.starts[out.slots.index(slot)] == sum(f.shape[1] for f in frames[stream])
+            frames[stream].append(new.cpu())
+            if slot not in ending:  # a frame is out as soon as its samples are
+                assert front.frames_emitted(slot) == _expected_frames(front.samples_received(slot))
+        for slot in ending:
+            front.close(slot)
+            del open_slots[slot]
+    return [torch.cat(f, 1) for f in frames]
+
+
+def _check_against_nemo(preprocessor, device: torch.device, seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    streams = []
+    for i, length in enumerate(LENGTHS):
+        pcm = _audio(length, rng)
+        streams.append((pcm, "int16") if i % 3 else (pcm.astype(np.float32) / 32768, "float32"))
+    front = AudioFrontEnd(preprocessor, num_slots=4, device=device, max_push_seconds=0.1)
+    got = _stream_everything(front, streams, rng)
+    worst = 0.0
+    for (pcm, _), frames in zip(streams, got, strict=True):
+        expected = _nemo_features(preprocessor, pcm)
+        assert frames.shape == expected.shape  # NeMo's seq_len frames
+        if frames.numel():
+            worst = max(worst, (frames - expected).abs().max().item())
+    assert worst <= ATOL
+    return worst
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_interleaved_pushes_give_the_whole_file_features(preprocessor, seed):
+    worst = _check_against_nemo(preprocessor, torch.device("cpu"), seed)
+    assert worst == 0.0  # on the CPU NeMo's FFT and GEMM see the same operands: bit for bit
+
+
+@pytest.mark.gpu
+def test_interleaved_pushes_on_cuda(preprocessor, exact_fp32):
+    """On a GPU, NeMo's features on the GPU too; cuBLAS may sum a frame's mel energy in another order (ATOL)."""
+    _check_against_nemo(copy.deepcopy(preprocessor).cuda(), torch.device("cuda"), seed=2)
+
+
+def test_lookahead_is_nemo_dependence(preprocessor):
+    """NeMo's frame t reads samples t*hop - 200 (through pre-emphasis) to t*hop + 198: the front end's look-ahead."""
+    settings = MelSettings.from_preprocessor(preprocessor)
+    assert (settings.lookahead, settings.first_tap, settings.last_tap) == (199, 57, 454)
+    pcm = _audio(3000, np.random.default_rng(3))
+    t = 7
+    changed = pcm.copy()
+    changed[t * 160 + 199 :] = 12345
+    changed[: t * 160 - 200] = -999
+    before, after = _nemo_features(preprocessor, pcm), _nemo_features(preprocessor, changed)
+    assert torch.equal(before[:, t], after[:, t])
+    for edge in (t * 160 - 200, t * 160 + 198):
+        changed = pcm.copy()
+        changed[edge] = -32768 if pcm[edge] > 0 else 32767  # the taps next to the window's zeros are small
+        assert not torch.equal(before[:, t], _nemo_features(preprocessor, changed)[:, t])
+
+
+def test_one_stream_endless_in_160ms_pushes_is_bounded(preprocessor):
+    """A long stream in network-sized pushes: fixed ring memory, the same frames as NeMo on the whole file."""
+    front = AudioFrontEnd(preprocessor, num_slots=1, max_push_seconds=0.16)
+    ring = front.ring.data_ptr(), front.ring.shape
+    pcm = _audio(RATE * 5 + 77, np.random.default_rng(4))
+    front.open(0)
+    got = []
+    for start in range(0, len(pcm), 2560):
+        front.append({0: pcm[start : start + 2560]})
+        got.append(front.features().for_slot(0))
+    got.append(front.features(flush=[0]).for_slot(0))
+    assert torch.equal(torch.cat(got, 1), _nemo_features(preprocessor, pcm))
+    assert (front.ring.data_ptr(), front.ring.shape) == ring
+
+
+def test_split_samples_and_empty_pushes(preprocessor):
+    front = AudioFrontEnd(preprocessor, num_slots=2, max_push_seconds=0.1)
+    front.open(0)
+    front.open(1, sample_format="float32")
+    pcm = _audio(500, np.random.default_rng(5))
+    floats = (pcm / 32768).astype("<f4")
+    data, fdata = pcm.tobytes(), floats.tobytes()
+    front.append({0: data[:3], 1: fdata[:7]})  # 1.5 and 1.75 samples
+    assert (front.samples_received(0), front.samples_received(1)) == (1, 1)
+    front.append({0: b"", 1: bytearray()})
+    front.append({0: memoryview(data)[3:], 1: np.frombuffer(fdata[7:], dtype=np.uint8)})
+    out = front.features(flush=[0, 1])
+    assert torch.equal(out.for_slot(0), out.for_slot(1))  # x / 32768 as floats: the same features
+    assert torch.equal(out.for_slot(0), _nemo_features(preprocessor, pcm))
+    front.reset(0)
+    front.append({0: data[:5]})
+    with pytest.warns(UserWarning, match=r"stream 0 ends with 1 byte\(s\) of an incomplete int16 sample; dropped"):
+        assert front.features(flush=[0]).counts == []  # 2 samples: no frame
+
+
+def test_refused_input_names_the_stream(preprocessor):
+    front = AudioFrontEnd(preprocessor, num_slots=3, max_push_seconds=0.01)  # 160 samples
+    with pytest.raises(ValueError, match="stream 0: sample rate 8000 Hz is not supported; .* runs at 16000 Hz"):
+        front.open(0, sample_rate=8000)
+    with pytest.raises(ValueError, match="stream 0: 2 channels are not supported; valid: 1"):
+        front.open(0, channels=2)
+    with pytest.raises(ValueError, match="sample format 'int8' is not supported"):
+        front.open(0, sample_format="int8")
+    with pytest.raises(ValueError, match="slot 3 is out of range; valid: 0 to 2"):
+        front.open(3)
+    front.open(0)
+    front.open(1, sample_format="float32")
+    bad = np.zeros(40, dtype="<f4")
+    bad[17] = np.nan
+    with pytest.raises(ValueError, match="stream 1: non-finite sample nan at sample 17"):
+        front.append({0: b"\x01\x00", 1: bad})
+    assert front.samples_received(0) == 0  # nothing of a refused append is kept
+    with pytest.raises(ValueError, match="stream 1: non-finite sample inf"):
+        front.append({1: np.array([np.inf], dtype="<f4")})
+    with pytest.raises(ValueError, match=r"stream 0: audio must be mono \(1-D\), got an array of shape \(4, 2\)"):
+        front.append({0: np.zeros((4, 2), dtype="<i2")})
+    with pytest.raises(ValueError, match="stream 0: an array of dtype float32 was pushed to a int16 stream"):
+        front.append({0: np.zeros(4, dtype="<f4")})
+    with pytest.raises(ValueError, match="slot 2 is not open"):
+        front.append({2: b"\x00\x00"})
+    with pytest.raises(ValueError, match=r"stream 0: 1000 new samples exceed .* \(max_push_seconds=0.01\)"):
+        front.append({0: np.zeros(1000, dtype="<i2")})
+    front.features(flush=[0])
+    with pytest.raises(ValueError, match="stream 0 was flushed; reset or close it"):
+        front.append({0: b"\x00\x00"})
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("normalize", "per_feature", "normalize='per_feature' is not supported .* normalize='NA'"),
+        ("frame_splicing", 3, "frame_splicing=3 is not supported"),
+        ("exact_pad", True, "exact_pad=True is not supported"),
+    ],
+)
+def test_refused_preprocessor_settings(setting, value, message):
+    from nemo.collections.asr.modules import AudioToMelSpectrogramPreprocessor
+
+    settings = {"normalize": "NA", "n_fft": 512, "features": 80, setting: value}
+    preprocessor = AudioToMelSpectrogramPreprocessor(**settings)
+    with pytest.raises(ValueError, match=message):
+        AudioFrontEnd(preprocessor, num_slots=1)
+
+
+def test_refused_featurizer():
+    with pytest.raises(ValueError, match="computes NeMo's FilterbankFeatures .* got featurizer NoneType"):
+        AudioFrontEnd(torch.nn.Identity(), num_slots=1)
+
+
+def test_benchmark_script_smoke_run(tmp_path):
+    """scripts/bench_frontend.py on the CPU: every row filled, and the front end's frames equal NeMo's."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_frontend.py"
+    spec = importlib.util.spec_from_file_location("bench_frontend", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = ["--device", "cpu", "--streams", "4", "--cycles", "2", "--warmup", "1", "--per-stream-max", "2"]
+    bench.main([*args, "--json", str(tmp_path / "f.json"), "--md", str(tmp_path / "f.md")])
+    (row,) = json.loads((tmp_path / "f.json").read_text())["results"]
+    assert row["streams"] == 4 and row["push_samples"] == 2560 and row["frames_per_stream_per_cycle"] == 16
+    assert row["max_abs_diff_vs_nemo"] == 0.0
+    assert row["ours_gpu_span_ms"] is None and row["nemo_per_stream_timed_streams"] == 2
+    assert all(row[k] > 0 for k in ("ours_cycle_ms", "ours_host_ms", "nemo_batched_ms", "nemo_per_stream_ms"))
+    assert "| 4 | 0.02 |" in (tmp_path / "f.md").read_text()
