@@ -3,7 +3,7 @@
 NeMo's greedy decoders can keep, for every look at the joint (blank steps included), the joint's output and
 the label it chose (``preserve_alignments``) and a confidence score of that step (``preserve_frame_confidence``).
 The loops here append each look to a :class:`StepRecords` buffer, pre-allocated with the other loop buffers
-and written in place (``index_put_`` / ``torch.where``, no host synchronisation), so the same code runs
+and written in place (``index_put_`` at each row's length, no host synchronisation), so the same code runs
 eagerly, as phase graphs and inside WHILE nodes. After the loop, :meth:`StepRecords.fill_hypotheses` gives each
 ``Hypothesis`` the fields NeMo's decoder of the same algorithm fills, in its layout and types:
 
