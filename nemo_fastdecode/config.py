@@ -88,7 +88,8 @@ class NemoDecodingKeys:
     Attributes:
         compute_timestamps: fill ``Hypothesis.timestamp`` with char/word/segment timestamps
             (``None``: NeMo's default; ``transcribe(timestamps=True)`` turns it on).
-        preserve_alignments: keep per-frame alignments (not supported by our strategies: ``None``/``False``).
+        preserve_alignments: keep per-step alignments, as NeMo's greedy decoders do (``fast_greedy``; ``fast_beam``
+            refuses them, as ``malsd_batch`` does).
         tdt_include_token_duration: fill ``Hypothesis.token_duration`` for TDT models.
         fused_batch_size: NeMo's fused joint batch size (``None``: off), as in ``RNNTDecodingConfig``.
         rnnt_timestamp_type: which timestamps to compute: ``all``, ``char``, ``word`` or ``segment``.

@@ -60,6 +60,8 @@ class FastStrategy:
             keys its ``RNNTDecoding`` reads from the section directly).
         graphs_switch: the stand-in's key that allows CUDA graphs (off: NeMo's computer is replaced at once).
         build: ``(decoding, decoding_cfg, decoder, joint) -> decoding module`` replacing NeMo's.
+        records_steps: keeps NeMo's alignments and confidence (``preserve_alignments``, ``confidence_cfg``, ...);
+            otherwise they are refused.
     """
 
     stand_in: str
@@ -68,6 +70,7 @@ class FastStrategy:
     nemo_options: frozenset[str]
     graphs_switch: str
     build: Callable
+    records_steps: bool = False
 
     @property
     def options(self) -> frozenset[str]:
@@ -99,6 +102,12 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
         include_duration=decoding.tdt_include_token_duration,
         fused_kernels=options.fused_kernels,
         fast_math=bool(options.fast_math),
+        # as NeMo's set-up resolved them for the stand-in (top level, greedy section, confidence_cfg)
+        preserve_alignments=bool(decoding.preserve_alignments),
+        preserve_frame_confidence=decoding.preserve_frame_confidence,
+        exclude_blank_from_confidence=decoding.exclude_blank_from_confidence,
+        confidence_method_cfg=decoding.confidence_method_cfg,
+        include_duration_confidence=decoding.tdt_include_duration_confidence,
     )
 
 
@@ -146,6 +155,7 @@ FAST_STRATEGIES: dict[str, FastStrategy] = {
         nemo_options=option_names(GreedyBatchedRNNTInferConfig) | {"max_symbols", "compute_timestamps"},
         graphs_switch="use_cuda_graph_decoder",
         build=_build_fast_greedy,
+        records_steps=True,
     ),
     "fast_beam": FastStrategy(
         stand_in="malsd_batch",
@@ -195,7 +205,7 @@ def register() -> None:
         _check_decoding_keys(strategy, decoding_cfg)
         _check_options(strategy, fast, decoding_cfg)
         _original_init(self, _stand_in_config(decoding_cfg, fast), decoder, joint, blank_id, *args, **kwargs)
-        if self.preserve_frame_confidence:
+        if self.preserve_frame_confidence and not fast.records_steps:
             _unsupported(strategy, fast, ["confidence (preserve_frame_confidence / confidence_cfg)"])
         self.decoding = fast.build(self, decoding_cfg, decoder, joint)
         self.cfg = decoding_cfg
@@ -242,7 +252,7 @@ def _check_options(strategy: str, fast: FastStrategy, decoding_cfg: DictConfig) 
     unsupported = []
     # NeMo takes the section's value when the top-level one is unset (greedy strategies)
     alignments = decoding_cfg.get("preserve_alignments", None)
-    if alignments or (alignments is None and section.get("preserve_alignments", False)):
+    if not fast.records_steps and (alignments or (alignments is None and section.get("preserve_alignments", False))):
         unsupported.append("preserve_alignments")
     boosting_tree = section.get("boosting_tree")
     if section.get("ngram_lm_model") or (boosting_tree and not BoostingTreeModelConfig.is_empty(boosting_tree)):

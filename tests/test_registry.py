@@ -74,13 +74,49 @@ def test_unknown_strategy_lists_valid_ones():
     [
         ({"max_symbolz": 3}, ValueError, r"max_symbolz.*valid options"),
         ({"graph_mode": "turbo"}, ValueError, r"'turbo'.*full_graph.*no_while_graph.*eager"),
-        ({"preserve_alignments": True}, NotImplementedError, "preserve_alignments.*greedy_batch"),
+        ({"enable_per_stream_biasing": True}, NotImplementedError, "per-stream biasing.*greedy_batch"),
+        ({"ngram_lm_model": "/no/such/lm.nemo"}, NotImplementedError, "n-gram LM.*greedy_batch"),
     ],
 )
 def test_unsupported_options_fail_clearly(greedy, error, match):
     model = synthetic.build_synthetic_model("tiny-rnnt")
     with pytest.raises(error, match=match):
         model.change_decoding_strategy(decoding_config("fast_greedy", **greedy))
+
+
+@pytest.mark.parametrize(
+    "top,greedy,expected",
+    [
+        ({"preserve_alignments": True}, {}, {"alignments": True, "confidence": False}),
+        ({}, {"preserve_alignments": True}, {"alignments": True, "confidence": False}),
+        (
+            {"confidence_cfg": {"preserve_word_confidence": True, "method_cfg": {"name": "max_prob"}}},
+            {},
+            {"alignments": False, "confidence": True, "exclude_blank": True, "method": "max_prob"},
+        ),
+        (
+            {},
+            {"preserve_frame_confidence": True, "confidence_method_cfg": {"name": "max_prob"}},
+            {"alignments": False, "confidence": True, "exclude_blank": True, "method": "max_prob"},
+        ),
+        (
+            {"confidence_cfg": {"preserve_frame_confidence": True, "exclude_blank": False}},
+            {},
+            {"alignments": False, "confidence": True, "exclude_blank": False, "method": "entropy"},
+        ),
+    ],
+)
+def test_alignments_and_confidence_options_reach_the_computer(top, greedy, expected):
+    """NeMo's keys (top level, greedy section, confidence_cfg) as NeMo resolves them for greedy_batch."""
+    model = synthetic.build_synthetic_model("tiny-rnnt")
+    model.change_decoding_strategy(OmegaConf.merge(decoding_config("fast_greedy", **greedy), top))
+    records = model.decoding.decoding.computer.records
+    assert {key: getattr(records, key) for key in ("alignments", "confidence")} == {
+        key: expected[key] for key in ("alignments", "confidence")
+    }
+    if records.confidence:
+        assert records.exclude_blank == expected["exclude_blank"]
+        assert records.confidence_method_cfg.name == expected["method"]
 
 
 def test_tdt_frame_looping_is_rejected():

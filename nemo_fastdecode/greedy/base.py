@@ -2,7 +2,10 @@
 
 Subclasses (frame loop, label loop) only define the four loop phases. Every phase is written with
 in-place, non-synchronising tensor ops (``torch.where(..., out=)`` for masked updates), so the
-same code runs eagerly, as phase graphs and inside WHILE nodes.
+same code runs eagerly, as phase graphs and inside WHILE nodes. That includes NeMo's alignments and
+step confidence when asked for (:mod:`nemo_fastdecode.greedy.records`): each look at the joint is
+appended to pre-allocated step records inside the loop, in every graph mode; without them the loops
+run no recording op at all.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_g
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.hyps import EmittedTokens
+from nemo_fastdecode.greedy.records import RecordOptions, StepConfidence, StepRecords
 from nemo_fastdecode.greedy.state import BatchedGreedyState, GreedyStateItem, LoopBuffers
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.logs import logger
@@ -45,7 +49,11 @@ class GreedyComputerBase(CapturedLoopOwner):
             ``TRITON_INTERPRET=1`` (tests).
         fast_math: run the prediction network and the joint's output layer on near-fp32 tensor-core kernels
             (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo.
+        records: NeMo's alignments and step confidence to keep (:class:`RecordOptions`; ``None``: none).
     """
+
+    #: the hypotheses' alignments and confidence in the layout of NeMo's frame loop (else its label loop)
+    frame_looping = False
 
     def __init__(
         self,
@@ -58,6 +66,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         graph_mode: GraphMode | None = None,
         fused_kernels: bool | None = None,
         fast_math: bool = False,
+        records: RecordOptions | None = None,
     ):
         if max_symbols is not None and max_symbols <= 0:
             raise ValueError(f"max_symbols must be a positive int or None, got {max_symbols}")
@@ -74,6 +83,14 @@ class GreedyComputerBase(CapturedLoopOwner):
         self._loop: TwoLevelLoop | None = None
         self._durations: torch.Tensor | None = None
         self._symbols_per_frame = max_symbols or UNBOUNDED_SYMBOLS_START
+        self.records = records or RecordOptions()
+        self._step_confidence = (
+            StepConfidence(self.records.confidence_method_cfg, blank_index, self.records.duration_confidence)
+            if self.records.confidence
+            else None
+        )
+        if self.records.duration_confidence and not self.is_tdt:
+            raise ValueError("duration confidence (include_duration_confidence) needs a TDT model (durations)")
 
     # ----- configuration -------------------------------------------------------------------
     @property
@@ -120,13 +137,26 @@ class GreedyComputerBase(CapturedLoopOwner):
         return normalise_joint_logits(self.joint, logits)
 
     def _best_token_at(
-        self, b: LoopBuffers, time_indices: torch.Tensor, fused: bool
+        self, b: LoopBuffers, time_indices: torch.Tensor, fused: bool, recorded: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Best token's score and label ``[B]`` at each row's frame, and the TDT duration logits (``None``: RNN-T)."""
+        """Best token's score and label ``[B]`` at each row's frame, and the TDT duration logits (``None``: RNN-T).
+
+        ``recorded`` ``[B]``: rows whose look is appended to ``b.steps`` (``None``: nothing is recorded).
+        """
         num_tokens = self.blank_index + 1
         logits = self._logits_at(b, time_indices, fused)
-        scores, labels = steps.best_token(logits, num_tokens, b.token_scores, b.token_labels, fused)
+        if recorded is None:
+            scores, labels = steps.best_token(logits, num_tokens, b.token_scores, b.token_labels, fused)
+        else:
+            confidence = self._step_confidence(logits) if self._step_confidence is not None else None
+            logits = self._recorded_logits(logits)
+            scores, labels = steps.best_token(logits, num_tokens, b.token_scores, b.token_labels, fused)
+            b.steps.add_(recorded, labels, time_indices, logits, confidence)
         return scores, labels, logits[:, num_tokens:] if self.is_tdt else None
+
+    def _recorded_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The joint's output as the NeMo decoder of this algorithm selects from and records it, when recording."""
+        return logits
 
     def _predict_masked(
         self,
@@ -161,6 +191,12 @@ class GreedyComputerBase(CapturedLoopOwner):
     def _extra_buffers(self, buffers: LoopBuffers) -> None:
         """Buffers a loop needs beyond :class:`LoopBuffers` (allocated with them)."""
 
+    def _reset_results(self, buffers: LoopBuffers) -> None:
+        """Empty the hypotheses (and the step records) before a loop."""
+        buffers.hyps.reset_()
+        if buffers.steps is not None:
+            buffers.steps.reset_()
+
     def _restart_predictor(self, buffers: LoopBuffers) -> None:
         for state, initial in zip(buffers.predictor_states, buffers.initial_predictor_states, strict=True):
             state.copy_(initial)
@@ -191,6 +227,8 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     def _allocate(self, batch_size, max_time, hidden, capacity, device, dtype) -> LoopBuffers:
         buffers = LoopBuffers(batch_size, max_time, hidden, capacity, device, dtype, self.score_dtype)
+        if self.records.enabled:
+            buffers.steps = self._step_records(batch_size, max_time, capacity, device, dtype)
         self._extra_buffers(buffers)
         if self.is_tdt:
             self._durations = torch.tensor(self.durations_list, dtype=torch.long, device=device)
@@ -202,6 +240,17 @@ class GreedyComputerBase(CapturedLoopOwner):
         buffers.sos_predictor_states = sos.predictor_states
         buffers.sos_predictor_output.copy_(sos.predictor_outputs)
         return buffers
+
+    def _step_records(
+        self, batch_size: int, max_time: int, capacity: int, device: torch.device, dtype: torch.dtype
+    ) -> StepRecords:
+        # the labels (at most `capacity`, else the hypotheses overflow) and at most one blank look per frame
+        capacity += max(max_time, 1)
+        logits_dim = self.blank_index + 1 + len(self.durations_list or [])
+        confidence_shape = ((2,) if self.records.duration_confidence else ()) if self.records.confidence else None
+        return StepRecords(
+            batch_size, capacity, device, dtype, logits_dim if self.records.alignments else None, confidence_shape
+        )
 
     @torch.no_grad()
     def initial_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> BatchedGreedyState:
@@ -255,6 +304,8 @@ class GreedyComputerBase(CapturedLoopOwner):
         offsets = state.offsets if previous is not None else None  # zeros otherwise: skip the addition
         emitted = buffers.hyps.emitted(batch_size, self.is_tdt and with_durations, offsets)
         hyps = emitted.to_hypotheses()  # the first host synchronisation of the decode
+        if buffers.steps is not None:
+            buffers.steps.fill_hypotheses(hyps, self.records, self.blank_index, self.frame_looping)
         for hyp, item in zip(hyps, items, strict=True):
             hyp.dec_state = item
         return hyps

@@ -17,7 +17,13 @@ from nemo_fastdecode.greedy.state import LoopBuffers
 
 
 class FrameLoopGreedy(GreedyComputerBase):
-    """Frame-looping greedy computer (RNN-T only: TDT durations desynchronise frames, see label loop)."""
+    """Frame-looping greedy computer (RNN-T only: TDT durations desynchronise frames, see label loop).
+
+    With alignments or confidence kept, each look selects from (and records) the joint's output as NeMo's frame
+    loop does: log-softmaxed once more on the CPU and whenever confidence is kept (its ``_joint_step``).
+    """
+
+    frame_looping = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -28,14 +34,20 @@ class FrameLoopGreedy(GreedyComputerBase):
         fused = self._use_fused(b.device)
 
         def best_label_at_frame() -> None:
-            scores, labels, _ = self._best_token_at(b, b.frame_indices, fused)
+            recorded = None
+            if b.steps is not None:
+                # rows still on this frame, in a look NeMo makes (it stops looking after max_symbols labels)
+                recorded = torch.logical_not(b.blank)
+                if self.max_symbols is not None:
+                    recorded &= b.symbols_at_frame < self.max_symbols
+            scores, labels, _ = self._best_token_at(b, b.frame_indices, fused, recorded)
             steps.frame_select(b, scores, labels, self.blank_index, self.max_symbols, fused)
 
         def before_loop() -> None:
             b.frame.zero_()
             torch.amax(b.encoder_lengths, dim=0, out=b.max_length)
             self._restart_predictor(b)
-            b.hyps.reset_()
+            self._reset_results(b)
             torch.less(b.frame, b.max_length, out=b.outer_flag)
 
         def outer_start() -> None:
@@ -54,3 +66,8 @@ class FrameLoopGreedy(GreedyComputerBase):
             torch.less(b.frame, b.max_length, out=b.outer_flag)
 
         return LoopPhases(before_loop, outer_start, inner_step, outer_end, b.outer_flag, b.inner_flag)
+
+    def _recorded_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.records.confidence or logits.device.type != "cuda":
+            return logits.log_softmax(dim=-1)
+        return logits

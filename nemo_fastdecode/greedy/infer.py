@@ -14,6 +14,7 @@ from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import _GreedyRN
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo.collections.common.parts.optional_cuda_graphs import WithOptionalCudaGraphs
 from nemo.core.classes import typecheck
+from omegaconf import DictConfig
 
 from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_nonfinite
 from nemo_fastdecode.graphs import GraphMode
@@ -21,6 +22,7 @@ from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
+from nemo_fastdecode.greedy.records import RecordOptions
 from nemo_fastdecode.greedy.state import GreedyStateItem
 
 
@@ -42,6 +44,10 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         looks_per_iteration: label loop: ``0`` the two-level loop (an inner loop skips blanks), ``K >= 1`` one
             loop of ``K`` looks per iteration (fewer loop-condition evaluations); ``None``: automatic. The same
             hypotheses either way, see :class:`LabelLoopGreedy`.
+        preserve_alignments / preserve_frame_confidence / exclude_blank_from_confidence / confidence_method_cfg /
+            include_duration_confidence: as in NeMo's ``GreedyBatchedRNNTInfer`` / ``GreedyBatchedTDTInfer``: the
+            hypotheses get NeMo's ``alignments``, ``frame_confidence`` and ``non_blank_step_confidence_precomputed``
+            (:mod:`nemo_fastdecode.greedy.records`), recorded inside the loops in every graph mode.
     """
 
     def __init__(
@@ -59,12 +65,27 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         fast_math: bool = False,
         lookahead_frames: int | None = None,
         looks_per_iteration: int | None = None,
+        preserve_alignments: bool = False,
+        preserve_frame_confidence: bool = False,
+        exclude_blank_from_confidence: bool = False,
+        confidence_method_cfg: DictConfig | None = None,
+        include_duration_confidence: bool = False,
     ):
         super().__init__(
             decoder_model=decoder_model,
             joint_model=joint_model,
             blank_index=blank_index,
             max_symbols_per_step=max_symbols_per_step,
+            preserve_alignments=preserve_alignments,
+            preserve_frame_confidence=preserve_frame_confidence,
+            confidence_method_cfg=confidence_method_cfg,
+        )
+        records = RecordOptions(
+            alignments=bool(preserve_alignments),
+            confidence=bool(preserve_frame_confidence),
+            exclude_blank=bool(exclude_blank_from_confidence),
+            duration_confidence=bool(include_duration_confidence) and durations is not None,
+            confidence_method_cfg=confidence_method_cfg,
         )
         label_loop_options = {"lookahead_frames": lookahead_frames, "looks_per_iteration": looks_per_iteration}
         if not loop_labels:
@@ -88,6 +109,7 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             graph_mode=GraphMode.parse(graph_mode),
             fused_kernels=fused_kernels,
             fast_math=fast_math,
+            records=records,
             **label_loop_options,
         )
 

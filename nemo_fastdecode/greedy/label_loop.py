@@ -69,6 +69,9 @@ class LabelLoopGreedy(GreedyComputerBase):
     on looking in the next, where the iteration's first look at its current frame is the look the inner loop
     would have made: every row makes the same looks and emissions as in the two-level loop, so the hypotheses
     are the same; only the batch's number of iterations and condition evaluations changes.
+
+    Alignments and confidence (``records``) are recorded look by look inside the loop in every graph mode and for
+    any ``looks_per_iteration`` (each look records the rows that make it); the look-ahead is then off.
     """
 
     def __init__(self, *args, lookahead_frames: int | None = None, looks_per_iteration: int | None = None, **kwargs):
@@ -86,6 +89,11 @@ class LabelLoopGreedy(GreedyComputerBase):
                 f"lookahead_frames={lookahead_frames} needs fast_math=True: only its joint kernel computes every row "
                 "the same way at any batch size (exactness); use 1 or None"
             )
+        if lookahead_frames is not None and lookahead_frames > 1 and self.records.enabled:
+            raise ValueError(
+                f"lookahead_frames={lookahead_frames} does not keep alignments or confidence (each look is recorded "
+                "frame by frame); use 1 or None"
+            )
         self.lookahead_frames = lookahead_frames
 
     def _lookahead(self, device: torch.device, batch_size: int) -> int:
@@ -98,7 +106,8 @@ class LabelLoopGreedy(GreedyComputerBase):
             )
         if self.lookahead_frames is not None:
             return self.lookahead_frames
-        return auto_lookahead_frames(batch_size, self.is_tdt) if windowed else 1
+        # recorded looks go frame by frame
+        return auto_lookahead_frames(batch_size, self.is_tdt) if windowed and not self.records.enabled else 1
 
     def _extra_buffers(self, b: LoopBuffers) -> None:
         if self.fast_predictor is not None and self._use_fused(b.device):
@@ -147,7 +156,9 @@ class LabelLoopGreedy(GreedyComputerBase):
             if window > 1:
                 self._look_ahead(b, window, start)
                 return
-            scores, labels, duration_logits = self._best_token_at(b, b.safe_time_indices, fused)
+            # the rows that look now (every active row first, then those on blanks) are the rows NeMo records
+            recorded = None if b.steps is None else (b.active if start else b.advance)
+            scores, labels, duration_logits = self._best_token_at(b, b.safe_time_indices, fused, recorded)
             steps.label_select(b, scores, labels, duration_logits, self._durations, self.blank_index, start, fused)
 
         def before_loop() -> None:
@@ -155,7 +166,7 @@ class LabelLoopGreedy(GreedyComputerBase):
             torch.clamp(b.encoder_lengths - 1, min=0, out=b.last_frame)
             steps.update_time_flags(b)
             self._restart_predictor(b)
-            b.hyps.reset_()
+            self._reset_results(b)
             torch.any(b.active, dim=0, out=b.outer_flag)
 
         def outer_start() -> None:

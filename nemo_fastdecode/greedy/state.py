@@ -12,6 +12,7 @@ from nemo_fastdecode.graphs.owner import CapturedBuffers
 from nemo_fastdecode.greedy.hyps import BatchedHypsBuffer
 
 if TYPE_CHECKING:
+    from nemo_fastdecode.greedy.records import StepRecords
     from nemo_fastdecode.greedy.window_look import WindowLookBuffers
 
 
@@ -157,6 +158,7 @@ class LoopBuffers(CapturedBuffers):
         self.sos_predictor_states: list[torch.Tensor] = []
         self.sos_predictor_output = torch.zeros_like(self.predictor_output)
         self.hyps = BatchedHypsBuffer(batch_size, capacity, device, score_dtype)
+        self.steps: StepRecords | None = None  # every look at the joint, when alignments or confidence are kept
         # each row's best token of the current look (written by steps.best_token)
         self.token_scores = torch.zeros([batch_size], dtype=torch.float32, device=device)
         self.token_labels = longs()
