@@ -6,6 +6,7 @@ import math
 import os
 import random
 
+import numpy as np
 import pytest
 import torch
 from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
@@ -340,6 +341,46 @@ def test_one_batch_tensor_equals_the_list_of_chunks(model, features):
     half = len(results) // 2
     for (a, a_len), (b, b_len) in zip(results[:half], results[half:], strict=True):
         assert torch.equal(a_len, b_len) and torch.equal(a, b)
+
+
+def test_packed_chunks_with_lengths_equal_the_list_of_chunks(model, features):
+    """One ``[N, feat_in, T]`` tensor with each row's length (first, full and last chunks mixed, NaN after each
+    row's length: never read) gives what the list of those chunks gives."""
+    results = []
+    for packed in (False, True):
+        streamer = StreamingTranscriber(model, num_slots=3, att_context_size=[16, 1])
+        g = streamer.geometry
+        chunks = [split_features(f, g) for f in features[:3]]
+        slots = [streamer.open() for _ in chunks]
+        for step in range(max(map(len, chunks))):
+            rows = [i for i in range(3) if step < len(chunks[i])][::-1]
+            batch = [chunks[i][step] for i in rows]
+            if packed:
+                lengths = [c.shape[1] for c in batch]
+                tensor = torch.full((len(rows), g.feat_in, g.chunk), float("nan"))
+                for row, chunk in enumerate(batch):
+                    tensor[row, :, : chunk.shape[1]] = chunk
+                result = streamer.step([slots[i] for i in rows], tensor, lengths=np.array(lengths))
+            else:
+                result = streamer.step([slots[i] for i in rows], batch)
+            results.append((result.encoded, result.encoded_lengths))
+        results.append([streamer.token_ids(slot) for slot in slots])
+    half = len(results) // 2
+    assert results[half - 1] == results[-1] and sum(map(len, results[-1])) > 0
+    for (a, a_len), (b, b_len) in zip(results[: half - 1], results[half:-1], strict=True):
+        assert torch.equal(a_len, b_len) and torch.equal(a, b)
+    streamer = StreamingTranscriber(model, num_slots=1, att_context_size=[16, 1])
+    slot = streamer.open()
+    g = streamer.geometry
+    with pytest.raises(ValueError, match=rf"length {g.chunk} of row 0 \(slot 0\) is out of range; valid: 1 <= T <= "
+                       rf"{g.first_chunk} \(a stream's first chunk"):  # fmt: skip
+        streamer.step([slot], torch.zeros(1, g.feat_in, g.chunk), lengths=[g.chunk])
+    with pytest.raises(ValueError, match=r"length 0 of row 0"):
+        streamer.step([slot], torch.zeros(1, g.feat_in, 4), lengths=[0])
+    with pytest.raises(ValueError, match=r"with 2 lengths for 1 slot ids"):
+        streamer.step([slot], torch.zeros(1, g.feat_in, 4), lengths=[1, 2])
+    with pytest.raises(ValueError, match=r"with lengths, chunks must be one \[N, feat_in, T\] tensor"):
+        streamer.step([slot], [torch.zeros(g.feat_in, 4)], lengths=[4])
 
 
 def test_bad_configuration(model, monkeypatch):
