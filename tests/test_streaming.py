@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
+from conftest import nemo_alone, tiny_streaming_model
 
 from nemo_fastdecode.greedy import hyps as hyps_module
 from nemo_fastdecode.greedy.base import GreedyComputerBase
@@ -27,15 +27,6 @@ DURATIONS = [1.9, 0.75, 2.6, 1.25, 0.5, 1.6]  # seconds; staggered starts, diffe
 LOOKAHEADS = [[16, 1], [16, 3]]  # tiny-streaming's att_context_size list is [[16, 3], [16, 1], [16, 0]]
 
 
-def tiny_streaming_model():
-    """The tests' cache-aware model: tiny random weights, blank bias calibrated to ~0.3 tokens per frame (CPU)."""
-    model = S.build_synthetic_model("tiny-streaming", seed=0)
-    audio = S.synthetic_audio([2.0, 1.5], seed=7)
-    encoded, lengths = S.encode(model, audio, batch_size=2, device="cpu")
-    S.calibrate_blank_bias(model, encoded, lengths, 0.3, iterations=4, tolerance=0.05)
-    return model
-
-
 @pytest.fixture(scope="module")
 def model():
     return tiny_streaming_model()
@@ -51,32 +42,6 @@ def features(model):
             feats, length = model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]]))
             out.append(feats[0, :, : int(length)].clone())
     return out
-
-
-def nemo_alone(model, feats: torch.Tensor):
-    """NeMo's cache-aware streaming of one stream (its streaming script): chunk outputs and final hypothesis."""
-    buffer = CacheAwareStreamingAudioBuffer(model)
-    buffer.append_processed_signal(feats[None])
-    channel, time, channel_len = model.encoder.get_initial_cache_state(batch_size=1)
-    drop = model.encoder.streaming_cfg.drop_extra_pre_encoded
-    outputs, hyps, chunks = [], None, []
-    with torch.inference_mode():
-        for step, (chunk, chunk_len) in enumerate(buffer):
-            chunks.append(chunk[0])
-            encoded, encoded_len, channel, time, channel_len = model.encoder.cache_aware_stream_step(
-                processed_signal=chunk,
-                processed_signal_length=chunk_len,
-                cache_last_channel=channel,
-                cache_last_time=time,
-                cache_last_channel_len=channel_len,
-                keep_all_outputs=buffer.is_buffer_empty(),
-                drop_extra_pre_encoded=0 if step == 0 else drop,
-            )
-            outputs.append(encoded[0, :, : int(encoded_len[0])].T.clone())
-            hyps = model.decoding.rnnt_decoder_predictions_tensor(
-                encoder_output=encoded, encoded_lengths=encoded_len, return_hypotheses=True, partial_hypotheses=hyps
-            )
-    return outputs, hyps[0], chunks
 
 
 @pytest.fixture(scope="module", params=LOOKAHEADS, ids=lambda c: f"att{c[0]}-{c[1]}")
