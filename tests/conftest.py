@@ -79,6 +79,50 @@ def calibrated_model(preset: str, audio, target_tokens_per_frame: float = 0.3) -
     return model
 
 
+def tiny_streaming_model(preset: str = "tiny-streaming"):
+    """A tiny cache-aware model (random weights), blank bias calibrated to ~0.3 tokens per frame (CPU)."""
+    from nemo_fastdecode.tools import synthetic
+
+    model = synthetic.build_synthetic_model(preset, seed=0)
+    audio = synthetic.synthetic_audio([2.0, 1.5], seed=7)
+    encoded, lengths = synthetic.encode(model, audio, batch_size=2, device="cpu")
+    synthetic.calibrate_blank_bias(model, encoded, lengths, 0.3, iterations=4, tolerance=0.05)
+    return model
+
+
+def nemo_alone(model, feats: torch.Tensor):
+    """NeMo's cache-aware streaming of one stream ``[feat_in, T]`` (its streaming script: ``CacheAwareStreamingAudioBuffer``
+    and the encoder's ``cache_aware_stream_step``, then the model's decoding with partial hypotheses).
+
+    Returns:
+        Each chunk's encoder output ``[T_i, D]``, the final hypothesis (``None`` without a chunk), NeMo's chunks.
+    """
+    from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
+
+    buffer = CacheAwareStreamingAudioBuffer(model)
+    buffer.append_processed_signal(feats[None])
+    channel, time, channel_len = model.encoder.get_initial_cache_state(batch_size=1, device=feats.device)
+    drop = model.encoder.streaming_cfg.drop_extra_pre_encoded
+    outputs, hyps, chunks = [], None, []
+    with torch.inference_mode():
+        for step, (chunk, chunk_len) in enumerate(buffer):
+            chunks.append(chunk[0])
+            encoded, encoded_len, channel, time, channel_len = model.encoder.cache_aware_stream_step(
+                processed_signal=chunk,
+                processed_signal_length=chunk_len,
+                cache_last_channel=channel,
+                cache_last_time=time,
+                cache_last_channel_len=channel_len,
+                keep_all_outputs=buffer.is_buffer_empty(),
+                drop_extra_pre_encoded=0 if step == 0 else drop,
+            )
+            outputs.append(encoded[0, :, : int(encoded_len[0])].T.clone())
+            hyps = model.decoding.rnnt_decoder_predictions_tensor(
+                encoder_output=encoded, encoded_lengths=encoded_len, return_hypotheses=True, partial_hypotheses=hyps
+            )
+    return outputs, hyps[0] if hyps else None, chunks
+
+
 def transcribe(model, audio, **kwargs):
     """``model.transcribe`` on ``audio`` (batch 2), its best hypotheses, the modules left in eval mode."""
     hyps = model.transcribe(audio, batch_size=2, verbose=False, **kwargs)

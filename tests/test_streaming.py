@@ -6,9 +6,10 @@ import math
 import os
 import random
 
+import numpy as np
 import pytest
 import torch
-from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
+from conftest import nemo_alone, tiny_streaming_model
 
 from nemo_fastdecode.greedy import hyps as hyps_module
 from nemo_fastdecode.greedy.base import GreedyComputerBase
@@ -26,15 +27,6 @@ DURATIONS = [1.9, 0.75, 2.6, 1.25, 0.5, 1.6]  # seconds; staggered starts, diffe
 LOOKAHEADS = [[16, 1], [16, 3]]  # tiny-streaming's att_context_size list is [[16, 3], [16, 1], [16, 0]]
 
 
-def tiny_streaming_model():
-    """The tests' cache-aware model: tiny random weights, blank bias calibrated to ~0.3 tokens per frame (CPU)."""
-    model = S.build_synthetic_model("tiny-streaming", seed=0)
-    audio = S.synthetic_audio([2.0, 1.5], seed=7)
-    encoded, lengths = S.encode(model, audio, batch_size=2, device="cpu")
-    S.calibrate_blank_bias(model, encoded, lengths, 0.3, iterations=4, tolerance=0.05)
-    return model
-
-
 @pytest.fixture(scope="module")
 def model():
     return tiny_streaming_model()
@@ -50,32 +42,6 @@ def features(model):
             feats, length = model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]]))
             out.append(feats[0, :, : int(length)].clone())
     return out
-
-
-def nemo_alone(model, feats: torch.Tensor):
-    """NeMo's cache-aware streaming of one stream (its streaming script): chunk outputs and final hypothesis."""
-    buffer = CacheAwareStreamingAudioBuffer(model)
-    buffer.append_processed_signal(feats[None])
-    channel, time, channel_len = model.encoder.get_initial_cache_state(batch_size=1)
-    drop = model.encoder.streaming_cfg.drop_extra_pre_encoded
-    outputs, hyps, chunks = [], None, []
-    with torch.inference_mode():
-        for step, (chunk, chunk_len) in enumerate(buffer):
-            chunks.append(chunk[0])
-            encoded, encoded_len, channel, time, channel_len = model.encoder.cache_aware_stream_step(
-                processed_signal=chunk,
-                processed_signal_length=chunk_len,
-                cache_last_channel=channel,
-                cache_last_time=time,
-                cache_last_channel_len=channel_len,
-                keep_all_outputs=buffer.is_buffer_empty(),
-                drop_extra_pre_encoded=0 if step == 0 else drop,
-            )
-            outputs.append(encoded[0, :, : int(encoded_len[0])].T.clone())
-            hyps = model.decoding.rnnt_decoder_predictions_tensor(
-                encoder_output=encoded, encoded_lengths=encoded_len, return_hypotheses=True, partial_hypotheses=hyps
-            )
-    return outputs, hyps[0], chunks
 
 
 @pytest.fixture(scope="module", params=LOOKAHEADS, ids=lambda c: f"att{c[0]}-{c[1]}")
@@ -340,6 +306,46 @@ def test_one_batch_tensor_equals_the_list_of_chunks(model, features):
     half = len(results) // 2
     for (a, a_len), (b, b_len) in zip(results[:half], results[half:], strict=True):
         assert torch.equal(a_len, b_len) and torch.equal(a, b)
+
+
+def test_packed_chunks_with_lengths_equal_the_list_of_chunks(model, features):
+    """One ``[N, feat_in, T]`` tensor with each row's length (first, full and last chunks mixed, NaN after each
+    row's length: never read) gives what the list of those chunks gives."""
+    results = []
+    for packed in (False, True):
+        streamer = StreamingTranscriber(model, num_slots=3, att_context_size=[16, 1])
+        g = streamer.geometry
+        chunks = [split_features(f, g) for f in features[:3]]
+        slots = [streamer.open() for _ in chunks]
+        for step in range(max(map(len, chunks))):
+            rows = [i for i in range(3) if step < len(chunks[i])][::-1]
+            batch = [chunks[i][step] for i in rows]
+            if packed:
+                lengths = [c.shape[1] for c in batch]
+                tensor = torch.full((len(rows), g.feat_in, g.chunk), float("nan"))
+                for row, chunk in enumerate(batch):
+                    tensor[row, :, : chunk.shape[1]] = chunk
+                result = streamer.step([slots[i] for i in rows], tensor, lengths=np.array(lengths))
+            else:
+                result = streamer.step([slots[i] for i in rows], batch)
+            results.append((result.encoded, result.encoded_lengths))
+        results.append([streamer.token_ids(slot) for slot in slots])
+    half = len(results) // 2
+    assert results[half - 1] == results[-1] and sum(map(len, results[-1])) > 0
+    for (a, a_len), (b, b_len) in zip(results[: half - 1], results[half:-1], strict=True):
+        assert torch.equal(a_len, b_len) and torch.equal(a, b)
+    streamer = StreamingTranscriber(model, num_slots=1, att_context_size=[16, 1])
+    slot = streamer.open()
+    g = streamer.geometry
+    with pytest.raises(ValueError, match=rf"length {g.chunk} of row 0 \(slot 0\) is out of range; valid: 1 <= T <= "
+                       rf"{g.first_chunk} \(a stream's first chunk"):  # fmt: skip
+        streamer.step([slot], torch.zeros(1, g.feat_in, g.chunk), lengths=[g.chunk])
+    with pytest.raises(ValueError, match=r"length 0 of row 0"):
+        streamer.step([slot], torch.zeros(1, g.feat_in, 4), lengths=[0])
+    with pytest.raises(ValueError, match=r"with 2 lengths for 1 slot ids"):
+        streamer.step([slot], torch.zeros(1, g.feat_in, 4), lengths=[1, 2])
+    with pytest.raises(ValueError, match=r"with lengths, chunks must be one \[N, feat_in, T\] tensor"):
+        streamer.step([slot], [torch.zeros(g.feat_in, 4)], lengths=[4])
 
 
 def test_bad_configuration(model, monkeypatch):

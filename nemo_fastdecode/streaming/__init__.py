@@ -7,10 +7,40 @@
 * :mod:`~nemo_fastdecode.streaming.buckets` -- batch-size buckets, one CUDA graph replay per step.
 * :mod:`~nemo_fastdecode.streaming.decoding` -- per-slot greedy decoding state (``fast_greedy``).
 * :mod:`~nemo_fastdecode.streaming.transcriber` -- ``open`` / ``step`` / ``flush`` / ``close``.
+* :mod:`~nemo_fastdecode.streaming.frontend` -- every stream's PCM in one copy, NeMo's whole-file mel features out.
+* :mod:`~nemo_fastdecode.streaming.chunking` -- NeMo's chunk schedule as frames arrive, the frames waiting per slot.
+* :mod:`~nemo_fastdecode.streaming.events` -- the engine's options, events and errors.
+* :mod:`~nemo_fastdecode.streaming.engine` -- ``StreamingEngine``: PCM in, partial and final transcripts out.
 * :mod:`~nemo_fastdecode.streaming.nemo_path` -- NeMo's own path (slot gather/scatter + ``conformer_stream_step``).
 """
 
+from nemo_fastdecode.streaming.engine import StreamingEngine
+from nemo_fastdecode.streaming.events import (
+    CapacityError,
+    EndReason,
+    StreamEndedError,
+    StreamError,
+    StreamEvent,
+    StreamingEngineError,
+    StreamOptions,
+    UnknownStreamError,
+)
 from nemo_fastdecode.streaming.geometry import StreamingGeometry, split_features
 from nemo_fastdecode.streaming.transcriber import StepResult, StreamingTranscriber, StreamResult
 
-__all__ = ["StepResult", "StreamResult", "StreamingGeometry", "StreamingTranscriber", "split_features"]
+__all__ = [
+    "CapacityError",
+    "EndReason",
+    "StepResult",
+    "StreamEndedError",
+    "StreamError",
+    "StreamEvent",
+    "StreamOptions",
+    "StreamResult",
+    "StreamingEngine",
+    "StreamingEngineError",
+    "StreamingGeometry",
+    "StreamingTranscriber",
+    "UnknownStreamError",
+    "split_features",
+]

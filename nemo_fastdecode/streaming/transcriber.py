@@ -257,6 +257,7 @@ class StreamingTranscriber:
         slot_ids: Sequence[int],
         chunks: Sequence[torch.Tensor] | torch.Tensor,
         *,
+        lengths: Sequence[int] | np.ndarray | None = None,
         return_hypotheses: bool = False,
     ) -> StepResult:
         """Advance the streams in ``slot_ids`` by one chunk each.
@@ -266,6 +267,9 @@ class StreamingTranscriber:
             chunks: ``N`` feature chunks ``[feat_in, T_i]`` (float32/float16/bfloat16, any device), or one
                 tensor ``[N, feat_in, T]``; ``1 <= T_i <= geometry.first_chunk`` for a stream's first step,
                 ``<= geometry.chunk`` after.
+            lengths: with one ``[N, feat_in, T]`` tensor, the ``T_i`` of each row (its chunk left-aligned; what
+                follows is ignored): chunks of different lengths in one batch without per-chunk host work.
+                ``None``: every row has ``T`` frames.
             return_hypotheses: build the streams' NeMo hypotheses now (host work per stream).
 
         Returns:
@@ -275,7 +279,10 @@ class StreamingTranscriber:
             ValueError / TypeError naming the bad slot id or chunk and the valid choices.
         """
         slots = self._check_step_slots(slot_ids)
-        features, lengths = self._batch_chunks(slots, chunks)
+        if lengths is None:
+            features, lengths = self._batch_chunks(slots, chunks)
+        else:
+            features, lengths = self._packed_chunks(slots, chunks, lengths)
         n = len(slots)
         with torch.inference_mode():
             padded_ids, encoded, encoded_lengths = self.runner.run_padded(
@@ -319,6 +326,36 @@ class StreamingTranscriber:
                 raise ValueError(f"slot id {slot} is repeated in slot_ids {slots}; each stream steps once per call")
             seen.add(slot)
         return slots
+
+    def _packed_chunks(
+        self, slots: list[int], chunks: torch.Tensor, lengths: Sequence[int] | np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Check a packed ``[N, F, T]`` batch and its ``[N]`` lengths (vectorised); zero past each row's length."""
+        g = self.geometry
+        if not isinstance(chunks, torch.Tensor) or chunks.dim() != 3:
+            raise ValueError("with lengths, chunks must be one [N, feat_in, T] tensor")
+        if chunks.dtype not in _FEATURE_DTYPES:
+            raise TypeError(f"chunks have dtype {chunks.dtype}; valid: {', '.join(map(str, _FEATURE_DTYPES))}")
+        n, feat_in, frames = chunks.shape
+        host = np.asarray(lengths, dtype=np.int64)
+        if (n, feat_in) != (len(slots), g.feat_in) or host.shape != (n,):
+            raise ValueError(
+                f"chunks of shape {tuple(chunks.shape)} with {host.size} lengths for {len(slots)} slot ids; "
+                f"valid: [{len(slots)}, {g.feat_in}, T] and {len(slots)} lengths"
+            )
+        first = ~self._started[np.asarray(slots)]
+        limits = np.minimum(np.where(first, g.first_chunk, g.chunk), frames)
+        for i in np.flatnonzero((host < 1) | (host > limits))[:1].tolist():
+            which = "first chunk" if first[i] else "chunk"
+            raise ValueError(
+                f"length {host[i]} of row {i} (slot {slots[i]}) is out of range; valid: 1 <= T <= {limits[i]} "
+                f"(a stream's {which}, at most the tensor's {frames} frames)"
+            )
+        longest = int(host.max())
+        device_lengths = torch.from_numpy(host).to(chunks.device)
+        valid = torch.arange(longest, device=chunks.device)[None, None, :] < device_lengths[:, None, None]
+        features = torch.where(valid, chunks[:, :, :longest].to(torch.float32), 0.0)  # as _batch_chunks pads
+        return features, torch.from_numpy(host)
 
     def _batch_chunks(self, slots: list[int], chunks) -> tuple[torch.Tensor, torch.Tensor]:
         """Validate the chunks and pack them left-aligned into ``[N, F, Tmax]`` (one transfer to the device)."""

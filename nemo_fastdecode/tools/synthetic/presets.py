@@ -57,6 +57,9 @@ _BIG = {"d_model": 1024, "n_heads": 8, "subsampling_conv_channels": 256}
 _STREAMING_CONTEXTS = ((70, 13), (70, 6), (70, 1), (70, 0))
 
 
+_TINY_STREAMING_CONTEXTS = ((16, 3), (16, 1), (16, 0))
+
+
 _BIG_DEC = {"pred_hidden": 640, "joint_hidden": 640, "char_vocab_size": 1024, "bpe_vocab_size": 1024}
 
 
@@ -68,7 +71,8 @@ _PRESETS: dict[str, _Preset] = {
     "rnnt-1.1b": _Preset(n_layers=42, **_BIG, **_BIG_DEC, pred_rnn_layers=1),
     "tdt-0.6b": _Preset(n_layers=24, **_BIG, **_BIG_DEC, pred_rnn_layers=2, durations=_TDT_DURATIONS),
     # cache-aware streaming presets: 1 frame = 80 ms; [70, 1] = 5.6 s of left context, 160 ms chunks
-    "tiny-streaming": _Preset(**_TINY, **_TINY_DEC, hybrid=True, att_context_size=((16, 3), (16, 1), (16, 0))),
+    "tiny-streaming": _Preset(**_TINY, **_TINY_DEC, hybrid=True, att_context_size=_TINY_STREAMING_CONTEXTS),
+    "tiny-rnnt-streaming": _Preset(**_TINY, **_TINY_DEC, att_context_size=_TINY_STREAMING_CONTEXTS),
     "hybrid-17x512-streaming": _Preset(
         n_layers=17,
         d_model=512,

@@ -1,0 +1,496 @@
+"""PCM in, partial and final transcripts out: many streams, one batched cycle for all of them.
+
+:class:`StreamingEngine` wraps one :class:`~nemo_fastdecode.streaming.frontend.AudioFrontEnd` (every stream's PCM in
+one host-to-device copy per cycle, NeMo's whole-file mel features frame by frame) and one
+:class:`~nemo_fastdecode.streaming.transcriber.StreamingTranscriber` (cache-aware encoder + greedy decoder over slots).
+Clients ``push`` audio whenever it arrives; the serving loop calls ``poll`` over and over; each poll is one cycle:
+
+1. idle streams (no push for ``idle_timeout_seconds``) are ended;
+2. every stream's waiting audio (at most ``max_cycle_seconds`` of it, and only while fewer than a chunk of its
+   frames wait to be stepped) goes into the front end in one copy, and the front end computes the new feature
+   frames of all streams (ended streams: their last frames, with NeMo's zero padding);
+3. ONE :meth:`~StreamingTranscriber.step` advances every stream that has a chunk, NeMo's chunk schedule cut as
+   frames arrive (:mod:`~nemo_fastdecode.streaming.chunking`): streams join and leave between cycles;
+4. events: a partial event for every stream whose transcript grew, a final event for every stream that ended.
+
+Example (a synthetic model with random weights, so the text is gibberish; a NeMo cache-aware checkpoint such as
+``nvidia/stt_en_fastconformer_hybrid_large_streaming_multi`` is used the same way)::
+
+    import numpy as np
+    from nemo_fastdecode.streaming import StreamingEngine
+    from nemo_fastdecode.tools.synthetic import build_synthetic_model, synthetic_audio
+
+    model = build_synthetic_model("tiny-streaming")
+    engine = StreamingEngine(model, num_slots=4, idle_timeout_seconds=30.0)
+    engine.warm_up()  # captures the CUDA graphs now (on a GPU), not during the first steps
+    pcm = (synthetic_audio([2.0])[0] * 32768).astype(np.int16)  # 2 s of 16 kHz mono int16
+    stream = engine.open()
+    for piece in np.array_split(pcm, 25):  # as it arrives, e.g. 80 ms per network message
+        engine.push(stream, piece.tobytes())
+        for event in engine.poll():  # the serving loop: one cycle for every stream
+            print(event.stream_id, event.text)
+    final = engine.close(stream)  # the rest of its audio, now; frees the slot
+    print(final.text, final.words)
+
+Exactness: in fp32 every stream's tokens, text and word timestamps equal NeMo's cache-aware streaming of that
+stream alone (``CacheAwareStreamingAudioBuffer`` over the preprocessor's features of the whole file, then
+``conformer_stream_step``), whatever the push sizes and however streams interleave (tests/test_streaming_engine.py).
+
+Endpointing hook: a final event need not end its stream. :meth:`StreamingEngine.end_segment` emits the final event
+of the stream's current segment (its tokens since the previous segment) and the stream goes on: audio, caches and
+decoder state continue, the next events carry ``segment + 1`` and only the tokens emitted after it. An endpointer
+(VAD, or the decoder's runs of blanks) decides in the cycle, after the step, and calls it there.
+
+Not thread-safe: one thread (e.g. a server's event loop) calls every method.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
+from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_outputs
+
+from nemo_fastdecode.streaming.chunking import ChunkSchedule, FeatureQueue
+from nemo_fastdecode.streaming.events import (
+    CapacityError,
+    EndReason,
+    StreamEndedError,
+    StreamError,
+    StreamEvent,
+    StreamOptions,
+    UnknownStreamError,
+)
+from nemo_fastdecode.streaming.frontend import AudioFrontEnd, SampleFormat
+from nemo_fastdecode.streaming.transcriber import StreamingTranscriber, WarmUpTimes
+
+if TYPE_CHECKING:
+    from nemo.collections.asr.models import ASRModel
+
+__all__ = ["StreamingEngine"]
+
+
+class StreamingEngine:
+    """Cache-aware streaming ASR for up to ``num_slots`` streams at once: raw PCM in, transcripts out.
+
+    Args:
+        model: a NeMo transducer model with a cache-aware streaming FastConformer encoder and NeMo's mel
+            preprocessor (``normalize: NA``); put in eval mode.
+        num_slots: most streams open at once (everything is allocated for them up front).
+        att_context_size: ``[left, lookahead]``, one of the encoder's look-aheads (``None``: its current one).
+        dtype: cache and encoder compute dtype; fp32 is exact.
+        use_cuda_graphs: replay CUDA graphs per batch-size bucket on a GPU (call :meth:`warm_up` first).
+        encoder_matmul: ``"fp32"`` (exact), or opt-in ``"tf32x3"`` / ``"tf32"`` (see :class:`StreamingTranscriber`).
+        fast_math: opt-in fast-math greedy decoding (not bit-identical to NeMo's).
+        max_symbols: greedy ``max_symbols`` (default: the model's).
+        idle_timeout_seconds: a stream without a push for this long is ended by :meth:`poll` (its final event is
+            emitted, its slot freed); ``None``: never.
+        max_cycle_seconds: most audio of one stream fed to the front end per cycle (sizes its buffers); more waits
+            on the host for the next cycles.
+        clock: seconds, monotonic (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        model: ASRModel,
+        num_slots: int,
+        *,
+        att_context_size: Sequence[int] | None = None,
+        dtype: torch.dtype = torch.float32,
+        use_cuda_graphs: bool = True,
+        encoder_matmul: str = "fp32",
+        fast_math: bool = False,
+        max_symbols: int | None = None,
+        idle_timeout_seconds: float | None = None,
+        max_cycle_seconds: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if idle_timeout_seconds is not None and not idle_timeout_seconds > 0:
+            raise ValueError(f"idle_timeout_seconds must be > 0 or None, got {idle_timeout_seconds!r}")
+        self.transcriber = StreamingTranscriber(
+            model,
+            num_slots,
+            att_context_size=att_context_size,
+            dtype=dtype,
+            use_cuda_graphs=use_cuda_graphs,
+            max_symbols=max_symbols,
+            fast_math=fast_math,
+            encoder_matmul=encoder_matmul,
+        )
+        self.model, self.num_slots = model, num_slots
+        self.device = self.transcriber.device
+        self.geometry = g = self.transcriber.geometry
+        self.front = AudioFrontEnd(model.preprocessor, num_slots, self.device, max_push_seconds=max_cycle_seconds)
+        s = self.front.settings
+        if s.features != g.feat_in:
+            raise ValueError(f"the preprocessor makes {s.features} features per frame; the encoder takes {g.feat_in}")
+        self.idle_timeout_seconds = idle_timeout_seconds
+        self._clock = clock
+        self._cycle_samples = math.floor(max_cycle_seconds * s.sample_rate)
+        self._max_chunk = max(g.first_chunk, g.chunk)
+        # a stream is fed only while less than a chunk waits, then gets one cycle of frames (+ its flush's last ones)
+        capacity = self._max_chunk + self._cycle_samples // s.hop + 4
+        self.schedule = ChunkSchedule(g, num_slots)
+        self.queue = FeatureQueue(num_slots, g.feat_in, capacity, self.device)
+        preprocessor_cfg = model.cfg.get("preprocessor", {}) or {}
+        self._window_stride = float(preprocessor_cfg.get("window_stride", s.hop / s.sample_rate))  # NeMo's timestamps
+        # per slot, on the host (vectorised over slots in each cycle)
+        self._stream_of = np.full(num_slots, -1, dtype=np.int64)
+        self._ending = np.zeros(num_slots, dtype=bool)  # no more audio: flush, step the rest, emit the final event
+        self._flushed = np.zeros(num_slots, dtype=bool)  # the front end gave the stream's last frames
+        self._last_push = np.zeros(num_slots, dtype=np.float64)
+        self._pending_bytes = np.zeros(num_slots, dtype=np.int64)
+        self._reported = np.zeros(num_slots, dtype=np.int64)  # tokens of the stream when its last event was built
+        self._segment = np.zeros(num_slots, dtype=np.int64)
+        self._segment_token = np.zeros(num_slots, dtype=np.int64)  # first token of the current segment
+        self._segment_start = np.zeros(num_slots, dtype=np.float64)  # seconds
+        self._pending: list[list[bytes | memoryview]] = [[] for _ in range(num_slots)]
+        self._carry: list[bytes] = [b""] * num_slots  # the first bytes of a sample whose other bytes are to come
+        self._samples = np.zeros(num_slots, dtype=np.int64)  # whole samples pushed
+        self._format = [SampleFormat.INT16] * num_slots
+        self._options: list[StreamOptions | None] = [None] * num_slots
+        self._reason: list[EndReason | None] = [None] * num_slots
+        self._slot_of: dict[int, int] = {}
+        self._next_id = 0
+
+    # ---- streams -------------------------------------------------------------------------------------------
+    @property
+    def open_streams(self) -> list[int]:
+        """Ids of the streams that hold a slot (including those ended whose final event is still to come)."""
+        return sorted(self._slot_of)
+
+    def open(self, options: StreamOptions | None = None) -> int:
+        """Start a stream; returns its id (never reused).
+
+        Raises:
+            CapacityError: every slot holds a stream.
+            ValueError: options the front end cannot take (rate, channels, sample format), naming the value.
+        """
+        options = StreamOptions() if options is None else options
+        if not isinstance(options, StreamOptions):
+            raise TypeError(f"options must be a StreamOptions, got {type(options).__name__}")
+        free = np.flatnonzero(self._stream_of < 0)
+        if free.size == 0:
+            raise CapacityError(self.num_slots)
+        slot = int(free[0])
+        self.front.open(
+            slot, sample_rate=options.sample_rate, channels=options.channels, sample_format=options.sample_format
+        )  # checks the options before anything changes
+        transcriber_slot = self.transcriber.open()
+        assert transcriber_slot == slot, "the engine and its transcriber take the lowest free slot alike"
+        stream_id, self._next_id = self._next_id, self._next_id + 1
+        self._slot_of[stream_id] = slot
+        self._stream_of[slot] = stream_id
+        self.schedule.reset(slot)
+        self._ending[slot] = self._flushed[slot] = False
+        self._last_push[slot] = self._clock()
+        self._pending[slot].clear()
+        self._pending_bytes[slot] = self._reported[slot] = self._samples[slot] = 0
+        self._segment[slot] = self._segment_token[slot] = 0
+        self._segment_start[slot] = 0.0
+        self._carry[slot] = b""
+        self._options[slot], self._reason[slot] = options, None
+        self._format[slot] = SampleFormat.parse(options.sample_format)
+        return stream_id
+
+    def push(self, stream_id: int, pcm: bytes | bytearray | memoryview | np.ndarray) -> None:
+        """Queue audio of one stream for the next cycles (any length, at any time; copied unless ``bytes``).
+
+        Args:
+            stream_id: an open stream.
+            pcm: raw bytes in the stream's ``sample_format`` (any byte count: a sample split between pushes is put
+                together), or a 1-D numpy array of its dtype (int16 or float32). Empty pushes only count as activity
+                for the idle timeout.
+
+        Raises:
+            UnknownStreamError / StreamEndedError: an id never opened / a stream closed, finished or timed out.
+            StreamError: not audio, more than one channel, the wrong dtype, a non-finite float sample (named with its
+                index). Nothing is queued then, and no other stream is affected.
+        """
+        slot = self._live_slot(stream_id, "push audio to")
+        data = self._as_bytes(stream_id, slot, pcm)
+        # whole samples are queued; the bytes of a sample split between pushes wait for the rest here
+        itemsize, carry = self._format[slot].itemsize, self._carry[slot]
+        total = len(carry) + len(data)
+        whole = total - total % itemsize
+        if carry and whole:
+            samples = carry + data[: whole - len(carry)]
+        else:
+            samples = data if whole == len(data) else memoryview(data)[:whole]
+        if whole and self._format[slot] is SampleFormat.FLOAT32:
+            self._check_finite(stream_id, slot, samples)
+        # every check passed
+        self._carry[slot] = carry + data if not whole else data[len(data) - (total - whole) :]
+        self._samples[slot] += whole // itemsize
+        self._last_push[slot] = self._clock()
+        if whole:
+            self._pending[slot].append(samples)
+            self._pending_bytes[slot] += whole
+
+    def finish(self, stream_id: int) -> None:
+        """End of the stream's audio: a later :meth:`poll` steps the rest (batched with the other streams) and emits
+        its final event. Nothing happens if it is already ending."""
+        slot = self._live_slot(stream_id, "finish", ending_ok=True)
+        if not self._ending[slot]:
+            self._ending[slot], self._reason[slot] = True, EndReason.END
+
+    def close(self, stream_id: int) -> StreamEvent:
+        """End the stream now: its remaining audio is stepped (the front end's last frames, the last partial chunk),
+        and its final event is returned (not emitted by :meth:`poll`); the slot is free afterwards.
+
+        The stream steps alone here, chunk after chunk; a server that ends many streams at once batches them with
+        :meth:`finish` instead.
+        """
+        slot = self._live_slot(stream_id, "close", ending_ok=True)
+        self.finish(stream_id)
+        members = np.zeros(self.num_slots, dtype=bool)
+        members[slot] = True
+        while True:  # each cycle feeds, flushes or steps it: it ends
+            for event in self._cycle(members):
+                if event.is_last:
+                    return event
+
+    def end_segment(self, stream_id: int) -> StreamEvent:
+        """The final event of the stream's current segment, now; the stream goes on (the endpointing hook).
+
+        The event has the tokens since the previous segment (``is_final``, not ``is_last``, reason
+        :attr:`EndReason.SEGMENT`); audio, caches and decoder state continue, and later events carry the next
+        segment's tokens only, and its index. Audio pushed but not yet stepped belongs to the next segment.
+        """
+        slot = self._live_slot(stream_id, "end a segment of")
+        (event,) = self._events([slot], final=True, last=False)
+        self._segment[slot] += 1
+        self._segment_token[slot] = len(event.token_ids) + self._segment_token[slot]
+        self._segment_start[slot] = event.end
+        return event
+
+    def text(self, stream_id: int) -> str:
+        """The stream's whole transcript so far (all segments)."""
+        return self.transcriber.text(self._live_slot(stream_id, "read", ending_ok=True))
+
+    def token_ids(self, stream_id: int) -> list[int]:
+        """The stream's token ids so far (all segments)."""
+        return self.transcriber.token_ids(self._live_slot(stream_id, "read", ending_ok=True))
+
+    def warm_up(self) -> WarmUpTimes:
+        """Capture every CUDA graph now (:meth:`StreamingTranscriber.warm_up`), before the first stream."""
+        return self.transcriber.warm_up()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a :meth:`poll` now has work: audio to feed, a chunk to step or a stream to end."""
+        live = self._stream_of >= 0
+        steps, _ = self.schedule.next_chunks(np.flatnonzero(live))
+        return bool((live & ((self._pending_bytes > 0) | self._ending)).any() or steps.size)
+
+    # ---- the cycle -----------------------------------------------------------------------------------------
+    def poll(self) -> list[StreamEvent]:
+        """One cycle for every stream (see the module docstring); returns its events.
+
+        Events: first a partial event for each stream whose transcript grew in this cycle (a stream that stepped
+        without a new token has none: greedy tokens never change once emitted, so there is nothing new to say),
+        then a final event for each stream that ended (its slot is free afterwards), each in slot order.
+        A stream with more audio waiting than one chunk steps one chunk per cycle: call ``poll`` until
+        :attr:`busy` is false to drain a burst.
+        """
+        live = self._stream_of >= 0
+        if self.idle_timeout_seconds is not None:
+            idle = live & ~self._ending & (self._clock() - self._last_push > self.idle_timeout_seconds)
+            for slot in np.flatnonzero(idle).tolist():
+                self._ending[slot], self._reason[slot] = True, EndReason.IDLE_TIMEOUT
+        return self._cycle(live)
+
+    def _cycle(self, members: np.ndarray) -> list[StreamEvent]:
+        """Feed, compute features, step and report the streams in ``members`` (``[S]`` bool)."""
+        live = members & (self._stream_of >= 0)
+        # 1. audio in: one copy for every stream fed; features for every stream (ended ones: their last frames)
+        feed = live & (self._pending_bytes > 0) & (self.schedule.backlog < self._max_chunk)
+        pushes = {slot: self._take(slot) for slot in np.flatnonzero(feed).tolist()}
+        if pushes:
+            self.front.append(pushes)
+        flush = live & self._ending & (self._pending_bytes == 0) & ~self._flushed
+        for slot in np.flatnonzero(flush).tolist():
+            if self._carry[slot]:
+                warnings.warn(
+                    f"stream {self._stream_of[slot]} ends with {len(self._carry[slot])} byte(s) of an incomplete "
+                    f"{self._format[slot].value} sample; dropped",
+                    stacklevel=3,
+                )
+                self._carry[slot] = b""
+        out = self.front.features(flush=np.flatnonzero(flush).tolist())
+        self._flushed |= flush
+        slots, counts = np.asarray(out.slots, dtype=np.int64), np.asarray(out.counts, dtype=np.int64)
+        self.queue.write(slots, np.asarray(out.starts, dtype=np.int64), counts, out.features)
+        self.schedule.add(slots, counts)
+        self.schedule.end(np.asarray(out.ended, dtype=np.int64))
+        if (self.schedule.backlog > self.queue.capacity).any():  # the feed policy above rules this out
+            raise RuntimeError("a stream's waiting feature frames overflowed the engine's feature queue")
+        # 2. one step of every stream that has a chunk
+        stepped, lengths = self.schedule.next_chunks(np.flatnonzero(live))
+        if stepped.size:
+            batch = self.queue.read(stepped, self.schedule.stepped[stepped], lengths)
+            self.transcriber.step(stepped.tolist(), batch, lengths=lengths)
+            self.schedule.advance(stepped, lengths)
+        # 3. events: partial for the streams whose tokens grew, final for the streams that are over
+        ending = np.flatnonzero(live & self._flushed)
+        done = ending[self.schedule.done(ending)]
+        stepped = np.setdiff1d(stepped, done, assume_unique=True)
+        events = self._events(stepped[self._grew(stepped)].tolist(), final=False, last=False)
+        events += self._events(done.tolist(), final=True, last=True)
+        for slot in done.tolist():
+            self._free(slot)
+        return events
+
+    def _take(self, slot: int) -> bytes | memoryview:
+        """The stream's waiting bytes, at most one cycle's worth (the rest waits); one join of its pushes."""
+        limit = self._cycle_samples * self._format[slot].itemsize
+        pieces, taken, size = self._pending[slot], [], 0
+        while pieces and size < limit:
+            piece = pieces.pop(0)
+            if size + len(piece) > limit:
+                cut = limit - size
+                pieces.insert(0, memoryview(piece)[cut:])  # views of immutable bytes: no copy
+                piece = memoryview(piece)[:cut]
+            taken.append(piece)
+            size += len(piece)
+        self._pending_bytes[slot] -= size
+        return taken[0] if len(taken) == 1 else b"".join(taken)
+
+    def _grew(self, slots: np.ndarray) -> np.ndarray:
+        """``[N]`` bool: the streams' token counts grew since their last event (one device read)."""
+        if slots.size == 0:
+            return np.zeros(0, dtype=bool)
+        counts = self.transcriber.decoder.counts
+        now = counts.index_select(0, torch.from_numpy(slots).to(counts.device)).cpu().numpy()
+        return now > self._reported[slots]
+
+    def _events(self, slots: list[int], *, final: bool, last: bool) -> list[StreamEvent]:
+        """The events of ``slots``, their hypotheses built in one batch."""
+        if not slots:
+            return []
+        hyps = self.transcriber.decoder.hypotheses(slots)
+        events = []
+        for slot, hyp in zip(slots, hyps, strict=True):
+            first = int(self._segment_token[slot])
+            ids = [] if hyp is None else hyp.y_sequence[first:].tolist()
+            self._reported[slot] = first + len(ids)
+            wants_words = final or self._options[slot].partial_words
+            if last:
+                end = self.front.samples_received(slot) / self.front.settings.sample_rate
+            else:
+                end = int(self.schedule.stepped[slot]) * self.front.settings.hop / self.front.settings.sample_rate
+            events.append(
+                StreamEvent(
+                    stream_id=int(self._stream_of[slot]),
+                    text=self.model.decoding.decode_ids_to_str(ids),
+                    token_ids=ids,
+                    words=(self._words(hyp, first) if ids else []) if wants_words else None,
+                    is_final=final,
+                    is_last=last,
+                    reason=(self._reason[slot] if last else EndReason.SEGMENT) if final else None,
+                    segment=int(self._segment[slot]),
+                    start=float(self._segment_start[slot]),
+                    end=end,
+                )
+            )
+        return events
+
+    def _words(self, hyp: Hypothesis, first: int) -> list[dict[str, Any]]:
+        """NeMo's word timestamps of the hypothesis' tokens from ``first`` on (seconds from the stream's start)."""
+        part = copy.copy(hyp)  # NeMo replaces the timestamp field by a dict
+        part.y_sequence, part.timestamp = hyp.y_sequence[first:], hyp.timestamp[first:]
+        if hyp.token_duration is not None and len(hyp.token_duration):
+            part.token_duration = hyp.token_duration[first:]
+        part = self.model.decoding.compute_rnnt_timestamps(part, "word")
+        (part,) = process_timestamp_outputs([part], self.geometry.subsampling_factor, self._window_stride)
+        return part.timestamp["word"]
+
+    def _free(self, slot: int) -> None:
+        del self._slot_of[int(self._stream_of[slot])]
+        self._stream_of[slot] = -1
+        self._pending[slot].clear()
+        self._pending_bytes[slot] = 0
+        self._options[slot] = None
+        self.front.close(slot)
+        self.transcriber.close(slot)
+
+    # ---- checks --------------------------------------------------------------------------------------------
+    def _live_slot(self, stream_id: Any, action: str, ending_ok: bool = False) -> int:
+        """The slot of an open stream; a clear error for ids never opened and streams that ended."""
+        if isinstance(stream_id, bool) or not isinstance(stream_id, (int, np.integer)):
+            raise UnknownStreamError(stream_id, f"stream ids are ints, got {stream_id!r} ({type(stream_id).__name__})")
+        slot = self._slot_of.get(int(stream_id))
+        if slot is None:
+            if 0 <= stream_id < self._next_id:
+                raise StreamEndedError(
+                    stream_id, f"cannot {action} stream {stream_id}: it has ended (closed, finished or timed out)"
+                )
+            raise UnknownStreamError(
+                stream_id, f"cannot {action} stream {stream_id}: no such stream; open streams: {self._listing()}"
+            )
+        if self._ending[slot] and not ending_ok:
+            why = "timed out" if self._reason[slot] is EndReason.IDLE_TIMEOUT else "was finished"
+            raise StreamEndedError(
+                stream_id, f"cannot {action} stream {stream_id}: it {why}; its final event comes from poll()"
+            )
+        return slot
+
+    def _listing(self, limit: int = 16) -> str:
+        ids = self.open_streams
+        shown = ", ".join(map(str, ids[:limit])) or "none"
+        return shown + (f", ... ({len(ids)} in all)" if len(ids) > limit else "")
+
+    def _as_bytes(self, stream_id: int, slot: int, pcm: Any) -> bytes | memoryview:
+        """The push's raw bytes, immutable (copied unless ``bytes``): a 1-D array of the stream's dtype, or bytes."""
+        if type(pcm) is bytes:
+            return pcm
+        sample_format = self._format[slot].value
+        if isinstance(pcm, np.ndarray):
+            if pcm.ndim != 1:
+                channels = f"{pcm.shape[1]} channels" if pcm.ndim == 2 else f"{pcm.ndim} dimensions"
+                raise StreamError(
+                    stream_id,
+                    f"stream {stream_id}: audio must be mono, a 1-D array; got shape {pcm.shape} ({channels})",
+                )
+            expected = np.dtype("<i2" if sample_format == "int16" else "<f4")
+            if pcm.dtype != expected:
+                raise StreamError(
+                    stream_id,
+                    f"stream {stream_id}: an array of dtype {pcm.dtype} was pushed to a {sample_format} stream; "
+                    f"valid: {expected} (or open the stream with StreamOptions(sample_format=...))",
+                )
+            if self._carry[slot]:  # an array's first sample would start inside the waiting one
+                raise StreamError(
+                    stream_id,
+                    f"stream {stream_id}: {len(self._carry[slot])} byte(s) of a split sample wait for the rest; push "
+                    "those bytes before pushing an array",
+                )
+            return np.ascontiguousarray(pcm).tobytes()
+        if isinstance(pcm, (bytearray, memoryview)):
+            view = memoryview(pcm)
+            if not view.c_contiguous:
+                raise StreamError(stream_id, f"stream {stream_id}: audio bytes must be contiguous")
+            return view.tobytes()
+        raise StreamError(
+            stream_id,
+            f"stream {stream_id}: audio must be bytes or a 1-D numpy array, got {type(pcm).__name__}",
+        )
+
+    def _check_finite(self, stream_id: int, slot: int, samples: bytes | memoryview) -> None:
+        """Refuse NaN and infinite float32 samples, naming the first (its index counts from the stream's start)."""
+        values = np.frombuffer(samples, dtype="<f4")
+        if np.isfinite(values).all():
+            return
+        index = int(np.flatnonzero(~np.isfinite(values))[0])
+        raise StreamError(
+            stream_id,
+            f"stream {stream_id}: non-finite sample {values[index]} at sample {self._samples[slot] + index}; "
+            "audio must be finite",
+        )
