@@ -26,9 +26,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import upstream_stand_ins as stand_ins
-import upstream_substitution
-from upstream_substitution import VARIANT_ATTRIBUTE, load_substituted_module
+
+from . import upstream_stand_ins as stand_ins
+from . import upstream_substitution
+from .upstream_substitution import VARIANT_ATTRIBUTE, load_substituted_module
 
 HERE = Path(__file__).parent
 VENDORED = HERE / "decoding"
