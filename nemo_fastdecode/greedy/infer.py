@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import _GreedyRNNTInfer
+from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import LabelLoopingStateItem
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo.collections.common.parts.optional_cuda_graphs import WithOptionalCudaGraphs
 from nemo.core.classes import typecheck
@@ -21,7 +22,6 @@ from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
-from nemo_fastdecode.greedy.state import GreedyStateItem
 
 
 class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptionalCudaGraphs):
@@ -118,12 +118,13 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             return (hyps,)
 
 
-def _state_of(hyp: Hypothesis | None) -> GreedyStateItem | None:
+def _state_of(hyp: Hypothesis | None) -> LabelLoopingStateItem | None:
     if hyp is None or hyp.dec_state is None:
         return None
-    if not isinstance(hyp.dec_state, GreedyStateItem):
+    if not isinstance(hyp.dec_state, LabelLoopingStateItem):
         raise ValueError(
             f"partial_hypotheses carry a decoder state of type {type(hyp.dec_state).__name__}; fast_greedy can only "
-            "continue from hypotheses it produced itself (GreedyStateItem). Decode the stream with one strategy."
+            "continue from hypotheses it produced itself or that NeMo's label-looping greedy decoding produced "
+            "(LabelLoopingStateItem). Decode the stream with one of these."
         )
     return hyp.dec_state
