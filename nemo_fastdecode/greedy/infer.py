@@ -1,13 +1,15 @@
 """NeMo-facing greedy decoder: what ``decoding.strategy: fast_greedy`` puts in ``model.decoding.decoding``.
 
-It has the interface of NeMo's ``GreedyBatchedRNNTInfer`` / ``GreedyBatchedTDTInfer`` (called with
-``[B, D, T]`` encoder output, returns a 1-tuple of hypotheses, honours ``partial_hypotheses``) and
-runs our own frame- or label-looping computers.
+It has the interface of NeMo's ``GreedyBatchedRNNTInfer`` / ``GreedyBatchedTDTInfer`` (their constructor
+arguments, called with ``[B, D, T]`` encoder output, returns a 1-tuple of hypotheses, honours
+``partial_hypotheses``) and runs our own frame- or label-looping computers.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import _GreedyRNNTInfer
@@ -22,26 +24,43 @@ from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
+from nemo_fastdecode.logs import logger
 
 
 class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptionalCudaGraphs):
     """Exact batched greedy decoding for RNN-T and TDT, as CUDA graphs with WHILE nodes where possible.
 
+    Takes every argument of NeMo's ``GreedyBatchedRNNTInfer`` and ``GreedyBatchedTDTInfer``, so that code building
+    NeMo's class can build this one. After ``max_symbols_per_step`` the arguments are keyword-only: NeMo's two
+    classes order them differently (the TDT class takes ``durations`` fourth).
+
     Args:
-        decoder_model / joint_model / blank_index / max_symbols_per_step: as in NeMo's greedy decoders.
+        decoder_model / joint_model / blank_index / max_symbols_per_step: as in NeMo's greedy decoders. The
+            prediction network may be NeMo's LSTM ``RNNTDecoder`` or ``StatelessTransducerDecoder``.
         durations: TDT durations (``None`` for RNN-T).
+        preserve_alignments / preserve_frame_confidence / include_duration_confidence: not supported yet
+            (NotImplementedError naming NeMo's class when set); exclude_blank_from_confidence and
+            confidence_method_cfg are stored, as NeMo stores them.
+        include_duration: fill ``Hypothesis.token_duration`` (TDT).
         loop_labels: label looping (default) or frame looping (RNN-T only).
         use_cuda_graph_decoder: allow CUDA graphs (ignored on the CPU).
+        fusion_models / fusion_models_alpha: n-gram LM / boosting-tree fusion: not supported (NotImplementedError
+            when models are given).
+        enable_per_stream_biasing: accepted (NeMo's streaming YAMLs set it) with a warning: per-stream phrase
+            boosting is not applied.
         graph_mode: "auto" (default), "full_graph", "no_while_graph" or "eager".
-        include_duration: fill ``Hypothesis.token_duration`` (TDT).
         fused_kernels: fused Triton step kernels (``None``: on CUDA); bit-identical to the torch path.
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
-            (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline.
+            (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline. LSTM prediction
+            networks only.
         lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic, 16 (RNN-T) or 4 (TDT)
             at batch 32 with ``fast_math`` on CUDA, else 1); the same hypotheses as 1, see :class:`LabelLoopGreedy`.
         looks_per_iteration: label loop: ``0`` the two-level loop (an inner loop skips blanks), ``K >= 1`` one
             loop of ``K`` looks per iteration (fewer loop-condition evaluations); ``None``: automatic. The same
             hypotheses either way, see :class:`LabelLoopGreedy`.
+
+    Attributes:
+        computer: our greedy computer (:class:`LabelLoopGreedy` or :class:`FrameLoopGreedy`).
     """
 
     def __init__(
@@ -50,11 +69,20 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         joint_model: torch.nn.Module,
         blank_index: int,
         max_symbols_per_step: int | None = None,
+        *,
         durations: Sequence[int] | None = None,
+        preserve_alignments: bool = False,
+        preserve_frame_confidence: bool = False,
+        exclude_blank_from_confidence: bool = False,
+        confidence_method_cfg: Any = None,
+        include_duration: bool = False,
+        include_duration_confidence: bool = False,
         loop_labels: bool = True,
         use_cuda_graph_decoder: bool = True,
+        fusion_models: Sequence[Any] | None = None,
+        fusion_models_alpha: Sequence[float] | None = None,
+        enable_per_stream_biasing: bool = False,
         graph_mode: str | GraphMode | None = "auto",
-        include_duration: bool = False,
         fused_kernels: bool | None = None,
         fast_math: bool = False,
         lookahead_frames: int | None = None,
@@ -65,7 +93,23 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             joint_model=joint_model,
             blank_index=blank_index,
             max_symbols_per_step=max_symbols_per_step,
+            preserve_alignments=preserve_alignments,
+            preserve_frame_confidence=preserve_frame_confidence,
+            confidence_method_cfg=confidence_method_cfg,
         )
+        nemo_class = "GreedyBatchedTDTInfer" if durations else "GreedyBatchedRNNTInfer"
+        for name, value in (
+            ("preserve_alignments", preserve_alignments),
+            ("preserve_frame_confidence", preserve_frame_confidence),
+            ("include_duration_confidence", include_duration_confidence),
+            ("fusion_models", fusion_models),
+        ):
+            if value:
+                raise NotImplementedError(
+                    f"fast_greedy does not support {name}; decode with NeMo's {nemo_class} (strategy greedy_batch)"
+                )
+        if enable_per_stream_biasing:
+            _warn_per_stream_biasing_not_applied()
         label_loop_options = {"lookahead_frames": lookahead_frames, "looks_per_iteration": looks_per_iteration}
         if not loop_labels:
             for name, value, default in (
@@ -76,8 +120,13 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
                     raise ValueError(f"{name}={value} applies to the label loop only (loop_labels=True)")
             label_loop_options = {}
         computer_class = LabelLoopGreedy if loop_labels else FrameLoopGreedy
+        self.durations = list(durations) if durations else None
         self.loop_labels = loop_labels
+        self.use_cuda_graph_decoder = use_cuda_graph_decoder
         self.include_duration = include_duration
+        self.include_duration_confidence = include_duration_confidence
+        self.exclude_blank_from_confidence = exclude_blank_from_confidence
+        self.fusion_models_alpha = list(fusion_models_alpha or [])
         self.computer: GreedyComputerBase = computer_class(
             decoder=decoder_model,
             joint=joint_model,
@@ -116,6 +165,15 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             for hyp, length in zip(hyps, lengths_on_host.unbind(0), strict=True):
                 hyp.length = length
             return (hyps,)
+
+
+@functools.cache
+def _warn_per_stream_biasing_not_applied() -> None:
+    """Once per process: NeMo's streaming YAMLs enable per-stream biasing by default."""
+    logger.warning(
+        "nemo_fastdecode: fast_greedy does not apply per-stream phrase boosting (enable_per_stream_biasing=true is "
+        "accepted and ignored); use strategy greedy_batch for biasing"
+    )
 
 
 def _state_of(hyp: Hypothesis | None) -> LabelLoopingStateItem | None:
