@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import HIDDEN, TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
-from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import GreedyBatchedRNNTInfer, GreedyBatchedTDTInfer
+from conftest import HIDDEN, VOCAB_SIZE, make_networks, random_encoder_output
 from nemo.collections.asr.parts.utils.rnnt_utils import batched_hyps_to_hypotheses
-from test_greedy_exactness import as_lists, assert_same_hypotheses, ours
+from test_greedy_exactness import as_lists, assert_same_hypotheses, baseline, ours
 
 from nemo_fastdecode.greedy import LabelLoopGreedy
 
@@ -27,28 +26,6 @@ def stateless(kind: str, context_size: int, seed: int = 3):
     return make_networks(tdt=kind == "tdt", seed=seed, blank_bias=STATELESS_BIAS[kind], context_size=context_size)
 
 
-def nemo_greedy_batch(kind: str, decoder, joint, max_symbols, loop_labels: bool = True):
-    """NeMo's greedy_batch without CUDA graphs: the frame loop or the label loop."""
-    if kind == "tdt":
-        return GreedyBatchedTDTInfer(
-            decoder,
-            joint,
-            VOCAB_SIZE,
-            durations=TDT_DURATIONS,
-            max_symbols_per_step=max_symbols,
-            use_cuda_graph_decoder=False,
-            include_duration=True,
-        )
-    return GreedyBatchedRNNTInfer(
-        decoder,
-        joint,
-        VOCAB_SIZE,
-        max_symbols_per_step=max_symbols,
-        loop_labels=loop_labels,
-        use_cuda_graph_decoder=False,
-    )
-
-
 @pytest.mark.parametrize("fused", [False, True], ids=["torch", "fused"])
 @pytest.mark.parametrize("context_size", [1, 2])
 @pytest.mark.parametrize("max_symbols", [1, 3, 10])
@@ -57,9 +34,7 @@ def test_stateless_matches_nemo_greedy_batch(kind, loop_labels, max_symbols, con
     decoder, joint = stateless(kind, context_size)
     assert decoder.initialize_state(torch.zeros([2, 1, 1]))[0].shape == (2, context_size - 1)
     x, lengths = random_encoder_output(6, 24, seed=4, lengths=[24, 1, 17, 0, 9, 24])  # ragged, a zero row
-    expected = nemo_greedy_batch(kind, decoder, joint, max_symbols, loop_labels)(
-        encoder_output=x, encoded_lengths=lengths
-    )[0]
+    expected = baseline(kind, decoder, joint, max_symbols, loop_labels)(encoder_output=x, encoded_lengths=lengths)[0]
     assert sum(len(h.y_sequence) for h in expected) > 0, "setup: the network should emit labels"
     decode = ours(kind, decoder, joint, max_symbols, loop_labels, graph_mode="eager", fused_kernels=fused)
     assert_same_hypotheses(expected, decode(encoder_output=x, encoded_lengths=lengths)[0])
@@ -73,7 +48,7 @@ def test_stateless_tdt_durations_match_per_utterance():
     batched = ours("tdt", decoder, joint, 3)(encoder_output=x, encoded_lengths=lengths)[0]
     assert sum(len(h.y_sequence) for h in batched) > 0, "setup: the network should emit labels"
     for row in range(4):
-        nemo = nemo_greedy_batch("tdt", decoder, joint, 3)
+        nemo = baseline("tdt", decoder, joint, 3)
         expected = nemo(encoder_output=x[row : row + 1], encoded_lengths=lengths[row : row + 1])[0]
         assert_same_hypotheses(expected, [batched[row]], with_durations=True)
 
@@ -97,7 +72,7 @@ def test_stateless_chunks_continue_like_nemo_batched_state(kind, context_size):
     decoder, joint = stateless(kind, context_size)
     x, _ = random_encoder_output(3, 24, seed=4, lengths=[24, 24, 24])
     chunk_lengths = [[8, 8, 3], [8, 0, 8], [8, 8, 8]]  # ragged, a row that skips a chunk
-    computer = nemo_greedy_batch(kind, decoder, joint, 3).decoding_computer
+    computer = baseline(kind, decoder, joint, 3, loop_labels=True).decoding_computer
     fast = ours(kind, decoder, joint, 3)
     nemo_tokens = [[] for _ in range(3)]
     nemo_state = fast_hyps = None
@@ -124,7 +99,7 @@ def test_nemo_stateless_split_is_one_item_per_state_tensor():
     """Why the chunked tests above compare with NeMo's batched state: NeMo 3.0 splits a stateless state of 3 rows
     into 1 item (if this starts failing, NeMo fixed it and its partial_hypotheses can become a reference)."""
     decoder, joint = stateless("rnnt", context_size=2)
-    computer = nemo_greedy_batch("rnnt", decoder, joint, 3).decoding_computer
+    computer = baseline("rnnt", decoder, joint, 3, loop_labels=True).decoding_computer
     state = computer._get_batched_decoding_state_after_sos(torch.device("cpu"), batch_size=3)
     assert len(computer.split_batched_state(state)) == 1
     ours_split = LabelLoopGreedy(decoder, joint, VOCAB_SIZE, 3).initial_state(3, torch.device("cpu"), torch.float32)
@@ -156,7 +131,7 @@ def test_stateless_hypothesis_does_not_depend_on_the_rest_of_the_batch(kind, loo
 def test_stateless_graph_modes_match_nemo_on_gpu(kind, loop_labels, mode, fused):
     decoder, joint = (module.cuda() for module in stateless(kind, context_size=2))
     x, lengths = random_encoder_output(9, 41, seed=22, lengths=[41, 3, 0, 40, 17, 1, 41, 25, 8], device="cuda")
-    expected = nemo_greedy_batch(kind, decoder, joint, 3, loop_labels)(encoder_output=x, encoded_lengths=lengths)[0]
+    expected = baseline(kind, decoder, joint, 3, loop_labels)(encoder_output=x, encoded_lengths=lengths)[0]
     assert sum(len(h.y_sequence) for h in expected) > 0, "setup: the network should emit labels"
     decode = ours(kind, decoder, joint, 3, loop_labels, graph_mode=mode, fused_kernels=fused)
     for _ in range(2):  # the second call replays the captured graphs
