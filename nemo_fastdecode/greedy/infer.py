@@ -2,7 +2,7 @@
 
 It has the interface of NeMo's ``GreedyBatchedRNNTInfer`` / ``GreedyBatchedTDTInfer`` (their constructor
 arguments, called with ``[B, D, T]`` encoder output, returns a 1-tuple of hypotheses, honours
-``partial_hypotheses``) and runs our own frame- or label-looping computers.
+``partial_hypotheses``, exposes a ``decoding_computer``) and runs our own frame- or label-looping computers.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
+from nemo_fastdecode.greedy.nemo_computer import NemoDecodingComputer
 from nemo_fastdecode.logs import logger
 
 
@@ -47,7 +48,8 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         fusion_models / fusion_models_alpha: n-gram LM / boosting-tree fusion: not supported (NotImplementedError
             when models are given).
         enable_per_stream_biasing: accepted (NeMo's streaming YAMLs set it) with a warning: per-stream phrase
-            boosting is not applied.
+            boosting is not applied, and ``decoding_computer.per_stream_biasing_enabled`` is False, so NeMo's
+            pipelines skip it.
         graph_mode: "auto" (default), "full_graph", "no_while_graph" or "eager".
         fused_kernels: fused Triton step kernels (``None``: on CUDA); bit-identical to the torch path.
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
@@ -61,6 +63,8 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
 
     Attributes:
         computer: our greedy computer (:class:`LabelLoopGreedy` or :class:`FrameLoopGreedy`).
+        decoding_computer: the same computer behind NeMo's label-looping computer interface
+            (:class:`~nemo_fastdecode.greedy.nemo_computer.NemoDecodingComputer`), read by NeMo's streaming pipelines.
     """
 
     def __init__(
@@ -139,6 +143,7 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             fast_math=fast_math,
             **label_loop_options,
         )
+        self.decoding_computer = NemoDecodingComputer(self.computer)
 
     @typecheck()
     def forward(
@@ -172,7 +177,8 @@ def _warn_per_stream_biasing_not_applied() -> None:
     """Once per process: NeMo's streaming YAMLs enable per-stream biasing by default."""
     logger.warning(
         "nemo_fastdecode: fast_greedy does not apply per-stream phrase boosting (enable_per_stream_biasing=true is "
-        "accepted and ignored); use strategy greedy_batch for biasing"
+        "accepted and ignored; NeMo's pipelines see per_stream_biasing_enabled=False); use strategy greedy_batch "
+        "for biasing"
     )
 
 
