@@ -80,3 +80,13 @@ def test_arguments_after_max_symbols_are_keywords():
     decoder, joint = make_networks(tdt=True)
     with pytest.raises(TypeError):
         FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, 3, TDT_DURATIONS)
+
+
+def test_cuda_graph_switches_keep_use_cuda_graph_decoder():
+    """NeMo turns graphs off around training and back on after it; not where the user disallowed them."""
+    decoder, joint = make_networks()
+    allowed = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, 3)
+    assert allowed.disable_cuda_graphs() and not allowed.computer.use_cuda_graphs
+    assert allowed.maybe_enable_cuda_graphs() and allowed.computer.use_cuda_graphs
+    disallowed = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, 3, use_cuda_graph_decoder=False)
+    assert not disallowed.maybe_enable_cuda_graphs() and not disallowed.computer.use_cuda_graphs

@@ -20,7 +20,6 @@ from nemo.core.classes import typecheck
 
 from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode
 from nemo_fastdecode.graphs import GraphMode
-from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
@@ -28,7 +27,7 @@ from nemo_fastdecode.greedy.nemo_computer import NemoDecodingComputer
 from nemo_fastdecode.logs import logger
 
 
-class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptionalCudaGraphs):
+class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
     """Exact batched greedy decoding for RNN-T and TDT, as CUDA graphs with WHILE nodes where possible.
 
     Takes every argument of NeMo's ``GreedyBatchedRNNTInfer`` and ``GreedyBatchedTDTInfer``, so that code building
@@ -143,7 +142,15 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             fast_math=fast_math,
             **label_loop_options,
         )
-        self.decoding_computer = NemoDecodingComputer(self.computer)
+        self.decoding_computer = NemoDecodingComputer(self.computer, allow_cuda_graphs=use_cuda_graph_decoder)
+
+    # NeMo's hooks around training and validation; as NeMo's, they go through the decoding computer
+    def disable_cuda_graphs(self) -> bool:
+        return self.decoding_computer.disable_cuda_graphs()
+
+    def maybe_enable_cuda_graphs(self) -> bool:
+        """Graphs back on, unless ``use_cuda_graph_decoder=False`` disallowed them."""
+        return self.decoding_computer.maybe_enable_cuda_graphs()
 
     @typecheck()
     def forward(

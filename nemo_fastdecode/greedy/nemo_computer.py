@@ -20,6 +20,7 @@ from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_bas
     LabelLoopingStateItem,
 )
 
+from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.state import BatchedGreedyState
@@ -27,8 +28,11 @@ from nemo_fastdecode.greedy.state import BatchedGreedyState
 __all__ = ["NemoDecodingComputer", "batched_hyps_of"]
 
 
-class NemoDecodingComputer:
+class NemoDecodingComputer(ComputerGraphsSwitch):
     """NeMo's label-looping computer interface (``decoding_computer``) backed by ``computer``.
+
+    ``allow_cuda_graphs``: whether :meth:`maybe_enable_cuda_graphs` may turn the computer's CUDA graphs (back) on,
+    as NeMo's computers keep it (``use_cuda_graph_decoder``).
 
     Per-stream biasing and n-gram / boosting-tree fusion are not applied: ``per_stream_biasing_enabled`` is False
     and ``biasing_multi_model`` None, so NeMo's pipelines skip their biasing steps. The returned hypotheses and
@@ -38,10 +42,14 @@ class NemoDecodingComputer:
 
     biasing_multi_model = None
 
-    def __init__(self, computer: GreedyComputerBase):
+    def __init__(self, computer: GreedyComputerBase, allow_cuda_graphs: bool = True):
         self.computer = computer
+        self.allow_cuda_graphs = allow_cuda_graphs
         self.fusion_models: list = []
         self.fusion_models_alpha: list[float] = []
+
+    def maybe_enable_cuda_graphs(self) -> bool:
+        return self.allow_cuda_graphs and super().maybe_enable_cuda_graphs()
 
     @property
     def per_stream_biasing_enabled(self) -> bool:
@@ -71,7 +79,8 @@ class NemoDecodingComputer:
         """
         known = next((item for item in state_items if item is not None), None)
         device = known.predictor_output.device if known is not None else self._device()
-        start = self._after_sos(1, device).split()[0] if known is None or None in state_items else None
+        new_streams = any(item is None for item in state_items)
+        start = self._after_sos(1, device).split()[0] if new_streams else None
         items = [start if item is None else item for item in state_items]
         return BatchedGreedyState.stack(items, self.computer.state_batch_dim)
 
