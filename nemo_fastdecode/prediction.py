@@ -52,7 +52,10 @@ def normalise_joint_logits(joint: torch.nn.Module, logits: torch.Tensor) -> torc
 def fast_math_unsupported_reason(decoder: torch.nn.Module, joint: torch.nn.Module) -> str | None:
     """Why :class:`FastMathPredictor` cannot replace this prediction network (``None``: it can)."""
     modules = getattr(decoder, "prediction", None)
-    rnn = modules["dec_rnn"] if isinstance(modules, torch.nn.ModuleDict) and "dec_rnn" in modules else None
+    if not (isinstance(modules, torch.nn.ModuleDict) and "dec_rnn" in modules):
+        # e.g. StatelessTransducerDecoder: its state is the last labels, there is no recurrent step to replace
+        return f"fast_math needs NeMo's plain LSTM prediction network (RNNTDecoder), got {type(decoder).__name__}"
+    rnn = modules["dec_rnn"]
     lstm = getattr(rnn, "lstm", None)
     if not isinstance(lstm, torch.nn.LSTM):
         return f"fast_math needs NeMo's plain LSTM prediction network (LSTMDropout), got {type(rnn).__name__}"

@@ -100,6 +100,7 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
         use_cuda_graph_decoder=options.use_cuda_graph_decoder,
         graph_mode=options.graph_mode,
         include_duration=decoding.tdt_include_token_duration,
+        enable_per_stream_biasing=bool(section.get("enable_per_stream_biasing", False)),
         fused_kernels=options.fused_kernels,
         fast_math=bool(options.fast_math),
         # as NeMo's set-up resolved them for the stand-in (top level, greedy section, confidence_cfg)
@@ -257,8 +258,6 @@ def _check_options(strategy: str, fast: FastStrategy, decoding_cfg: DictConfig) 
     boosting_tree = section.get("boosting_tree")
     if section.get("ngram_lm_model") or (boosting_tree and not BoostingTreeModelConfig.is_empty(boosting_tree)):
         unsupported.append("n-gram LM / boosting tree fusion (ngram_lm_model / boosting_tree)")
-    if section.get("enable_per_stream_biasing"):
-        unsupported.append("per-stream biasing")
     if decoding_cfg.get("big_blank_durations"):
         unsupported.append("multi-blank models")
     if unsupported:
@@ -273,8 +272,9 @@ def _stand_in_config(decoding_cfg: DictConfig, fast: FastStrategy) -> DictConfig
         if stand_in.get(fast.section) is None:
             stand_in[fast.section] = {}
         section = stand_in[fast.section]
-        # NeMo's own computer is replaced right away: never let it capture graphs
+        # NeMo's own computer is replaced right away: never let it capture graphs or build a biasing model
         section[fast.graphs_switch] = False
+        section.pop("enable_per_stream_biasing", None)
         for key in fast.own_options:
             section.pop(key, None)
     return stand_in

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # without a GPU, Triton kernels run in its CPU interpreter
-from nemo.collections.asr.modules import RNNTDecoder, RNNTJoint
+from nemo.collections.asr.modules import RNNTDecoder, RNNTJoint, StatelessTransducerDecoder
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
 
@@ -32,15 +32,29 @@ GREEDY_UNBOUNDED_SAFE = {"rnnt": (3, 1.7), "tdt": (31, 0.6)}
 
 
 def make_networks(
-    tdt: bool = False, seed: int = 0, blank_bias: float = 0.0, pred_layers: int = 1, vocab_size: int = VOCAB_SIZE
+    tdt: bool = False,
+    seed: int = 0,
+    blank_bias: float = 0.0,
+    pred_layers: int = 1,
+    vocab_size: int = VOCAB_SIZE,
+    context_size: int | None = None,
 ):
-    """A random NeMo RNNTDecoder (LSTM) + RNNTJoint; ``blank_bias`` shifts the blank logit (+ more blanks)."""
+    """A random NeMo RNNTDecoder (LSTM) + RNNTJoint; ``blank_bias`` shifts the blank logit (+ more blanks).
+
+    ``context_size``: a StatelessTransducerDecoder of that context instead of the LSTM (its state: the last
+    ``context_size - 1`` labels).
+    """
     torch.manual_seed(seed)
-    decoder = RNNTDecoder(
-        prednet={"pred_hidden": HIDDEN, "pred_rnn_layers": pred_layers, "dropout": 0.0},
-        vocab_size=vocab_size,
-        blank_as_pad=True,
-    )
+    if context_size is None:
+        decoder = RNNTDecoder(
+            prednet={"pred_hidden": HIDDEN, "pred_rnn_layers": pred_layers, "dropout": 0.0},
+            vocab_size=vocab_size,
+            blank_as_pad=True,
+        )
+    else:
+        decoder = StatelessTransducerDecoder(
+            prednet={"pred_hidden": HIDDEN, "dropout": 0.0}, vocab_size=vocab_size, context_size=context_size
+        )
     joint = RNNTJoint(
         jointnet={
             "encoder_hidden": ENCODER_DIM,

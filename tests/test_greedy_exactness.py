@@ -22,7 +22,8 @@ NEVER_BLANK, ALWAYS_BLANK = -6.0, 6.0
 SCORE_RTOL = 1e-5
 
 
-def baseline(kind: str, decoder, joint, max_symbols):
+def baseline(kind: str, decoder, joint, max_symbols, loop_labels: bool = False, use_cuda_graph_decoder: bool = False):
+    """NeMo's greedy_batch: for RNN-T the frame loop (``loop_labels=True``: the label loop), for TDT the label loop."""
     if kind == "tdt":
         return GreedyBatchedTDTInfer(
             decoder,
@@ -30,11 +31,16 @@ def baseline(kind: str, decoder, joint, max_symbols):
             VOCAB_SIZE,
             durations=TDT_DURATIONS,
             max_symbols_per_step=max_symbols,
-            use_cuda_graph_decoder=False,
+            use_cuda_graph_decoder=use_cuda_graph_decoder,
             include_duration=True,
         )
     return GreedyBatchedRNNTInfer(
-        decoder, joint, VOCAB_SIZE, max_symbols_per_step=max_symbols, loop_labels=False, use_cuda_graph_decoder=False
+        decoder,
+        joint,
+        VOCAB_SIZE,
+        max_symbols_per_step=max_symbols,
+        loop_labels=loop_labels,
+        use_cuda_graph_decoder=use_cuda_graph_decoder,
     )
 
 

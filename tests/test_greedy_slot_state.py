@@ -12,20 +12,29 @@ from nemo_fastdecode.greedy import FrameLoopGreedy, LabelLoopGreedy
 from nemo_fastdecode.greedy.state import BatchedGreedyState
 
 ALGORITHMS = [("rnnt", FrameLoopGreedy), ("rnnt", LabelLoopGreedy), ("tdt", LabelLoopGreedy)]
+IDS = ["rnnt-frame", "rnnt-label", "tdt-label"]
+# with stateless prediction networks (NeMo's StatelessTransducerDecoder, context 2): state [B, 1] of labels
+WITH_STATELESS = [(*algorithm, None) for algorithm in ALGORITHMS] + [(*algorithm, 2) for algorithm in ALGORITHMS]
+WITH_STATELESS_IDS = IDS + [f"{name}-stateless" for name in IDS]
 
 
-def computer(kind, computer_class, max_symbols=3):
-    decoder, joint = make_networks(tdt=kind == "tdt", seed=3, blank_bias=0.9 if kind == "rnnt" else 0.5)
+def computer(kind, computer_class, max_symbols=3, context_size=None):
+    # about 0.3 labels per frame (stateless networks emit fewer at the same shift)
+    bias = {("rnnt", False): 0.9, ("tdt", False): 0.5, ("rnnt", True): 0.5, ("tdt", True): 0.3}[
+        kind, context_size is not None
+    ]
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=3, blank_bias=bias, context_size=context_size)
     durations = TDT_DURATIONS if kind == "tdt" else None
     return computer_class(decoder, joint, VOCAB_SIZE, max_symbols, durations=durations)
 
 
-@pytest.mark.parametrize("kind,computer_class", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
-def test_decode_with_state_matches_partial_hypotheses(kind, computer_class):
+@pytest.mark.parametrize("kind,computer_class,context_size", WITH_STATELESS, ids=WITH_STATELESS_IDS)
+def test_decode_with_state_matches_partial_hypotheses(kind, computer_class, context_size):
     """Streams in slots step in random subsets, with ragged (and zero) chunk lengths; slots are reused."""
     rng = random.Random(1)
     slots = 4
-    stepper, reference = computer(kind, computer_class), computer(kind, computer_class)
+    stepper = computer(kind, computer_class, context_size=context_size)
+    reference = computer(kind, computer_class, context_size=context_size)
     storage = stepper.initial_state(slots + 1, torch.device("cpu"), torch.float32)  # + 1 dummy row
     fresh = stepper.initial_state(1, torch.device("cpu"), torch.float32)
     tokens: list[list[int]] = [[] for _ in range(slots)]
@@ -62,6 +71,8 @@ def test_decode_with_state_matches_partial_hypotheses(kind, computer_class):
             torch.testing.assert_close(storage.predictor_outputs[row], item.predictor_output, rtol=1e-5, atol=1e-6)
             if kind == "tdt":
                 assert int(storage.time_jumps[row]) == int(item.time_jump)
+            if context_size is not None:  # the state is labels: exact
+                assert torch.equal(storage.predictor_states[0][row], item.predictor_state[0])
         assert int(emitted.lengths[-1]) == 0  # the padding row emits nothing
     assert emitted_any > 0
 
@@ -95,10 +106,11 @@ def test_split_items_own_their_memory():
         assert item.predictor_state[0].shape == state.predictor_states[0][:, 0].shape
 
 
-@pytest.mark.parametrize("kind,computer_class", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
-def test_decode_with_state_in_parts_is_decode_with_state(kind, computer_class):
+@pytest.mark.parametrize("kind,computer_class,context_size", WITH_STATELESS, ids=WITH_STATELESS_IDS)
+def test_decode_with_state_in_parts_is_decode_with_state(kind, computer_class, context_size):
     # load_with_state / loop.run / state_after: the parts the streaming decoder captures around the loop
-    whole, parts = computer(kind, computer_class), computer(kind, computer_class)
+    whole = computer(kind, computer_class, context_size=context_size)
+    parts = computer(kind, computer_class, context_size=context_size)
     state = whole.initial_state(3, torch.device("cpu"), torch.float32)
     x, lengths = random_encoder_output(3, 6, seed=5)
     for _ in range(2):  # the second chunk continues from the first one's state
@@ -113,7 +125,7 @@ def test_decode_with_state_in_parts_is_decode_with_state(kind, computer_class):
                      (final.predictor_outputs, final_parts.predictor_outputs)]:  # fmt: skip
             assert torch.equal(a, b)
         assert int(emitted.lengths.sum()) > 0
-        state = BatchedGreedyState.stack(final.split())
+        state = BatchedGreedyState.stack(final.split(), whole.state_batch_dim)
 
 
 def test_load_with_state_needs_max_symbols():

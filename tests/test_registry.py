@@ -119,6 +119,32 @@ def test_alignments_and_confidence_options_reach_the_computer(top, greedy, expec
         assert records.confidence_method_cfg.name == expected["method"]
 
 
+@pytest.mark.parametrize("loop_labels", [True, False])
+def test_per_stream_biasing_of_nemos_streaming_yamls_is_accepted_with_one_warning(loop_labels, caplog):
+    """NeMo's streaming pipeline YAMLs (asr_streaming_inference/*_rnnt.yaml) set enable_per_stream_biasing: true."""
+    from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
+
+    from nemo_fastdecode.greedy import infer
+
+    infer._warn_per_stream_biasing_not_applied.cache_clear()
+    streaming_yaml_greedy = {
+        "use_cuda_graph_decoder": False,
+        "enable_per_stream_biasing": True,
+        "preserve_frame_confidence": False,
+        "ngram_lm_model": None,
+        "boosting_tree": OmegaConf.to_container(OmegaConf.structured(BoostingTreeModelConfig())),
+        "boosting_tree_alpha": 0.0,
+        "loop_labels": loop_labels,
+    }
+    model = synthetic.build_synthetic_model("tiny-rnnt")
+    with caplog.at_level("WARNING", logger="nemo_fastdecode"):
+        for _ in range(2):  # NeMo's pipelines set the strategy again; one warning
+            model.change_decoding_strategy(decoding_config("fast_greedy", **streaming_yaml_greedy))
+    assert caplog.text.count("fast_greedy does not apply per-stream phrase boosting") == 1
+    computer = model.decoding.decoding.decoding_computer
+    assert computer.per_stream_biasing_enabled is False and computer.biasing_multi_model is None
+
+
 def test_tdt_frame_looping_is_rejected():
     model = synthetic.build_synthetic_model("tiny-tdt")
     with pytest.raises(ValueError, match="loop_labels=False.*RNN-T only"):

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import LabelLoopingStateItem
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
@@ -21,7 +22,7 @@ from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.records import RecordOptions, StepConfidence, StepRecords
-from nemo_fastdecode.greedy.state import BatchedGreedyState, GreedyStateItem, LoopBuffers
+from nemo_fastdecode.greedy.state import BatchedGreedyState, LoopBuffers, predictor_state_batch_dim
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.logs import logger
 from nemo_fastdecode.prediction import FastMathPredictor, is_default_joint, normalise_joint_logits
@@ -37,7 +38,8 @@ class GreedyComputerBase(CapturedLoopOwner):
     """Batched exact greedy decoding of a transducer; ``__call__`` returns NeMo hypotheses.
 
     Args:
-        decoder: NeMo ``RNNTDecoder`` (LSTM prediction network, ``blank_as_pad=True``).
+        decoder: NeMo prediction network with ``blank_as_pad=True``: ``RNNTDecoder`` (LSTM) or
+            ``StatelessTransducerDecoder``; its state is updated through its own ``batch_replace_states_mask``.
         joint: NeMo ``RNNTJoint``.
         blank_index: id of blank (= vocabulary size).
         max_symbols: at most this many labels per encoder frame; ``None`` for no limit.
@@ -46,9 +48,11 @@ class GreedyComputerBase(CapturedLoopOwner):
         graph_mode: force a :class:`GraphMode` (tests); ``None`` chooses automatically.
         fused_kernels: use the fused Triton step kernels (:mod:`nemo_fastdecode.greedy.steps`); ``None``: on
             CUDA. They are bit-identical to the torch ops they replace; ``True`` on the CPU needs
-            ``TRITON_INTERPRET=1`` (tests).
+            ``TRITON_INTERPRET=1`` (tests). The prediction-network state update is fused for LSTM states only;
+            other states (stateless networks) take the decoder's own masked update.
         fast_math: run the prediction network and the joint's output layer on near-fp32 tensor-core kernels
-            (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo.
+            (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo. LSTM
+            prediction networks only (a ValueError names the option for others).
         records: NeMo's alignments and step confidence to keep (:class:`RecordOptions`; ``None``: none).
     """
 
@@ -73,6 +77,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         if not getattr(decoder, "blank_as_pad", False):
             raise ValueError("nemo_fastdecode needs a prediction network with blank_as_pad=True (NeMo's default)")
         self.decoder, self.joint = decoder, joint
+        self.state_batch_dim = predictor_state_batch_dim(decoder)
         self.blank_index, self.max_symbols = blank_index, max_symbols
         self.durations_list = list(durations) if durations else None
         self.use_cuda_graphs = use_cuda_graphs
@@ -183,9 +188,15 @@ class GreedyComputerBase(CapturedLoopOwner):
                 labels.unsqueeze(1), buffers.predictor_states, add_sos=False, batch_size=buffers.batch_size
             )
             output = self.joint.project_prednet(output)
-        # same as: states[:, mask] = new_states[:, mask]; predictor_output[mask] = output[mask]
+        # same as: states[mask] = new_states[mask] (in the decoder's layout); predictor_output[mask] = output[mask]
         steps.masked_state_update(
-            mask, buffers.predictor_states, list(new_states), buffers.predictor_output, output, fused
+            mask,
+            buffers.predictor_states,
+            list(new_states),
+            buffers.predictor_output,
+            output,
+            fused and self.state_batch_dim == 1,  # the kernel covers LSTM states [L, B, H]
+            replace_states=self.decoder.batch_replace_states_mask,
         )
 
     def _extra_buffers(self, buffers: LoopBuffers) -> None:
@@ -271,6 +282,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             labels=sos[:, 0],
             decoded_lengths=zeros,
             time_jumps=zeros.clone() if self.is_tdt else None,
+            state_batch_dim=self.state_batch_dim,
         )
 
     # ----- public entry points -------------------------------------------------------------
@@ -279,7 +291,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         self,
         encoder_output: torch.Tensor,
         encoder_lengths: torch.Tensor,
-        previous_states: Sequence[GreedyStateItem | None] | None = None,
+        previous_states: Sequence[LabelLoopingStateItem | None] | None = None,
         with_durations: bool = True,
     ) -> list[Hypothesis]:
         """Decode a batch.
@@ -287,15 +299,17 @@ class GreedyComputerBase(CapturedLoopOwner):
         Args:
             encoder_output: ``[B, T, D]`` encoder output (time-major per row).
             encoder_lengths: ``[B]`` valid frames per row (0 allowed).
-            previous_states: per row, the state a previous chunk ended in (``None``: start fresh).
+            previous_states: per row, the state a previous chunk ended in (``None``: start fresh); NeMo's
+                label-looping greedy decoding makes the same items, so a stream may switch between the two.
             with_durations: TDT: fill ``Hypothesis.token_duration`` (else it is empty, as for RNN-T).
 
         Returns:
-            ``B`` hypotheses; each ``dec_state`` is a :class:`GreedyStateItem` to continue from.
+            ``B`` hypotheses; each ``dec_state`` is NeMo's ``LabelLoopingStateItem`` to continue from.
         """
         batch_size = encoder_output.shape[0]
         rows = [row for row, item in enumerate(previous_states or []) if item is not None]
-        previous = BatchedGreedyState.stack([previous_states[row] for row in rows]) if rows else None
+        items = [previous_states[row] for row in rows]
+        previous = BatchedGreedyState.stack(items, self.state_batch_dim) if rows else None
         row_ids = torch.tensor(rows, dtype=torch.long, device=encoder_output.device) if rows else None
         buffers = self._decode(encoder_output, encoder_lengths, previous, row_ids)
         state = self._final_state(buffers, batch_size, encoder_lengths, previous, row_ids)
@@ -432,9 +446,11 @@ class GreedyComputerBase(CapturedLoopOwner):
         # same as: initial[rows] = previous where a row has decoded frames; rows with none decoded yet keep the
         # <SOS> state computed with this batch, as fresh rows do (no per-row loop)
         fresh = previous.decoded_lengths == 0
+        dim = self.state_batch_dim
         for initial, saved in zip(buffers.initial_predictor_states, previous.predictor_states, strict=True):
-            start = torch.where(fresh[None, :, None], initial.index_select(1, rows), saved.to(initial.dtype))
-            initial.index_copy_(1, rows, start)
+            fresh_rows = fresh.view([-1 if d == dim else 1 for d in range(initial.dim())])
+            start = torch.where(fresh_rows, initial.index_select(dim, rows), saved.to(initial.dtype))
+            initial.index_copy_(dim, rows, start)
         output = buffers.initial_predictor_output
         start = torch.where(
             fresh[:, None, None], output.index_select(0, rows), previous.predictor_outputs.to(output.dtype)
@@ -461,13 +477,14 @@ class GreedyComputerBase(CapturedLoopOwner):
             previous_labels.index_copy_(0, rows, previous.labels)
         last_labels = buffers.hyps.last_label[:batch_size]
         final = BatchedGreedyState(
-            predictor_states=[s[:, :batch_size] for s in buffers.predictor_states],
+            predictor_states=[s.narrow(self.state_batch_dim, 0, batch_size) for s in buffers.predictor_states],
             predictor_outputs=buffers.predictor_output[:batch_size],
             labels=torch.where(last_labels >= 0, last_labels, previous_labels),
             decoded_lengths=offsets + encoder_lengths.to(device),
             time_jumps=(
                 buffers.time_indices[:batch_size] - buffers.encoder_lengths[:batch_size] if self.is_tdt else None
             ),
+            state_batch_dim=self.state_batch_dim,
         )
         return _FinalState(final, offsets)
 

@@ -1,53 +1,71 @@
 """NeMo-facing greedy decoder: what ``decoding.strategy: fast_greedy`` puts in ``model.decoding.decoding``.
 
-It has the interface of NeMo's ``GreedyBatchedRNNTInfer`` / ``GreedyBatchedTDTInfer`` (called with
-``[B, D, T]`` encoder output, returns a 1-tuple of hypotheses, honours ``partial_hypotheses``) and
-runs our own frame- or label-looping computers.
+It has the interface of NeMo's ``GreedyBatchedRNNTInfer`` / ``GreedyBatchedTDTInfer`` (their constructor
+arguments, called with ``[B, D, T]`` encoder output, returns a 1-tuple of hypotheses, honours
+``partial_hypotheses``, exposes a ``decoding_computer``) and runs our own frame- or label-looping computers.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import _GreedyRNNTInfer
+from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import LabelLoopingStateItem
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo.collections.common.parts.optional_cuda_graphs import WithOptionalCudaGraphs
 from nemo.core.classes import typecheck
-from omegaconf import DictConfig
 
 from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_nonfinite
 from nemo_fastdecode.graphs import GraphMode
-from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
+from nemo_fastdecode.greedy.nemo_computer import NemoDecodingComputer
 from nemo_fastdecode.greedy.records import RecordOptions
-from nemo_fastdecode.greedy.state import GreedyStateItem
+from nemo_fastdecode.logs import logger
 
 
-class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptionalCudaGraphs):
+class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
     """Exact batched greedy decoding for RNN-T and TDT, as CUDA graphs with WHILE nodes where possible.
 
+    Takes every argument of NeMo's ``GreedyBatchedRNNTInfer`` and ``GreedyBatchedTDTInfer``, so that code building
+    NeMo's class can build this one. After ``max_symbols_per_step`` the arguments are keyword-only: NeMo's two
+    classes order them differently (the TDT class takes ``durations`` fourth).
+
     Args:
-        decoder_model / joint_model / blank_index / max_symbols_per_step: as in NeMo's greedy decoders.
+        decoder_model / joint_model / blank_index / max_symbols_per_step: as in NeMo's greedy decoders. The
+            prediction network may be NeMo's LSTM ``RNNTDecoder`` or ``StatelessTransducerDecoder``.
         durations: TDT durations (``None`` for RNN-T).
+        preserve_alignments / preserve_frame_confidence / exclude_blank_from_confidence / confidence_method_cfg /
+            include_duration_confidence: as in NeMo's ``GreedyBatchedRNNTInfer`` / ``GreedyBatchedTDTInfer``: the
+            hypotheses get NeMo's ``alignments``, ``frame_confidence`` and ``non_blank_step_confidence_precomputed``
+            (:mod:`nemo_fastdecode.greedy.records`), recorded inside the loops in every graph mode.
+        include_duration: fill ``Hypothesis.token_duration`` (TDT).
         loop_labels: label looping (default) or frame looping (RNN-T only).
         use_cuda_graph_decoder: allow CUDA graphs (ignored on the CPU).
+        fusion_models / fusion_models_alpha: n-gram LM / boosting-tree fusion: not supported (NotImplementedError
+            when models are given).
+        enable_per_stream_biasing: accepted (NeMo's streaming YAMLs set it) with a warning: per-stream phrase
+            boosting is not applied, and ``decoding_computer.per_stream_biasing_enabled`` is False, so NeMo's
+            pipelines skip it.
         graph_mode: "auto" (default), "full_graph", "no_while_graph" or "eager".
-        include_duration: fill ``Hypothesis.token_duration`` (TDT).
         fused_kernels: fused Triton step kernels (``None``: on CUDA); bit-identical to the torch path.
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
-            (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline.
+            (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline. LSTM prediction
+            networks only.
         lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic, 16 (RNN-T) or 4 (TDT)
             at batch 32 with ``fast_math`` on CUDA, else 1); the same hypotheses as 1, see :class:`LabelLoopGreedy`.
         looks_per_iteration: label loop: ``0`` the two-level loop (an inner loop skips blanks), ``K >= 1`` one
             loop of ``K`` looks per iteration (fewer loop-condition evaluations); ``None``: automatic. The same
             hypotheses either way, see :class:`LabelLoopGreedy`.
-        preserve_alignments / preserve_frame_confidence / exclude_blank_from_confidence / confidence_method_cfg /
-            include_duration_confidence: as in NeMo's ``GreedyBatchedRNNTInfer`` / ``GreedyBatchedTDTInfer``: the
-            hypotheses get NeMo's ``alignments``, ``frame_confidence`` and ``non_blank_step_confidence_precomputed``
-            (:mod:`nemo_fastdecode.greedy.records`), recorded inside the loops in every graph mode.
+
+    Attributes:
+        computer: our greedy computer (:class:`LabelLoopGreedy` or :class:`FrameLoopGreedy`).
+        decoding_computer: the same computer behind NeMo's label-looping computer interface
+            (:class:`~nemo_fastdecode.greedy.nemo_computer.NemoDecodingComputer`), read by NeMo's streaming pipelines.
     """
 
     def __init__(
@@ -56,20 +74,24 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
         joint_model: torch.nn.Module,
         blank_index: int,
         max_symbols_per_step: int | None = None,
+        *,
         durations: Sequence[int] | None = None,
+        preserve_alignments: bool = False,
+        preserve_frame_confidence: bool = False,
+        exclude_blank_from_confidence: bool = False,
+        confidence_method_cfg: Any = None,
+        include_duration: bool = False,
+        include_duration_confidence: bool = False,
         loop_labels: bool = True,
         use_cuda_graph_decoder: bool = True,
+        fusion_models: Sequence[Any] | None = None,
+        fusion_models_alpha: Sequence[float] | None = None,
+        enable_per_stream_biasing: bool = False,
         graph_mode: str | GraphMode | None = "auto",
-        include_duration: bool = False,
         fused_kernels: bool | None = None,
         fast_math: bool = False,
         lookahead_frames: int | None = None,
         looks_per_iteration: int | None = None,
-        preserve_alignments: bool = False,
-        preserve_frame_confidence: bool = False,
-        exclude_blank_from_confidence: bool = False,
-        confidence_method_cfg: DictConfig | None = None,
-        include_duration_confidence: bool = False,
     ):
         super().__init__(
             decoder_model=decoder_model,
@@ -87,6 +109,13 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             duration_confidence=bool(include_duration_confidence) and durations is not None,
             confidence_method_cfg=confidence_method_cfg,
         )
+        if fusion_models:
+            nemo_class = "GreedyBatchedTDTInfer" if durations else "GreedyBatchedRNNTInfer"
+            raise NotImplementedError(
+                f"fast_greedy does not support fusion_models; decode with NeMo's {nemo_class} (strategy greedy_batch)"
+            )
+        if enable_per_stream_biasing:
+            _warn_per_stream_biasing_not_applied()
         label_loop_options = {"lookahead_frames": lookahead_frames, "looks_per_iteration": looks_per_iteration}
         if not loop_labels:
             for name, value, default in (
@@ -97,8 +126,13 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
                     raise ValueError(f"{name}={value} applies to the label loop only (loop_labels=True)")
             label_loop_options = {}
         computer_class = LabelLoopGreedy if loop_labels else FrameLoopGreedy
+        self.durations = list(durations) if durations else None
         self.loop_labels = loop_labels
+        self.use_cuda_graph_decoder = use_cuda_graph_decoder
         self.include_duration = include_duration
+        self.include_duration_confidence = include_duration_confidence
+        self.exclude_blank_from_confidence = exclude_blank_from_confidence
+        self.fusion_models_alpha = list(fusion_models_alpha or [])
         self.computer: GreedyComputerBase = computer_class(
             decoder=decoder_model,
             joint=joint_model,
@@ -112,6 +146,15 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             records=records,
             **label_loop_options,
         )
+        self.decoding_computer = NemoDecodingComputer(self.computer, allow_cuda_graphs=use_cuda_graph_decoder)
+
+    # NeMo's hooks around training and validation; as NeMo's, they go through the decoding computer
+    def disable_cuda_graphs(self) -> bool:
+        return self.decoding_computer.disable_cuda_graphs()
+
+    def maybe_enable_cuda_graphs(self) -> bool:
+        """Graphs back on, unless ``use_cuda_graph_decoder=False`` disallowed them."""
+        return self.decoding_computer.maybe_enable_cuda_graphs()
 
     @typecheck()
     def forward(
@@ -141,12 +184,23 @@ class FastGreedyBatchedInfer(ComputerGraphsSwitch, _GreedyRNNTInfer, WithOptiona
             return (hyps,)
 
 
-def _state_of(hyp: Hypothesis | None) -> GreedyStateItem | None:
+@functools.cache
+def _warn_per_stream_biasing_not_applied() -> None:
+    """Once per process: NeMo's streaming YAMLs enable per-stream biasing by default."""
+    logger.warning(
+        "nemo_fastdecode: fast_greedy does not apply per-stream phrase boosting (enable_per_stream_biasing=true is "
+        "accepted and ignored; NeMo's pipelines see per_stream_biasing_enabled=False); use strategy greedy_batch "
+        "for biasing"
+    )
+
+
+def _state_of(hyp: Hypothesis | None) -> LabelLoopingStateItem | None:
     if hyp is None or hyp.dec_state is None:
         return None
-    if not isinstance(hyp.dec_state, GreedyStateItem):
+    if not isinstance(hyp.dec_state, LabelLoopingStateItem):
         raise ValueError(
             f"partial_hypotheses carry a decoder state of type {type(hyp.dec_state).__name__}; fast_greedy can only "
-            "continue from hypotheses it produced itself (GreedyStateItem). Decode the stream with one strategy."
+            "continue from hypotheses it produced itself or that NeMo's label-looping greedy decoding produced "
+            "(LabelLoopingStateItem). Decode the stream with one of these."
         )
     return hyp.dec_state

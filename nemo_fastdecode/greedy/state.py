@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import (
+    BatchedLabelLoopingState,
+    LabelLoopingStateItem,
+)
 
 from nemo_fastdecode.graphs.owner import CapturedBuffers
 from nemo_fastdecode.greedy.hyps import BatchedHypsBuffer
@@ -16,49 +20,86 @@ if TYPE_CHECKING:
     from nemo_fastdecode.greedy.window_look import WindowLookBuffers
 
 
+def predictor_state_batch_dim(decoder: torch.nn.Module) -> int:
+    """The batch dimension of every tensor of the prediction network's state, from its ``initialize_state``.
+
+    NeMo's LSTM ``RNNTDecoder`` keeps ``(h, c)``, each ``[L, B, H]`` (dimension 1); its ``StatelessTransducerDecoder``
+    keeps ``[labels [B, context_size - 1]]`` (dimension 0). Found by asking the decoder for the state of two batch
+    sizes, so that any decoder whose state tensors share one batch dimension is handled alike.
+    """
+    device = next(decoder.parameters()).device
+    shapes = [[s.shape for s in decoder.initialize_state(torch.zeros([n, 1, 1], device=device))] for n in (2, 3)]
+    dims = {
+        dim
+        for two, three in zip(*shapes, strict=True)
+        for dim, (a, b) in enumerate(zip(two, three, strict=True))
+        if a != b
+    }
+    if len(dims) != 1:
+        raise ValueError(
+            f"nemo_fastdecode needs a prediction network whose state tensors share one batch dimension; "
+            f"{type(decoder).__name__}.initialize_state gives shapes {shapes[0]} (batch 2) and {shapes[1]} (batch 3)"
+        )
+    return dims.pop()
+
+
 @dataclass
-class GreedyStateItem:
-    """One utterance's state after a chunk; stored in ``Hypothesis.dec_state`` for continuation."""
+class BatchedGreedyState(BatchedLabelLoopingState):
+    """NeMo's ``BatchedLabelLoopingState`` with what batched streaming needs: ``B`` rows (streams or slots) of the
+    state between chunks, one tensor per field, gathered and scattered by rows without host synchronisation.
 
-    predictor_state: list[torch.Tensor]  # each [L, H]
-    predictor_output: torch.Tensor  # [1, H], already projected by the joint
-    label: torch.Tensor  # 0-d, last emitted label (SOS/blank if none yet)
-    decoded_length: torch.Tensor  # 0-d, encoder frames decoded so far (timestamp offset)
-    time_jump: torch.Tensor | None = None  # 0-d, TDT only: frames jumped past the chunk's end
-
-
-@dataclass
-class BatchedGreedyState:
-    """The batched form of :class:`GreedyStateItem`: ``B`` rows (streams or slots), one tensor per field.
+    Fields (NeMo's): ``predictor_states`` the prediction network's state in the decoder's own layout (LSTM
+    ``[h, c]`` each ``[L, B, H]``; stateless ``[labels [B, C - 1]]``), ``predictor_outputs [B, 1, H]`` (already
+    projected by the joint), ``labels [B]`` (last emitted label, blank if none), ``decoded_lengths [B]`` (encoder
+    frames decoded so far: the next chunk's timestamp offset), ``time_jumps [B]`` (TDT: frames jumped past the
+    chunk's end; ``None`` for RNN-T). ``fusion_states_list`` stays empty (no LM fusion). ``state_batch_dim`` is
+    the batch dimension of the ``predictor_states`` tensors (:func:`predictor_state_batch_dim`).
 
     A fresh row (nothing decoded yet) holds the prediction network's state after ``<SOS>`` (blank), label
     blank, decoded length 0 and time jump 0 (:meth:`GreedyComputerBase.initial_state`), so continuing from
     it is the same as starting afresh.
     """
 
-    predictor_states: list[torch.Tensor]  # each [L, B, H]
-    predictor_outputs: torch.Tensor  # [B, 1, H]
-    labels: torch.Tensor  # [B]
-    decoded_lengths: torch.Tensor  # [B]
-    time_jumps: torch.Tensor | None = None  # [B]
+    state_batch_dim: int = 1
 
     @property
     def batch_size(self) -> int:
         return self.labels.shape[0]
 
-    def split(self) -> list[GreedyStateItem]:
-        """One item per row, owning its memory (the fields may be views of buffers that the next decode reuses).
+    @classmethod
+    def of(cls, state: BatchedLabelLoopingState, state_batch_dim: int) -> BatchedGreedyState:
+        """NeMo's batched state as this class, sharing its tensors (NeMo's own label loop made it, for example)."""
+        if isinstance(state, cls):
+            return state
+        if state.fusion_states_list:
+            raise ValueError(
+                "the decoding state carries n-gram LM / biasing fusion states, which fast_greedy does not apply"
+            )
+        return cls(
+            predictor_states=list(state.predictor_states),
+            predictor_outputs=state.predictor_outputs,
+            labels=state.labels,
+            decoded_lengths=state.decoded_lengths,
+            time_jumps=state.time_jumps,
+            state_batch_dim=state_batch_dim,
+        )
+
+    def split(self) -> list[LabelLoopingStateItem]:
+        """One NeMo ``LabelLoopingStateItem`` per row, owning its memory (the fields may be views of buffers that
+        the next decode reuses); NeMo's item layout: ``predictor_state`` a tuple of the state tensors without their
+        batch dimension (LSTM ``(h [L, H], c [L, H])``, stateless ``(labels [C - 1],)``), ``predictor_output
+        [1, H]``, 0-d ``label`` / ``decoded_length`` / ``time_jump``.
 
         Each field is copied once for the whole batch and the items are views of the copies (``unbind``: one call
         per field, not one per row): per-row work here had cost more host time than the copies.
         """
-        states = [s.clone().unbind(1) for s in self.predictor_states]
+        states = [s.clone().unbind(self.state_batch_dim) for s in self.predictor_states]
         outputs = self.predictor_outputs.clone().unbind(0)
         labels, lengths = self.labels.clone().unbind(0), self.decoded_lengths.clone().unbind(0)
         jumps = self.time_jumps.clone().unbind(0) if self.time_jumps is not None else [None] * len(labels)
         return [
-            GreedyStateItem(
-                predictor_state=[s[i] for s in states],
+            LabelLoopingStateItem(
+                predictor_state=tuple(s[i] for s in states),
                 predictor_output=outputs[i],
                 label=labels[i],
                 decoded_length=lengths[i],
@@ -68,29 +109,52 @@ class BatchedGreedyState:
         ]
 
     @classmethod
-    def stack(cls, items: Sequence[GreedyStateItem]) -> BatchedGreedyState:
-        """The items (at least one) as one batch; a missing TDT ``time_jump`` counts as 0."""
+    def stack(cls, items: Sequence[LabelLoopingStateItem], state_batch_dim: int = 1) -> BatchedGreedyState:
+        """The items (at least one, NeMo's or ours) as one batch; a missing TDT ``time_jump`` counts as 0."""
+        if any(item.fusion_state_list for item in items):
+            raise ValueError(
+                "a decoding state carries n-gram LM / biasing fusion states, which fast_greedy does not apply"
+            )
         jumps = [item.time_jump for item in items]
+        parts = zip(*(item.predictor_state for item in items), strict=True)
         return cls(
-            predictor_states=[torch.stack(parts, 1) for parts in zip(*(i.predictor_state for i in items), strict=True)],
+            predictor_states=[torch.stack(rows, state_batch_dim) for rows in parts],
             predictor_outputs=torch.stack([item.predictor_output for item in items]),
             labels=torch.stack([item.label for item in items]),
             decoded_lengths=torch.stack([item.decoded_length for item in items]),
             time_jumps=None
             if all(j is None for j in jumps)
             else torch.stack([torch.zeros_like(items[0].label) if j is None else j for j in jumps]),
+            state_batch_dim=state_batch_dim,
         )
 
     def _fields(self) -> list[tuple[torch.Tensor | None, int]]:
         """Every tensor with its batch dimension."""
-        fields = [(s, 1) for s in self.predictor_states]
+        fields = [(s, self.state_batch_dim) for s in self.predictor_states]
         return [*fields, (self.predictor_outputs, 0), (self.labels, 0), (self.decoded_lengths, 0), (self.time_jumps, 0)]
+
+    def _with_fields(self, tensors: list[torch.Tensor | None]) -> BatchedGreedyState:
+        *states, outputs, labels, lengths, jumps = tensors
+        return BatchedGreedyState(
+            predictor_states=states,
+            predictor_outputs=outputs,
+            labels=labels,
+            decoded_lengths=lengths,
+            time_jumps=jumps,
+            state_batch_dim=self.state_batch_dim,
+        )
 
     def index_select(self, rows: torch.Tensor) -> BatchedGreedyState:
         """Rows ``rows`` (``[N]`` int64, repeats allowed) as a new batch of ``N`` (a gather, no host sync)."""
-        picked = [None if t is None else t.index_select(dim, rows) for t, dim in self._fields()]
-        *states, outputs, labels, lengths, jumps = picked
-        return BatchedGreedyState(states, outputs, labels, lengths, jumps)
+        return self._with_fields([None if t is None else t.index_select(dim, rows) for t, dim in self._fields()])
+
+    def narrow(self, batch_size: int) -> BatchedGreedyState:
+        """The first ``batch_size`` rows (views)."""
+        return self._with_fields([None if t is None else t.narrow(dim, 0, batch_size) for t, dim in self._fields()])
+
+    def clone(self) -> BatchedGreedyState:
+        """A copy that owns its memory."""
+        return self._with_fields([None if t is None else t.clone() for t, _ in self._fields()])
 
     def index_copy_(self, rows: torch.Tensor, source: BatchedGreedyState) -> None:
         """Same as ``self[rows] = source`` for every field (``rows [N]``, ``source`` of ``N`` rows; in place).

@@ -5,7 +5,8 @@ selects, comparisons, the hypothesis append, the loop flags). Inside a CUDA grap
 still costs a launch slot of a few microseconds, so the tiny ones are fused here, a few per step:
 
 - :func:`joint_hidden`: ``relu(encoder_projected[b, t[b]] + predictor_output[b])`` (gather + add + relu).
-- :func:`masked_state_update`: the prediction network's states and output, kept where the mask is false.
+- :func:`masked_state_update`: the prediction network's states (LSTM ``h``/``c``) and output, kept where the mask
+  is false.
 - :func:`label_select` / :func:`label_emit`: the label loop's bookkeeping around the joint and the LSTM.
 - :func:`frame_select` / :func:`frame_emit`: the same for the frame loop.
 
@@ -16,6 +17,8 @@ reduction over the batch that then needs no second kernel.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import triton
@@ -173,6 +176,12 @@ def _masked_state_update_kernel(
         _copy_row_if(keep, out_dst + row * out_hidden, out_src + row * out_hidden, out_hidden, BLOCK)
 
 
+def _replace_lstm_states(src_states: list[torch.Tensor], dst_states: list[torch.Tensor], mask: torch.Tensor) -> None:
+    """NeMo's ``RNNTDecoder.batch_replace_states_mask``: ``dst[:, mask] = src[:, mask]`` for ``[L, B, H]`` states."""
+    for dst, src in zip(dst_states, src_states, strict=True):
+        torch.where(mask[None, :, None], src.to(dst.dtype), dst, out=dst)
+
+
 def masked_state_update(
     mask: torch.Tensor,
     dst_states: list[torch.Tensor],
@@ -180,17 +189,19 @@ def masked_state_update(
     dst_output: torch.Tensor,
     src_output: torch.Tensor,
     fused: bool,
+    replace_states: Callable[..., None] = _replace_lstm_states,
 ) -> None:
-    """Where ``mask[b]``: ``dst_states[i][:, b] = src_states[i][:, b]`` and ``dst_output[b] = src_output[b]``.
+    """Where ``mask[b]``: row ``b`` of every ``dst_states`` tensor from ``src_states``, ``dst_output[b] = src_output[b]``.
 
-    Shapes: mask ``[B]``; states ``(h, c)``, each ``[L, B, Hs]``; outputs ``[B, 1, Ho]``. Values are cast to
-    the destination's dtype (an fp16 LSTM under autocast writes fp32 state), as NeMo's
-    ``batch_replace_states_mask`` does.
+    Shapes: mask ``[B]``; states in the decoder's layout; outputs ``[B, 1, Ho]``. ``replace_states``: the decoder's
+    ``batch_replace_states_mask`` (keywords ``src_states``, ``dst_states``, ``mask``; default: LSTM states ``[L, B, H]``),
+    the unfused path for any layout. ``fused``: the kernel, for LSTM states ``(h, c)`` each ``[L, B, Hs]`` only (the
+    caller knows the layout). Values are cast to the destination's dtype (an fp16 LSTM under autocast writes fp32
+    state), as NeMo's ``batch_replace_states_mask`` does.
     """
-    lstm_state = len(dst_states) == 2 and all(s.is_contiguous() for s in (*dst_states, *src_states))
+    lstm_state = len(dst_states) == 2 and all(s.dim() == 3 and s.is_contiguous() for s in (*dst_states, *src_states))
     if not fused or not lstm_state or not (src_output.is_contiguous() and dst_output.is_contiguous()):
-        for dst, src in zip(dst_states, src_states, strict=True):
-            torch.where(mask[None, :, None], src.to(dst.dtype), dst, out=dst)
+        replace_states(src_states=src_states, dst_states=dst_states, mask=mask)
         torch.where(mask[:, None, None], src_output.to(dst_output.dtype), dst_output, out=dst_output)
         return
     layers, batch, state_hidden = dst_states[0].shape

@@ -1,8 +1,8 @@
 """Per-slot greedy decoding state in batched tensors: streams continue chunk after chunk, no per-row Python.
 
-Every slot's greedy state (the prediction network's ``h``/``c`` per layer, its projected output, the last
-label, frames decoded so far, the TDT time jump) lives in one :class:`~nemo_fastdecode.greedy.state.BatchedGreedyState`
-of ``S + 1`` rows (slot ``S`` is the dummy slot of a bucket's padding rows). A step gathers the stepping
+Every slot's greedy state (the prediction network's state: an LSTM's ``h``/``c`` per layer or a stateless
+network's last labels; its projected output, the last label, frames decoded so far, the TDT time jump) lives
+in one :class:`~nemo_fastdecode.greedy.state.BatchedGreedyState` of ``S + 1`` rows (slot ``S`` is the dummy slot of a bucket's padding rows). A step gathers the stepping
 slots' rows (``index_select``), runs the greedy computer's
 :meth:`~nemo_fastdecode.greedy.base.GreedyComputerBase.decode_with_state` on the whole batch, scatters the final
 state back (``index_copy_``) and appends the emitted tokens to per-slot token storage on the device. Python
@@ -319,7 +319,7 @@ class SlotDecoder:
         """Each slot's hypothesis so far, built now (``None`` for a slot that has not stepped).
 
         ``y_sequence`` / ``timestamp`` (frames from the stream's start) / ``score`` as NeMo's streaming
-        ``partial_hypotheses`` accumulate them; ``dec_state`` is a :class:`GreedyStateItem` that
+        ``partial_hypotheses`` accumulate them; ``dec_state`` is NeMo's ``LabelLoopingStateItem`` that
         ``fast_greedy`` can continue from; ``length`` is the frames decoded so far.
         """
         stepped = [slot for slot in slots if self._decoded[slot]]
