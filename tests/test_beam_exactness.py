@@ -124,11 +124,15 @@ def test_unbounded_symbols_match_and_storage_grows(kind, monkeypatch):
 
 
 def test_unbounded_symbols_on_a_model_that_never_stops_raise():
-    """NeMo's search never returns here; ours stops with an error that says what to set."""
+    """NeMo's search never returns here; ours stops with an error that says what to set.
+
+    No limit: max_symbols unset and graphs disallowed (with graphs allowed NeMo's rule sets 10)."""
     decoder, joint = make_networks(seed=3, blank_bias=NEVER_BLANK)
     x, lengths = random_encoder_output(1, 2, seed=4, lengths=[2])
+    decode = fast_beam("rnnt", decoder, joint, 2, None, allow_cuda_graphs=False)
+    assert decode.computer.max_symbols is None
     with pytest.raises(RuntimeError, match="beam.max_symbols"):
-        fast_beam("rnnt", decoder, joint, 2, None)(encoder_output=x, encoded_lengths=lengths)
+        decode(encoder_output=x, encoded_lengths=lengths)
 
 
 def test_tdt_durations_and_start_timestamps_match():

@@ -196,11 +196,15 @@ def test_unbounded_symbols_grow_storage_instead_of_dropping_labels(kind, loop_la
 
 @pytest.mark.parametrize("loop_labels", [False, True])
 def test_unbounded_symbols_on_a_model_that_never_stops_raise(loop_labels):
-    """NeMo's baseline loops forever here; we stop with an error that says what to set."""
+    """NeMo's baseline loops forever here; we stop with an error that says what to set.
+
+    No limit: max_symbols unset and graphs disallowed (with graphs allowed NeMo's rule sets 10)."""
     decoder, joint = make_networks(seed=3, blank_bias=NEVER_BLANK)
     x, lengths = random_encoder_output(2, 2, seed=4)
+    decode = ours("rnnt", decoder, joint, None, loop_labels, use_cuda_graph_decoder=False)
+    assert decode.computer.max_symbols is None
     with pytest.raises(RuntimeError, match="max_symbols"):
-        ours("rnnt", decoder, joint, None, loop_labels)(encoder_output=x, encoded_lengths=lengths)
+        decode(encoder_output=x, encoded_lengths=lengths)
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "beam"])

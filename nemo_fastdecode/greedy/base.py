@@ -104,8 +104,9 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     @property
     def score_dtype(self) -> torch.dtype:
-        """Scores accumulate like the baseline: NeMo's RNN-T frame loop adds Python floats, its TDT loop fp32."""
-        return torch.float32 if self.is_tdt else torch.float64
+        """Scores accumulate as NeMo's loop of the same kind: its RNN-T frame loop adds Python floats, its label
+        loops (RNN-T and TDT) fp32."""
+        return torch.float64 if self.frame_looping and not self.is_tdt else torch.float32
 
     # ----- phases: defined by the algorithm ------------------------------------------------
     def _phases(self, buffers: LoopBuffers, mode: GraphMode) -> LoopPhases:
