@@ -141,7 +141,6 @@ def run(
         inputs={"files": len(audios), "seconds": round(sum(len(a) for a in audios) / sample_rate, 2), "names": names},
         chunk_seconds=geometry.chunk_seconds,
         stagger_seconds=stagger,
-        warmup_seconds={},
         counts=[],
     )
     log(
@@ -163,7 +162,6 @@ def run(
                 encoder_matmul=cfg.encoder_matmul, fast_math=cfg.fast_math,
             )  # fmt: skip
             warmup = warm_up_engine(engine, pcm, n)
-            result.warmup_seconds["ours"] = round(warmup, 3)
             streams = plan_pcm_streams(
                 pcm, n, geometry.chunk_seconds, stagger, engine.front.settings.complete_frames, sample_rate, cfg.seed
             )

@@ -50,7 +50,6 @@ class BenchResult:
     inputs: dict[str, Any]  # files, seconds, names
     chunk_seconds: float
     stagger_seconds: float
-    warmup_seconds: dict[str, float]
     counts: list[CountResult]
     pipeline_agreement: float | None = None  # share of files whose NeMo-pipeline text equals the reference
     files: dict[str, str] = field(default_factory=dict)
@@ -91,8 +90,8 @@ def format_markdown(result: BenchResult) -> str:
         f"- inputs: {result.inputs['files']} files, {result.inputs['seconds']} s in all, each cut to "
         f"{c['max_stream_seconds']} s; stream i plays file i mod {result.inputs['files']}",
         f"- ours: StreamingEngine, dtype {c['dtype']}, encoder_matmul {c['encoder_matmul']}, CUDA graphs "
-        f"{c['use_cuda_graphs']}, fast_math {c['fast_math']}, num_slots = streams; warm-up "
-        f"{result.warmup_seconds.get('ours', 0.0)} s per count (graph captures, first cycles) before any clock",
+        f"{c['use_cuda_graphs']}, fast_math {c['fast_math']}, num_slots = streams; warm-up before any clock (graph "
+        f"captures, first cycles): {', '.join(f'{x.ours.warmup_seconds} s' for x in result.counts if x.ours)}",
         f"- NeMo: CacheAwareRNNTPipeline from PipelineBuilder.build_pipeline, compute_dtype "
         f"{c['nemo']['compute_dtype'] if env['device'].startswith('cuda') else 'float32 (NeMo on the CPU)'} (no AMP), greedy_batch with CUDA-graph decoding "
         f"{c['nemo']['use_cuda_graph_decoder']}, batch_size = num_slots = streams, use_cache and use_feat_cache, "
@@ -183,7 +182,8 @@ def write_result(result: BenchResult, out_dir: Path, tag: str | None) -> None:
     for count, saved in zip(result.counts, payload["counts"], strict=True):
         saved["ours_over_nemo"] = count.ours_over_nemo
     result.files = {"json": f"{stem}.json", "markdown": f"{stem}.md"}
-    plot = plot_sweep(_PlotView(result), stem)
+    view = _PlotView(result)
+    plot = plot_sweep(view, stem) if view.points else None  # nothing measured yet: no plot
     if plot is not None:
         result.files["plot"] = str(plot)
     payload["files"] = result.files
