@@ -216,6 +216,27 @@ def test_one_push_per_stream_and_one_poll_per_push_also_match(cases, audio):
         check_final(finals[stream_id], refs[stream], stream)
 
 
+def test_decoded_seconds_grows_one_chunk_per_cycle_and_is_the_partial_events_end(cases, audio):
+    model, att, _ = cases[CASES[1][0]]
+    engine = StreamingEngine(model, num_slots=1, att_context_size=att)
+    g = engine.geometry
+    stream = engine.open()
+    engine.push(stream, audio[6])  # 2.6 s at once: many chunks wait
+    seen = [engine.decoded_seconds(stream)]
+    while engine.busy:
+        events = [e for e in engine.poll() if not e.is_final]
+        seen.append(engine.decoded_seconds(stream))
+        assert all(e.end == seen[-1] for e in events)
+        if len(seen) > 3:
+            break
+    assert seen[:4] == [0.0, g.first_chunk / 100, (g.first_chunk + g.chunk) / 100, (g.first_chunk + 2 * g.chunk) / 100]
+    engine.finish(stream)
+    while engine.busy:
+        engine.poll()
+    with pytest.raises(StreamEndedError):
+        engine.decoded_seconds(stream)
+
+
 # ----------------------------------------------------------------------------------------------
 # bad input: a clear error for the stream at fault, nothing lost for the others
 

@@ -279,6 +279,11 @@ class StreamingEngine:
         """The stream's token ids so far (all segments)."""
         return self.transcriber.token_ids(self._live_slot(stream_id, "read", ending_ok=True))
 
+    def decoded_seconds(self, stream_id: int) -> float:
+        """Seconds of the stream's audio its transcript accounts for now: the feature frames stepped (the ``end`` of a
+        partial event built now). It grows by one chunk per cycle that steps the stream."""
+        return self._stepped_seconds(self._live_slot(stream_id, "read", ending_ok=True))
+
     def warm_up(self) -> WarmUpTimes:
         """Capture every CUDA graph now (:meth:`StreamingTranscriber.warm_up`), before the first stream."""
         return self.transcriber.warm_up()
@@ -385,7 +390,7 @@ class StreamingEngine:
             if last:
                 end = self.front.samples_received(slot) / self.front.settings.sample_rate
             else:
-                end = int(self.schedule.stepped[slot]) * self.front.settings.hop / self.front.settings.sample_rate
+                end = self._stepped_seconds(slot)
             events.append(
                 StreamEvent(
                     stream_id=int(self._stream_of[slot]),
@@ -401,6 +406,9 @@ class StreamingEngine:
                 )
             )
         return events
+
+    def _stepped_seconds(self, slot: int) -> float:
+        return int(self.schedule.stepped[slot]) * self.front.settings.hop / self.front.settings.sample_rate
 
     def _words(self, hyp: Hypothesis, first: int) -> list[dict[str, Any]]:
         """NeMo's word timestamps of the hypothesis' tokens from ``first`` on (seconds from the stream's start)."""

@@ -3,6 +3,7 @@
 * :class:`TranscribeConfig` -- ``scripts/transcribe.py`` (``configs/transcribe.yaml``).
 * :class:`StreamingConfig` -- ``scripts/streaming.py`` (``configs/streaming*.yaml``).
 * :class:`BenchmarkConfig` -- ``scripts/benchmark.py`` (``configs/benchmark.yaml``).
+* :class:`StreamAudioBenchConfig` -- ``scripts/stream_audio_bench.py`` (``configs/stream_audio_bench*.yaml``).
 
 Output folders default to ``outputs/`` (ignored by git), never the repository's own folders.
 """
@@ -172,3 +173,89 @@ class BenchmarkConfig:
             raise ValueError(f"total_seconds must be > 0 or null, got {self.total_seconds}")
         if self.batch_size < 1 or self.repeats < 1:
             raise ValueError(f"batch_size and repeats must be >= 1, got {self.batch_size} and {self.repeats}")
+
+
+@dataclass
+class NemoPipelineSettings:
+    """NeMo's ``CacheAwareRNNTPipeline`` in ``scripts/stream_audio_bench.py``
+    (:func:`~nemo_fastdecode.tools.stream_audio_bench.nemo_steps.pipeline_config` lists every setting).
+
+    Attributes:
+        enabled: measure NeMo's pipeline at all (``False``: ours only).
+        compute_dtype: ``bfloat16`` (NeMo's example config) or ``float32``.
+        use_cuda_graph_decoder: NeMo's CUDA-graph greedy decoding.
+        matmul_precision: NeMo's ``highest`` / ``high`` (the example: TF32 matmuls) / ``medium``.
+    """
+
+    enabled: bool = True
+    compute_dtype: str = "bfloat16"
+    use_cuda_graph_decoder: bool = True
+    matmul_precision: str = "high"
+
+    def __post_init__(self) -> None:
+        if self.compute_dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"nemo.compute_dtype={self.compute_dtype!r} is not valid; valid values: bfloat16, float32")
+        if self.matmul_precision not in ("highest", "high", "medium"):
+            raise ValueError(
+                f"nemo.matmul_precision={self.matmul_precision!r} is not valid; valid values: highest, high, medium"
+            )
+
+
+@dataclass
+class StreamAudioBenchConfig:
+    """``scripts/stream_audio_bench.py``: our engine against NeMo's ``CacheAwareRNNTPipeline`` on the same audio.
+
+    Attributes:
+        model: a synthetic cache-aware preset (built with a BPE tokenizer, as NeMo's pipeline needs; random weights,
+            blank bias calibrated) or a ``.nemo`` checkpoint.
+        audio_dir / dataset_manifest: the audio (``.wav`` / ``.flac`` files, or a JSON-lines manifest); neither:
+            ``num_files`` synthetic speech-like utterances of LibriSpeech-like durations.
+        num_files: synthetic utterances when no audio is given.
+        max_stream_seconds: cut each input to this length (``None``: whole files).
+        stream_counts: concurrent streams to measure; stream ``i`` plays input ``i mod (number of inputs)``.
+        att_context_size: ``[left, lookahead]`` among the encoder's look-aheads; ``None``: its default.
+        stagger_seconds: stream starts uniform in ``[0, stagger_seconds)``; ``None``: one chunk period.
+        latency_target_ms: real time = p95 chunk latency at most this and the server keeps up (busy < 1).
+        dtype: our engine's ``float32`` (exact) or ``bfloat16``.
+        use_cuda_graphs / encoder_matmul / fast_math: our engine's options (:class:`StreamingConfig` explains).
+        cycle_repeats: timed cycles (ours) and steps (NeMo's) with all streams stepping together, per count.
+        compare_transcripts: NeMo's streaming of each input alone (the reference) and NeMo's pipeline on the inputs'
+            WAV files, compared with ours.
+        nemo: NeMo's pipeline settings.
+        cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.
+        seed: synthetic weights and audio, stream start times.
+        output_dir: ``stream_audio_bench{_tag}.json`` / ``.md`` / plot, and the saved ``.nemo`` and WAV inputs.
+        tag: added to the output file names (e.g. the GPU and date).
+    """
+
+    model: str = "tiny-streaming"
+    audio_dir: str | None = None
+    dataset_manifest: str | None = None
+    num_files: int = 4
+    max_stream_seconds: float | None = 2.0
+    stream_counts: list[int] = field(default_factory=lambda: [2, 4])
+    att_context_size: list[int] | None = None
+    stagger_seconds: float | None = None
+    latency_target_ms: float = 50.0
+    dtype: str = "float32"
+    use_cuda_graphs: bool = True
+    encoder_matmul: str = "fp32"
+    fast_math: bool = False
+    cycle_repeats: int = 3
+    compare_transcripts: bool = True
+    nemo: NemoPipelineSettings = field(default_factory=NemoPipelineSettings)
+    cuda: int | None = None
+    seed: int = 0
+    output_dir: str = "outputs/stream_audio_bench"
+    tag: str | None = None
+
+    def __post_init__(self) -> None:
+        StreamingConfig(dtype=self.dtype, encoder_matmul=self.encoder_matmul)  # the engine options' checks
+        if not self.stream_counts or any(int(n) < 1 for n in self.stream_counts):
+            raise ValueError(f"stream_counts must be a non-empty list of counts >= 1, got {self.stream_counts}")
+        if self.num_files < 1 or self.cycle_repeats < 1:
+            raise ValueError(f"num_files and cycle_repeats must be >= 1, got {self.num_files}, {self.cycle_repeats}")
+        if self.stagger_seconds is not None and self.stagger_seconds < 0:
+            raise ValueError(f"stagger_seconds must be >= 0 or null, got {self.stagger_seconds}")
+        if self.audio_dir is not None and self.dataset_manifest is not None:
+            raise ValueError("give audio_dir or dataset_manifest, not both")
