@@ -105,7 +105,10 @@ class _Item:
     start_samples: int
     samples: int = 0
     sent: str = ""
-    segment: int = 0
+
+    def segment_id(self, segment: int) -> str:
+        """The item id of a segment: the item's own for the first, ``<item>.<n>`` for the ones after it."""
+        return self.item_id if segment == 0 else f"{self.item_id}.{segment}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,9 +292,7 @@ class Connection:
                 event_id=event_id,
             )
         self._current = None
-        self._pending[item.index] = item
-        self._send(Committed(event_id=self._event_id(), item_id=item.item_id, previous_item_id=self._last_item_id))
-        self._last_item_id = item.item_id
+        self._pending[item.index] = item  # `committed` follows once the engine loop has it (the segment it ends)
         self.engine_loop.submit(Finish((self.id, item.index), time.monotonic()))
 
     def _clear(self) -> None:
@@ -410,7 +411,9 @@ class Connection:
         if item is None:  # a cleared item's last partials
             return
         try:
-            if delivery.event is None:
+            if delivery.committed is not None:
+                self._committed(item.segment_id(delivery.committed))
+            elif delivery.event is None:
                 self._failed(item, delivery.error or "unknown error")
             else:
                 self._transcript(item, delivery.event)
@@ -418,7 +421,7 @@ class Connection:
             pass
 
     def _transcript(self, item: _Item, event: StreamEvent) -> None:
-        item_id = item.item_id if event.segment == 0 else f"{item.item_id}.{event.segment}"
+        item_id = item.segment_id(event.segment)
         if not event.is_final:
             text = event.text
             common = len(item.sent) if text.startswith(item.sent) else 0
@@ -436,8 +439,7 @@ class Connection:
                 )
             return
         if not event.is_last:  # a segment the endpointer ended: the server's commit
-            self._send(Committed(event_id=self._event_id(), item_id=item_id, previous_item_id=self._last_item_id))
-            self._last_item_id = item_id
+            self._committed(item_id)
             item.sent = ""
         start_ms = round((item.start_samples / self.session.rate + event.start) * 1000)
         self._send(
@@ -453,6 +455,10 @@ class Connection:
         )
         if event.is_last:
             self._done(item)
+
+    def _committed(self, item_id: str) -> None:
+        self._send(Committed(event_id=self._event_id(), item_id=item_id, previous_item_id=self._last_item_id))
+        self._last_item_id = item_id
 
     def _failed(self, item: _Item, message: str) -> None:
         detail = ErrorDetail(type="server_error", code=ErrorCode.STREAM_ERROR.value, message=message)

@@ -77,11 +77,13 @@ Command = Push | Finish | Abort | Drop
 
 @dataclasses.dataclass(frozen=True)
 class Delivery:
-    """An engine event of an item, or the error that ended it (``event`` ``None``)."""
+    """An engine event of an item; or the error that ended it; or, for a :class:`Finish`, the segment it commits
+    (``committed``: 0 unless the endpointer ended segments of the stream before)."""
 
     key: ItemKey
     event: StreamEvent | None
     error: str | None = None
+    committed: int | None = None
 
 
 @dataclasses.dataclass
@@ -125,6 +127,7 @@ class EngineLoop:
         self._lanes: dict[int, collections.deque[_Item]] = {}
         self._key_of: dict[int, ItemKey] = {}  # engine stream id -> item
         self._segmenting: set[int] = set()  # streams whose item asked for turn detection
+        self._segments: dict[int, int] = {}  # segments the endpointer ended, per stream
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()
         self.failed: BaseException | None = None
@@ -221,12 +224,13 @@ class EngineLoop:
                 item.pushes.append((command.pcm, command.received, command.options, command.turn_detection))
                 return self._start_head(connection)
             return self._push(item, command.pcm, command.received)
-        # Finish
+        # Finish: acknowledged with the segment it ends, before the events it leads to
         item.finish_received = command.received
+        committed = [Delivery(item.key, None, committed=self._segments.get(item.stream, 0))]
         if item.stream is not None:
             self.engine.finish(item.stream)
-            return []
-        return self._start_head(connection)
+            return committed
+        return committed + self._start_head(connection)
 
     def _start_head(self, connection: int) -> list[Delivery]:
         """Open the lane's first item in the engine once it has audio (the previous one's final is out)."""
@@ -274,6 +278,7 @@ class EngineLoop:
             for stream in self.endpointer(events):
                 if stream in self._segmenting:
                     events.append(self.engine.end_segment(stream))
+                    self._segments[stream] = self._segments.get(stream, 0) + 1
         now = time.perf_counter()
         self.metrics.cycle_seconds.observe(now - start)
         self.cycles += 1
@@ -318,4 +323,5 @@ class EngineLoop:
     def _forget(self, stream: int) -> None:
         self._key_of.pop(stream, None)
         self._segmenting.discard(stream)
+        self._segments.pop(stream, None)
         self.metrics.open_streams.set(len(self._key_of))
