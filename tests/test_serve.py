@@ -579,5 +579,52 @@ def test_serve_yaml_mirrors_the_config_and_overrides_are_checked():
         parse_config(ServeConfig, ["slots=0"], "t")
     from nemo_fastdecode.tools.configs import LoadtestConfig
 
+    yaml = OmegaConf.load(Path(__file__).parents[1] / "configs" / "loadtest.yaml")
+    assert OmegaConf.to_container(yaml) == OmegaConf.to_container(OmegaConf.structured(LoadtestConfig))
     with pytest.raises(ValueError, match="loopback"):
         LoadtestConfig(url="ws://10.0.0.1:8000/v1/realtime")
+
+
+def test_the_readme_commands_serve_stream_a_file_and_stop_on_sigterm(tmp_path, audio):
+    """``python -m nemo_fastdecode.serve`` then ``scripts/stream_file.py file.wav``; SIGTERM ends the server (exit 0)."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import soundfile as sf
+
+    root = Path(__file__).parents[1]
+    wav = tmp_path / "speech.wav"
+    sf.write(wav, audio[0], RATE, subtype="PCM_16")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "nemo_fastdecode.serve", "port=0", "slots=2"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            line = server.stdout.readline()
+            assert line, "the server ended before it was ready"
+            if "ready on " in line:
+                url = line.split("ready on ")[1].split()[0]
+        assert url is not None and url.startswith("ws://127.0.0.1:")
+        out = subprocess.run(
+            [sys.executable, "scripts/stream_file.py", str(wav), "--url", url, "--fast"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "final: " in out.stdout
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
