@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nemo_fastdecode.streaming.encoder import ENCODER_MATMULS
+from nemo_fastdecode.streaming.encoder import check_precision
 
 __all__ = ["LimitsConfig", "ServeConfig"]
-
-#: ``dtype`` values and the torch dtype names they stand for.
-DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 
 
 @dataclass
@@ -101,14 +98,7 @@ class ServeConfig:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not valid; valid values: {', '.join(DTYPES)}")
-        if self.encoder_matmul not in ENCODER_MATMULS:
-            raise ValueError(
-                f"encoder_matmul={self.encoder_matmul!r} is not valid; valid values: {', '.join(ENCODER_MATMULS)}"
-            )
-        if self.encoder_matmul != "fp32" and self.dtype != "float32":
-            raise ValueError(f"encoder_matmul={self.encoder_matmul!r} needs dtype=float32, got {self.dtype}")
+        check_precision(self.dtype, self.encoder_matmul)
         if self.idle_timeout_seconds is not None and not self.idle_timeout_seconds > 0:
             raise ValueError(f"idle_timeout_seconds must be > 0 or null, got {self.idle_timeout_seconds}")
         if not self.shutdown_timeout_seconds >= 0:

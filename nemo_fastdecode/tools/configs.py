@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nemo_fastdecode.config import FastGreedyDecodingConfig
-from nemo_fastdecode.streaming.encoder import ENCODER_MATMULS
+from nemo_fastdecode.streaming.encoder import check_precision
 
 
 @dataclass
@@ -116,14 +116,7 @@ class StreamingConfig:
     latency_target_ms: float = 50.0
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype={self.dtype!r} is not valid; valid values: float32, bfloat16")
-        if self.encoder_matmul not in ENCODER_MATMULS:
-            raise ValueError(
-                f"encoder_matmul={self.encoder_matmul!r} is not valid; valid values: {', '.join(ENCODER_MATMULS)}"
-            )
-        if self.encoder_matmul != "fp32" and self.dtype != "float32":
-            raise ValueError(f"encoder_matmul={self.encoder_matmul!r} needs dtype=float32, got {self.dtype}")
+        check_precision(self.dtype, self.encoder_matmul)
         if self.fixed_step_repeats < 0:
             raise ValueError(f"fixed_step_repeats must be >= 0, got {self.fixed_step_repeats}")
         if self.num_streams_sweep is not None and (
