@@ -63,11 +63,12 @@ class ServerThread:
         self.thread.join(10)
 
     def settled(self, timeout: float = 5.0) -> bool:
-        """No connection, no admitted slot, no engine stream (waits for the engine thread's next cycle)."""
+        """No connection, no admitted slot, no engine stream or item (waits for the engine thread's next cycles)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             s = self.server
-            if not s.connections and s.admission.admitted == 0 and s.engine_loop.live_streams == 0:
+            loop = s.engine_loop
+            if not s.connections and s.admission.admitted == 0 and loop.live_streams == 0 and loop.open_lanes == 0:
                 return True
             time.sleep(0.01)
         return False
@@ -364,7 +365,6 @@ def test_a_connect_disconnect_storm_leaves_no_slots_tasks_or_memory_behind(serve
     gc.collect()
     assert server.tasks() <= tasks
     assert len(gc.get_objects()) - objects < 5000, "objects grew with the number of connections"
-    assert server.server.admission.admitted == 0 and not server.server.engine_loop._lanes
     print(f"1000 connect/disconnect cycles: {elapsed:.1f} s")
 
 
@@ -556,6 +556,31 @@ def test_server_vad_maps_to_the_engine_endpointing_hook(model, audio, refs):
         committed = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
         assert [e["item_id"] for e in completed] == committed == ["item_1_0", "item_1_0.1"]  # the server's commit
         assert "".join(e["transcript"] for e in completed).replace(" ", "") == refs[1].text.replace(" ", "")
+    finally:
+        s.stop()
+
+
+def test_an_engine_failure_fails_the_items_and_health(model, audio):
+    """A device error in a cycle: every open item gets a ``failed`` event, /health and /ready turn 503."""
+    s = ServerThread(model, slots=1)
+
+    def broken_poll():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    try:
+        s.server.engine_loop.engine.poll = broken_poll
+
+        async def scenario():
+            ws, _ = await connect_session(s.url)
+            async with ws:
+                await ws.send(audio[0].tobytes())
+                return await receive_until(ws, lambda e: e["type"].endswith(".failed"), 30)
+
+        events = run(scenario())
+        assert events[-1]["error"]["code"] == "stream_error" and "RuntimeError" in events[-1]["error"]["message"]
+        for path in ("/health", "/ready"):
+            with pytest.raises(urllib.error.HTTPError, match="503"):
+                urllib.request.urlopen(s.http + path)
     finally:
         s.stop()
 

@@ -154,6 +154,11 @@ class EngineLoop:
         """Engine streams open now (read from any thread: a snapshot)."""
         return len(self._key_of)
 
+    @property
+    def open_lanes(self) -> int:
+        """Connections with an item here, open or waiting (read from any thread: a snapshot)."""
+        return len(self._lanes)
+
     # ---- the engine thread ---------------------------------------------------------------------------------------
     def _run(self, warm_up: bool) -> None:
         try:
