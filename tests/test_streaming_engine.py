@@ -357,6 +357,37 @@ def test_finish_then_push_is_refused_and_the_final_comes_from_poll(cases, audio)
     assert (final.text, final.token_ids, final.words, final.end) == ("", [], [], 0.0)
 
 
+def test_abort_frees_the_slot_at_once_without_an_event_and_the_others_stay_exact(cases, audio):
+    """A client that goes away mid-chunk: its stream is dropped now (no final), the slot reused at once."""
+    model, att, refs = cases[CASES[0][0]]
+    engine = StreamingEngine(model, num_slots=2, att_context_size=att)
+    kept, dropped = engine.open(), engine.open()
+    engine.push(kept, audio[6][:9000])
+    engine.push(dropped, audio[5][:7001])  # waiting audio and a split sample
+    engine.poll()
+    engine.push(dropped, audio[5][7001:9000])
+    engine.finish(dropped)  # an ending stream aborts too
+    engine.abort(dropped)
+    assert engine.open_streams == [kept]
+    with pytest.raises(StreamEndedError, match=rf"cannot push audio to stream {dropped}: it has ended"):
+        engine.push(dropped, audio[5][:10])
+    with pytest.raises(StreamEndedError):
+        engine.abort(dropped)
+    again = engine.open()  # the freed slot, a fresh stream
+    engine.push(again, audio[4])
+    engine.push(kept, audio[6][9000:])
+    engine.finish(kept)
+    engine.finish(again)
+    events = []
+    while engine.busy:
+        events += engine.poll()
+    finals = {e.stream_id: e for e in events if e.is_final}
+    assert sorted(finals) == [kept, again] and all(e.stream_id != dropped for e in events)
+    check_final(finals[kept], refs[6], 6)
+    check_final(finals[again], refs[4], 4)
+    assert engine.open_streams == []
+
+
 def test_end_segment_is_a_final_event_mid_stream(cases, audio):
     """The endpointing hook: a final event for the tokens so far, the stream goes on; segments add up."""
     model, att, refs = cases[CASES[0][0]]

@@ -246,7 +246,7 @@ class StreamingEngine:
         and its final event is returned (not emitted by :meth:`poll`); the slot is free afterwards.
 
         The stream steps alone here, chunk after chunk; a server that ends many streams at once batches them with
-        :meth:`finish` instead.
+        :meth:`finish` instead (or :meth:`abort` to drop it without a final event).
         """
         slot = self._live_slot(stream_id, "close", ending_ok=True)
         self.finish(stream_id)
@@ -256,6 +256,11 @@ class StreamingEngine:
             for event in self._cycle(members):
                 if event.is_last:
                     return event
+
+    def abort(self, stream_id: int) -> None:
+        """Drop the stream now: its waiting audio and frames are discarded, no final event is built, and the slot is
+        free at once (a client that went away; a server that discards a buffer). Its id is ended."""
+        self._free(self._live_slot(stream_id, "abort", ending_ok=True))
 
     def end_segment(self, stream_id: int) -> StreamEvent:
         """The final event of the stream's current segment, now; the stream goes on (the endpointing hook).
