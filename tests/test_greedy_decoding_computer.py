@@ -205,11 +205,15 @@ def test_no_biasing_and_no_fusion():
 @pytest.mark.usefixtures("exact_fp32")
 @pytest.mark.parametrize("mode", ["full_graph", "no_while_graph"])
 @pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=IDS)
-def test_graph_modes_match_nemos_cuda_graph_computer_on_gpu(kind, loop_labels, mode):
-    """NeMo's computer with CUDA graphs (its results padded to its graph's batch) against ours in each graph mode."""
+def test_graph_modes_match_nemos_computer_on_gpu(kind, loop_labels, mode):
+    """NeMo's computer on the GPU against ours in each graph mode.
+
+    NeMo's computer runs without its CUDA graphs: with them, NeMo 3.0.0 fails this schedule with an illegal memory
+    access in its full graph's replay (on an H100, at the first right-context call, before ours runs at all).
+    """
     decoder, joint = (m.cuda() for m in make_networks(tdt=kind == "tdt", seed=5, blank_bias=REALISTIC_BIAS[kind] - 0.3))
     computers = {
-        "nemo": nemo_computer(kind, decoder, joint, graphs=True),
+        "nemo": nemo_computer(kind, decoder, joint, graphs=False),
         "fast": ours(kind, decoder, joint, 3, loop_labels, graph_mode=mode).decoding_computer,
     }
     states = {name: {} for name in computers}

@@ -31,6 +31,8 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 __all__ = ["INT16_SCALE", "SampleFormat", "pcm_frames", "pcm_frames_reference"]
 
 INT16_SCALE = 1.0 / 32768  # NeMo's AudioSegment: int16 samples / 2**15 (a power of two: exact)
+# compiled kernels read only constexpr globals
+_INT16_SCALE_CONST = tl.constexpr(INT16_SCALE) if tl is not None else None
 ROW_FIELDS = 4  # byte offset, samples, slot, first ring position
 
 
@@ -80,7 +82,7 @@ if triton is not None:
             src = data_ptr + offset + i.to(tl.int64) * 2
             word = tl.load(src, mask=ok, other=0).to(tl.int32) | (tl.load(src + 1, mask=ok, other=0).to(tl.int32) << 8)
             word = tl.where(word >= 32768, word - 65536, word)  # two's complement sign
-            value = word.to(tl.float32) * INT16_SCALE
+            value = word.to(tl.float32) * _INT16_SCALE_CONST
         column = ((position + i) % capacity).to(tl.int64)
         tl.store(ring_ptr + slot * ring_stride + column, value, mask=ok)
 

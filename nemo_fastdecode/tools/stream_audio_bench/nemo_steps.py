@@ -13,6 +13,7 @@ CUDA-graph capture of its decoder at this batch size).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -124,11 +125,30 @@ def nemo_settings() -> Iterator[None]:
         nemo_logging.setLevel(level)
 
 
-def build_nemo_pipeline(cfg: DictConfig) -> BasePipeline:
-    """NeMo's ``PipelineBuilder.build_pipeline(cfg)`` (it loads its own copy of the model)."""
+def build_nemo_pipeline(cfg: DictConfig, *, own_checkpoint: bool = False) -> BasePipeline:
+    """NeMo's ``PipelineBuilder.build_pipeline(cfg)`` (it loads its own copy of the model).
+
+    ``own_checkpoint``: the ``.nemo`` is the one this run just saved. torch's weights-only unpickler (the default
+    since torch 2.6) refuses some synthetic checkpoints saved on a GPU (torch 2.11: "reduce for unrecognized
+    function encoder.pre_encode.out.bias"), so this run's own file is loaded with full unpickling.
+    """
     from nemo.collections.asr.inference.factory.pipeline_builder import PipelineBuilder
 
-    return PipelineBuilder.build_pipeline(cfg)
+    if not own_checkpoint:
+        return PipelineBuilder.build_pipeline(cfg)
+    previous = os.environ.get(_NO_WEIGHTS_ONLY)
+    os.environ[_NO_WEIGHTS_ONLY] = "1"
+    try:
+        return PipelineBuilder.build_pipeline(cfg)
+    finally:
+        if previous is None:
+            del os.environ[_NO_WEIGHTS_ONLY]
+        else:
+            os.environ[_NO_WEIGHTS_ONLY] = previous
+
+
+#: torch.load's switch back to full unpickling when no weights_only argument is given
+_NO_WEIGHTS_ONLY = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
 @dataclass
