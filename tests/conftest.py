@@ -104,6 +104,18 @@ def tiny_streaming_model(preset: str = "tiny-streaming"):
     return model
 
 
+def whole_file_features(model, pcm) -> torch.Tensor:
+    """``[feat_in, T]`` NeMo's features of one whole int16 stream (read as NeMo reads a 16-bit WAV file)."""
+    import numpy as np
+
+    device = next(model.parameters()).device
+    signal = torch.from_numpy(pcm.astype(np.float32) / 32768)[None].to(device)
+    with torch.inference_mode():
+        length = torch.tensor([signal.shape[1]], device=device)
+        feats, length = model.preprocessor(input_signal=signal, length=length)
+    return feats[0, :, : int(length)]
+
+
 def nemo_alone(model, feats: torch.Tensor):
     """NeMo's cache-aware streaming of one stream ``[feat_in, T]`` (its streaming script: ``CacheAwareStreamingAudioBuffer``
     and the encoder's ``cache_aware_stream_step``, then the model's decoding with partial hypotheses).
