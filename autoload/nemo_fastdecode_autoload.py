@@ -12,6 +12,9 @@ NeMo is fully loaded and one of its strategies is asked for:
 * ``nemo.collections.asr.parts.submodules.rnnt_decoding``: building a decoding whose config names one of our
   strategies (``model.change_decoding_strategy``, a ``.nemo`` restore, NeMo's streaming pipelines) imports
   ``nemo_fastdecode`` first, which registers the strategies.
+* ``nemo.collections.asr.inference.factory.pipeline_builder``: ``PipelineBuilder.build_pipeline(cfg)`` with
+  ``pipeline_type: fast_cache_aware`` (NeMo's ``asr_streaming_infer.py`` and its YAMLs) imports ``nemo_fastdecode``
+  first, whose registry then builds our streaming engine's pipeline; other pipeline types go to NeMo untouched.
 
 It also quiets the OneLogger telemetry lines that NeMo prints on every import (the ``nv_one_logger`` loggers
 are set to ERROR). Set ``NEMO_FASTDECODE_AUTOLOAD=0`` to switch all of this off. Only the standard library is
@@ -30,9 +33,12 @@ __all__ = ["install", "installed"]
 
 _DECODING_MODULE = "nemo.collections.asr.parts.submodules.rnnt_decoding"
 _HYDRA_RUNNER_MODULE = "nemo.core.config.hydra_runner"
+_PIPELINE_BUILDER_MODULE = "nemo.collections.asr.inference.factory.pipeline_builder"
 # our strategies, and the key a portable .nemo config keeps ours under (its strategy is NeMo's stand-in)
 _STRATEGIES = ("fast_greedy", "fast_beam")
 _SIDECAR_KEY = "nemo_fastdecode"
+# the pipeline_type that selects our engine in NeMo's streaming inference config (registry.FAST_PIPELINE_TYPE)
+_PIPELINE_TYPE = "fast_cache_aware"
 
 
 def _wants_fastdecode(decoding_cfg) -> bool:
@@ -88,7 +94,32 @@ def _patch_hydra_runner(module) -> None:
         package.hydra_runner = hydra_runner
 
 
-_PATCHES = {_DECODING_MODULE: _patch_decoding, _HYDRA_RUNNER_MODULE: _patch_hydra_runner}
+def _wants_fast_pipeline(cfg) -> bool:
+    getter = getattr(cfg, "get", None)
+    pipeline_type = getter("pipeline_type", None) if getter is not None else getattr(cfg, "pipeline_type", None)
+    return str(pipeline_type).lower() == _PIPELINE_TYPE
+
+
+def _patch_pipeline_builder(module) -> None:
+    builder = module.PipelineBuilder
+    nemo_build = builder.build_pipeline  # a staticmethod: the plain function
+
+    def build_pipeline_loading_nemo_fastdecode(cfg):
+        if _wants_fast_pipeline(cfg) and "nemo_fastdecode.registry" not in sys.modules:
+            import nemo_fastdecode  # noqa: F401  (registers: replaces PipelineBuilder.build_pipeline)
+
+            return builder.build_pipeline(cfg)
+        return nemo_build(cfg)
+
+    build_pipeline_loading_nemo_fastdecode.__wrapped__ = nemo_build
+    builder.build_pipeline = staticmethod(build_pipeline_loading_nemo_fastdecode)
+
+
+_PATCHES = {
+    _DECODING_MODULE: _patch_decoding,
+    _HYDRA_RUNNER_MODULE: _patch_hydra_runner,
+    _PIPELINE_BUILDER_MODULE: _patch_pipeline_builder,
+}
 
 
 class _PatchingLoader(importlib.abc.Loader):

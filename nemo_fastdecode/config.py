@@ -33,6 +33,7 @@ __all__ = [
     "FastGreedyDecodingConfig",
     "NemoDecodingKeys",
     "greedy_max_symbols",
+    "nemo_max_symbols",
     "option_names",
     "options_from_section",
 ]
@@ -210,18 +211,30 @@ def options_from_section(
         raise ValueError(f"{where}: {error}") from None
 
 
+def nemo_max_symbols(max_symbols: int | None, *, graphs_allowed: bool, frame_loop: bool = False) -> int | None:
+    """What NeMo 3.0's decoders make of a ``max_symbols`` (per step) argument; ``None`` means no limit.
+
+    Left unset (``None`` or 0), NeMo's label-looping greedy computers (RNN-T and TDT) and its batched beam
+    computers (``malsd_batch``) replace it by :data:`DEFAULT_MAX_SYMBOLS` at construction whenever CUDA graphs are
+    allowed (their default), on the CPU too; without graphs, and in the frame loop, it stays unlimited.
+    """
+    if max_symbols:
+        return int(max_symbols)
+    return DEFAULT_MAX_SYMBOLS if graphs_allowed and not frame_loop else None
+
+
 def greedy_max_symbols(section: Mapping[str, Any] | None, *, bounded: bool = False) -> int | None:
     """NeMo 3.0's rule for the greedy ``max_symbols`` of a ``decoding.greedy`` section.
 
     ``max_symbols`` if set (not ``None`` or 0), else ``max_symbols_per_step`` (as NeMo's ``RNNTDecoding`` reads
-    them). Left unset, NeMo's label-looping decoders (its default, and TDT's) use :data:`DEFAULT_MAX_SYMBOLS`
-    whenever ``use_cuda_graph_decoder`` is on (its default, on the CPU too), and no limit otherwise; the frame loop
-    has no limit. ``None`` means no limit; ``bounded`` turns it into :data:`DEFAULT_MAX_SYMBOLS`, for loops that need
-    one (a captured streaming step, a calibration decoder).
+    them), then :func:`nemo_max_symbols` for the section's ``loop_labels`` and ``use_cuda_graph_decoder``.
+    ``bounded`` turns no limit into :data:`DEFAULT_MAX_SYMBOLS`, for loops that need one (a captured streaming
+    step, a calibration decoder).
     """
     section = section or {}
-    max_symbols = section.get("max_symbols", None) or section.get("max_symbols_per_step", None)
-    if max_symbols is not None:
-        return int(max_symbols)
-    label_loop_with_graphs = section.get("loop_labels", True) and section.get("use_cuda_graph_decoder", True)
-    return DEFAULT_MAX_SYMBOLS if bounded or label_loop_with_graphs else None
+    max_symbols = nemo_max_symbols(
+        section.get("max_symbols", None) or section.get("max_symbols_per_step", None),
+        graphs_allowed=section.get("use_cuda_graph_decoder", True),
+        frame_loop=not section.get("loop_labels", True),
+    )
+    return DEFAULT_MAX_SYMBOLS if max_symbols is None and bounded else max_symbols

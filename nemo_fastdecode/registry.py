@@ -15,6 +15,11 @@ schemas such as ``transcribe_speech.py``'s accept ``rnnt_decoding.greedy.fast_ma
 makes ``.nemo`` files portable: a model saved with one of our strategies stores NeMo's stand-in strategy and
 ours under :data:`PORTABLE_KEY`, so that it loads with the stand-in where this package is not installed and
 with ours where it is.
+
+It also hooks NeMo's streaming inference builder: ``PipelineBuilder.build_pipeline(cfg)`` with
+``pipeline_type:`` :data:`FAST_PIPELINE_TYPE` returns our
+:class:`~nemo_fastdecode.streaming.nemo_pipeline.FastCacheAwarePipeline` (built on first use; every other
+``pipeline_type`` goes to NeMo's builder untouched).
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ from nemo_fastdecode.logs import logger, quiet_repeated_nemo_lines
 #: Where a portable ``.nemo`` config keeps our strategy (``decoding.nemo_fastdecode.strategy``); its
 #: ``decoding.strategy`` is NeMo's stand-in. ``autoload/nemo_fastdecode_autoload.py`` reads the same key.
 PORTABLE_KEY = "nemo_fastdecode"
+#: The ``pipeline_type`` of NeMo's streaming inference config that selects our engine (NeMo's own: ``buffered``,
+#: ``cache_aware``). ``autoload/nemo_fastdecode_autoload.py`` reads the same value.
+FAST_PIPELINE_TYPE = "fast_cache_aware"
 # the top-level keys NeMo's decoding section has (before register() adds fields to the sections' dataclasses)
 _DECODING_KEYS = option_names(rnnt_decoding.RNNTDecodingConfig) | {PORTABLE_KEY}
 
@@ -215,6 +223,7 @@ def register() -> None:
     for strategy in FAST_STRATEGIES.values():
         _add_option_fields(strategy)
     _install_portable_save()
+    _install_pipeline_type()
     quiet_repeated_nemo_lines()
 
 
@@ -338,6 +347,33 @@ def _install_portable_save() -> None:
 
     to_config_file._nemo_fastdecode = True
     FileIO.to_config_file = to_config_file
+
+
+def wants_fast_pipeline(cfg: object) -> bool:
+    """NeMo's streaming inference config selects our engine (``pipeline_type: fast_cache_aware``, any case)."""
+    getter = getattr(cfg, "get", None)
+    pipeline_type = getter("pipeline_type", None) if getter is not None else getattr(cfg, "pipeline_type", None)
+    return str(pipeline_type).lower() == FAST_PIPELINE_TYPE
+
+
+def _install_pipeline_type() -> None:
+    """``PipelineBuilder.build_pipeline(cfg)`` builds our pipeline for :data:`FAST_PIPELINE_TYPE`, NeMo's otherwise."""
+    from nemo.collections.asr.inference.factory.pipeline_builder import PipelineBuilder
+
+    nemo_build = PipelineBuilder.build_pipeline  # a staticmethod: the plain function
+    if getattr(nemo_build, "_nemo_fastdecode", False):
+        return
+
+    @functools.wraps(nemo_build)
+    def build_pipeline(cfg):
+        if wants_fast_pipeline(cfg):
+            from nemo_fastdecode.streaming.nemo_pipeline import build_pipeline as build_fast_pipeline
+
+            return build_fast_pipeline(cfg)
+        return nemo_build(cfg)
+
+    build_pipeline._nemo_fastdecode = True
+    PipelineBuilder.build_pipeline = staticmethod(build_pipeline)
 
 
 def _nemo_section_class(fast: FastStrategy) -> type:

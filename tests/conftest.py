@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 from nemo.collections.asr.modules import RNNTDecoder, RNNTJoint, StatelessTransducerDecoder
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
+from nemo_fastdecode.tools.streaming_reference import nemo_alone  # noqa: F401  (the streaming tests' reference)
 
 VOCAB_SIZE = 12
 ENCODER_DIM = 16
@@ -114,39 +115,6 @@ def whole_file_features(model, pcm) -> torch.Tensor:
         length = torch.tensor([signal.shape[1]], device=device)
         feats, length = model.preprocessor(input_signal=signal, length=length)
     return feats[0, :, : int(length)]
-
-
-def nemo_alone(model, feats: torch.Tensor):
-    """NeMo's cache-aware streaming of one stream ``[feat_in, T]`` (its streaming script: ``CacheAwareStreamingAudioBuffer``
-    and the encoder's ``cache_aware_stream_step``, then the model's decoding with partial hypotheses).
-
-    Returns:
-        Each chunk's encoder output ``[T_i, D]``, the final hypothesis (``None`` without a chunk), NeMo's chunks.
-    """
-    from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
-
-    buffer = CacheAwareStreamingAudioBuffer(model)
-    buffer.append_processed_signal(feats[None])
-    channel, time, channel_len = model.encoder.get_initial_cache_state(batch_size=1, device=feats.device)
-    drop = model.encoder.streaming_cfg.drop_extra_pre_encoded
-    outputs, hyps, chunks = [], None, []
-    with torch.inference_mode():
-        for step, (chunk, chunk_len) in enumerate(buffer):
-            chunks.append(chunk[0])
-            encoded, encoded_len, channel, time, channel_len = model.encoder.cache_aware_stream_step(
-                processed_signal=chunk,
-                processed_signal_length=chunk_len,
-                cache_last_channel=channel,
-                cache_last_time=time,
-                cache_last_channel_len=channel_len,
-                keep_all_outputs=buffer.is_buffer_empty(),
-                drop_extra_pre_encoded=0 if step == 0 else drop,
-            )
-            outputs.append(encoded[0, :, : int(encoded_len[0])].T.clone())
-            hyps = model.decoding.rnnt_decoder_predictions_tensor(
-                encoder_output=encoded, encoded_lengths=encoded_len, return_hypotheses=True, partial_hypotheses=hyps
-            )
-    return outputs, hyps[0] if hyps else None, chunks
 
 
 def transcribe(model, audio, **kwargs):

@@ -60,19 +60,30 @@ def test_built_with_nemos_arguments_it_decodes_like_nemo(kind):
 
 
 @pytest.mark.parametrize(
-    "kind,changes,match",
+    "kind,changes,records",
     [
-        ("rnnt", {"preserve_alignments": True}, "preserve_alignments; decode with NeMo's GreedyBatchedRNNTInfer"),
-        ("rnnt", {"preserve_frame_confidence": True}, "preserve_frame_confidence.*GreedyBatchedRNNTInfer"),
-        ("tdt", {"preserve_frame_confidence": True}, "preserve_frame_confidence.*GreedyBatchedTDTInfer"),
-        ("tdt", {"include_duration_confidence": True}, "include_duration_confidence.*GreedyBatchedTDTInfer"),
-        ("rnnt", {"fusion_models": [object()], "fusion_models_alpha": [0.5]}, "fusion_models.*greedy_batch"),
+        ("rnnt", {"preserve_alignments": True}, {"alignments": True, "confidence": False}),
+        ("rnnt", {"preserve_frame_confidence": True}, {"alignments": False, "confidence": True}),
+        ("tdt", {"preserve_frame_confidence": True}, {"alignments": False, "confidence": True}),
+        (
+            "tdt",
+            {"preserve_frame_confidence": True, "include_duration_confidence": True},
+            {"confidence": True, "duration_confidence": True},
+        ),
     ],
 )
-def test_features_not_implemented_name_the_argument_and_nemos_class(kind, changes, match):
+def test_alignment_and_confidence_arguments_reach_the_computer(kind, changes, records):
+    """NeMo's recording arguments are taken as NeMo takes them (their values: tests/test_greedy_records.py)."""
     decoder, joint = make_networks(tdt=kind == "tdt")
-    with pytest.raises(NotImplementedError, match=match):
-        FastGreedyBatchedInfer(**nemo_arguments(kind, decoder, joint, **changes))
+    computer = FastGreedyBatchedInfer(**nemo_arguments(kind, decoder, joint, **changes)).computer
+    assert {key: getattr(computer.records, key) for key in records} == records
+
+
+def test_fusion_models_are_refused_naming_the_argument_and_nemos_class():
+    decoder, joint = make_networks()
+    changes = {"fusion_models": [object()], "fusion_models_alpha": [0.5]}
+    with pytest.raises(NotImplementedError, match="fusion_models.*GreedyBatchedRNNTInfer.*greedy_batch"):
+        FastGreedyBatchedInfer(**nemo_arguments("rnnt", decoder, joint, **changes))
 
 
 def test_arguments_after_max_symbols_are_keywords():

@@ -74,7 +74,6 @@ def test_unknown_strategy_lists_valid_ones():
     [
         ({"max_symbolz": 3}, ValueError, r"max_symbolz.*valid options"),
         ({"graph_mode": "turbo"}, ValueError, r"'turbo'.*full_graph.*no_while_graph.*eager"),
-        ({"enable_per_stream_biasing": True}, NotImplementedError, "per-stream biasing.*greedy_batch"),
         ({"ngram_lm_model": "/no/such/lm.nemo"}, NotImplementedError, "n-gram LM.*greedy_batch"),
     ],
 )

@@ -211,6 +211,27 @@ def test_one_push_per_stream_and_one_poll_per_push_also_match(cases, audio):
         check_final(finals[stream_id], refs[stream], stream)
 
 
+def test_decoded_seconds_grows_one_chunk_per_cycle_and_is_the_partial_events_end(cases, audio):
+    model, att, _ = cases[CASES[1][0]]
+    engine = StreamingEngine(model, num_slots=1, att_context_size=att)
+    g = engine.geometry
+    stream = engine.open()
+    engine.push(stream, audio[6])  # 2.6 s at once: many chunks wait
+    seen = [engine.decoded_seconds(stream)]
+    while engine.busy:
+        events = [e for e in engine.poll() if not e.is_final]
+        seen.append(engine.decoded_seconds(stream))
+        assert all(e.end == seen[-1] for e in events)
+        if len(seen) > 3:
+            break
+    assert seen[:4] == [0.0, g.first_chunk / 100, (g.first_chunk + g.chunk) / 100, (g.first_chunk + 2 * g.chunk) / 100]
+    engine.finish(stream)
+    while engine.busy:
+        engine.poll()
+    with pytest.raises(StreamEndedError):
+        engine.decoded_seconds(stream)
+
+
 # ----------------------------------------------------------------------------------------------
 # bad input: a clear error for the stream at fault, nothing lost for the others
 
@@ -329,6 +350,37 @@ def test_finish_then_push_is_refused_and_the_final_comes_from_poll(cases, audio)
     empty = engine.open()
     final = engine.close(empty)  # no audio at all: an empty final event
     assert (final.text, final.token_ids, final.words, final.end) == ("", [], [], 0.0)
+
+
+def test_abort_frees_the_slot_at_once_without_an_event_and_the_others_stay_exact(cases, audio):
+    """A client that goes away mid-chunk: its stream is dropped now (no final), the slot reused at once."""
+    model, att, refs = cases[CASES[0][0]]
+    engine = StreamingEngine(model, num_slots=2, att_context_size=att)
+    kept, dropped = engine.open(), engine.open()
+    engine.push(kept, audio[6][:9000])
+    engine.push(dropped, audio[5][:7001])  # waiting audio and a split sample
+    engine.poll()
+    engine.push(dropped, audio[5][7001:9000])
+    engine.finish(dropped)  # an ending stream aborts too
+    engine.abort(dropped)
+    assert engine.open_streams == [kept]
+    with pytest.raises(StreamEndedError, match=rf"cannot push audio to stream {dropped}: it has ended"):
+        engine.push(dropped, audio[5][:10])
+    with pytest.raises(StreamEndedError):
+        engine.abort(dropped)
+    again = engine.open()  # the freed slot, a fresh stream
+    engine.push(again, audio[4])
+    engine.push(kept, audio[6][9000:])
+    engine.finish(kept)
+    engine.finish(again)
+    events = []
+    while engine.busy:
+        events += engine.poll()
+    finals = {e.stream_id: e for e in events if e.is_final}
+    assert sorted(finals) == [kept, again] and all(e.stream_id != dropped for e in events)
+    check_final(finals[kept], refs[6], 6)
+    check_final(finals[again], refs[4], 4)
+    assert engine.open_streams == []
 
 
 def test_end_segment_is_a_final_event_mid_stream(cases, audio):

@@ -35,11 +35,11 @@ import torch
 from conftest import nemo_alone
 from nemo.collections.asr.inference.factory.cache_aware_pipeline_builder import CacheAwarePipelineBuilder
 from nemo.collections.asr.inference.utils.constants import LOG_MEL_ZERO
-from omegaconf import OmegaConf
 
 from nemo_fastdecode.streaming import StreamingEngine
 from nemo_fastdecode.tools import synthetic as S
 from nemo_fastdecode.tools.comparison import as_int_list
+from nemo_fastdecode.tools.stream_audio_bench.nemo_steps import pipeline_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -63,69 +63,14 @@ def audio() -> list[np.ndarray]:
     return S.synthetic_audio(DURATIONS, seed=11)  # float32 on the int16 grid: WAV files hold them exactly
 
 
-def pipeline_config(model_path: str) -> OmegaConf:
-    """cache_aware_rnnt.yaml's settings for a local .nemo on the CPU in fp32, endpointing, ITN and NMT off."""
-    return OmegaConf.create(
-        {
-            "asr": {
-                "model_name": model_path,
-                "device": "cpu",
-                "device_id": 0,
-                "compute_dtype": "float32",
-                "use_amp": False,
-                "decoding": {
-                    "strategy": "greedy_batch",
-                    "preserve_alignments": False,
-                    "fused_batch_size": -1,
-                    "greedy": {"use_cuda_graph_decoder": False, "max_symbols": 10, "preserve_frame_confidence": False},
-                },
-            },
-            "itn": {
-                "input_case": "lower_cased",
-                "whitelist": None,
-                "overwrite_cache": False,
-                "max_number_of_permutations_per_split": 729,
-                "left_padding_size": 4,
-                "batch_size": 32,
-                "n_jobs": 1,
-            },  # fmt: skip
-            "nmt": None,
-            "confidence": {
-                "exclude_blank": True,
-                "aggregation": "mean",
-                "method_cfg": {"name": "entropy", "entropy_type": "tsallis", "alpha": 0.5, "entropy_norm": "exp"},
-            },
-            "endpointing": {"stop_history_eou": -1, "residue_tokens_at_end": 0},  # off: final at the stream's end
-            "streaming": {
-                "sample_rate": S.SAMPLE_RATE,
-                "batch_size": 4,
-                "word_boundary_tolerance": 4,
-                "att_context_size": ATT,
-                "use_cache": True,
-                "use_feat_cache": True,
-                "chunk_size_in_secs": None,
-                "request_type": "frame",
-                "num_slots": 4,
-            },
-            "matmul_precision": "highest",
-            "log_level": 20,
-            "pipeline_type": "cache_aware",
-            "asr_decoding_type": "rnnt",
-            "enable_itn": False,
-            "enable_nmt": False,
-            "asr_output_granularity": "segment",
-            "cache_dir": None,
-            "lang": None,
-            "return_tail_result": False,
-        }
-    )
-
-
 def run_pipeline(model, wavs: list[str], tmp_path) -> list[tuple[list[int], str]]:
     """(b) on the WAV files: each stream's final tokens (its last step's hypothesis) and text."""
     path = str(tmp_path / "model.nemo")
     model.save_to(path)
-    pipeline = CacheAwarePipelineBuilder.build(pipeline_config(path))
+    # cache_aware_rnnt.yaml's settings for a local .nemo on the CPU in fp32; endpointing (final at the stream's end),
+    # ITN and NMT off
+    cfg = pipeline_config(path, torch.device("cpu"), 4, ATT, "float32", use_cuda_graph_decoder=False)
+    pipeline = CacheAwarePipelineBuilder.build(cfg)
     tokens: dict[int, list[int]] = {}
     decode = pipeline.run_greedy_decoder
 

@@ -16,9 +16,13 @@ from nemo.core.classes import Typing, typecheck
 from nemo.core.neural_types import AcousticEncodedRepresentation, HypothesisType, LengthsType, NeuralType
 
 from nemo_fastdecode.beam.malsd import MALSDBeamComputer
+from nemo_fastdecode.config import DEFAULT_MAX_SYMBOLS, nemo_max_symbols
 from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_nonfinite
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
+
+# max_symbols_per_step left out: NeMo's RNN-T and TDT classes differ
+_CLASS_DEFAULT = object()
 
 
 class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs):
@@ -26,7 +30,10 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
 
     Args:
         decoder_model / joint_model / blank_index / beam_size: as in NeMo's ``BeamBatchedRNNTInfer``.
-        max_symbols_per_step: most labels per frame and hypothesis (NeMo's ``beam.max_symbols``); ``None``: no limit.
+        max_symbols_per_step: most labels per frame and hypothesis (NeMo's ``beam.max_symbols``); ``None``: as NeMo's
+            ``malsd_batch`` makes of it (:func:`~nemo_fastdecode.config.nemo_max_symbols`: 10 when CUDA graphs are
+            allowed, else no limit). Left out, NeMo's class defaults: 10 for RNN-T (``BeamBatchedRNNTInfer``),
+            ``None`` for TDT (``BeamBatchedTDTInfer``).
         durations: TDT durations (``None`` for RNN-T).
         score_norm: rank hypotheses by score / (tokens + 1) when picking the best and ordering the n-best.
         return_best_hypothesis: return the best ``Hypothesis`` per utterance (else ``NBestHypotheses``).
@@ -59,7 +66,7 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
         joint_model: torch.nn.Module,
         blank_index: int,
         beam_size: int,
-        max_symbols_per_step: int | None = 10,
+        max_symbols_per_step: int | None | object = _CLASS_DEFAULT,
         durations: Sequence[int] | None = None,
         score_norm: bool = True,
         return_best_hypothesis: bool = True,
@@ -70,6 +77,8 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
         compiled_step: bool = False,
     ):
         super().__init__()
+        if max_symbols_per_step is _CLASS_DEFAULT:
+            max_symbols_per_step = None if durations else DEFAULT_MAX_SYMBOLS
         self.decoder, self.joint = decoder_model, joint_model
         self.blank_index, self.beam_size = blank_index, beam_size
         self.score_norm, self.return_best_hypothesis = score_norm, return_best_hypothesis
@@ -78,7 +87,7 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             joint=joint_model,
             blank_index=blank_index,
             beam_size=beam_size,
-            max_symbols=max_symbols_per_step,
+            max_symbols=nemo_max_symbols(max_symbols_per_step, graphs_allowed=allow_cuda_graphs),
             durations=durations,
             use_cuda_graphs=allow_cuda_graphs,
             graph_mode=GraphMode.parse(graph_mode),

@@ -18,6 +18,7 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo.collections.common.parts.optional_cuda_graphs import WithOptionalCudaGraphs
 from nemo.core.classes import typecheck
 
+from nemo_fastdecode.config import nemo_max_symbols
 from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_nonfinite
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.greedy.base import GreedyComputerBase
@@ -137,7 +138,9 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             decoder=decoder_model,
             joint=joint_model,
             blank_index=blank_index,
-            max_symbols=max_symbols_per_step,
+            max_symbols=nemo_max_symbols(
+                max_symbols_per_step, graphs_allowed=use_cuda_graph_decoder, frame_loop=not loop_labels
+            ),
             durations=durations,
             use_cuda_graphs=use_cuda_graph_decoder,
             graph_mode=GraphMode.parse(graph_mode),

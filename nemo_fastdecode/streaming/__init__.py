@@ -11,6 +11,8 @@
 * :mod:`~nemo_fastdecode.streaming.chunking` -- NeMo's chunk schedule as frames arrive, the frames waiting per slot.
 * :mod:`~nemo_fastdecode.streaming.events` -- the engine's options, events and errors.
 * :mod:`~nemo_fastdecode.streaming.engine` -- ``StreamingEngine``: PCM in, partial and final transcripts out.
+* :mod:`~nemo_fastdecode.streaming.nemo_pipeline` -- NeMo's streaming pipeline interface over the engine
+  (``pipeline_type: fast_cache_aware``).
 * :mod:`~nemo_fastdecode.streaming.nemo_path` -- NeMo's own path (slot gather/scatter + ``conformer_stream_step``).
 """
 

@@ -38,7 +38,18 @@ from nemo_fastdecode.streaming.subsampling import CausalSubsampling
 # "tf32" = the same kernels with one TF32 product (10-bit mantissas: what NeMo runs with matmul_precision=high)
 ENCODER_MATMULS = ("fp32", "tf32x3", "tf32")
 
-__all__ = ["ENCODER_MATMULS", "StreamingEncoderStep", "check_streaming_encoder"]
+__all__ = ["ENCODER_MATMULS", "StreamingEncoderStep", "check_precision", "check_streaming_encoder"]
+
+
+def check_precision(dtype: str, encoder_matmul: str) -> None:
+    """Configs' precision options: ``dtype`` float32 / bfloat16; ``encoder_matmul`` one of :data:`ENCODER_MATMULS`,
+    anything but ``fp32`` with float32 only. Raises ``ValueError`` naming the bad value and the valid ones."""
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype={dtype!r} is not valid; valid values: float32, bfloat16")
+    if encoder_matmul not in ENCODER_MATMULS:
+        raise ValueError(f"encoder_matmul={encoder_matmul!r} is not valid; valid values: {', '.join(ENCODER_MATMULS)}")
+    if encoder_matmul != "fp32" and dtype != "float32":
+        raise ValueError(f"encoder_matmul={encoder_matmul!r} needs dtype=float32, got {dtype}")
 
 
 def check_streaming_encoder(encoder: torch.nn.Module) -> None:

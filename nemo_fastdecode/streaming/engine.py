@@ -281,7 +281,7 @@ class StreamingEngine:
         and its final event is returned (not emitted by :meth:`poll`); the slot is free afterwards.
 
         The stream steps alone here, chunk after chunk; a server that ends many streams at once batches them with
-        :meth:`finish` instead.
+        :meth:`finish` instead (or :meth:`abort` to drop it without a final event).
         """
         slot = self._live_slot(stream_id, "close", ending_ok=True)
         self.finish(stream_id)
@@ -291,6 +291,11 @@ class StreamingEngine:
             for event in self._cycle(members, endpoint=False):  # one event returned: no segment is split off
                 if event.is_last:
                     return event
+
+    def abort(self, stream_id: int) -> None:
+        """Drop the stream now: its waiting audio and frames are discarded, no final event is built, and the slot is
+        free at once (a client that went away; a server that discards a buffer). Its id is ended."""
+        self._free(self._live_slot(stream_id, "abort", ending_ok=True))
 
     def end_segment(self, stream_id: int) -> StreamEvent:
         """The final event of the stream's current segment, now; the stream goes on (the endpointing hook).
@@ -334,6 +339,11 @@ class StreamingEngine:
     def token_ids(self, stream_id: int) -> list[int]:
         """The stream's token ids so far (all segments)."""
         return self.transcriber.token_ids(self._live_slot(stream_id, "read", ending_ok=True))
+
+    def decoded_seconds(self, stream_id: int) -> float:
+        """Seconds of the stream's audio its transcript accounts for now: the feature frames stepped (the ``end`` of a
+        partial event built now). It grows by one chunk per cycle that steps the stream."""
+        return self._stepped_seconds(self._live_slot(stream_id, "read", ending_ok=True))
 
     def warm_up(self) -> WarmUpTimes:
         """Capture every CUDA graph now (:meth:`StreamingTranscriber.warm_up`), before the first stream."""
@@ -494,7 +504,7 @@ class StreamingEngine:
             elif last:
                 end = self.front.samples_received(slot) / self.front.settings.sample_rate
             else:
-                end = int(self.schedule.stepped[slot]) * self.front.settings.hop / self.front.settings.sample_rate
+                end = self._stepped_seconds(slot)
             events.append(
                 StreamEvent(
                     stream_id=int(self._stream_of[slot]),
@@ -510,6 +520,9 @@ class StreamingEngine:
                 )
             )
         return events
+
+    def _stepped_seconds(self, slot: int) -> float:
+        return int(self.schedule.stepped[slot]) * self.front.settings.hop / self.front.settings.sample_rate
 
     def _words(self, hyp: Hypothesis, first: int, stop: int) -> list[dict[str, Any]]:
         """NeMo's word timestamps of the hypothesis' tokens ``first .. stop - 1`` (seconds from the stream's start)."""

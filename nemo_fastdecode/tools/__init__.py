@@ -7,6 +7,8 @@
 * :mod:`.transcribe_app` -- ``scripts/transcribe.py``: transcription and the strategy comparison table.
 * :mod:`.decoder_benchmark` -- ``scripts/benchmark.py``: NeMo's decoders and ours on the same encoder outputs.
 * :mod:`.streaming_sim` -- ``scripts/streaming.py``: many streams arriving in real time, ours and NeMo's path.
+* :mod:`.stream_audio_bench` -- ``scripts/stream_audio_bench.py``: PCM in, partials out, the engine against NeMo's
+  ``CacheAwareRNNTPipeline``.
 * :mod:`.configs` -- the scripts' configs (mirrored by ``configs/*.yaml``).
 
 Nothing under ``nemo_fastdecode`` outside this package imports it (``tests/test_layout.py`` checks).

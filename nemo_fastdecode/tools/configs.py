@@ -3,6 +3,8 @@
 * :class:`TranscribeConfig` -- ``scripts/transcribe.py`` (``configs/transcribe.yaml``).
 * :class:`StreamingConfig` -- ``scripts/streaming.py`` (``configs/streaming*.yaml``).
 * :class:`BenchmarkConfig` -- ``scripts/benchmark.py`` (``configs/benchmark.yaml``).
+* :class:`StreamAudioBenchConfig` -- ``scripts/stream_audio_bench.py`` (``configs/stream_audio_bench*.yaml``).
+* :class:`LoadtestConfig` -- ``nemo-fastdecode loadtest`` (``configs/loadtest.yaml``).
 
 Output folders default to ``outputs/`` (ignored by git), never the repository's own folders.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nemo_fastdecode.config import FastGreedyDecodingConfig
-from nemo_fastdecode.streaming.encoder import ENCODER_MATMULS
+from nemo_fastdecode.streaming.encoder import check_precision
 
 
 @dataclass
@@ -115,14 +117,7 @@ class StreamingConfig:
     latency_target_ms: float = 50.0
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype={self.dtype!r} is not valid; valid values: float32, bfloat16")
-        if self.encoder_matmul not in ENCODER_MATMULS:
-            raise ValueError(
-                f"encoder_matmul={self.encoder_matmul!r} is not valid; valid values: {', '.join(ENCODER_MATMULS)}"
-            )
-        if self.encoder_matmul != "fp32" and self.dtype != "float32":
-            raise ValueError(f"encoder_matmul={self.encoder_matmul!r} needs dtype=float32, got {self.dtype}")
+        check_precision(self.dtype, self.encoder_matmul)
         if self.fixed_step_repeats < 0:
             raise ValueError(f"fixed_step_repeats must be >= 0, got {self.fixed_step_repeats}")
         if self.num_streams_sweep is not None and (
@@ -172,3 +167,167 @@ class BenchmarkConfig:
             raise ValueError(f"total_seconds must be > 0 or null, got {self.total_seconds}")
         if self.batch_size < 1 or self.repeats < 1:
             raise ValueError(f"batch_size and repeats must be >= 1, got {self.batch_size} and {self.repeats}")
+
+
+@dataclass
+class NemoPipelineSettings:
+    """NeMo's ``CacheAwareRNNTPipeline`` in ``scripts/stream_audio_bench.py``
+    (:func:`~nemo_fastdecode.tools.stream_audio_bench.nemo_steps.pipeline_config` lists every setting).
+
+    Attributes:
+        enabled: measure NeMo's pipeline at all (``False``: ours only).
+        compute_dtype: ``bfloat16`` (NeMo's example config) or ``float32``.
+        use_cuda_graph_decoder: NeMo's CUDA-graph greedy decoding.
+        matmul_precision: NeMo's ``highest`` / ``high`` (the example: TF32 matmuls) / ``medium``.
+    """
+
+    enabled: bool = True
+    compute_dtype: str = "bfloat16"
+    use_cuda_graph_decoder: bool = True
+    matmul_precision: str = "high"
+
+    def __post_init__(self) -> None:
+        if self.compute_dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"nemo.compute_dtype={self.compute_dtype!r} is not valid; valid values: bfloat16, float32")
+        if self.matmul_precision not in ("highest", "high", "medium"):
+            raise ValueError(
+                f"nemo.matmul_precision={self.matmul_precision!r} is not valid; valid values: highest, high, medium"
+            )
+
+
+@dataclass
+class StreamAudioBenchConfig:
+    """``scripts/stream_audio_bench.py``: our engine against NeMo's ``CacheAwareRNNTPipeline`` on the same audio.
+
+    Attributes:
+        model: a synthetic cache-aware preset (built with a BPE tokenizer, as NeMo's pipeline needs; random weights,
+            blank bias calibrated) or a ``.nemo`` checkpoint.
+        audio_dir / dataset_manifest: the audio (``.wav`` / ``.flac`` files, or a JSON-lines manifest); neither:
+            ``num_files`` synthetic speech-like utterances of LibriSpeech-like durations.
+        num_files: synthetic utterances when no audio is given.
+        max_stream_seconds: cut each input to this length (``None``: whole files).
+        stream_counts: concurrent streams to measure; stream ``i`` plays input ``i mod (number of inputs)``.
+        att_context_size: ``[left, lookahead]`` among the encoder's look-aheads; ``None``: its default.
+        stagger_seconds: stream starts uniform in ``[0, stagger_seconds)``; ``None``: one chunk period.
+        latency_target_ms: real time = p95 chunk latency at most this and the server keeps up (busy < 1).
+        dtype: our engine's ``float32`` (exact) or ``bfloat16``.
+        use_cuda_graphs / encoder_matmul / fast_math: our engine's options (:class:`StreamingConfig` explains).
+        cycle_repeats: timed cycles (ours) and steps (NeMo's) with all streams stepping together, per count.
+        compare_transcripts: NeMo's streaming of each input alone (the reference) and NeMo's pipeline on the inputs'
+            WAV files, compared with ours.
+        nemo: NeMo's pipeline settings.
+        cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.
+        seed: synthetic weights and audio, stream start times.
+        output_dir: ``stream_audio_bench{_tag}.json`` / ``.md`` / plot, and the saved ``.nemo`` and WAV inputs.
+        tag: added to the output file names (e.g. the GPU and date).
+    """
+
+    model: str = "tiny-streaming"
+    audio_dir: str | None = None
+    dataset_manifest: str | None = None
+    num_files: int = 4
+    max_stream_seconds: float | None = 2.0
+    stream_counts: list[int] = field(default_factory=lambda: [2, 4])
+    att_context_size: list[int] | None = None
+    stagger_seconds: float | None = None
+    latency_target_ms: float = 50.0
+    dtype: str = "float32"
+    use_cuda_graphs: bool = True
+    encoder_matmul: str = "fp32"
+    fast_math: bool = False
+    cycle_repeats: int = 3
+    compare_transcripts: bool = True
+    nemo: NemoPipelineSettings = field(default_factory=NemoPipelineSettings)
+    cuda: int | None = None
+    seed: int = 0
+    output_dir: str = "outputs/stream_audio_bench"
+    tag: str | None = None
+
+    def __post_init__(self) -> None:
+        StreamingConfig(dtype=self.dtype, encoder_matmul=self.encoder_matmul)  # the engine options' checks
+        if not self.stream_counts or any(int(n) < 1 for n in self.stream_counts):
+            raise ValueError(f"stream_counts must be a non-empty list of counts >= 1, got {self.stream_counts}")
+        if self.num_files < 1 or self.cycle_repeats < 1:
+            raise ValueError(f"num_files and cycle_repeats must be >= 1, got {self.num_files}, {self.cycle_repeats}")
+        if self.stagger_seconds is not None and self.stagger_seconds < 0:
+            raise ValueError(f"stagger_seconds must be >= 0 or null, got {self.stagger_seconds}")
+        if self.audio_dir is not None and self.dataset_manifest is not None:
+            raise ValueError("give audio_dir or dataset_manifest, not both")
+
+
+#: hosts a load test may target: this machine's loopback interface only
+LOOPBACK_HOSTS: tuple[str, ...] = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+@dataclass
+class LoadtestConfig:
+    """``nemo-fastdecode loadtest``: concurrent clients streaming audio to a server on this machine.
+
+    Attributes:
+        url: the server's WebSocket (loopback only: ``127.0.0.1``, ``localhost`` or ``[::1]``).
+        api_key: sent as ``Authorization: Bearer``.
+        clients: concurrent clients (client ``i`` streams input ``i mod inputs``).
+        clients_sweep: run at each of these counts instead (latency vs clients: table, JSON and plot).
+        audio_files: WAV/FLAC files to stream, or
+        dataset_manifest: a JSON-lines manifest (``audio_filepath``). Neither: synthetic speech-like audio of
+            ``synthetic_seconds`` (the server's default model then matches the reference below).
+        synthetic_seconds: durations of the synthetic inputs.
+        max_audio_seconds: cut each input to this (``None``: whole files).
+        chunk_ms: audio per message.
+        realtime: pace each client's audio in real time (``False``: as fast as the server reads).
+        binary: raw binary PCM frames instead of base64 ``input_audio_buffer.append``.
+        stagger_seconds: client starts drawn uniformly in ``[0, stagger_seconds)``.
+        processes: client processes (one asyncio loop each) when one cannot keep up.
+        timeout_seconds: most time one client may take; the run is bounded by it plus the stagger.
+        check: compare each final with NeMo's cache-aware streaming of that input alone (needs ``model``).
+        model: the model the server runs (a synthetic preset with ``seed``, a ``.nemo`` or a pretrained name).
+        seed: synthetic model weights and audio, client start times.
+        att_context_size: the server's look-ahead (``None``: the model's default).
+        cuda: where the reference runs (NeMo's convention; ``None``: GPU 0 if any).
+        output_dir: ``loadtest{_tag}.json`` / ``.md`` (and ``.png``/``.svg`` for a sweep).
+        tag: added to the output names.
+        latency_target_ms: the plot's reference line.
+    """
+
+    url: str = "ws://127.0.0.1:8000/v1/realtime"
+    api_key: str | None = None
+    clients: int = 4
+    clients_sweep: list[int] | None = None
+    audio_files: list[str] | None = None
+    dataset_manifest: str | None = None
+    synthetic_seconds: list[float] = field(default_factory=lambda: [3.0, 5.0, 2.0, 4.0])
+    max_audio_seconds: float | None = 30.0
+    chunk_ms: float = 80.0
+    realtime: bool = True
+    binary: bool = False
+    stagger_seconds: float = 1.0
+    processes: int = 1
+    timeout_seconds: float = 120.0
+    check: bool = True
+    model: str = "tiny-streaming"
+    seed: int = 0
+    att_context_size: list[int] | None = None
+    cuda: int | None = None
+    output_dir: str = "outputs/loadtest"
+    tag: str | None = None
+    latency_target_ms: float = 300.0
+
+    def __post_init__(self) -> None:
+        from urllib.parse import urlsplit
+
+        host = urlsplit(self.url).hostname or ""
+        if urlsplit(self.url).scheme not in ("ws", "wss") or host not in [h.strip("[]") for h in LOOPBACK_HOSTS]:
+            raise ValueError(
+                f"url={self.url!r}: the load test targets this machine's loopback interface only "
+                f"(ws://127.0.0.1:PORT/v1/realtime)"
+            )
+        counts = self.clients_sweep or [self.clients]
+        if any(int(n) < 1 for n in counts) or self.processes < 1:
+            raise ValueError(f"clients, clients_sweep and processes must be >= 1, got {counts} and {self.processes}")
+        if self.audio_files is not None and self.dataset_manifest is not None:
+            raise ValueError("give audio_files or dataset_manifest, not both")
+        if not self.chunk_ms > 0 or not self.timeout_seconds > 0 or self.stagger_seconds < 0:
+            raise ValueError(
+                f"chunk_ms and timeout_seconds must be > 0 and stagger_seconds >= 0, got {self.chunk_ms}, "
+                f"{self.timeout_seconds}, {self.stagger_seconds}"
+            )

@@ -47,7 +47,7 @@ def demo_audio(seed: int = 0) -> list[np.ndarray]:
     return synthetic.synthetic_audio(DEMO_DURATIONS, seed=seed)
 
 
-def load_model(name: str, *, device: str | torch.device = "cpu", seed: int = 0) -> ASRModel:
+def load_model(name: str, *, device: str | torch.device = "cpu", seed: int = 0, vocab: str = "char") -> ASRModel:
     """Load a NeMo transducer model by name.
 
     Args:
@@ -58,6 +58,8 @@ def load_model(name: str, *, device: str | torch.device = "cpu", seed: int = 0) 
             model name (``ASRModel.from_pretrained``, which needs network access).
         device: where to put the model.
         seed: weights of a synthetic model (ignored otherwise).
+        vocab: a synthetic model's vocabulary, ``"char"`` or ``"bpe"`` (a sentencepiece tokenizer, as NeMo's streaming
+            pipelines need); ignored otherwise.
 
     Returns:
         The model in ``eval()`` mode on ``device``.
@@ -71,7 +73,7 @@ def load_model(name: str, *, device: str | torch.device = "cpu", seed: int = 0) 
 
     device = torch.device(device)
     if is_synthetic(name):
-        model = synthetic.build_synthetic_model(name, seed=seed, device=device)
+        model = synthetic.build_synthetic_model(name, seed=seed, device=device, vocab=vocab)
         audio = demo_audio(seed)
         encoded, lengths = synthetic.encode(model, audio, batch_size=len(audio), device=device)
         model._fastdecode_tokens_per_frame = synthetic.calibrate_blank_bias(

@@ -40,21 +40,9 @@ TIME_LIMIT_S = 300
 # --- what cannot pass here, and why (README.md explains each reason) ---
 SKIP, XFAIL = "skip", "xfail"
 
-# missing from our strategies today; other branches add them (flip these to passing after the merge)
-CONSTRUCTOR_ARGS = (
-    "missing: FastGreedyBatchedInfer does not take NeMo's constructor arguments (preserve_alignments, "
-    "preserve_frame_confidence, ... passed explicitly): branch nn-state"
-)
-ALIGNMENTS = (
-    "missing: fast_greedy has no alignments / frame confidence (preserve_alignments=True): branch nn-confidence"
-)
-CONSTRUCTOR_ARGS_AND_ALIGNMENTS = f"{CONSTRUCTOR_ARGS}; then {ALIGNMENTS}"
-DECODING_COMPUTER = (
-    "missing: fast_greedy has no decoding_computer (NeMo's chunked API: prev_batched_state, "
-    "BatchedLabelLoopingState, reset_state_by_mask): branch nn-state"
-)
-GRAPH_MODES_AND_ALIGNMENTS = (
-    f"{ALIGNMENTS}; and decoding_computer.force_cuda_graphs_mode (ours: greedy.graph_mode): branch nn-state"
+GRAPH_MODES = (
+    "intended: our graph modes are forced with greedy.graph_mode, not decoding_computer.force_cuda_graphs_mode "
+    "(NeMo's computer's switch)"
 )
 # intended differences (not planned)
 NO_FUSION = (
@@ -66,11 +54,6 @@ BEAM_NO_STREAMING = (
     "malsd_batch does, through its computer only"
 )
 BEAM_GRAPH_MODES = "intended: fast_beam has no decoding_computer.force_cuda_graphs_mode (ours: beam.graph_mode)"
-# a real difference of ours (reported; tests/nemo_upstream/README.md)
-BEAM_TDT_MAX_SYMBOLS = (
-    "difference: FastBeamBatchedInfer defaults to max_symbols_per_step=10, NeMo's BeamBatchedTDTInfer to None "
-    "(no limit when allow_cuda_graphs=False, 10 when True): utterance 9 then differs"
-)
 # NeMo 3.0.0 fails the later NeMo test that is vendored here (ours passes where it is substituted)
 NEMO_300_ZERO_LENGTH = "NeMo 3.0.0 bug: malsd_batch decodes labels for rows with encoded_lengths == 0 (fixed later)"
 NEMO_300_FINISHED_STREAM = "NeMo 3.0.0 bug: malsd_batch keeps decoding a stream whose length drops to 0 (fixed later)"
@@ -117,36 +100,24 @@ EXPECTED: dict[str, tuple[str, str]] = {
         SKIP,
         NOT_SUBSTITUTED.format("NeMo's non-batched GreedyRNNTInfer"),
     ),
-    "test_rnnt_decoding.py::substituted::*::test_batched_greedy_decoding_preserve_alignments*": (
-        XFAIL,
-        CONSTRUCTOR_ARGS_AND_ALIGNMENTS,
-    ),
     "test_rnnt_decoding.py::substituted::*::test_rnnt_beam_decoding_preserve_alignments*": (
         SKIP,
         NOT_SUBSTITUTED.format("NeMo's non-batched BeamRNNTInfer"),
     ),
-    "test_rnnt_decoding.py::substituted::*_decoding_compute_timestamps[*-fast_greedy]": (XFAIL, ALIGNMENTS),
     "test_rnnt_decoding.py::substituted::*_decoding_compute_timestamps*": (
         SKIP,
         NOT_SUBSTITUTED.format("strategies greedy, beam, alsd"),
     ),
-    "test_rnnt_decoding.py::substituted::*::test_tdt_greedy_decoding[False-False-False-*]": (XFAIL, CONSTRUCTOR_ARGS),
-    "test_rnnt_decoding.py::substituted::*::test_tdt_greedy_decoding*": (
-        XFAIL,
-        f"{CONSTRUCTOR_ARGS}; then {NO_FUSION}",
-    ),
+    # ids: enable_per_stream_biasing-use_boosting_tree-use_lm-use_cuda_graph_decoder (use_lm: skipped above)
+    "test_rnnt_decoding.py::substituted::*::test_tdt_greedy_decoding[*-True-False-*]": (XFAIL, NO_FUSION),
     "test_rnnt_decoding.py::substituted::*::test_tdt_beam_decoding*": (
         SKIP,
         NOT_SUBSTITUTED.format("NeMo's non-batched BeamTDTInfer"),
     ),
-    # test_streaming_decoding.py
-    "test_streaming_decoding.py::substituted::test_label_looping_*streaming_batched_state*": (XFAIL, DECODING_COMPUTER),
     # test_batched_beam_decoding.py
     "test_batched_beam_decoding.py::*::TestCTCDecoding::*": (SKIP, NEEDS_CTC),
     "test_batched_beam_decoding.py::*_kenlm*": (SKIP, NEEDS_KENLM),
     "test_batched_beam_decoding.py::substituted::*[*-beam_config2]": (SKIP, NOT_SUBSTITUTED.format("maes_batch")),
-    "test_batched_beam_decoding.py::substituted::TestTDTDecoding::test_tdt_beam_decoding_return_best_hypothesis"
-    "[*-16-4-beam_config0]": (XFAIL, BEAM_TDT_MAX_SYMBOLS),
     "test_batched_beam_decoding.py::substituted::TestTransducerCudaGraphBeamDecoding::*": (XFAIL, BEAM_GRAPH_MODES),
     # test_batched_beam_zero_length.py
     "test_batched_beam_zero_length.py::reference::test_malsd_batch_zero_length_utterance_decodes_nothing*": (
@@ -180,7 +151,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     ),
     "test_cuda_graph_rnnt_greedy_decoding.py::substituted::test_loop_labels_cuda_graph_rnnt_greedy_decoder_forced_mode*": (
         XFAIL,
-        GRAPH_MODES_AND_ALIGNMENTS,
+        GRAPH_MODES,
     ),
 }
 

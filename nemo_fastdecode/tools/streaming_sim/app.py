@@ -85,7 +85,7 @@ class _Setup:
     demo: bool
 
 
-def _features(model: ASRModel, audios: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+def whole_features(model: ASRModel, audios: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
     """Each utterance's whole mel features ``[feat_in, T]`` (as NeMo's streaming buffer computes them)."""
     out = []
     with torch.inference_mode():
@@ -117,7 +117,7 @@ def _setup(cfg: DictConfig, log: Callable[[str], None]) -> _Setup:
         utterances = read_inputs(cfg.audio_dir, cfg.dataset_manifest)
         names = [str(u.entry["audio_filepath"]) for u in utterances]
         audios = load_audio([u.audio_path for u in utterances], sample_rate)
-    return _Setup(model, device, dtype, geometry, _features(model, audios, device), names, demo)
+    return _Setup(model, device, dtype, geometry, whole_features(model, audios, device), names, demo)
 
 
 def compose_streams(

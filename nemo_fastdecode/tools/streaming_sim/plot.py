@@ -11,10 +11,19 @@ if TYPE_CHECKING:
     from nemo_fastdecode.tools.streaming_sim.report import SweepResult
 
 
+#: ``(name, quantile) -> (xs, ys)``: one line per name and quantile (50, 95, 99)
+Series = dict[tuple[str, int], tuple[list[int], list[float]]]
+
+
 def plot_sweep(result: SweepResult, stem: Path) -> Path | None:
     """p50/p95/p99 chunk latency vs streams, one colour per path: ``stem.png`` (matplotlib) or ``stem.svg``."""
-    series = _sweep_series(result)
-    target = result.config["latency_target_ms"]
+    return plot_latency(_sweep_series(result), stem, target=result.config["latency_target_ms"])
+
+
+def plot_latency(
+    series: Series, stem: Path, *, target: float, xlabel: str = "concurrent streams", ylabel: str = "chunk latency (ms)"
+) -> Path:
+    """Latency quantiles against a count (log-log), one colour per name: ``stem.png`` (matplotlib) or ``stem.svg``."""
     try:
         import matplotlib
 
@@ -22,13 +31,13 @@ def plot_sweep(result: SweepResult, stem: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         path = stem.with_suffix(".svg")
-        path.write_text(_svg_plot(series, target))
+        path.write_text(_svg_plot(series, target, xlabel, ylabel))
         return path
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for (name, q), (xs, ys) in series.items():
         ax.plot(xs, ys, marker="o", linestyle=_DASHES[q], color=_colour(name, series), label=f"{name} p{q}")
     ax.axhline(target, color="grey", linewidth=0.8, linestyle=":", label=f"{target} ms")
-    ax.set(xscale="log", yscale="log", xlabel="concurrent streams", ylabel="chunk latency (ms)")
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel)
     ax.set_xticks(sorted({x for xs, _ in series.values() for x in xs}))
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.legend(fontsize=7)
@@ -48,8 +57,8 @@ _SVG_DASHES = {50: "", 95: "6,3", 99: "2,3"}
 _COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
 
 
-def _sweep_series(result: SweepResult) -> dict[tuple[str, int], tuple[list[int], list[float]]]:
-    series: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
+def _sweep_series(result: SweepResult) -> Series:
+    series: Series = {}
     for pt in result.points:
         for p in pt.paths:
             for q in (50, 95, 99):
@@ -64,7 +73,7 @@ def _colour(name: str, series: dict) -> str:
     return _COLOURS[names.index(name) % len(_COLOURS)]
 
 
-def _svg_plot(series: dict[tuple[str, int], tuple[list[int], list[float]]], target: float) -> str:
+def _svg_plot(series: Series, target: float, xlabel: str, ylabel: str) -> str:
     """A dependency-free log-log line plot of ``series`` (same content as the matplotlib one)."""
     width, height, left, right, top, bottom = 720, 450, 70, 250, 20, 50
     xs = [x for xs, _ in series.values() for x in xs]
@@ -87,12 +96,9 @@ def _svg_plot(series: dict[tuple[str, int], tuple[list[int], list[float]]], targ
         out.append(f'<text x="{left - 6}" y="{py(10**e) + 4:.1f}" text-anchor="end">{10**e:g}</text>')
     for x in sorted(set(xs)):
         out.append(f'<text x="{px(x):.1f}" y="{height - bottom + 16}" text-anchor="middle">{x}</text>')
+    out.append(f'<text x="{(left + width - right) / 2}" y="{height - 10}" text-anchor="middle">{xlabel}</text>')
     out.append(
-        f'<text x="{(left + width - right) / 2}" y="{height - 10}" text-anchor="middle">concurrent streams</text>'
-    )
-    out.append(
-        f'<text x="14" y="{height / 2}" transform="rotate(-90 14 {height / 2})" text-anchor="middle">'
-        "chunk latency (ms)</text>"
+        f'<text x="14" y="{height / 2}" transform="rotate(-90 14 {height / 2})" text-anchor="middle">{ylabel}</text>'
     )
     out.append(
         f'<line x1="{left}" x2="{width - right}" y1="{py(target):.1f}" y2="{py(target):.1f}" stroke="grey" '

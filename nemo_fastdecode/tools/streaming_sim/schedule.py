@@ -158,14 +158,30 @@ def simulate(
                 tokens[i] = path.finish(slot.pop(i))
                 remaining.discard(i)
 
+    span = now - min((p.start for p in plans), default=0.0)
     audio = sum(p.audio_seconds for p in plans)
+    stats = path_stats(path.name, latencies, step_times, batches, audio, span, path.warmup_seconds)
+    return stats, tokens
+
+
+def path_stats(
+    name: str,
+    latencies: Sequence[float],
+    step_times: Sequence[float],
+    batches: Sequence[int],
+    audio_seconds: float,
+    simulated_seconds: float,
+    warmup_seconds: float = 0.0,
+) -> PathStats:
+    """:class:`PathStats` of a run on the virtual clock, from per-chunk latencies and per-step times (seconds) and
+    per-step batch sizes, the audio served and the simulated time from the first start to the last completion."""
     compute = sum(step_times)
-    span = max(now - min((p.start for p in plans), default=0.0), 1e-9)
-    stats = PathStats(
-        name=path.name,
+    span = max(simulated_seconds, 1e-9)
+    return PathStats(
+        name=name,
         steps=len(step_times),
         chunks=len(latencies),
-        audio_seconds=round(audio, 3),
+        audio_seconds=round(audio_seconds, 3),
         compute_seconds=round(compute, 4),
         simulated_seconds=round(span, 4),
         latency_p50_ms=round(1000 * _percentile(latencies, 50), 3),
@@ -175,14 +191,13 @@ def simulate(
         step_mean_ms=round(1000 * compute / max(len(step_times), 1), 3),
         step_p50_ms=round(1000 * _percentile(step_times, 50), 3),
         step_p95_ms=round(1000 * _percentile(step_times, 95), 3),
-        batch_mean=round(float(np.mean(batches)) if batches else 0.0, 2),
+        batch_mean=round(float(np.mean(batches)) if len(batches) else 0.0, 2),
         batch_max=max(batches, default=0),
-        throughput=round(audio / compute, 2) if compute > 0 else 0.0,
+        throughput=round(audio_seconds / compute, 2) if compute > 0 else 0.0,
         busy_share=round(compute / span, 4),
         step_ms_by_batch=_by_batch(batches, step_times),
-        warmup_seconds=round(path.warmup_seconds, 3),
+        warmup_seconds=round(warmup_seconds, 3),
     )
-    return stats, tokens
 
 
 @dataclass

@@ -1,0 +1,107 @@
+"""The server's options as dataclasses, mirrored one to one by ``configs/serve.yaml``.
+
+* :class:`ServeConfig` -- model, address, engine (slots, look-ahead, precision, decoding), lifetime, access.
+* :class:`LimitsConfig` -- what one connection may send and hold: message size, audio rate, outgoing queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nemo_fastdecode.streaming.encoder import check_precision
+
+__all__ = ["LimitsConfig", "ServeConfig"]
+
+
+@dataclass
+class LimitsConfig:
+    """Per-connection limits: what a client may send, and how much the server holds for it.
+
+    Attributes:
+        max_message_bytes: largest client message (text or binary) that is read; a larger one (up to
+            ``4 x`` this) is refused with an ``error`` event and the connection goes on; beyond that the WebSocket
+            layer closes with 1009 (message too big) before reading it into memory.
+        max_audio_rate: audio seconds a connection may send per wall-clock second, sustained (1.0 = real time).
+            Reads pause (TCP back-pressure) when a client goes faster: nothing is dropped.
+        max_audio_burst_seconds: audio a connection may send at once above that rate (a file's first seconds).
+        max_outgoing_events: server events queued for a client that does not read them; one more is a slow
+            reader: an ``error`` event (when it can still be written) and close code 1008.
+        write_buffer_bytes: bytes the WebSocket layer buffers per connection before a send waits for the client.
+    """
+
+    max_message_bytes: int = 1 << 20
+    max_audio_rate: float = 4.0
+    max_audio_burst_seconds: float = 30.0
+    max_outgoing_events: int = 256
+    write_buffer_bytes: int = 64 * 1024
+
+    def __post_init__(self) -> None:
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"limits.max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        if not self.max_audio_rate > 0 or not self.max_audio_burst_seconds > 0:
+            raise ValueError(
+                "limits.max_audio_rate and limits.max_audio_burst_seconds must be > 0, got "
+                f"{self.max_audio_rate} and {self.max_audio_burst_seconds}"
+            )
+        if self.max_outgoing_events < 1 or self.write_buffer_bytes < 1:
+            raise ValueError(
+                f"limits.max_outgoing_events and limits.write_buffer_bytes must be >= 1, got "
+                f"{self.max_outgoing_events} and {self.write_buffer_bytes}"
+            )
+
+
+@dataclass
+class ServeConfig:
+    """``nemo-fastdecode serve``: the streaming ASR server (OpenAI Realtime transcription protocol).
+
+    Attributes:
+        model: a ``.nemo`` checkpoint of a cache-aware streaming transducer, a pretrained name, or a synthetic
+            preset (``tiny-streaming``: random weights, gibberish text, CPU-quick; the default).
+        host: address to bind. Loopback by default; TLS belongs to a reverse proxy in front.
+        port: TCP port (0: any free port, printed at start).
+        slots: streams served at once (pre-allocated caches); one per connection, more are refused (1013).
+        att_context_size: ``[left, lookahead]`` among the encoder's look-aheads; ``None``: its default.
+        max_symbols: greedy ``max_symbols`` (``None``: the model's).
+        fast_math: opt-in fast-math greedy decoding (not bit-identical to NeMo's).
+        dtype: ``float32`` (exact) or ``bfloat16`` (caches and encoder compute).
+        encoder_matmul: ``fp32`` (exact), or opt-in ``tf32x3`` / ``tf32`` (float32 only).
+        use_cuda_graphs: one CUDA graph replay per engine cycle and batch-size bucket (GPU).
+        cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.
+        seed: weights of a synthetic model.
+        idle_timeout_seconds: a connection that sends nothing for this long gets the final of its audio, an
+            ``error`` event (``idle_timeout``) and is closed; ``None``: never.
+        shutdown_timeout_seconds: on SIGTERM, how long open connections get to receive their last finals.
+        api_key: when set, clients must send it (``Authorization: Bearer <key>`` or the WebSocket subprotocol
+            ``openai-insecure-api-key.<key>``) before anything else is read; others are closed with 1008.
+        limits: per-connection limits.
+    """
+
+    model: str = "tiny-streaming"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    slots: int = 64
+    att_context_size: list[int] | None = None
+    max_symbols: int | None = None
+    fast_math: bool = False
+    dtype: str = "float32"
+    encoder_matmul: str = "fp32"
+    use_cuda_graphs: bool = True
+    cuda: int | None = None
+    seed: int = 0
+    idle_timeout_seconds: float | None = 60.0
+    shutdown_timeout_seconds: float = 30.0
+    api_key: str | None = None
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        check_precision(self.dtype, self.encoder_matmul)
+        if self.idle_timeout_seconds is not None and not self.idle_timeout_seconds > 0:
+            raise ValueError(f"idle_timeout_seconds must be > 0 or null, got {self.idle_timeout_seconds}")
+        if not self.shutdown_timeout_seconds >= 0:
+            raise ValueError(f"shutdown_timeout_seconds must be >= 0, got {self.shutdown_timeout_seconds}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must be null or a non-empty string")

@@ -1,0 +1,524 @@
+"""One client's WebSocket: the transcription session, its audio buffer and items, bounded queues both ways.
+
+A :class:`Connection` runs two tasks on the server's event loop:
+
+* the reader validates every message (:mod:`~nemo_fastdecode.serve.protocol`), applies it (session settings, audio to
+  the engine loop, commits, clears) and paces the client to the audio rate limit (it stops reading, so TCP holds the
+  client back: nothing is dropped);
+* the writer sends the events queued for the client. The queue is bounded: a client that does not read is told
+  (``slow_reader``) and closed with 1008, so a stalled client never holds unbounded memory.
+
+Engine events come in through :meth:`Connection.deliver` (called on the event loop, never waiting). An item is the
+audio between two commits: one engine stream, whose partials become ``delta`` events and whose final becomes the
+``completed`` event. Word timestamps count from the item's start.
+
+Idle timeout and graceful shutdown end a connection the same way: the buffer's audio is committed, its final is
+waited for (bounded), then the close frame (1000 idle, 1001 shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+from websockets.exceptions import ConnectionClosed
+
+from nemo_fastdecode.serve.config import LimitsConfig
+from nemo_fastdecode.serve.engine_loop import Abort, Delivery, Drop, EngineLoop, Finish, Push
+from nemo_fastdecode.serve.metrics import ServerMetrics
+from nemo_fastdecode.serve.protocol import (
+    AudioAppend,
+    AudioClear,
+    AudioCommit,
+    Cleared,
+    CloseCode,
+    Committed,
+    ErrorCode,
+    ErrorDetail,
+    ErrorEvent,
+    ProtocolError,
+    Session,
+    SessionAudio,
+    SessionAudioInput,
+    SessionConfig,
+    SessionEvent,
+    SessionFormat,
+    SessionTranscription,
+    SessionUpdate,
+    TranscriptionCompleted,
+    TranscriptionDelta,
+    TranscriptionFailed,
+    TurnDetection,
+    Usage,
+    Word,
+    decode_audio,
+    parse_client_event,
+)
+from nemo_fastdecode.streaming import StreamEvent, StreamOptions
+
+if TYPE_CHECKING:
+    from websockets.asyncio.server import ServerConnection
+
+__all__ = ["Connection", "SessionState"]
+
+log = logging.getLogger(__name__)
+
+#: the formats a client may name, and the one the server takes
+PCM16_NAMES = ("audio/pcm", "pcm16")
+
+
+@dataclasses.dataclass
+class SessionState:
+    """A connection's effective session settings."""
+
+    rate: int
+    model: str
+    turn_detection: TurnDetection | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+    def describe(self, session_id: str) -> Session:
+        return Session(
+            id=session_id,
+            audio=SessionAudio(
+                input=SessionAudioInput(
+                    format=SessionFormat(rate=self.rate),
+                    transcription=SessionTranscription(model=self.model, language=self.language, prompt=self.prompt),
+                    turn_detection=self.turn_detection,
+                )
+            ),
+        )
+
+
+@dataclasses.dataclass
+class _Item:
+    """An item of this connection: its id, where its audio starts, and the text its deltas have sent."""
+
+    index: int
+    item_id: str
+    start_samples: int
+    samples: int = 0
+    sent: str = ""
+
+    def segment_id(self, segment: int) -> str:
+        """The item id of a segment: the item's own for the first, ``<item>.<n>`` for the ones after it."""
+        return self.item_id if segment == 0 else f"{self.item_id}.{segment}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Close:
+    code: CloseCode
+    reason: str
+
+
+class _Overflow(Exception):
+    """The client's outgoing queue is full."""
+
+
+class Connection:
+    """A client's transcription session over one WebSocket.
+
+    Args:
+        ws: the accepted WebSocket.
+        connection_id: unique within the server (engine-loop lane and item ids).
+        engine_loop: where audio goes.
+        metrics: the server's metrics.
+        limits: per-connection limits.
+        rate: the model's sample rate (the only one taken).
+        model_name: reported in the session.
+        idle_timeout: seconds without a message before the connection is ended; ``None``: never.
+        segmenting: whether the engine loop has an endpointer (``server_vad`` is accepted only then).
+    """
+
+    def __init__(
+        self,
+        ws: ServerConnection,
+        connection_id: int,
+        engine_loop: EngineLoop,
+        metrics: ServerMetrics,
+        limits: LimitsConfig,
+        *,
+        rate: int,
+        model_name: str,
+        idle_timeout: float | None,
+        segmenting: bool = False,
+    ):
+        self.ws, self.id, self.engine_loop, self.metrics, self.limits = ws, connection_id, engine_loop, metrics, limits
+        self.session = SessionState(rate=rate, model=model_name)
+        self.session_id = f"sess_{connection_id}"
+        self.idle_timeout, self.segmenting = idle_timeout, segmenting
+        self._out: asyncio.Queue[BaseModel | _Close] = asyncio.Queue(maxsize=limits.max_outgoing_events)
+        self._event_ids = itertools.count()
+        self._item_index = itertools.count()
+        self._current: _Item | None = None  # the buffer: audio appended since the last commit
+        self._pending: dict[int, _Item] = {}  # committed items whose final is to come
+        self._finals_done = asyncio.Event()
+        self._finals_done.set()
+        self._last_item_id: str | None = None
+        self._samples = 0  # the connection's audio so far
+        self._tokens = limits.max_audio_burst_seconds  # audio seconds the client may send now (rate limit)
+        self._refilled = time.monotonic()
+        self._reader: asyncio.Task | None = None
+        self._writer: asyncio.Task | None = None
+        self._closing = False
+        self._ending: tuple[CloseCode, str] | None = None  # shutdown asked for
+
+    # ---- lifetime ------------------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Serve the client until it leaves, idles out, reads too slowly, or the server shuts down."""
+        self._writer = asyncio.create_task(self._write(), name=f"writer-{self.id}")
+        self._send(SessionEvent(event_id=self._event_id(), type="session.created", session=self._describe()))
+        self._reader = asyncio.create_task(self._read(), name=f"reader-{self.id}")
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+            if self._ending is not None and not self._closing:
+                await self._finish_and_close(*self._ending, error=ErrorCode.SHUTTING_DOWN)
+            if not self._closing:  # the client went away: nothing more to send
+                self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
+                await self._writer
+        finally:
+            # whatever is left (a client that went away mid-chunk): dropped now, its slot free for the next cycle
+            self.engine_loop.submit(Drop(self.id))
+            for task in (self._reader, self._writer):
+                if task is not None and not task.done():
+                    task.cancel()
+
+    def shut_down(self, code: CloseCode = CloseCode.GOING_AWAY, reason: str = "server shutting down") -> None:
+        """Stop reading; the buffer's audio is committed, its final sent, then the connection closed."""
+        self._ending = (code, reason)
+        if self._reader is not None:
+            self._reader.cancel()
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                message = await asyncio.wait_for(self.ws.recv(), timeout=self.idle_timeout)
+            except asyncio.TimeoutError:
+                self.metrics.refused(ErrorCode.IDLE_TIMEOUT.value)
+                await self._finish_and_close(CloseCode.NORMAL, "idle timeout", error=ErrorCode.IDLE_TIMEOUT)
+                return
+            except ConnectionClosed:
+                return
+            try:
+                self._handle(message)
+            except ProtocolError as error:
+                self._refuse(error)
+            except _Overflow:
+                return
+            if self._closing:
+                return
+            await self._pace()
+
+    async def _write(self) -> None:
+        while True:
+            event = await self._out.get()
+            if isinstance(event, _Close):
+                await self.ws.close(event.code, event.reason)
+                return
+            self.metrics.events.labels(event.type).inc()
+            await self.ws.send(event.model_dump_json())
+
+    async def _finish_and_close(self, code: CloseCode, reason: str, error: ErrorCode | None = None) -> None:
+        """Commit the buffer, wait for the finals (bounded by the idle timeout or 30 s), say why, close."""
+        if self._current is not None:
+            self._commit(None)
+        try:
+            await asyncio.wait_for(self._finals_done.wait(), timeout=self.idle_timeout or 30.0)
+        except asyncio.TimeoutError:
+            log.warning("connection %d: closing with %d final(s) still to come", self.id, len(self._pending))
+        if error is not None:
+            self._send_error(error, f"{reason}: the connection is closed; every committed item's final was sent")
+        self._close(code, reason)
+
+    def _close(self, code: CloseCode, reason: str) -> None:
+        self._closing = True
+        try:
+            self._out.put_nowait(_Close(code, reason))
+        except asyncio.QueueFull:
+            self._slow_reader()
+
+    # ---- client messages -----------------------------------------------------------------------------------------
+    def _handle(self, message: str | bytes) -> None:
+        if len(message) > self.limits.max_message_bytes:
+            raise ProtocolError(
+                ErrorCode.MESSAGE_TOO_LARGE,
+                f"a message of {len(message)} bytes is over the limit of {self.limits.max_message_bytes}; it was "
+                "dropped: send audio in smaller pieces",
+            )
+        if isinstance(message, bytes):  # a binary frame: raw PCM16
+            self._append(message)
+            return
+        event = parse_client_event(message)
+        if isinstance(event, AudioAppend):
+            self._append(decode_audio(event), event.event_id)
+        elif isinstance(event, AudioCommit):
+            self._commit(event.event_id)
+        elif isinstance(event, AudioClear):
+            self._clear()
+        else:
+            self._update(event)
+
+    def _append(self, pcm: bytes, event_id: str | None = None) -> None:
+        if not pcm:
+            return
+        if self._current is None:
+            index = next(self._item_index)
+            self._current = _Item(index, f"item_{self.id}_{index}", start_samples=self._samples)
+            self._finals_done.clear()
+        item = self._current
+        options = StreamOptions(sample_rate=self.session.rate, sample_format="int16")
+        vad = self.session.turn_detection is not None
+        self.engine_loop.submit(Push((self.id, item.index), pcm, time.monotonic(), options, vad))
+        item.samples += len(pcm) // 2
+        self._samples += len(pcm) // 2
+        seconds = len(pcm) / 2 / self.session.rate
+        self._tokens -= seconds
+        self.metrics.audio_seconds.inc(seconds)
+
+    def _commit(self, event_id: str | None) -> None:
+        item = self._current
+        if item is None:
+            raise ProtocolError(
+                ErrorCode.COMMIT_EMPTY,
+                "the audio buffer is empty: append audio before committing",
+                event_id=event_id,
+            )
+        self._current = None
+        self._pending[item.index] = item  # `committed` follows once the engine loop has it (the segment it ends)
+        self.engine_loop.submit(Finish((self.id, item.index), time.monotonic()))
+
+    def _clear(self) -> None:
+        item, self._current = self._current, None
+        if item is not None:
+            self.engine_loop.submit(Abort((self.id, item.index)))
+            self._samples -= item.samples  # the cleared audio is not part of the stream
+        if not self._pending:
+            self._finals_done.set()
+        self._send(Cleared(event_id=self._event_id()))
+
+    def _update(self, event: SessionUpdate) -> None:
+        """Apply the fields present, all or nothing; reply with the effective session."""
+        new = dataclasses.replace(self.session)
+        self._apply_session(event.session, new, event.event_id)
+        if self._current is not None and new.rate != self.session.rate:
+            raise ProtocolError(
+                ErrorCode.INVALID_VALUE,
+                "the audio format cannot change while the buffer holds audio: commit or clear it first",
+                param="session.audio.input.format",
+                event_id=event.event_id,
+            )
+        self.session = new
+        kind = "transcription_session.updated" if event.type.startswith("transcription_session") else "session.updated"
+        self._send(SessionEvent(event_id=self._event_id(), type=kind, session=self._describe()))
+
+    def _apply_session(self, update: SessionConfig, new: SessionState, event_id: str | None) -> None:
+        audio_input = update.audio.input if update.audio is not None else None
+        fields = set(audio_input.model_fields_set) if audio_input is not None else set()
+        if audio_input is not None and audio_input.format is not None:
+            fmt = audio_input.format
+            self._check_format(fmt.type, fmt.rate, "session.audio.input.format", event_id)
+            new.rate = fmt.rate or new.rate
+        if update.input_audio_format is not None:
+            self._check_format(update.input_audio_format, None, "session.input_audio_format", event_id)
+        transcription = update.input_audio_transcription or (audio_input.transcription if audio_input else None)
+        if transcription is not None:
+            new.language, new.prompt = transcription.language, transcription.prompt
+        for present, value, param in (
+            ("turn_detection" in fields, audio_input.turn_detection if audio_input else None, "audio.input"),
+            ("turn_detection" in update.model_fields_set, update.turn_detection, "session"),
+        ):
+            if present:
+                new.turn_detection = self._check_turn_detection(value, f"{param}.turn_detection", event_id)
+        noise = (audio_input.noise_reduction if audio_input else None) or update.input_audio_noise_reduction
+        if noise is not None:
+            raise ProtocolError(
+                ErrorCode.INVALID_VALUE,
+                "noise reduction is not available: send null",
+                param="session.audio.input.noise_reduction",
+                event_id=event_id,
+            )
+        if update.include:
+            raise ProtocolError(
+                ErrorCode.INVALID_VALUE,
+                f"include {update.include} is not available (no log probabilities): send [] or leave it out",
+                param="session.include",
+                event_id=event_id,
+            )
+
+    def _check_format(self, name: str, rate: int | None, param: str, event_id: str | None) -> None:
+        if name not in PCM16_NAMES:
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
+                f"audio format {name!r} is not taken; valid: 'audio/pcm' (or 'pcm16'): 16-bit little-endian mono "
+                f"PCM at {self.session.rate} Hz",
+                param=param,
+                event_id=event_id,
+            )
+        if rate is not None and rate != self.session.rate:
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
+                f"rate {rate} Hz is not taken; this model takes {self.session.rate} Hz PCM (resample before sending)",
+                param=param + ".rate",
+                event_id=event_id,
+            )
+
+    def _check_turn_detection(
+        self, value: TurnDetection | None, param: str, event_id: str | None
+    ) -> TurnDetection | None:
+        if value is None:
+            return None
+        if value.type != "server_vad":
+            raise ProtocolError(
+                ErrorCode.INVALID_VALUE,
+                f"turn_detection type {value.type!r} is not available; valid: null, 'server_vad'",
+                param=param + ".type",
+                event_id=event_id,
+            )
+        if not self.segmenting:
+            raise ProtocolError(
+                ErrorCode.INVALID_VALUE,
+                "server_vad needs an endpointer, which this server's engine does not have: send turn_detection null "
+                "and input_audio_buffer.commit at the end of each utterance",
+                param=param,
+                event_id=event_id,
+            )
+        return value
+
+    async def _pace(self) -> None:
+        """Hold the reader while the client is over its audio rate (the token bucket refills in real time)."""
+        now = time.monotonic()
+        rate, burst = self.limits.max_audio_rate, self.limits.max_audio_burst_seconds
+        self._tokens = min(burst, self._tokens + (now - self._refilled) * rate)
+        self._refilled = now
+        if self._tokens < 0:
+            await asyncio.sleep(-self._tokens / rate)
+
+    # ---- engine events -------------------------------------------------------------------------------------------
+    def deliver(self, delivery: Delivery) -> None:
+        """An engine event of one of this connection's items (on the event loop)."""
+        index = delivery.key[1]
+        item = self._pending.get(index)
+        if item is None and self._current is not None and self._current.index == index:
+            item = self._current
+        if item is None:  # a cleared item's last partials
+            return
+        try:
+            if delivery.committed is not None:
+                self._committed(item.segment_id(delivery.committed))
+            elif delivery.event is None:
+                self._failed(item, delivery.error or "unknown error")
+            else:
+                self._transcript(item, delivery.event)
+        except _Overflow:
+            pass
+
+    def _transcript(self, item: _Item, event: StreamEvent) -> None:
+        item_id = item.segment_id(event.segment)
+        if not event.is_final:
+            text = event.text
+            common = len(item.sent) if text.startswith(item.sent) else 0
+            delta = text[common:]
+            item.sent = text
+            if delta:
+                self._send(
+                    TranscriptionDelta(
+                        event_id=self._event_id(),
+                        item_id=item_id,
+                        delta=delta,
+                        text=text,
+                        audio_end_ms=round(event.end * 1000),
+                    )
+                )
+            return
+        if not event.is_last:  # a segment the endpointer ended: the server's commit
+            self._committed(item_id)
+            item.sent = ""
+        start_ms = round((item.start_samples / self.session.rate + event.start) * 1000)
+        self._send(
+            TranscriptionCompleted(
+                event_id=self._event_id(),
+                item_id=item_id,
+                transcript=event.text,
+                usage=Usage(seconds=event.end - event.start),
+                words=[Word(**word) for word in event.words or []],
+                audio_start_ms=start_ms,
+                audio_end_ms=start_ms + round((event.end - event.start) * 1000),
+            )
+        )
+        if event.is_last:
+            self._done(item)
+
+    def _committed(self, item_id: str) -> None:
+        self._send(Committed(event_id=self._event_id(), item_id=item_id, previous_item_id=self._last_item_id))
+        self._last_item_id = item_id
+
+    def _failed(self, item: _Item, message: str) -> None:
+        detail = ErrorDetail(type="server_error", code=ErrorCode.STREAM_ERROR.value, message=message)
+        self._send(TranscriptionFailed(event_id=self._event_id(), item_id=item.item_id, error=detail))
+        if self._current is item:
+            self._current = None
+        self._done(item)
+
+    def _done(self, item: _Item) -> None:
+        self._pending.pop(item.index, None)
+        if not self._pending and self._current is None:
+            self._finals_done.set()
+
+    # ---- outgoing ------------------------------------------------------------------------------------------------
+    def _describe(self) -> Session:
+        return self.session.describe(self.session_id)
+
+    def _event_id(self) -> str:
+        return f"event_{self.id}_{next(self._event_ids)}"
+
+    def _send(self, event: BaseModel) -> None:
+        if self._closing:
+            return
+        try:
+            self._out.put_nowait(event)
+        except asyncio.QueueFull:
+            self._slow_reader()
+            raise _Overflow from None
+
+    def _send_error(self, code: ErrorCode, message: str, param: str | None = None, event_id: str | None = None) -> None:
+        detail = ErrorDetail(type=code.error_type, code=code.value, message=message, param=param, event_id=event_id)
+        self._send(ErrorEvent(event_id=self._event_id(), error=detail))
+
+    def _refuse(self, error: ProtocolError) -> None:
+        self.metrics.refused(error.code.value)
+        with contextlib.suppress(_Overflow):
+            self._send_error(error.code, error.message, error.param, error.event_id)
+
+    def _slow_reader(self) -> None:
+        """The client does not read: drop what is queued, tell it if it still can be told, close with 1008."""
+        if self._closing and self._writer is not None and self._writer.done():
+            return
+        self._closing = True
+        self.metrics.refused(ErrorCode.SLOW_READER.value)
+        if self._writer is not None:
+            self._writer.cancel()
+        while not self._out.empty():
+            self._out.get_nowait()
+        if self._reader is not None:
+            self._reader.cancel()
+        limit = self.limits.max_outgoing_events
+        detail = ErrorDetail(
+            type=ErrorCode.SLOW_READER.error_type,
+            code=ErrorCode.SLOW_READER.value,
+            message=f"{limit} events wait unread: the client reads too slowly; closing",
+        )
+        self._writer = asyncio.create_task(self._last_words(ErrorEvent(event_id=self._event_id(), error=detail)))
+
+    async def _last_words(self, event: ErrorEvent) -> None:
+        with contextlib.suppress(asyncio.TimeoutError, ConnectionClosed):
+            await asyncio.wait_for(self.ws.send(event.model_dump_json()), timeout=1.0)
+        with contextlib.suppress(ConnectionClosed):
+            await self.ws.close(CloseCode.POLICY, "slow reader")

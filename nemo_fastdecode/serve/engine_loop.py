@@ -1,0 +1,332 @@
+"""The engine's own thread: every stream with a full chunk in each cycle, commands in and events out through queues.
+
+The network side (one asyncio loop) never waits for the GPU: it puts :class:`Command` objects on a thread-safe queue
+and gets :class:`Delivery` batches back through a callback (the server hands them to its loop with
+``call_soon_threadsafe``). The thread owns the :class:`~nemo_fastdecode.streaming.StreamingEngine` (which is not
+thread-safe): it drains the queue, applies the commands, runs one :meth:`~StreamingEngine.poll` while the engine has
+work, and sleeps on the queue when it has none.
+
+Each connection is a *lane* of items (an item: the audio between two commits, one engine stream). Only a lane's
+first item holds an engine stream; the next one's audio waits here until the first one's final has been built, so a
+connection never holds more than one slot (admission counts connections against slots).
+
+Endpointing hook: ``endpointer(events) -> stream ids`` is called after each cycle with its events; each stream it
+names (among those whose item asked for turn detection) gets :meth:`~StreamingEngine.end_segment`: a mid-stream final
+(``server_vad``'s commit) while the stream goes on.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from nemo_fastdecode.serve.metrics import ServerMetrics
+from nemo_fastdecode.streaming import StreamEvent, StreamingEngine, StreamingEngineError, StreamOptions
+
+__all__ = ["Abort", "Command", "Delivery", "Drop", "EngineLoop", "Finish", "ItemKey", "Push"]
+
+log = logging.getLogger(__name__)
+
+#: pushes remembered per stream for the chunk latency (the newest; older ones are behind every later partial)
+_ARRIVALS_KEPT = 1024
+
+#: ``(connection id, item index)``
+ItemKey = tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Push:
+    """Audio of an item, as it arrived (``received``: monotonic seconds); the first push opens its stream."""
+
+    key: ItemKey
+    pcm: bytes
+    received: float
+    options: StreamOptions
+    turn_detection: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Finish:
+    """The item's audio is complete (a commit): its final follows."""
+
+    key: ItemKey
+    received: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Abort:
+    """Drop the item (a cleared buffer): no final, its slot free at once."""
+
+    key: ItemKey
+
+
+@dataclasses.dataclass(frozen=True)
+class Drop:
+    """Drop every item of the connection (it went away)."""
+
+    connection: int
+
+
+Command = Push | Finish | Abort | Drop
+
+
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """An engine event of an item; or the error that ended it; or, for a :class:`Finish`, the segment it commits
+    (``committed``: 0 unless the endpointer ended segments of the stream before)."""
+
+    key: ItemKey
+    event: StreamEvent | None
+    error: str | None = None
+    committed: int | None = None
+
+
+@dataclasses.dataclass
+class _Item:
+    key: ItemKey
+    pushes: list[tuple[bytes, float, StreamOptions, bool]] = dataclasses.field(default_factory=list)
+    finish_received: float | None = None
+    stream: int | None = None
+    rate: int = 16000
+    samples: int = 0
+    # (samples pushed so far, when the push arrived); a stream without partials (silence) keeps only the newest
+    arrivals: collections.deque[tuple[int, float]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=_ARRIVALS_KEPT)
+    )
+
+
+class EngineLoop:
+    """Runs ``engine`` in a thread of its own; :meth:`submit` is thread-safe.
+
+    Args:
+        engine: the streaming engine (only this thread calls it once :meth:`start` ran).
+        deliver: called from this thread with each cycle's deliveries, in order (must not block).
+        metrics: cycle time, chunk and final latency, open streams.
+        endpointer: the endpointing hook (see the module docstring); ``None``: segments end at commits only.
+        idle_wait: seconds the thread sleeps on the queue when the engine has nothing to do.
+    """
+
+    def __init__(
+        self,
+        engine: StreamingEngine,
+        deliver: Callable[[list[Delivery]], None],
+        metrics: ServerMetrics,
+        *,
+        endpointer: Callable[[list[StreamEvent]], Iterable[int]] | None = None,
+        idle_wait: float = 0.05,
+    ):
+        self.engine, self._deliver, self.metrics = engine, deliver, metrics
+        self.endpointer = endpointer
+        self._idle_wait = idle_wait
+        self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
+        self._lanes: dict[int, collections.deque[_Item]] = {}
+        self._key_of: dict[int, ItemKey] = {}  # engine stream id -> item
+        self._segmenting: set[int] = set()  # streams whose item asked for turn detection
+        self._segments: dict[int, int] = {}  # segments the endpointer ended, per stream
+        self._thread: threading.Thread | None = None
+        self.ready = threading.Event()
+        self.failed: BaseException | None = None
+        self.cycles = 0
+
+    # ---- the network side ----------------------------------------------------------------------------------------
+    def start(self, warm_up: bool = True) -> None:
+        """Start the thread; it warms the engine up first (CUDA graphs), then sets :attr:`ready`."""
+        self._thread = threading.Thread(target=self._run, args=(warm_up,), name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def submit(self, command: Command) -> None:
+        """Queue a command for the next cycle (never blocks)."""
+        self._commands.put(command)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """End the thread after the commands already queued; streams still open are dropped."""
+        self._commands.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def live_streams(self) -> int:
+        """Engine streams open now (read from any thread: a snapshot)."""
+        return len(self._key_of)
+
+    @property
+    def open_lanes(self) -> int:
+        """Connections with an item here, open or waiting (read from any thread: a snapshot)."""
+        return len(self._lanes)
+
+    # ---- the engine thread ---------------------------------------------------------------------------------------
+    def _run(self, warm_up: bool) -> None:
+        try:
+            if warm_up:
+                self.engine.warm_up()
+            self.ready.set()
+            while True:
+                commands = self._take(block=not self.engine.busy)
+                stop = None in commands
+                deliveries: list[Delivery] = []
+                for command in commands:
+                    if command is not None:
+                        deliveries += self._apply(command)
+                if stop:
+                    break
+                if self.engine.busy:
+                    deliveries += self._cycle()
+                if deliveries:
+                    self._deliver(deliveries)
+        except BaseException as error:  # a bug or a device failure: every client is told, /health reports it
+            log.exception("the engine loop failed; every open item is ended with an error")
+            self.failed = error
+            failed = [
+                Delivery(item.key, None, f"the server's engine failed: {type(error).__name__}")
+                for lane in self._lanes.values()
+                for item in lane
+            ]
+            if failed:
+                self._deliver(failed)
+        finally:
+            for stream in list(self._key_of):
+                self._abort_stream(stream)
+            self._lanes.clear()
+            self.ready.set()
+
+    def _take(self, block: bool) -> list[Command | None]:
+        """Every queued command; waits up to ``idle_wait`` for the first one when ``block``."""
+        out: list[Command | None] = []
+        try:
+            out.append(self._commands.get(timeout=self._idle_wait) if block else self._commands.get_nowait())
+            while out[-1] is not None:
+                out.append(self._commands.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def _apply(self, command: Command) -> list[Delivery]:
+        if isinstance(command, Drop):
+            for item in self._lanes.pop(command.connection, ()):
+                if item.stream is not None:
+                    self._abort_stream(item.stream)
+            return []
+        connection, _ = command.key
+        lane = self._lanes.setdefault(connection, collections.deque())
+        item = next((i for i in lane if i.key == command.key), None)
+        if isinstance(command, Abort):
+            if item is not None:
+                lane.remove(item)
+                if item.stream is not None:
+                    self._abort_stream(item.stream)
+                return self._start_head(connection)
+            return []
+        if item is None:
+            item = _Item(command.key)
+            lane.append(item)
+        if isinstance(command, Push):
+            if item.stream is None:
+                item.pushes.append((command.pcm, command.received, command.options, command.turn_detection))
+                return self._start_head(connection)
+            return self._push(item, command.pcm, command.received)
+        # Finish: acknowledged with the segment it ends, before the events it leads to
+        item.finish_received = command.received
+        committed = [Delivery(item.key, None, committed=self._segments.get(item.stream, 0))]
+        if item.stream is not None:
+            self.engine.finish(item.stream)
+            return committed
+        return committed + self._start_head(connection)
+
+    def _start_head(self, connection: int) -> list[Delivery]:
+        """Open the lane's first item in the engine once it has audio (the previous one's final is out)."""
+        lane = self._lanes.get(connection)
+        if not lane:
+            self._lanes.pop(connection, None)
+            return []
+        item = lane[0]
+        if item.stream is not None or not item.pushes:
+            return []
+        _, _, options, turn_detection = item.pushes[0]
+        try:
+            item.stream = self.engine.open(options)
+        except (StreamingEngineError, ValueError) as error:
+            lane.popleft()
+            return [Delivery(item.key, None, str(error)), *self._start_head(connection)]
+        item.rate = options.sample_rate or self.engine.front.settings.sample_rate
+        self._key_of[item.stream] = item.key
+        if turn_detection:
+            self._segmenting.add(item.stream)
+        self.metrics.open_streams.set(len(self._key_of))
+        out = []
+        for pcm, received, _, _ in item.pushes:
+            out += self._push(item, pcm, received)
+        item.pushes.clear()
+        if item.finish_received is not None and item.stream is not None:
+            self.engine.finish(item.stream)
+        return out
+
+    def _push(self, item: _Item, pcm: bytes, received: float) -> list[Delivery]:
+        try:
+            self.engine.push(item.stream, pcm)
+        except StreamingEngineError as error:  # the checks before the engine rule this out; never take others down
+            self._remove(item)
+            self._abort_stream(item.stream)
+            return [Delivery(item.key, None, str(error)), *self._start_head(item.key[0])]
+        item.samples += len(pcm) // 2
+        item.arrivals.append((item.samples, received))
+        return []
+
+    def _cycle(self) -> list[Delivery]:
+        start = time.perf_counter()
+        events = self.engine.poll()
+        if self.endpointer is not None and self._segmenting:
+            for stream in self.endpointer(events):
+                if stream in self._segmenting:
+                    events.append(self.engine.end_segment(stream))
+                    self._segments[stream] = self._segments.get(stream, 0) + 1
+        now = time.perf_counter()
+        self.metrics.cycle_seconds.observe(now - start)
+        self.cycles += 1
+        clock = time.monotonic()
+        out = []
+        for event in events:
+            key = self._key_of.get(event.stream_id)
+            if key is None:
+                continue
+            item = next(i for i in self._lanes[key[0]] if i.key == key)
+            if event.is_last:
+                if item.finish_received is not None:
+                    self.metrics.final_latency_seconds.observe(clock - item.finish_received)
+                self._remove(item)
+                self._forget(event.stream_id)
+            elif not event.is_final:
+                self._observe_chunk_latency(item, event, clock)
+            out.append(Delivery(key, event))
+            if event.is_last:
+                out += self._start_head(key[0])
+        return out
+
+    def _observe_chunk_latency(self, item: _Item, event: StreamEvent, clock: float) -> None:
+        """Received -> built, for the audio whose arrival completed the chunk the partial ends with."""
+        end = round(event.end * item.rate)
+        while item.arrivals and item.arrivals[0][0] < end:
+            item.arrivals.popleft()
+        if item.arrivals:
+            self.metrics.chunk_latency_seconds.observe(clock - item.arrivals[0][1])
+
+    def _remove(self, item: _Item) -> None:
+        lane = self._lanes.get(item.key[0])
+        if lane is not None and item in lane:
+            lane.remove(item)
+            if not lane:
+                del self._lanes[item.key[0]]
+
+    def _abort_stream(self, stream: int) -> None:
+        self.engine.abort(stream)
+        self._forget(stream)
+
+    def _forget(self, stream: int) -> None:
+        self._key_of.pop(stream, None)
+        self._segmenting.discard(stream)
+        self._segments.pop(stream, None)
+        self.metrics.open_streams.set(len(self._key_of))

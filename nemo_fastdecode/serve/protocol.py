@@ -1,0 +1,355 @@
+"""The OpenAI Realtime transcription protocol as pydantic schemas: client events in, server events out.
+
+Client events (JSON text messages; raw binary messages are PCM16 audio, as ``input_audio_buffer.append``):
+
+* ``session.update`` / ``transcription_session.update`` -- the audio format (``audio/pcm`` at the model's rate,
+  or ``input_audio_format: pcm16``) and ``turn_detection`` (``null``, or ``server_vad`` where the engine has an
+  endpointer); only the fields present change.
+* ``input_audio_buffer.append`` -- base64 PCM16 audio.
+* ``input_audio_buffer.commit`` -- the buffer's audio is one item: its ``completed`` event follows.
+* ``input_audio_buffer.clear`` -- drop the audio appended since the last commit.
+
+Server events: ``session.created`` / ``session.updated`` (``transcription_session.*`` for the beta flavour),
+``input_audio_buffer.committed`` / ``cleared``, ``conversation.item.input_audio_transcription.delta`` (partials) and
+``.completed`` (finals, word timestamps in ``words``), and ``error`` (``error.code`` names every refusal).
+
+Every incoming message is validated here; :func:`parse_client_event` returns an event or a :class:`ProtocolError`
+whose code and message go back to the client in an ``error`` event.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+__all__ = [
+    "AudioAppend",
+    "AudioClear",
+    "AudioCommit",
+    "ClientEvent",
+    "CloseCode",
+    "ErrorCode",
+    "ProtocolError",
+    "SessionConfig",
+    "SessionUpdate",
+    "decode_audio",
+    "parse_client_event",
+]
+
+
+class CloseCode(enum.IntEnum):
+    """WebSocket close codes the server uses (RFC 6455 section 7.4.1)."""
+
+    NORMAL = 1000  #: idle timeout (after the last final)
+    GOING_AWAY = 1001  #: graceful shutdown (after the last finals)
+    POLICY = 1008  #: bad or missing API key; a client that does not read its events
+    TOO_BIG = 1009  #: a message above the hard size cap (the WebSocket layer closes before reading it)
+    TRY_AGAIN_LATER = 1013  #: every stream slot is in use
+
+
+class ErrorCode(str, enum.Enum):
+    """``error.code`` of the server's ``error`` events: one per kind of refusal."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_EVENT = "invalid_event"
+    UNKNOWN_EVENT_TYPE = "unknown_event_type"
+    UNSUPPORTED_EVENT = "unsupported_event"
+    INVALID_VALUE = "invalid_value"
+    UNSUPPORTED_AUDIO_FORMAT = "unsupported_audio_format"
+    INVALID_AUDIO = "invalid_audio"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    COMMIT_EMPTY = "input_audio_buffer_commit_empty"
+    SERVER_AT_CAPACITY = "server_at_capacity"
+    INVALID_API_KEY = "invalid_api_key"
+    IDLE_TIMEOUT = "idle_timeout"
+    SLOW_READER = "slow_reader"
+    SHUTTING_DOWN = "server_shutting_down"
+    STREAM_ERROR = "stream_error"
+
+    @property
+    def error_type(self) -> str:
+        """OpenAI's ``error.type``: the client's doing, or the server's state."""
+        server = (ErrorCode.SERVER_AT_CAPACITY, ErrorCode.SHUTTING_DOWN, ErrorCode.STREAM_ERROR)
+        return "server_error" if self in server else "invalid_request_error"
+
+
+class ProtocolError(Exception):
+    """A refused client message: ``code`` and ``message`` for the ``error`` event, ``param`` the field at fault."""
+
+    def __init__(self, code: ErrorCode, message: str, param: str | None = None, event_id: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.param, self.event_id = code, message, param, event_id
+
+
+# ---- client events -----------------------------------------------------------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AudioFormat(_Strict):
+    """``{"type": "audio/pcm", "rate": 16000}``: 16-bit little-endian mono PCM at ``rate`` Hz."""
+
+    type: str = "audio/pcm"
+    rate: int | None = None
+
+
+class TurnDetection(BaseModel):
+    """``{"type": "server_vad", ...}`` (thresholds are kept for the endpointer); ``null`` turns it off."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str = "server_vad"
+    threshold: float | None = None
+    prefix_padding_ms: int | None = None
+    silence_duration_ms: int | None = None
+
+
+class Transcription(BaseModel):
+    """``model`` / ``language`` / ``prompt``: accepted and ignored (the served model is language-free here)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+
+class AudioInput(_Strict):
+    format: AudioFormat | None = None
+    transcription: Transcription | None = None
+    turn_detection: TurnDetection | None = None
+    noise_reduction: dict[str, Any] | None = None
+
+
+class AudioConfig(_Strict):
+    input: AudioInput | None = None
+
+
+class SessionConfig(_Strict):
+    """A transcription session's settings: the GA shape (``type``, ``audio.input``) or the beta one
+    (``input_audio_format``, ``turn_detection``, ...). Only the fields present in an update change."""
+
+    type: Literal["transcription"] | None = None
+    model: str | None = None
+    audio: AudioConfig | None = None
+    include: list[str] | None = None
+    input_audio_format: str | None = None
+    input_audio_transcription: Transcription | None = None
+    turn_detection: TurnDetection | None = None
+    input_audio_noise_reduction: dict[str, Any] | None = None
+
+
+class _ClientEvent(_Strict):
+    event_id: str | None = Field(default=None, max_length=128)
+
+
+class SessionUpdate(_ClientEvent):
+    type: Literal["session.update", "transcription_session.update"]
+    session: SessionConfig
+
+
+class AudioAppend(_ClientEvent):
+    type: Literal["input_audio_buffer.append"]
+    audio: str
+
+
+class AudioCommit(_ClientEvent):
+    type: Literal["input_audio_buffer.commit"]
+
+
+class AudioClear(_ClientEvent):
+    type: Literal["input_audio_buffer.clear"]
+
+
+ClientEvent = Annotated[SessionUpdate | AudioAppend | AudioCommit | AudioClear, Field(discriminator="type")]
+_CLIENT_EVENT = TypeAdapter(ClientEvent)
+CLIENT_EVENT_TYPES: tuple[str, ...] = (
+    "session.update",
+    "transcription_session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+)
+#: the Realtime API's conversation events: known, but a transcription session has no responses or items to edit
+CONVERSATION_EVENT_PREFIXES: tuple[str, ...] = ("response.", "conversation.", "output_audio_buffer.")
+
+
+def parse_client_event(text: str | bytes) -> SessionUpdate | AudioAppend | AudioCommit | AudioClear:
+    """One JSON text message -> its validated event.
+
+    Raises:
+        ProtocolError: not JSON, not an event object, an unknown or unsupported type, or a field of the wrong
+            shape (``param`` names it, e.g. ``session.audio.input.format.rate``).
+    """
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"the message is not valid JSON: {error}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+        raise ProtocolError(ErrorCode.INVALID_EVENT, "an event is a JSON object with a string 'type'", param="type")
+    kind, event_id = data["type"], data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    if kind not in CLIENT_EVENT_TYPES:
+        shown = kind if len(kind) <= 64 else kind[:64] + "..."
+        if kind.startswith(CONVERSATION_EVENT_PREFIXES):
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED_EVENT,
+                f"{shown!r} is a conversation event; this server holds transcription sessions only. Client events: "
+                + ", ".join(CLIENT_EVENT_TYPES),
+                param="type",
+                event_id=event_id,
+            )
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_EVENT_TYPE,
+            f"unknown event type {shown!r}; valid: {', '.join(CLIENT_EVENT_TYPES)}",
+            param="type",
+            event_id=event_id,
+        )
+    try:
+        return _CLIENT_EVENT.validate_python(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"][1:])  # [0] is the union's tag
+        raise ProtocolError(
+            ErrorCode.INVALID_EVENT, f"{kind}: {where or 'event'}: {first['msg']}", param=where, event_id=event_id
+        ) from None
+
+
+def decode_audio(event: AudioAppend) -> bytes:
+    """The appended PCM bytes (standard base64).
+
+    Raises:
+        ProtocolError: not base64.
+    """
+    try:
+        return base64.b64decode(event.audio, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise ProtocolError(
+            ErrorCode.INVALID_AUDIO, f"'audio' is not valid base64: {error}", param="audio", event_id=event.event_id
+        ) from None
+
+
+# ---- server events -----------------------------------------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    type: str
+    code: str
+    message: str
+    param: str | None = None
+    event_id: str | None = None
+
+
+class Word(BaseModel):
+    """A word of a final, NeMo's word timestamps: seconds, and encoder frames, from the stream's start."""
+
+    word: str
+    start: float
+    end: float
+    start_offset: int
+    end_offset: int
+
+
+class Usage(BaseModel):
+    type: Literal["duration"] = "duration"
+    seconds: float
+
+
+class SessionFormat(BaseModel):
+    type: Literal["audio/pcm"] = "audio/pcm"
+    rate: int
+
+
+class SessionTranscription(BaseModel):
+    model: str
+    language: str | None = None
+    prompt: str | None = None
+
+
+class SessionAudioInput(BaseModel):
+    format: SessionFormat
+    transcription: SessionTranscription
+    turn_detection: TurnDetection | None = None
+    noise_reduction: None = None
+
+
+class SessionAudio(BaseModel):
+    input: SessionAudioInput
+
+
+class Session(BaseModel):
+    """The effective session, as ``session.created`` / ``session.updated`` report it."""
+
+    id: str
+    object: Literal["realtime.transcription_session"] = "realtime.transcription_session"
+    type: Literal["transcription"] = "transcription"
+    audio: SessionAudio
+    include: list[str] = Field(default_factory=list)
+
+
+class ServerEvent(BaseModel):
+    event_id: str
+    type: str
+
+
+class ErrorEvent(ServerEvent):
+    type: Literal["error"] = "error"
+    error: ErrorDetail
+
+
+class SessionEvent(ServerEvent):
+    type: Literal[
+        "session.created", "session.updated", "transcription_session.created", "transcription_session.updated"
+    ]
+    session: Session
+
+
+class Committed(ServerEvent):
+    type: Literal["input_audio_buffer.committed"] = "input_audio_buffer.committed"
+    item_id: str
+    previous_item_id: str | None = None
+
+
+class Cleared(ServerEvent):
+    type: Literal["input_audio_buffer.cleared"] = "input_audio_buffer.cleared"
+
+
+class TranscriptionDelta(ServerEvent):
+    """A partial: ``delta`` extends the item's text; ``text`` (extension) is all of it so far, ``audio_end_ms``
+    (extension) the audio it accounts for."""
+
+    type: Literal["conversation.item.input_audio_transcription.delta"] = (
+        "conversation.item.input_audio_transcription.delta"
+    )
+    item_id: str
+    content_index: int = 0
+    delta: str
+    text: str
+    audio_end_ms: int
+
+
+class TranscriptionFailed(ServerEvent):
+    """The item could not be transcribed (the engine refused its audio or failed); ``error`` says why."""
+
+    type: Literal["conversation.item.input_audio_transcription.failed"] = (
+        "conversation.item.input_audio_transcription.failed"
+    )
+    item_id: str
+    content_index: int = 0
+    error: ErrorDetail
+
+
+class TranscriptionCompleted(ServerEvent):
+    """A final: the item's transcript; ``words`` (extension) NeMo's word timestamps, ``audio_start_ms`` /
+    ``audio_end_ms`` (extensions) the item's audio within the connection's stream."""
+
+    type: Literal["conversation.item.input_audio_transcription.completed"] = (
+        "conversation.item.input_audio_transcription.completed"
+    )
+    item_id: str
+    content_index: int = 0
+    transcript: str
+    usage: Usage
+    words: list[Word]
+    audio_start_ms: int
+    audio_end_ms: int

@@ -1,0 +1,117 @@
+"""``nemo-fastdecode loadtest``: clients on this machine stream audio to a server; latency, throughput, exactness.
+
+nemo-fastdecode loadtest                                         # 4 clients, synthetic audio, ws://127.0.0.1:8000
+nemo-fastdecode loadtest clients=1 audio_files=[speech.wav] check=false model=/path/model.nemo
+nemo-fastdecode loadtest clients_sweep=[250,500,1000,2000] processes=8 model=/path/model.nemo  # a GPU server
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import multiprocessing
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from nemo_fastdecode.tools.cli import parse_config
+from nemo_fastdecode.tools.configs import LoadtestConfig
+from nemo_fastdecode.tools.loadtest.client import ClientResult, run_client
+from nemo_fastdecode.tools.loadtest.report import LoadPoint, LoadtestResult, format_markdown, summarize, write_result
+from nemo_fastdecode.tools.streaming_reference import Reference
+
+__all__ = ["load_inputs", "main", "references", "run", "run_point"]
+
+SAMPLE_RATE = 16000
+
+
+def load_inputs(config: LoadtestConfig) -> list[np.ndarray]:
+    """int16 PCM ``[T]`` per input at 16 kHz (files resampled as NeMo reads them; synthetic by default), cut."""
+    from nemo_fastdecode.tools import synthetic
+    from nemo_fastdecode.tools.manifests import load_audio, read_inputs
+
+    if config.audio_files is not None:
+        floats = load_audio(config.audio_files, SAMPLE_RATE)
+    elif config.dataset_manifest is not None:
+        floats = load_audio([u.audio_path for u in read_inputs(dataset_manifest=config.dataset_manifest)], SAMPLE_RATE)
+    else:
+        floats = synthetic.synthetic_audio(config.synthetic_seconds, seed=config.seed)
+    cut = None if config.max_audio_seconds is None else round(config.max_audio_seconds * SAMPLE_RATE)
+    return [np.clip(np.round(f[:cut] * 32768), -32768, 32767).astype(np.int16) for f in floats]
+
+
+def references(config: LoadtestConfig, inputs: Sequence[np.ndarray]) -> list[Reference]:
+    """NeMo's cache-aware streaming of each input alone, on the server's model."""
+    from nemo_fastdecode.tools.models import inference_device, load_model
+    from nemo_fastdecode.tools.streaming_reference import reference_transcript
+
+    model = load_model(config.model, device=inference_device(config.cuda), seed=config.seed)
+    return [reference_transcript(model, pcm, config.att_context_size) for pcm in inputs]
+
+
+async def _run_group(
+    config: LoadtestConfig, inputs: Sequence[np.ndarray], clients: Sequence[int], starts: Sequence[float]
+) -> list[ClientResult]:
+    tasks = [
+        run_client(
+            config.url,
+            inputs[i % len(inputs)],
+            index=i,
+            audio_index=i % len(inputs),
+            start_at=start,
+            rate=SAMPLE_RATE,
+            chunk_ms=config.chunk_ms,
+            realtime=config.realtime,
+            binary=config.binary,
+            api_key=config.api_key,
+            timeout=config.timeout_seconds,
+        )
+        for i, start in zip(clients, starts, strict=True)
+    ]
+    return list(await asyncio.gather(*tasks))
+
+
+def _run_group_in_process(args: tuple) -> list[ClientResult]:
+    return asyncio.run(_run_group(*args))
+
+
+def run_point(
+    config: LoadtestConfig, inputs: Sequence[np.ndarray], clients: int, refs: list[Reference] | None
+) -> LoadPoint:
+    """``clients`` clients, staggered, over ``config.processes`` processes (one asyncio loop each)."""
+    rng = np.random.default_rng(config.seed)
+    t0 = time.monotonic() + 0.5 * (config.processes > 1)  # the processes' start-up before the first client
+    starts = t0 + rng.uniform(0.0, config.stagger_seconds, clients) if config.stagger_seconds else [t0] * clients
+    groups = [list(range(p, clients, config.processes)) for p in range(min(config.processes, clients))]
+    jobs = [(config, list(inputs), group, [float(starts[i]) for i in group]) for group in groups]
+    if len(jobs) == 1:
+        results = _run_group_in_process(jobs[0])
+    else:  # CLOCK_MONOTONIC is one clock for every process of the machine
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
+            results = [r for part in pool.map(_run_group_in_process, jobs) for r in part]
+    wall = max((r.finished for r in results), default=t0) - t0
+    return summarize(clients, sorted(results, key=lambda r: r.index), wall, refs)
+
+
+def run(config: LoadtestConfig) -> LoadtestResult:
+    """The load test (one point, or a sweep over ``clients_sweep``); writes JSON, Markdown and a sweep's plot."""
+    from nemo_fastdecode.tools.environment import environment
+
+    inputs = load_inputs(config)
+    refs = references(config, inputs) if config.check else None
+    points = [run_point(config, inputs, int(n), refs) for n in (config.clients_sweep or [config.clients])]
+    result = LoadtestResult(config=dataclasses.asdict(config), environment=environment(), points=points)
+    write_result(result, Path(config.output_dir), config.tag)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_config(LoadtestConfig, list(argv or []), "nemo-fastdecode loadtest")
+    result = run(config)
+    print(format_markdown(result))
+    print("\n" + ", ".join(f"{k}: {v}" for k, v in result.files.items()))
+    return 0 if result.passed else 1

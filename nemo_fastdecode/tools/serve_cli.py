@@ -1,0 +1,42 @@
+"""``nemo-fastdecode serve`` / ``python -m nemo_fastdecode.serve``: load the model, build the engine, serve.
+
+The model: a ``.nemo`` checkpoint, a pretrained name, or a synthetic preset (``tiny-streaming``, the default: random
+weights, so its transcripts are gibberish; a banner says so). Everything else: :class:`~nemo_fastdecode.serve.ServeConfig`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from nemo_fastdecode.serve import REALTIME_PATH, RealtimeServer, ServeConfig, build_engine
+from nemo_fastdecode.tools.cli import parse_config
+from nemo_fastdecode.tools.models import inference_device, is_synthetic, load_model, synthetic_banner
+
+__all__ = ["main", "serve"]
+
+
+def serve(config: ServeConfig) -> None:
+    """Load ``config.model`` and serve until SIGTERM / SIGINT (then a graceful shutdown)."""
+    device = inference_device(config.cuda)
+    model = load_model(config.model, device=device, seed=config.seed)
+    if is_synthetic(config.model):
+        print(synthetic_banner(config.model, getattr(model, "_fastdecode_tokens_per_frame", None)), flush=True)
+    server = RealtimeServer(build_engine(model, config), config, model_name=config.model)
+
+    def announce(server: RealtimeServer) -> None:
+        # one line a supervisor (or a test) can wait for; port=0 shows the port picked
+        print(
+            f"nemo-fastdecode serve: ready on ws://{config.host}:{server.port}{REALTIME_PATH} "
+            f"({config.slots} slots, {device}); /health /ready /metrics on the same port",
+            flush=True,
+        )
+
+    asyncio.run(server.run(on_ready=announce))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(parse_config(ServeConfig, list(argv or []), "nemo-fastdecode serve"))
+    return 0

@@ -1,0 +1,89 @@
+"""NeMo's cache-aware streaming of one stream alone: the reference every streaming transcript is checked against.
+
+The loop of NeMo's streaming script (``speech_to_text_cache_aware_streaming_infer.py``): the preprocessor's features of
+the whole file, ``CacheAwareStreamingAudioBuffer`` chunks, the encoder's ``cache_aware_stream_step`` and the model's
+decoding with partial hypotheses; then NeMo's word timestamps.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
+
+if TYPE_CHECKING:
+    from nemo.collections.asr.models import ASRModel
+
+__all__ = ["Reference", "nemo_alone", "reference_transcript"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """NeMo's streaming transcript of one stream alone: token ids, text, word timestamps (NeMo's dicts)."""
+
+    token_ids: list[int]
+    text: str
+    words: list[dict[str, Any]]
+
+
+def nemo_alone(
+    model: ASRModel, feats: torch.Tensor
+) -> tuple[list[torch.Tensor], Hypothesis | None, list[torch.Tensor]]:
+    """NeMo's cache-aware streaming of one stream ``[feat_in, T]``.
+
+    Returns:
+        Each chunk's encoder output ``[T_i, D]``, the final hypothesis (``None`` without a chunk), NeMo's chunks.
+    """
+    from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
+
+    buffer = CacheAwareStreamingAudioBuffer(model)
+    buffer.append_processed_signal(feats[None])
+    channel, time, channel_len = model.encoder.get_initial_cache_state(batch_size=1, device=feats.device)
+    drop = model.encoder.streaming_cfg.drop_extra_pre_encoded
+    outputs, hyps, chunks = [], None, []
+    with torch.inference_mode():
+        for step, (chunk, chunk_len) in enumerate(buffer):
+            chunks.append(chunk[0])
+            encoded, encoded_len, channel, time, channel_len = model.encoder.cache_aware_stream_step(
+                processed_signal=chunk,
+                processed_signal_length=chunk_len,
+                cache_last_channel=channel,
+                cache_last_time=time,
+                cache_last_channel_len=channel_len,
+                keep_all_outputs=buffer.is_buffer_empty(),
+                drop_extra_pre_encoded=0 if step == 0 else drop,
+            )
+            outputs.append(encoded[0, :, : int(encoded_len[0])].T.clone())
+            hyps = model.decoding.rnnt_decoder_predictions_tensor(
+                encoder_output=encoded, encoded_lengths=encoded_len, return_hypotheses=True, partial_hypotheses=hyps
+            )
+    return outputs, hyps[0] if hyps else None, chunks
+
+
+def reference_transcript(model: ASRModel, pcm: np.ndarray, att_context_size: list[int] | None = None) -> Reference:
+    """NeMo's streaming of int16 PCM ``[T]`` alone (read as NeMo reads a 16-bit WAV file: ``x / 32768``).
+
+    ``att_context_size``: the encoder's look-ahead to use (set on the model); ``None``: its current one.
+    """
+    from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_outputs
+
+    if att_context_size is not None:
+        model.encoder.set_default_att_context_size(list(att_context_size))
+    if len(pcm) < model.preprocessor.featurizer.hop_length:  # no feature frame: nothing to decode
+        return Reference([], "", [])
+    device = next(model.parameters()).device
+    signal = torch.from_numpy(np.asarray(pcm, dtype=np.int16).astype(np.float32) / 32768)[None].to(device)
+    with torch.inference_mode():
+        feats, length = model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]], device=device))
+    _, hyp, _ = nemo_alone(model, feats[0, :, : int(length)])
+    if hyp is None:
+        return Reference([], "", [])
+    timed = model.decoding.compute_rnnt_timestamps(copy.copy(hyp), "word")
+    (timed,) = process_timestamp_outputs(
+        [timed], model.encoder.subsampling_factor, model.cfg.preprocessor.window_stride
+    )
+    return Reference([int(t) for t in hyp.y_sequence], hyp.text, timed.timestamp["word"])

@@ -1,0 +1,161 @@
+"""NeMo's streaming inference entry point selects the engine by configuration: ``pipeline_type: fast_cache_aware``.
+
+NeMo's config (``tests/fixtures/nemo_streaming``: ``cache_aware_rnnt.yaml``'s settings) with that one line changed,
+NeMo's ``PipelineBuilder.build_pipeline`` and ``pipeline.run`` on WAV files of a tiny cache-aware model saved as a
+``.nemo``: the transcripts equal NeMo's cache-aware streaming of each file alone (the engine's reference), and the
+files NeMo's streaming script writes (``dump_output``) have the format they have with NeMo's own pipeline. The
+script's steps also run in a fresh process that imports nothing from ``nemo_fastdecode``: the start-up hook
+(``autoload/``) is what routes the builder to us.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import nemo_alone
+from nemo.collections.asr.inference.factory.pipeline_builder import PipelineBuilder
+from nemo.collections.asr.inference.streaming.framing.request_options import ASRRequestOptions
+from nemo.collections.asr.inference.utils.manifest_io import dump_output, prepare_audio_data
+from omegaconf import DictConfig, OmegaConf
+
+from nemo_fastdecode import registry
+from nemo_fastdecode.streaming.nemo_pipeline import FastCacheAwarePipeline
+from nemo_fastdecode.tools import synthetic as S
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+CONFIG = Path(__file__).parent / "fixtures" / "nemo_streaming" / "cache_aware_rnnt.yaml"
+DURATIONS = [1.9, 0.75, 2.6]
+ATT = [16, 3]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict:
+    """A tiny cache-aware hybrid (BPE: NeMo's pipeline decodes subwords) as a .nemo, 3 WAVs, a manifest, and each
+    file's transcript by NeMo's cache-aware streaming of that file alone."""
+    root = tmp_path_factory.mktemp("nemo_pipeline")
+    model = S.build_synthetic_model("tiny-streaming", seed=0, vocab="bpe")
+    encoded, lengths = S.encode(model, S.synthetic_audio([2.0, 1.5], seed=7), batch_size=2, device="cpu")
+    S.calibrate_blank_bias(model, encoded, lengths, 0.3, iterations=4, tolerance=0.05)
+    model.save_to(str(root / "model.nemo"))
+    audio = S.synthetic_audio(DURATIONS, seed=11)
+    wavs = [str(p) for p in S.write_wavs(audio, root / "wavs")]
+    S.write_manifest(wavs, DURATIONS, root / "manifest.json")
+    model.encoder.set_default_att_context_size(ATT)
+    alone = {}
+    for wav, samples in zip(wavs, audio, strict=True):
+        signal = torch.from_numpy(samples)[None]
+        with torch.inference_mode():
+            feats, length = model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]]))
+        _, hyp, _ = nemo_alone(model, feats[0, :, : int(length)])
+        alone[wav] = hyp.text
+    assert any(alone.values())  # there is something to compare
+    return {"root": root, "wavs": wavs, "alone": alone}
+
+
+def nemo_config(saved: dict, *overrides: str) -> DictConfig:
+    """NeMo's config on the CPU for the tiny model: the example's values, a local .nemo, fp32, 2 streams at a time."""
+    cfg = OmegaConf.load(CONFIG)
+    cpu = [
+        f"asr.model_name={saved['root'] / 'model.nemo'}", "asr.device=cpu", "asr.compute_dtype=float32",
+        f"streaming.att_context_size=[{ATT[0]},{ATT[1]}]", "streaming.batch_size=2", "streaming.num_slots=2",
+        "matmul_precision=highest", "log_level=40",
+    ]  # fmt: skip
+    return OmegaConf.merge(cfg, OmegaConf.from_dotlist([*cpu, *overrides]))
+
+
+def test_the_builder_returns_our_pipeline_and_its_transcripts_are_nemo_streaming_alone(saved):
+    pipeline = PipelineBuilder.build_pipeline(nemo_config(saved, "pipeline_type=fast_cache_aware"))
+    assert isinstance(pipeline, FastCacheAwarePipeline)
+    output = pipeline.run(saved["wavs"])  # 3 files, 2 streams at a time: the third joins when the second ends
+    assert sorted(output) == [0, 1, 2]
+    for record in output.values():
+        assert record["text"] == saved["alone"][record["audio_filepath"]]
+        (segment,) = record["segments"]  # one final transcript per stream, NeMo's TextSegment
+        assert segment.text == record["text"] and 0 <= segment.start < segment.end <= 2.7
+    words = pipeline.run(saved["wavs"], options=[ASRRequestOptions(asr_output_granularity="word")] * 3)
+    for record in words.values():
+        text = " ".join(w.text for w in record["segments"])
+        assert text == record["text"] == saved["alone"][record["audio_filepath"]]
+        assert all(type(w).__name__ == "Word" and w.start < w.end for w in record["segments"])
+    assert pipeline.engine.open_streams == []  # every stream ended in the engine too
+
+
+def test_settings_the_engine_does_not_have_are_refused_by_name(saved):
+    for override, error, name in [
+        ("asr_decoding_type=ctc", ValueError, "asr_decoding_type"),
+        ("asr.decoding.strategy=malsd_batch", ValueError, "malsd_batch"),
+        ("enable_itn=true", NotImplementedError, "enable_itn"),
+        ("streaming.request_type=feature_buffer", ValueError, "request_type"),
+    ]:
+        with pytest.raises(error, match=name):  # before the model loads
+            PipelineBuilder.build_pipeline(nemo_config(saved, "pipeline_type=fast_cache_aware", override))
+    autoload = __import__("nemo_fastdecode_autoload")
+    assert registry.FAST_PIPELINE_TYPE == autoload._PIPELINE_TYPE  # one value, two readers
+
+
+# The steps of NeMo 3.0.0's asr_streaming_infer.py, with NeMo's functions only (no nemo_fastdecode import here)
+SCRIPT_STEPS = textwrap.dedent(
+    """
+    import sys
+    from omegaconf import OmegaConf
+    from nemo.collections.asr.inference.factory.pipeline_builder import PipelineBuilder
+    from nemo.collections.asr.inference.utils.manifest_io import calculate_duration, dump_output, prepare_audio_data
+    from nemo.collections.asr.inference.utils.progressbar import TQDMProgressBar
+
+    cfg = OmegaConf.merge(OmegaConf.load(sys.argv[1]), OmegaConf.from_dotlist(sys.argv[2:]))
+    audio_filepaths, manifest, options, filepath_order = prepare_audio_data(cfg.audio_file, sort_by_duration=True)
+    pipeline = PipelineBuilder.build_pipeline(cfg)
+    output = pipeline.run(audio_filepaths, progress_bar=TQDMProgressBar(), options=options)
+    calculate_duration(audio_filepaths)
+    dump_output(output, cfg.output_filename, cfg.output_dir, manifest, filepath_order)
+    print(type(pipeline).__name__, "nemo_fastdecode" in sys.modules)
+    """
+)
+
+
+def written(output_filename: Path) -> tuple[list[dict], list[list[dict]]]:
+    """The output manifest's records and, per record, the lines of its segments file."""
+    records = [json.loads(line) for line in output_filename.read_text().splitlines()]
+    return records, [[json.loads(line) for line in Path(r["json_filepath"]).read_text().splitlines()] for r in records]
+
+
+def test_nemo_streaming_script_steps_in_a_fresh_process_write_nemo_format(saved, tmp_path):
+    manifest = str(saved["root"] / "manifest.json")
+    ours_file = tmp_path / "ours" / "out.jsonl"
+    ours_file.parent.mkdir()
+    overrides = [
+        f"asr.model_name={saved['root'] / 'model.nemo'}", "asr.device=cpu", "asr.compute_dtype=float32",
+        f"streaming.att_context_size=[{ATT[0]},{ATT[1]}]", "streaming.batch_size=2", "streaming.num_slots=2",
+        "matmul_precision=highest", "log_level=40", f"audio_file={manifest}", f"output_filename={ours_file}",
+        "pipeline_type=fast_cache_aware",
+    ]  # fmt: skip
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT_STEPS, str(CONFIG), *overrides],
+        cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert done.stdout.split()[-2:] == ["FastCacheAwarePipeline", "True"]  # the hook imported us, on demand
+    ours, our_segments = written(ours_file)
+    assert [r["pred_text"] for r in ours] == [saved["alone"][r["audio_filepath"]] for r in ours]
+
+    # NeMo's own pipeline, in the same steps: the same files with the same fields
+    cfg = nemo_config(saved)
+    files, entries, options, order = prepare_audio_data(manifest, sort_by_duration=True)
+    nemo_file = tmp_path / "nemo" / "out.jsonl"
+    nemo_file.parent.mkdir()
+    output = PipelineBuilder.build_pipeline(cfg).run(files, options=options)
+    dump_output(output, str(nemo_file), None, entries, order)
+    theirs, their_segments = written(nemo_file)
+    assert [r["audio_filepath"] for r in ours] == [r["audio_filepath"] for r in theirs]
+    assert [sorted(r) for r in ours] == [sorted(r) for r in theirs]
+    lines = [line for segments in our_segments + their_segments for line in segments]
+    assert lines and {tuple(sorted(line)) for line in lines} == {("conf", "end", "start", "text")}

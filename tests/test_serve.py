@@ -1,0 +1,655 @@
+"""The streaming ASR server (nemo_fastdecode/serve) through real sockets on 127.0.0.1: every client gets exactly NeMo's
+cache-aware streaming of its own audio alone; every refusal is an ``error`` event with a code (and the close code the
+protocol gives it); lifetimes end cleanly (idle timeout, disconnects, slow readers, graceful shutdown) and leave
+nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import gc
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import tiny_streaming_model
+from omegaconf import OmegaConf
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from nemo_fastdecode.serve import LimitsConfig, RealtimeServer, ServeConfig, build_engine
+from nemo_fastdecode.tools import synthetic as S
+from nemo_fastdecode.tools.cli import parse_config
+from nemo_fastdecode.tools.loadtest.app import run_point
+from nemo_fastdecode.tools.loadtest.client import COMPLETED, connect_session, receive_until, session_update
+from nemo_fastdecode.tools.streaming_reference import reference_transcript
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+RATE = 16000
+KEY = "test-key"
+WORD_KEYS = ("word", "start", "end", "start_offset", "end_offset")
+
+
+class ServerThread:
+    """A :class:`RealtimeServer` on 127.0.0.1 (any free port), its event loop in a thread of its own."""
+
+    def __init__(self, model, endpointer=None, slots: int = 3, limits: dict | None = None, **options: Any):
+        self.config = ServeConfig(port=0, slots=slots, limits=LimitsConfig(**(limits or {})), **options)
+        engine = build_engine(model, self.config)
+        self.server = RealtimeServer(engine, self.config, model_name="tiny-streaming", endpointer=endpointer)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self.server.start())
+        self.call(self.server.wait_ready(30))
+        self.url = f"ws://127.0.0.1:{self.server.port}/v1/realtime"
+        self.http = f"http://127.0.0.1:{self.server.port}"
+
+    def call(self, coroutine, timeout: float = 60.0):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if not self.server.shutting_down:
+            self.call(self.server.shutdown(5.0))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def settled(self, timeout: float = 5.0) -> bool:
+        """No connection, no admitted slot, no engine stream or item (waits for the engine thread's next cycles)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.server
+            loop = s.engine_loop
+            if not s.connections and s.admission.admitted == 0 and loop.live_streams == 0 and loop.open_lanes == 0:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def tasks(self) -> int:
+        return self.call(_count_tasks())
+
+
+async def _count_tasks() -> int:
+    return len(asyncio.all_tasks())
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_streaming_model()
+
+
+@pytest.fixture(scope="module")
+def audio() -> list[np.ndarray]:
+    signals = S.synthetic_audio([1.9, 2.6, 1.3], seed=11)
+    return [np.round(s * 32768).astype(np.int16) for s in signals]
+
+
+@pytest.fixture(scope="module")
+def refs(model, audio):
+    out = [reference_transcript(model, pcm) for pcm in audio]
+    assert all(r.token_ids for r in out)  # there is something to compare
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    s = ServerThread(model, slots=3, api_key=KEY, limits={"max_message_bytes": 64 * 1024})
+    yield s
+    s.stop()
+
+
+def run(coroutine, timeout: float = 60.0):
+    async def bounded():
+        return await asyncio.wait_for(coroutine, timeout)
+
+    return asyncio.run(bounded())
+
+
+def words_of(words: list[dict]) -> list[dict]:
+    return [{k: w[k] for k in WORD_KEYS} for w in words]
+
+
+def check_completed(event: dict, ref, pcm: np.ndarray) -> None:
+    assert event["type"] == COMPLETED
+    assert event["transcript"] == ref.text
+    assert words_of(event["words"]) == words_of(ref.words)
+    assert event["usage"]["seconds"] == len(pcm) / RATE  # every sample sent was transcribed
+
+
+def append(pcm: np.ndarray | bytes) -> str:
+    data = pcm if isinstance(pcm, bytes) else pcm.tobytes()
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(data).decode()})
+
+
+async def stream_items(url: str, items: list[np.ndarray], seed: int, key: str | None = KEY) -> list[dict]:
+    """One client: each item in random pieces (base64 and binary frames, odd byte counts), then a commit; returns
+    every event after ``session.updated``, up to the last item's ``completed``."""
+    rng = np.random.default_rng(seed)
+    ws, created = await connect_session(url, key)
+    async with ws:
+        assert created["type"] == "session.created"
+        assert created["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": RATE}
+        await ws.send(session_update(RATE))
+        assert json.loads(await ws.recv())["type"] == "session.updated"
+        receiver = asyncio.create_task(
+            receive_until(ws, lambda e: e["type"] == COMPLETED and e["item_id"].endswith(f"_{len(items) - 1}"), 60)
+        )
+        for pcm in items:
+            data = pcm.tobytes()
+            cuts = np.sort(rng.choice(np.arange(1, len(data)), size=12, replace=False))
+            for k, piece in enumerate(np.split(np.frombuffer(data, np.uint8), cuts)):
+                await ws.send(piece.tobytes() if k % 2 else append(piece.tobytes()))
+                await asyncio.sleep(float(rng.uniform(0, 0.03)))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        return await receiver
+
+
+# ----------------------------------------------------------------------------------------------
+# exactness
+
+
+def test_concurrent_clients_get_exactly_their_own_transcripts(server, model, audio, refs):
+    """Three clients at once, one with two items: each final is NeMo's streaming of that audio alone."""
+    split = 17000
+    head, tail = audio[1][:split], audio[1][split:]
+    part_refs = [reference_transcript(model, head), reference_transcript(model, tail)]
+    plans = [[audio[0]], [head, tail], [audio[2]]]
+
+    async def clients():
+        return await asyncio.gather(*(stream_items(server.url, items, seed) for seed, items in enumerate(plans)))
+
+    results = run(clients())
+    for items, events, expected in zip(plans, results, [[refs[0]], part_refs, [refs[2]]], strict=True):
+        committed = [e for e in events if e["type"] == "input_audio_buffer.committed"]
+        completed = [e for e in events if e["type"] == COMPLETED]
+        assert [e["item_id"] for e in completed] == [e["item_id"] for e in committed]
+        assert [e["previous_item_id"] for e in committed] == [None] + [e["item_id"] for e in committed[:-1]]
+        for event, ref, pcm in zip(completed, expected, items, strict=True):
+            check_completed(event, ref, pcm)
+        assert not [e for e in events if e["type"] == "error"]
+        deltas = [e for e in events if e["type"].endswith(".delta")]
+        assert all(e["item_id"] in {c["item_id"] for c in completed} for e in deltas)
+    second = [e for e in results[1] if e["type"] == COMPLETED][1]
+    assert second["audio_start_ms"] == round(split / RATE * 1000)  # where item 2 starts in the connection's audio
+    assert server.settled()
+
+
+def test_loadtest_clients_are_exact_end_to_end(server, model, audio, refs):
+    """The load generator against the server: paced clients, staggered, every final checked."""
+    from nemo_fastdecode.tools.configs import LoadtestConfig
+
+    config = LoadtestConfig(url=server.url, api_key=KEY, clients=3, stagger_seconds=0.3, chunk_ms=100, binary=False)
+    point = run_point(config, audio[:2], 3, refs[:2])
+    assert (point.completed, point.errors, point.refused, point.exact, point.checked) == (3, 0, {}, 3, 3)
+    assert point.final_latency_ms[50] > 0 and point.rtf_mean > 0.5
+    assert server.settled()
+
+
+# ----------------------------------------------------------------------------------------------
+# refusals
+
+
+def test_health_ready_metrics_and_unknown_paths(server):
+    assert urllib.request.urlopen(server.http + "/health").read() == b"ok\n"
+    assert urllib.request.urlopen(server.http + "/ready").read() == b"ready\n"
+    metrics = urllib.request.urlopen(server.http + "/metrics").read().decode()
+    for name in ("open_streams", "cycle_seconds_bucket", "chunk_latency_seconds", "refusals", "gpu_memory_bytes"):
+        assert f"nemo_fastdecode_{name}" in metrics
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(server.http + "/v2/elsewhere")
+
+
+def test_a_full_server_refuses_with_1013_and_an_error_naming_the_capacity(server):
+    async def scenario():
+        held = [await connect_session(server.url, KEY) for _ in range(3)]
+        assert all(first["type"] == "session.created" for _, first in held)
+        ws, first = await connect_session(server.url, KEY)
+        assert first["type"] == "error" and first["error"]["code"] == "server_at_capacity"
+        assert "all 3 stream slots" in first["error"]["message"]
+        await ws.wait_closed()
+        assert ws.close_code == 1013
+        await held[0][0].close()  # a slot frees: the next client is served
+        for _ in range(100):
+            ws, first = await connect_session(server.url, KEY)
+            if first["type"] == "session.created":
+                break
+            await asyncio.sleep(0.02)
+        assert first["type"] == "session.created"
+        for w in [ws] + [w for w, _ in held[1:]]:
+            await w.close()
+
+    run(scenario())
+    assert server.settled()
+
+
+@pytest.mark.parametrize("how", ["none", "wrong bearer", "wrong subprotocol"])
+def test_a_missing_or_wrong_api_key_is_refused_with_1008_before_any_audio(server, how):
+    async def scenario():
+        headers = {"Authorization": "Bearer nope"} if how == "wrong bearer" else None
+        protocols = ["realtime", "openai-insecure-api-key.nope"] if how == "wrong subprotocol" else None
+        ws = await connect(server.url, additional_headers=headers, subprotocols=protocols)
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(append(b"\x00\x01" * 100))  # never read
+        first = json.loads(await ws.recv())
+        await ws.wait_closed()
+        return first, ws.close_code
+
+    first, code = run(scenario())
+    assert (first["type"], first["error"]["code"], code) == ("error", "invalid_api_key", 1008)
+    assert server.settled()
+
+
+def test_the_browser_subprotocol_key_is_accepted(server):
+    async def scenario():
+        protocols = ["realtime", f"openai-insecure-api-key.{KEY}"]
+        async with connect(server.url, subprotocols=protocols) as ws:
+            return ws.subprotocol, json.loads(await ws.recv())["type"]
+
+    assert run(scenario()) == ("realtime", "session.created")
+
+
+def test_bad_messages_get_error_events_and_the_connection_survives(server, audio, refs):
+    """Malformed JSON, unknown and unsupported events, bad fields, wrong formats, oversized messages, empty commits:
+    one error event each (with its code and the field at fault), and the session goes on, exact."""
+    bad = [
+        ("{not json", "invalid_json", None),
+        ("[1, 2]", "invalid_event", "type"),
+        (json.dumps({"type": "input_audio_buffer.explode"}), "unknown_event_type", "type"),
+        (json.dumps({"type": "response.create"}), "unsupported_event", "type"),
+        (json.dumps({"type": "input_audio_buffer.append"}), "invalid_event", "audio"),
+        (json.dumps({"type": "input_audio_buffer.append", "audio": "%%%"}), "invalid_audio", "audio"),
+        (json.dumps({"type": "input_audio_buffer.commit"}), "input_audio_buffer_commit_empty", None),
+        (
+            json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}}),
+            "unsupported_audio_format",
+            "session.audio.input.format",
+        ),
+        (
+            json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"rate": 24000}}}}}),
+            "unsupported_audio_format",
+            "session.audio.input.format.rate",
+        ),
+        (
+            json.dumps({"type": "transcription_session.update", "session": {"input_audio_format": "g711_ulaw"}}),
+            "unsupported_audio_format",
+            "session.input_audio_format",
+        ),
+        (
+            json.dumps({"type": "session.update", "session": {"turn_detection": {"type": "server_vad"}}}),
+            "invalid_value",
+            "session.turn_detection",
+        ),
+        (
+            json.dumps({"type": "session.update", "session": {"include": ["item.input_audio_transcription.logprobs"]}}),
+            "invalid_value",
+            "session.include",
+        ),
+        (json.dumps({"type": "session.update", "session": {"voice": "alloy"}}), "invalid_event", "session.voice"),
+        (append(b"\x00" * 60_000), "message_too_large", None),  # base64: 80 kB, over the 64 KiB limit
+    ]
+
+    async def scenario():
+        ws, _ = await connect_session(server.url, KEY)
+        async with ws:
+            errors = []
+            for message, _, _ in bad:
+                await ws.send(message)
+                errors.append(json.loads(await ws.recv()))
+            await ws.send(audio[2].tobytes())
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c1"}))
+            events = await receive_until(ws, lambda e: e["type"] == COMPLETED, 30)
+            return errors, events
+
+    errors, events = run(scenario())
+    for error, (_, code, param) in zip(errors, bad, strict=True):
+        assert error["type"] == "error" and error["error"]["code"] == code, error
+        assert error["error"]["param"] == param, error
+        assert error["error"]["message"]
+    assert "valid: 'audio/pcm'" in errors[7]["error"]["message"] and "16000 Hz" in errors[8]["error"]["message"]
+    check_completed(events[-1], refs[2], audio[2])  # the rejected 60 kB of zeros are not part of the stream
+    assert server.settled()
+
+
+def test_a_message_over_the_hard_cap_closes_with_1009(server):
+    async def scenario():
+        ws, _ = await connect_session(server.url, KEY)
+        async with ws:
+            await ws.send(b"\x00" * (4 * 64 * 1024 + 2))
+            await ws.wait_closed()
+            return ws.close_code
+
+    assert run(scenario()) == 1009
+    assert server.settled()
+
+
+# ----------------------------------------------------------------------------------------------
+# lifetimes
+
+
+def test_a_client_that_disconnects_mid_chunk_frees_its_slot_at_once(server, audio):
+    async def scenario():
+        ws, _ = await connect_session(server.url, KEY)
+        await ws.send(audio[0][:2500].tobytes())  # under one chunk
+        await ws.send(audio[0][2500:2501].tobytes()[:1])  # and half a sample
+        for _ in range(200):
+            if server.server.engine_loop.live_streams == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert server.server.engine_loop.live_streams == 1
+        ws.transport.abort()  # no close frame: the TCP connection just ends
+
+    run(scenario())
+    start = time.monotonic()
+    assert server.settled(timeout=2.0)
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_connect_disconnect_storm_leaves_no_slots_tasks_or_memory_behind(server, audio):
+    """1,000 connections (some with audio, some dropped mid-chunk): afterwards nothing is held."""
+    run(_cycles(server, 30))  # warm: lazily created objects exist before the baseline
+    assert server.settled()
+    gc.collect()
+    tasks, objects = server.tasks(), len(gc.get_objects())
+    start = time.monotonic()
+    run(_cycles(server, 1000), timeout=120)
+    elapsed = time.monotonic() - start
+    assert server.settled()
+    gc.collect()
+    assert server.tasks() <= tasks
+    assert len(gc.get_objects()) - objects < 5000, "objects grew with the number of connections"
+    print(f"1000 connect/disconnect cycles: {elapsed:.1f} s")
+
+
+async def _cycles(s: ServerThread, n: int, at_once: int = 3) -> None:
+    pcm = np.zeros(1200, dtype=np.int16).tobytes()
+
+    async def one(k: int) -> None:
+        ws, first = await connect_session(s.url, KEY)
+        assert first["type"] == "session.created"
+        if k % 4 == 1:
+            await ws.send(pcm)
+        if k % 4 == 2:
+            await ws.send(pcm)
+            ws.transport.abort()
+            return
+        await ws.close()
+
+    for base in range(0, n, at_once):
+        await asyncio.gather(*(one(k) for k in range(base, min(n, base + at_once))))
+        for _ in range(1000):  # the server's side of the closes: slots back before the next batch
+            if s.server.admission.admitted == 0:
+                break
+            await asyncio.sleep(0.001)
+
+
+def test_idle_connections_get_the_final_of_their_audio_then_close(model, audio, refs):
+    s = ServerThread(model, slots=1, idle_timeout_seconds=0.8)
+    try:
+
+        async def scenario():
+            ws, _ = await connect_session(s.url)
+            async with ws:
+                await ws.send(audio[2].tobytes())  # never committed
+                events = await receive_until(ws, lambda e: e["type"] == "error", 30)
+                await ws.wait_closed()
+                return events, ws.close_code
+
+        events, code = run(scenario())
+        kinds = [e["type"] for e in events if not e["type"].endswith(".delta")]
+        assert kinds == ["input_audio_buffer.committed", COMPLETED, "error"]
+        check_completed(events[-2], refs[2], audio[2])
+        assert events[-1]["error"]["code"] == "idle_timeout" and code == 1000
+        assert s.settled()
+    finally:
+        s.stop()
+
+
+def test_a_slow_reader_is_told_and_closed_with_bounded_buffering(model):
+    """A client that never reads: at most ``max_outgoing_events`` wait for it, then an error and the close."""
+    s = ServerThread(model, slots=1, limits={"max_outgoing_events": 8, "write_buffer_bytes": 1024})
+    slow = s.server.metrics.refusals.labels("slow_reader")
+    try:
+
+        async def scenario():
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small TCP window
+            sock.connect(("127.0.0.1", s.server.port))
+            ws = await connect(s.url, sock=sock, max_queue=1)
+            (connection,) = s.server.connections.values()
+            connection.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            sent, most_queued = 0, 0
+            with contextlib.suppress(ConnectionClosed, asyncio.TimeoutError):
+                while sent < 20000 and not slow._value.get():
+                    await asyncio.wait_for(ws.send("{not json"), 2.0)  # each one an error event it does not read
+                    sent += 1
+                    most_queued = max(most_queued, connection._out.qsize())
+                    await asyncio.sleep(0)
+            events = []  # now it reads: what was sent before the close, then the close
+            with contextlib.suppress(ConnectionClosed):
+                while True:
+                    events.append(json.loads(await asyncio.wait_for(ws.recv(), 10.0)))
+            return sent, most_queued, events, ws.close_code
+
+        sent, most_queued, events, code = run(scenario())
+        assert sent < 20000 and most_queued <= 8
+        assert slow._value.get() == 1
+        assert events[0]["type"] == "session.created"
+        assert {e["error"]["code"] for e in events[1:]} <= {"invalid_json", "slow_reader"}
+        assert code in (1008, 1006)  # 1006: the close frame could not be written either, the socket was dropped
+        if code == 1008:
+            assert events[-1]["error"]["code"] == "slow_reader"
+        assert s.settled()
+    finally:
+        s.stop()
+
+
+def test_graceful_shutdown_delivers_every_final_then_closes_1001(model, audio, refs):
+    s = ServerThread(model, slots=2)
+
+    async def client(pcm: np.ndarray, events_out: list) -> int:
+        ws, _ = await connect_session(s.url)
+        async with ws:
+            await ws.send(pcm.tobytes())  # not committed: the shutdown commits it
+            events_out += await receive_until(ws, lambda e: e["type"] == "error", 30)
+            await ws.wait_closed()
+            return ws.close_code
+
+    async def scenario():
+        got = [[], []]
+        clients = [asyncio.create_task(client(audio[i], got[k])) for k, i in enumerate((0, 2))]
+        for _ in range(300):
+            if s.server.engine_loop.live_streams == 2:
+                break
+            await asyncio.sleep(0.01)
+        shutdown = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(s.server.shutdown(20.0), s.loop))
+        codes = await asyncio.gather(*clients)
+        await shutdown
+        return got, codes
+
+    try:
+        got, codes = run(scenario())
+        assert codes == [1001, 1001]
+        for events, i in zip(got, (0, 2), strict=True):
+            completed = [e for e in events if e["type"] == COMPLETED]
+            assert len(completed) == 1
+            check_completed(completed[0], refs[i], audio[i])
+            assert events[-1]["error"]["code"] == "server_shutting_down"
+        with pytest.raises((OSError, InvalidStatus)):  # no longer listening
+            run(connect_session(s.url), timeout=5)
+    finally:
+        s.stop()
+
+
+def test_audio_faster_than_the_rate_limit_is_paced_not_dropped(model, audio, refs):
+    s = ServerThread(model, slots=1, limits={"max_audio_rate": 4.0, "max_audio_burst_seconds": 0.5})
+    try:
+
+        async def scenario():
+            ws, _ = await connect_session(s.url)
+            async with ws:
+                start = time.monotonic()
+                for piece in np.array_split(audio[1], 26):  # 2.6 s at once
+                    await ws.send(piece.tobytes())
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                events = await receive_until(ws, lambda e: e["type"] == COMPLETED, 30)
+                return events, time.monotonic() - start
+
+        events, elapsed = run(scenario())
+        assert elapsed >= (2.6 - 0.5) / 4.0 - 0.05  # the reads were held back to 4x real time
+        check_completed(events[-1], refs[1], audio[1])
+    finally:
+        s.stop()
+
+
+def test_clear_drops_the_buffer_and_the_next_item_is_exact(server, audio, refs):
+    async def scenario():
+        ws, _ = await connect_session(server.url, KEY)
+        async with ws:
+            await ws.send(audio[0][:9000].tobytes())
+            await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+            cleared = await receive_until(ws, lambda e: e["type"] == "input_audio_buffer.cleared", 10)
+            await ws.send(audio[2].tobytes())
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            return cleared, await receive_until(ws, lambda e: e["type"] == COMPLETED, 30)
+
+    cleared, events = run(scenario())
+    assert cleared[-1]["type"] == "input_audio_buffer.cleared"
+    check_completed(events[-1], refs[2], audio[2])
+    assert events[-1]["audio_start_ms"] == 0  # the cleared audio is not part of the stream
+    assert server.settled()
+
+
+def test_server_vad_maps_to_the_engine_endpointing_hook(model, audio, refs):
+    """With an endpointer, ``server_vad`` is accepted and a segment it ends is a server commit + completed item."""
+    ended: set[int] = set()
+
+    def endpointer(events):  # ends each stream's first segment at its first partial
+        out = [e.stream_id for e in events if not e.is_final and e.stream_id not in ended]
+        ended.update(out)
+        return out
+
+    s = ServerThread(model, slots=1, endpointer=endpointer)
+    try:
+
+        async def scenario():
+            ws, _ = await connect_session(s.url)
+            async with ws:
+                update = {"type": "session.update", "session": {"turn_detection": {"type": "server_vad"}}}
+                await ws.send(json.dumps(update))
+                updated = json.loads(await ws.recv())
+                await ws.send(audio[1].tobytes())
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                done = lambda e: e["type"] == COMPLETED and e["item_id"] == "item_1_0.1"  # noqa: E731
+                return updated, await receive_until(ws, done, 30)
+
+        updated, events = run(scenario())
+        assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+        completed = [e for e in events if e["type"] == COMPLETED]
+        committed = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+        assert [e["item_id"] for e in completed] == committed == ["item_1_0", "item_1_0.1"]  # the server's commit
+        assert "".join(e["transcript"] for e in completed).replace(" ", "") == refs[1].text.replace(" ", "")
+    finally:
+        s.stop()
+
+
+def test_an_engine_failure_fails_the_items_and_health(model, audio):
+    """A device error in a cycle: every open item gets a ``failed`` event, /health and /ready turn 503."""
+    s = ServerThread(model, slots=1)
+
+    def broken_poll():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    try:
+        s.server.engine_loop.engine.poll = broken_poll
+
+        async def scenario():
+            ws, _ = await connect_session(s.url)
+            async with ws:
+                await ws.send(audio[0].tobytes())
+                return await receive_until(ws, lambda e: e["type"].endswith(".failed"), 30)
+
+        events = run(scenario())
+        assert events[-1]["error"]["code"] == "stream_error" and "RuntimeError" in events[-1]["error"]["message"]
+        for path in ("/health", "/ready"):
+            with pytest.raises(urllib.error.HTTPError, match="503"):
+                urllib.request.urlopen(s.http + path)
+    finally:
+        s.stop()
+
+
+# ----------------------------------------------------------------------------------------------
+# configuration
+
+
+def test_serve_yaml_mirrors_the_config_and_overrides_are_checked():
+    from pathlib import Path
+
+    yaml = OmegaConf.load(Path(__file__).parents[1] / "configs" / "serve.yaml")
+    schema = OmegaConf.structured(ServeConfig)
+    OmegaConf.merge(schema, yaml)  # type-checks every value
+    assert OmegaConf.to_container(yaml) == OmegaConf.to_container(schema)  # mirrors every key and default
+    config = parse_config(ServeConfig, ["port=9001", "att_context_size=[70,1]", "limits.max_outgoing_events=5"], "t")
+    assert (config.port, config.att_context_size, config.limits.max_outgoing_events) == (9001, [70, 1], 5)
+    with pytest.raises(SystemExit, match="slotz"):
+        parse_config(ServeConfig, ["slotz=3"], "t")
+    with pytest.raises(SystemExit, match="slots must be >= 1"):
+        parse_config(ServeConfig, ["slots=0"], "t")
+    from nemo_fastdecode.tools.configs import LoadtestConfig
+
+    yaml = OmegaConf.load(Path(__file__).parents[1] / "configs" / "loadtest.yaml")
+    assert OmegaConf.to_container(yaml) == OmegaConf.to_container(OmegaConf.structured(LoadtestConfig))
+    with pytest.raises(ValueError, match="loopback"):
+        LoadtestConfig(url="ws://10.0.0.1:8000/v1/realtime")
+
+
+def test_the_readme_commands_serve_stream_a_file_and_stop_on_sigterm(tmp_path, audio):
+    """``python -m nemo_fastdecode.serve`` then ``scripts/stream_file.py file.wav``; SIGTERM ends the server (exit 0)."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import soundfile as sf
+
+    root = Path(__file__).parents[1]
+    wav = tmp_path / "speech.wav"
+    sf.write(wav, audio[0], RATE, subtype="PCM_16")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "nemo_fastdecode.serve", "port=0", "slots=2"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while url is None and time.monotonic() < deadline:
+            line = server.stdout.readline()
+            assert line, "the server ended before it was ready"
+            if "ready on " in line:
+                url = line.split("ready on ")[1].split()[0]
+        assert url is not None and url.startswith("ws://127.0.0.1:")
+        out = subprocess.run(
+            [sys.executable, "scripts/stream_file.py", str(wav), "--url", url, "--fast"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "final: " in out.stdout
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
