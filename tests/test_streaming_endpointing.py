@@ -22,6 +22,7 @@ from omegaconf import open_dict
 from nemo_fastdecode.streaming import EndReason, StreamingEngine, StreamingGeometry, StreamOptions, split_features
 from nemo_fastdecode.streaming.endpointing import blank_run_end
 from nemo_fastdecode.streaming.events import EndpointingOptions
+from nemo_fastdecode.streaming.vad import SileroNetwork
 from nemo_fastdecode.tools import synthetic as S
 from nemo_fastdecode.tools.comparison import as_int_list
 
@@ -129,8 +130,15 @@ def reference(model, pcm: np.ndarray) -> tuple[list[tuple[int, int]], list[int]]
     return list(zip(as_int_list(hyp.timestamp), as_int_list(hyp.y_sequence), strict=True)), [len(o) for o in outputs]
 
 
-def run(engine: StreamingEngine, audio: list[np.ndarray], options: list[StreamOptions], seed: int) -> list[list]:
-    """All streams open, push random pieces and poll; finish when their audio is out. Each stream's events."""
+def run(
+    engine: StreamingEngine,
+    audio: list[np.ndarray],
+    options: list[StreamOptions],
+    seed: int,
+    speech: list | None = None,
+) -> list[list]:
+    """All streams open, push random pieces and poll; finish when their audio is out. Each stream's events (and,
+    into ``speech``, every poll's speech events)."""
     rng = np.random.default_rng(seed)
     ids = [engine.open(o) for o in options]
     sent = [0] * len(audio)
@@ -146,6 +154,8 @@ def run(engine: StreamingEngine, audio: list[np.ndarray], options: list[StreamOp
                 sent[k] += 1
         for event in engine.poll():
             events[event.stream_id].append(event)
+        if speech is not None:
+            speech += engine.speech_events
     assert engine.open_streams == []
     return [events[i] for i in ids]
 
@@ -260,6 +270,42 @@ def test_vad_ends_one_utterance_per_speech_segment_and_the_stream_goes_on(model)
     assert cuts >= 3
 
 
+def test_speech_events_are_silero_starts_and_stops_on_each_stream_alone(model):
+    """Two streams with the VAD on: every speech start and stop of silero's state machine on the stream alone (no
+    minimum speech length, no padding), in order, with the index of the segment the speech belongs to."""
+    options = EndpointingOptions(vad=True, min_silence_ms=300, min_speech_ms=0)
+    audio = vad_audio()
+    engine = StreamingEngine(model, num_slots=2, att_context_size=ATT, max_cycle_seconds=0.4, endpointing=options)
+    speech: list = []
+    events = run(engine, audio, [StreamOptions(), StreamOptions()], seed=4, speech=speech)
+    silero_vad = pytest.importorskip("silero_vad")
+    threads = torch.get_num_threads()
+    silero = silero_vad.load_silero_vad()
+    torch.set_num_threads(threads)
+    marks = 0
+    for k, pcm in enumerate(audio):
+        stream_id = events[k][0].stream_id
+        raw = silero_vad.get_speech_timestamps(
+            torch.from_numpy(pcm.astype(np.float32) / 32768), silero, options.vad_threshold,
+            min_silence_duration_ms=options.min_silence_ms, speech_pad_ms=0, min_speech_duration_ms=0,
+        )  # fmt: skip
+        expected = []
+        for s in raw:
+            expected.append((True, s["start"] / RATE))
+            if s["end"] < len(pcm):  # silence ended it (else the stream's end did: no stop)
+                expected.append((False, s["end"] / RATE))
+        ours = [e for e in speech if e.stream_id == stream_id]
+        assert len(expected) >= 2, k  # something to compare
+        assert [(e.started, e.seconds) for e in ours] == expected, k
+        # a stop's segment is the one its utterance end finalises
+        finals = [e for e in events[k] if e.is_final and not e.is_last]
+        stops = [e for e in ours if not e.started]
+        assert [e.segment for e in stops][: len(finals)] == [e.segment for e in finals]
+        assert all(e.start <= stop.seconds <= e.end for e, stop in zip(finals, stops, strict=False))
+        marks += len(ours)
+    assert marks >= 6
+
+
 def test_options_are_checked():
     for kwargs, message in (
         ({"vad_threshold": 1.5}, r"vad_threshold=1.5 is not a probability"),
@@ -272,6 +318,13 @@ def test_options_are_checked():
     with pytest.warns(UserWarning, match=r"never ends an utterance with fewer than 2 residue tokens"):
         EndpointingOptions(blank_run_ms=800, residue_tokens_at_end=0)
     assert not EndpointingOptions().enabled and EndpointingOptions().neg_threshold == 0.35
+    with pytest.raises(ValueError, match=r"vad_threshold='high' is not a probability; valid: 0 to 1"):
+        EndpointingOptions(vad_threshold="high")
+    with pytest.raises(TypeError, match=r"endpointing must be an EndpointingOptions, got dict"):
+        StreamingEngine(S.build_synthetic_model("tiny-rnnt-streaming", seed=0), 1, endpointing={"vad": True})
+    # silero has networks for 16 and 8 kHz only: other rates are refused naming both
+    with pytest.raises(ValueError, match=r"Silero VAD runs at \[8000, 16000\] Hz; this model's audio is 22050 Hz"):
+        SileroNetwork(22050, torch.device("cpu"))
 
 
 @pytest.mark.gpu

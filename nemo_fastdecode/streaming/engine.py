@@ -47,7 +47,14 @@ front end's samples) ends a speech segment, once the decoder has passed the poin
 segments' tokens joined are the stream's tokens without endpointing, as NeMo's ``CacheAwareRNNTPipeline`` keeps its
 caches and hypothesis at an end of utterance. A segment without tokens is not finalised. A stream's last event
 (``close``, or the cycle where a finished stream ends) is never split by the blank-run rule; ``close`` returns one
-event, so it splits nothing.
+event, so it splits nothing. After each :meth:`StreamingEngine.poll`, :attr:`StreamingEngine.speech_events` holds the
+speech starts and stops the VAD found in it (:class:`~nemo_fastdecode.streaming.events.SpeechEvent`).
+
+What a segment's tokens equal, precisely: segment ``k`` of a stream has the tokens of NeMo's cache-aware streaming of
+the *whole stream* alone (fp32) whose encoder frames lie between the ``k``-th and ``k + 1``-th cut (a VAD cut: the
+first encoder frame at or after the sample where silero, on that stream alone, confirmed the silence; a blank-run
+cut: every token decoded at that step). It is not the transcript of the segment's audio decoded on its own: the
+encoder's caches and the decoder's state carry the context across the cut, as NeMo's pipeline does.
 
 Not thread-safe: one thread (e.g. a server's event loop) calls every method.
 """
@@ -72,6 +79,7 @@ from nemo_fastdecode.streaming.events import (
     CapacityError,
     EndpointingOptions,
     EndReason,
+    SpeechEvent,
     StreamEndedError,
     StreamError,
     StreamEvent,
@@ -80,7 +88,7 @@ from nemo_fastdecode.streaming.events import (
 )
 from nemo_fastdecode.streaming.frontend import AudioFrontEnd, SampleFormat
 from nemo_fastdecode.streaming.transcriber import StreamingTranscriber, WarmUpTimes
-from nemo_fastdecode.streaming.vad import BatchedVAD, SpeechEnds
+from nemo_fastdecode.streaming.vad import BatchedVAD, SpeechEnds, SpeechMarks
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
@@ -182,6 +190,9 @@ class StreamingEngine:
         self._endpointed = np.zeros(num_slots, dtype=bool)  # any rule on
         self._cuts: list[list[tuple[int, int]]] = [[] for _ in range(num_slots)]
         self._next_cut = np.full(num_slots, np.iinfo(np.int64).max, dtype=np.int64)  # frame of the first cut
+        self.speech_events: list[SpeechEvent] = []
+        """The VAD's speech starts and stops found by the last :meth:`poll` (streams with ``vad`` on), per stream in
+        time order; replaced at every poll."""
 
     # ---- streams -------------------------------------------------------------------------------------------
     @property
@@ -371,6 +382,7 @@ class StreamingEngine:
             idle = live & ~self._ending & (self._clock() - self._last_push > self.idle_timeout_seconds)
             for slot in np.flatnonzero(idle).tolist():
                 self._ending[slot], self._reason[slot] = True, EndReason.IDLE_TIMEOUT
+        self.speech_events = []
         return self._cycle(live)
 
     def _cycle(self, members: np.ndarray, endpoint: bool = True) -> list[StreamEvent]:
@@ -395,7 +407,9 @@ class StreamingEngine:
         self._flushed |= flush
         heard = live & self._vad_on & (feed | flush)  # the VAD reads the rings before the next append overwrites them
         if heard.any():
-            self._queue_cuts(self._vad.process(np.flatnonzero(heard), np.flatnonzero(flush & heard)).ends)
+            vad = self._vad.process(np.flatnonzero(heard), np.flatnonzero(flush & heard))
+            self._report_speech(vad.marks, vad.ends)
+            self._queue_cuts(vad.ends)
         slots, counts = np.asarray(out.slots, dtype=np.int64), np.asarray(out.counts, dtype=np.int64)
         self.queue.write(slots, np.asarray(out.starts, dtype=np.int64), counts, out.features)
         self.schedule.add(slots, counts)
@@ -418,6 +432,25 @@ class StreamingEngine:
         for slot in done.tolist():
             self._free(slot)
         return events
+
+    def _report_speech(self, marks: SpeechMarks, ends: SpeechEnds) -> None:
+        """The VAD's marks as :class:`SpeechEvent` s; ``segment``: the stream's current one, past the utterance ends
+        still waiting for the decoder and those found earlier in this same call."""
+        if marks.slots.size == 0:
+            return
+        rate = self.front.settings.sample_rate
+        for slot, sample, started in zip(
+            marks.slots.tolist(), marks.samples.tolist(), marks.started.tolist(), strict=True
+        ):
+            earlier = int(((ends.slots == slot) & (ends.ends < sample)).sum())
+            self.speech_events.append(
+                SpeechEvent(
+                    stream_id=int(self._stream_of[slot]),
+                    started=bool(started),
+                    seconds=sample / rate,
+                    segment=int(self._segment[slot]) + len(self._cuts[slot]) + earlier,
+                )
+            )
 
     def _queue_cuts(self, ends: SpeechEnds) -> None:
         """Keep the VAD's speech ends until the decoder passes them: the first encoder frame at or after the sample

@@ -3,6 +3,7 @@ events out, and the errors a server catches per request.
 
 * :class:`StreamOptions` -- how a stream's audio is encoded (and, per stream, what its events carry).
 * :class:`EndpointingOptions` -- when an utterance ends mid-stream (Silero VAD, NeMo's runs of blanks); off by default.
+* :class:`SpeechEvent` -- Silero VAD heard speech start or stop in a stream (streams with ``vad`` on).
 * :class:`StreamEvent` -- a partial or final transcript of one stream, with word timestamps and the audio it covers.
 * :class:`CapacityError` -- every slot holds a stream: refuse the new one (or queue it), nothing else is affected.
 * :class:`StreamError` (:class:`UnknownStreamError`, :class:`StreamEndedError`) -- a bad request about one stream:
@@ -21,6 +22,7 @@ __all__ = [
     "CapacityError",
     "EndReason",
     "EndpointingOptions",
+    "SpeechEvent",
     "StreamEndedError",
     "StreamError",
     "StreamEvent",
@@ -71,11 +73,11 @@ class EndpointingOptions:
     def __post_init__(self):
         probabilities = {"vad_threshold": self.vad_threshold, "vad_neg_threshold": self.vad_neg_threshold}
         for name, value in probabilities.items():
-            if value is not None and not 0.0 <= value <= 1.0:
+            if value is not None and not (_is_number(value) and 0.0 <= value <= 1.0):
                 raise ValueError(f"EndpointingOptions.{name}={value!r} is not a probability; valid: 0 to 1")
         for name in ("min_silence_ms", "speech_pad_ms", "min_speech_ms"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
+            if not (_is_number(value) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"EndpointingOptions.{name}={value!r}; valid: a finite number of ms >= 0")
         if self.blank_run_ms is not None and (isinstance(self.blank_run_ms, bool) or not self.blank_run_ms > 0):
             raise ValueError(f"EndpointingOptions.blank_run_ms={self.blank_run_ms!r}; valid: ms > 0, or None (off)")
@@ -102,6 +104,10 @@ class EndpointingOptions:
         if self.vad_neg_threshold is not None:
             return self.vad_neg_threshold
         return max(self.vad_threshold - 0.15, 0.01)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,29 @@ class StreamEvent:
     segment: int = 0
     start: float = 0.0
     end: float = 0.0
+
+
+@dataclass(frozen=True)
+class SpeechEvent:
+    """Silero VAD heard speech start or stop in a stream (``VADIterator``'s events, unpadded).
+
+    Every speech segment that starts gets a stop once silence longer than ``min_silence_ms`` follows it, short ones
+    included; only segments longer than ``min_speech_ms`` end an utterance (a final event with the tokens before the
+    point where the silence was confirmed follows once the decoder gets there, if there are any).
+
+    Attributes:
+        stream_id: the id :meth:`StreamingEngine.open` returned.
+        started: ``True``: speech starts at ``seconds``; ``False``: it stopped at ``seconds`` (where the silence that
+            ended it began).
+        seconds: from the stream's start.
+        segment: the index of the segment this speech belongs to, counting the utterance ends found before it (an
+            utterance end without tokens finalises nothing: then the later segments' indices are one lower).
+    """
+
+    stream_id: int
+    started: bool
+    seconds: float
+    segment: int
 
 
 class StreamingEngineError(Exception):

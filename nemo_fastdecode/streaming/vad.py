@@ -41,6 +41,7 @@ __all__ = [
     "BatchedVAD",
     "SileroNetwork",
     "SpeechEnds",
+    "SpeechMarks",
     "SpeechStateMachine",
     "VADOutput",
     "pad_segments",
@@ -121,6 +122,16 @@ class SpeechStateMachine:
     def step(
         self, rows: torch.Tensor, probs: torch.Tensor, window_start: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One window of each of ``rows``: update their states in place (:meth:`advance` without its marks).
+
+        Returns:
+            ``ended [N]``, ``start [N]``, ``end [N]`` as :meth:`advance` returns them.
+        """
+        return self.advance(rows, probs, window_start)[:3]
+
+    def advance(
+        self, rows: torch.Tensor, probs: torch.Tensor, window_start: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One window of each of ``rows``: update their states in place.
 
         Args:
@@ -130,7 +141,9 @@ class SpeechStateMachine:
 
         Returns:
             ``ended [N]`` (a speech segment ended at this window and is longer than ``min_speech``), and its
-            ``start [N]`` and ``end [N]`` samples (silero's unpadded segment; meaningful where ``ended``).
+            ``start [N]`` and ``end [N]`` samples (silero's unpadded segment; meaningful where ``ended``), then
+            ``began [N]`` (speech starts at this window: ``VADIterator``'s start, at ``start``) and ``stopped [N]``
+            (a speech segment ended here, whatever its length: ``VADIterator``'s end, at ``end``).
         """
         threshold, neg_threshold, min_silence, min_speech = self.settings[:, rows]
         p = probs.double()
@@ -149,7 +162,17 @@ class SpeechStateMachine:
         self.triggered.index_copy_(0, rows, triggered & ~ended)
         self.start.index_copy_(0, rows, start)
         self.temp_end.index_copy_(0, rows, torch.where(ended, 0, temp_end))
-        return kept, start, end
+        return kept, start, end, begins, ended
+
+
+@dataclass
+class SpeechMarks:
+    """Where speech started or stopped (host arrays ``[M]``): ``slots``, ``samples`` (from the stream's start) and
+    ``started`` (``True``: a start, ``False``: an end), per stream in time order."""
+
+    slots: np.ndarray
+    samples: np.ndarray
+    started: np.ndarray
 
 
 @dataclass
@@ -172,7 +195,8 @@ class VADOutput:
         first_window: ``[N]`` index of each stream's first window here (from the stream's start).
         windows: ``[N]`` windows per stream.
         probs: ``[N, max(windows)]`` float32 speech probabilities on the device (NaN past a row's windows).
-        ends: the speech segments that ended.
+        ends: the speech segments that ended (longer than ``min_speech``: the ones that end utterances).
+        marks: every speech start and end (silero's ``VADIterator`` events, unpadded), short segments included.
     """
 
     slots: np.ndarray
@@ -180,6 +204,7 @@ class VADOutput:
     windows: np.ndarray
     probs: torch.Tensor
     ends: SpeechEnds
+    marks: SpeechMarks
 
 
 class BatchedVAD:
@@ -247,11 +272,12 @@ class BatchedVAD:
         width = int(counts.max()) if counts.size else 0
         probs = torch.full((slots.size, width), math.nan, device=self.device)
         if width == 0:
-            return VADOutput(slots, first, counts, probs, _no_ends())
+            return VADOutput(slots, first, counts, probs, _no_ends(), _no_marks())
         audio = self.front.read_samples(slots, first * w, width * w).view(slots.size, width, w)
         rows = torch.from_numpy(slots).to(self.device)
         starts = torch.from_numpy(first * w).to(self.device)
-        found = torch.zeros(3, slots.size, width, dtype=torch.long, device=self.device)  # ended, start, end
+        # ended, start, end, began, stopped
+        found = torch.zeros(5, slots.size, width, dtype=torch.long, device=self.device)
         active = (counts[None, :] > np.arange(width)[:, None]).sum(1)  # [width] streams with a window j
         for j, n in enumerate(active.tolist()):
             sl = rows[:n]
@@ -260,15 +286,18 @@ class BatchedVAD:
             self.state.index_copy_(1, sl, state)
             self.context.index_copy_(0, sl, x[:, -self.network.context :])
             probs[:n, j] = p
-            ended, start, end = self.machine.step(sl, p, starts[:n] + j * w)
-            found[:, :n, j] = torch.stack([ended.long(), start, end])
+            decision = self.machine.advance(sl, p, starts[:n] + j * w)
+            found[:, :n, j] = torch.stack([d.long() for d in decision])
         self._windows[slots] += counts
         host = found.cpu().numpy()  # the one read back to the host
         row, col = np.nonzero(host[0])
         ends = SpeechEnds(slots[row], host[1, row, col], host[2, row, col], (first[row] + col + 1) * w)
         for slot, start, end in zip(ends.slots.tolist(), ends.starts.tolist(), ends.ends.tolist(), strict=True):
             self._segments[slot].append((start, end))
-        return VADOutput(slots, first, counts, probs, ends)
+        row, col = np.nonzero(host[3] | host[4])  # row-major: each stream's marks in time order
+        began = host[3, row, col].astype(bool)
+        marks = SpeechMarks(slots[row], np.where(began, host[1, row, col], host[2, row, col]), began)
+        return VADOutput(slots, first, counts, probs, ends, marks)
 
     def segments(self, slot: int, padded: bool = True) -> list[dict[str, int]]:
         """The stream's speech segments so far, as ``get_speech_timestamps`` returns them for its audio so far
@@ -285,6 +314,11 @@ class BatchedVAD:
 def _no_ends() -> SpeechEnds:
     empty = np.zeros(0, dtype=np.int64)
     return SpeechEnds(empty, empty, empty, empty)
+
+
+def _no_marks() -> SpeechMarks:
+    empty = np.zeros(0, dtype=np.int64)
+    return SpeechMarks(empty, empty, np.zeros(0, dtype=bool))
 
 
 def speech_segments(
