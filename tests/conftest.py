@@ -105,6 +105,18 @@ def tiny_streaming_model(preset: str = "tiny-streaming"):
     return model
 
 
+def whole_file_features(model, pcm) -> torch.Tensor:
+    """``[feat_in, T]`` NeMo's features of one whole int16 stream (read as NeMo reads a 16-bit WAV file)."""
+    import numpy as np
+
+    device = next(model.parameters()).device
+    signal = torch.from_numpy(pcm.astype(np.float32) / 32768)[None].to(device)
+    with torch.inference_mode():
+        length = torch.tensor([signal.shape[1]], device=device)
+        feats, length = model.preprocessor(input_signal=signal, length=length)
+    return feats[0, :, : int(length)]
+
+
 def transcribe(model, audio, **kwargs):
     """``model.transcribe`` on ``audio`` (batch 2), its best hypotheses, the modules left in eval mode."""
     hyps = model.transcribe(audio, batch_size=2, verbose=False, **kwargs)

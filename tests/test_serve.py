@@ -25,6 +25,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from nemo_fastdecode.serve import LimitsConfig, RealtimeServer, ServeConfig, build_engine
+from nemo_fastdecode.streaming import EndpointingOptions, StreamingEngine
 from nemo_fastdecode.tools import synthetic as S
 from nemo_fastdecode.tools.cli import parse_config
 from nemo_fastdecode.tools.loadtest.app import run_point
@@ -546,9 +547,11 @@ def test_server_vad_maps_to_the_engine_endpointing_hook(model, audio, refs):
                 await ws.send(json.dumps(update))
                 updated = json.loads(await ws.recv())
                 await ws.send(audio[1].tobytes())
+                # the hook ends segments of items whose audio is still open: commit after its first segment
+                first = await receive_until(ws, lambda e: e["type"] == COMPLETED, 30)
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
                 done = lambda e: e["type"] == COMPLETED and e["item_id"] == "item_1_0.1"  # noqa: E731
-                return updated, await receive_until(ws, done, 30)
+                return updated, first + await receive_until(ws, done, 30)
 
         updated, events = run(scenario())
         assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
@@ -558,6 +561,129 @@ def test_server_vad_maps_to_the_engine_endpointing_hook(model, audio, refs):
         assert "".join(e["transcript"] for e in completed).replace(" ", "") == refs[1].text.replace(" ", "")
     finally:
         s.stop()
+
+
+def vad_pcm() -> np.ndarray:
+    """Three voiced utterances with pauses of 0.6 s (int16)."""
+    voiced = S.synthetic_voiced_audio([0.9, 0.8, 1.0], seed=6)
+    gap = np.zeros(round(0.6 * RATE), dtype=np.float32)
+    signal = np.concatenate([gap[:4000], voiced[0], gap, voiced[1], gap, voiced[2], gap[:3000]])
+    return np.round(signal * 32768).astype(np.int16)
+
+
+def engine_alone(model, pcm: np.ndarray, options: EndpointingOptions) -> tuple[list, list]:
+    """The engine's finals and speech events of the stream alone (one push)."""
+    engine = StreamingEngine(model, 1, endpointing=options)
+    stream = engine.open()
+    engine.push(stream, pcm)
+    engine.finish(stream)
+    finals, speech = [], []
+    while engine.busy:
+        finals += [e for e in engine.poll() if e.is_final]
+        speech += engine.speech_events
+    return finals, speech
+
+
+def test_vad_true_serves_server_vad_with_speech_events_and_a_commit_per_utterance(model, audio, refs):
+    """``vad=true``: a ``server_vad`` session gets ``speech_started`` / ``speech_stopped`` where silero hears them and
+    ``committed`` + ``completed`` per utterance, the engine's segments of the stream alone (their text joined: NeMo's
+    streaming of the whole audio); a session without turn detection on the same server gets one exact item."""
+    pcm = vad_pcm()
+    options = EndpointingOptions(vad=True, min_silence_ms=300)
+    finals, speech = engine_alone(model, pcm, options)
+    assert len(finals) >= 3 and sum(bool(e.token_ids) for e in finals) >= 2  # utterances with text to compare
+    assert len(speech) >= 5
+    whole = reference_transcript(model, pcm)
+    assert whole.token_ids == sum((e.token_ids for e in finals), [])
+    s = ServerThread(model, slots=2, vad=True, vad_min_silence_ms=500)  # the session asks for 300 ms
+    last_id = f"item_1_0.{len(finals) - 1}"
+    try:
+
+        async def vad_client():
+            ws, _ = await connect_session(s.url)
+            async with ws:
+                turn = {"type": "server_vad", "silence_duration_ms": 300}
+                await ws.send(json.dumps({"type": "session.update", "session": {"turn_detection": turn}}))
+                updated = json.loads(await ws.recv())
+                receiver = asyncio.create_task(
+                    receive_until(ws, lambda e: e["type"] == COMPLETED and e["item_id"] == last_id, 60)
+                )
+                for piece in np.array_split(pcm, 9):
+                    await ws.send(piece.tobytes())
+                    await asyncio.sleep(0.02)
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                return updated, await receiver
+
+        async def plain_client():
+            return await stream_items(s.url, [audio[0]], seed=5, key=None)
+
+        async def both():
+            return await asyncio.gather(vad_client(), plain_client())
+
+        (updated, events), plain = run(both())
+    finally:
+        s.stop()
+    assert updated["session"]["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 300
+    completed = [e for e in events if e["type"] == COMPLETED]
+    committed = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+    ids = ["item_1_0"] + [f"item_1_0.{k}" for k in range(1, len(finals))]
+    assert [e["item_id"] for e in completed] == committed == ids
+    assert [e["transcript"] for e in completed] == [e.text for e in finals]
+    assert [e["audio_end_ms"] for e in completed[:-1]] == [round(e.end * 1000) for e in finals[:-1]]
+    marks = [e for e in events if e["type"].startswith("input_audio_buffer.speech_")]
+    expected = [
+        (
+            "started" if m.started else "stopped",
+            round(m.seconds * 1000),
+            "item_1_0" + (f".{m.segment}" * bool(m.segment)),
+        )
+        for m in speech
+    ]
+    got = [(e["type"].rsplit("_", 1)[1], e.get("audio_start_ms", e.get("audio_end_ms")), e["item_id"]) for e in marks]
+    assert got == expected
+    for k, item_id in enumerate(ids[:-1]):  # speech stops, then its utterance is committed
+        stopped = next(
+            i for i, e in enumerate(events) if e["type"].endswith("speech_stopped") and e["item_id"] == item_id
+        )
+        assert stopped < events.index(
+            next(e for e in events if e.get("item_id") == item_id and "committed" in e["type"])
+        ), k
+    plain_completed = [e for e in plain if e["type"] == COMPLETED]
+    assert len(plain_completed) == 1 and not any("speech_" in e["type"] for e in plain)
+    check_completed(plain_completed[0], refs[0], audio[0])
+
+
+def test_server_vad_settings_are_checked(model):
+    """``server_vad`` thresholds out of range get ``invalid_value`` naming the field and the valid values; bad
+    ``vad`` settings fail at start naming the setting."""
+    s = ServerThread(model, slots=1, vad=True)
+    try:
+
+        async def scenario():
+            ws, _ = await connect_session(s.url)
+            async with ws:
+                replies = []
+                for turn in ({"threshold": 1.5}, {"silence_duration_ms": -5}):
+                    session = {"turn_detection": {"type": "server_vad", **turn}}
+                    await ws.send(json.dumps({"type": "session.update", "session": session}))
+                    replies.append(json.loads(await ws.recv()))
+                return replies
+
+        replies = run(scenario())
+    finally:
+        s.stop()
+    assert [r["error"]["code"] for r in replies] == ["invalid_value"] * 2
+    assert replies[0]["error"]["param"] == "session.turn_detection.threshold"
+    assert "threshold=1.5 is not valid; valid: a speech probability, 0 to 1" in replies[0]["error"]["message"]
+    assert "silence_duration_ms=-5 is not valid; valid: milliseconds >= 0" in replies[1]["error"]["message"]
+    with pytest.raises(ValueError, match=r"vad_threshold=2.0 is not a probability; valid: 0 to 1"):
+        ServeConfig(vad=True, vad_threshold=2.0)
+    with pytest.raises(ValueError, match=r"vad_min_silence_ms=-1.0; valid: a finite number of ms >= 0"):
+        ServeConfig(vad_min_silence_ms=-1.0)
+    with pytest.raises(SystemExit, match=r"'maybe' is not a valid bool(.|\n)*full_key: vad"):
+        parse_config(ServeConfig, ["vad=maybe"], "t")
+    config = parse_config(ServeConfig, ["vad=true", "vad_min_silence_ms=300"], "t")
+    assert config.endpointing == EndpointingOptions(vad=True, min_silence_ms=300)
 
 
 def test_an_engine_failure_fails_the_items_and_health(model, audio):

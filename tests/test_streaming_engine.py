@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import nemo_alone, tiny_streaming_model
+from conftest import nemo_alone, tiny_streaming_model, whole_file_features
 from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_outputs
 
 from nemo_fastdecode.streaming import (
@@ -65,16 +65,11 @@ def references(model, att, audio) -> list[tuple[list[int], str, list[dict]]]:
     """(a): NeMo's streaming of each stream alone over its whole-file features: tokens, text, words."""
     model.encoder.set_default_att_context_size(att)
     out = []
-    device = next(model.parameters()).device
     for pcm in audio:
         if len(pcm) < model.preprocessor.featurizer.hop_length:  # no feature frame: nothing to decode
             out.append(([], "", []))
             continue
-        signal = torch.from_numpy(pcm.astype(np.float32) / 32768)[None].to(device)  # as NeMo reads a 16-bit WAV
-        with torch.inference_mode():
-            length = torch.tensor([signal.shape[1]], device=device)
-            feats, length = model.preprocessor(input_signal=signal, length=length)
-        _, hyp, _ = nemo_alone(model, feats[0, :, : int(length)])
+        _, hyp, _ = nemo_alone(model, whole_file_features(model, pcm))
         out.append((as_int_list(hyp.y_sequence), hyp.text, nemo_words(model, hyp)))
     assert sum(len(ids) for ids, _, _ in out) > 0  # there is something to compare
     return out

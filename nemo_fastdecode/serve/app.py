@@ -49,7 +49,8 @@ REALTIME_SUBPROTOCOL = "realtime"
 
 
 def build_engine(model: ASRModel, config: ServeConfig) -> StreamingEngine:
-    """The streaming engine ``config`` asks for, on the model's device (no idle timeout: connections time out)."""
+    """The streaming engine ``config`` asks for, on the model's device (no idle timeout: connections time out; Silero
+    VAD with ``config.vad``, for the streams of sessions that ask for ``server_vad``)."""
     return StreamingEngine(
         model,
         config.slots,
@@ -59,6 +60,7 @@ def build_engine(model: ASRModel, config: ServeConfig) -> StreamingEngine:
         encoder_matmul=config.encoder_matmul,
         fast_math=config.fast_math,
         max_symbols=config.max_symbols,
+        endpointing=config.endpointing,
     )
 
 
@@ -69,7 +71,9 @@ class RealtimeServer:
         engine: the engine (its ``num_slots`` bounds the connections served at once).
         config: address, limits, timeouts, API key (``config.slots`` is taken from the engine).
         model_name: reported in sessions.
-        endpointer: the engine loop's endpointing hook; with it, sessions may ask for ``server_vad``.
+        endpointer: the engine loop's endpointing hook; with it, sessions may ask for ``server_vad``. Without it,
+            they may when the engine runs Silero VAD (``EndpointingOptions(vad=True)``: ``build_engine`` with
+            ``config.vad``).
         warm_up: warm the engine up (CUDA graphs) before ``/ready`` says so.
     """
 
@@ -87,6 +91,7 @@ class RealtimeServer:
         self.admission = Admission(engine.num_slots, config.api_key)
         self.engine_loop = EngineLoop(engine, self._from_engine, self.metrics, endpointer=endpointer)
         self.rate = engine.front.settings.sample_rate
+        self._vad = engine.endpointing if engine.endpointing.vad else None
         self.connections: dict[int, Connection] = {}
         self._handlers: set[asyncio.Task] = set()
         self._ids = itertools.count(1)
@@ -189,6 +194,7 @@ class RealtimeServer:
             model_name=self.model_name,
             idle_timeout=self.config.idle_timeout_seconds,
             segmenting=self.engine_loop.endpointer is not None,
+            vad=self._vad,
         )
         self.connections[connection_id] = connection
         self.metrics.connections.set(len(self.connections))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nemo_fastdecode.streaming.encoder import check_precision
+from nemo_fastdecode.streaming.events import EndpointingOptions
 
 __all__ = ["LimitsConfig", "ServeConfig"]
 
@@ -71,6 +72,12 @@ class ServeConfig:
         idle_timeout_seconds: a connection that sends nothing for this long gets the final of its audio, an
             ``error`` event (``idle_timeout``) and is closed; ``None``: never.
         shutdown_timeout_seconds: on SIGTERM, how long open connections get to receive their last finals.
+        vad: Silero VAD on the engine: sessions may ask for ``turn_detection: {type: server_vad}``; the server then
+            ends an item where speech stops (``speech_started`` / ``speech_stopped``, then ``committed`` and
+            ``completed`` per utterance). Sessions without turn detection are not affected.
+        vad_threshold: speech probability at or above which audio is speech (a session's ``threshold`` overrides it).
+        vad_min_silence_ms: silence after speech that ends an utterance (a session's ``silence_duration_ms``
+            overrides it).
         api_key: when set, clients must send it (``Authorization: Bearer <key>`` or the WebSocket subprotocol
             ``openai-insecure-api-key.<key>``) before anything else is read; others are closed with 1008.
         limits: per-connection limits.
@@ -90,6 +97,9 @@ class ServeConfig:
     seed: int = 0
     idle_timeout_seconds: float | None = 60.0
     shutdown_timeout_seconds: float = 30.0
+    vad: bool = False
+    vad_threshold: float = 0.5
+    vad_min_silence_ms: float = 500.0
     api_key: str | None = None
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
@@ -103,5 +113,22 @@ class ServeConfig:
             raise ValueError(f"idle_timeout_seconds must be > 0 or null, got {self.idle_timeout_seconds}")
         if not self.shutdown_timeout_seconds >= 0:
             raise ValueError(f"shutdown_timeout_seconds must be >= 0, got {self.shutdown_timeout_seconds}")
+        if not isinstance(self.vad, bool):
+            raise ValueError(f"vad must be true or false, got {self.vad!r}")
+        self._vad_options()  # checks vad_threshold and vad_min_silence_ms even with vad off
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must be null or a non-empty string")
+
+    @property
+    def endpointing(self) -> EndpointingOptions | None:
+        """The engine's endpointing: Silero VAD with these settings when ``vad`` is on, else ``None``."""
+        return self._vad_options() if self.vad else None
+
+    def _vad_options(self) -> EndpointingOptions:
+        try:
+            return EndpointingOptions(
+                vad=True, vad_threshold=self.vad_threshold, min_silence_ms=self.vad_min_silence_ms
+            )
+        except (ValueError, TypeError) as error:  # name the setting as this config spells it
+            message = str(error).replace("EndpointingOptions.vad_threshold", "vad_threshold")
+            raise ValueError(message.replace("EndpointingOptions.min_silence_ms", "vad_min_silence_ms")) from None

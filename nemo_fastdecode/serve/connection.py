@@ -51,6 +51,8 @@ from nemo_fastdecode.serve.protocol import (
     SessionFormat,
     SessionTranscription,
     SessionUpdate,
+    SpeechStarted,
+    SpeechStopped,
     TranscriptionCompleted,
     TranscriptionDelta,
     TranscriptionFailed,
@@ -60,7 +62,7 @@ from nemo_fastdecode.serve.protocol import (
     decode_audio,
     parse_client_event,
 )
-from nemo_fastdecode.streaming import StreamEvent, StreamOptions
+from nemo_fastdecode.streaming import EndpointingOptions, SpeechEvent, StreamEvent, StreamOptions
 
 if TYPE_CHECKING:
     from websockets.asyncio.server import ServerConnection
@@ -82,6 +84,7 @@ class SessionState:
     turn_detection: TurnDetection | None = None
     language: str | None = None
     prompt: str | None = None
+    endpointing: EndpointingOptions | None = None  # the VAD settings ``turn_detection`` asks for (engine VAD only)
 
     def describe(self, session_id: str) -> Session:
         return Session(
@@ -133,7 +136,9 @@ class Connection:
         rate: the model's sample rate (the only one taken).
         model_name: reported in the session.
         idle_timeout: seconds without a message before the connection is ended; ``None``: never.
-        segmenting: whether the engine loop has an endpointer (``server_vad`` is accepted only then).
+        segmenting: whether the engine loop has an endpointer (``server_vad`` is accepted with it).
+        vad: the engine's VAD settings when it runs Silero VAD (``server_vad`` is accepted, its ``threshold`` and
+            ``silence_duration_ms`` override them per session); ``None``: no VAD.
     """
 
     def __init__(
@@ -148,11 +153,13 @@ class Connection:
         model_name: str,
         idle_timeout: float | None,
         segmenting: bool = False,
+        vad: EndpointingOptions | None = None,
     ):
         self.ws, self.id, self.engine_loop, self.metrics, self.limits = ws, connection_id, engine_loop, metrics, limits
         self.session = SessionState(rate=rate, model=model_name)
         self.session_id = f"sess_{connection_id}"
-        self.idle_timeout, self.segmenting = idle_timeout, segmenting
+        self.idle_timeout, self.vad = idle_timeout, vad
+        self.segmenting = segmenting or vad is not None
         self._out: asyncio.Queue[BaseModel | _Close] = asyncio.Queue(maxsize=limits.max_outgoing_events)
         self._event_ids = itertools.count()
         self._item_index = itertools.count()
@@ -274,8 +281,10 @@ class Connection:
             self._current = _Item(index, f"item_{self.id}_{index}", start_samples=self._samples)
             self._finals_done.clear()
         item = self._current
-        options = StreamOptions(sample_rate=self.session.rate, sample_format="int16")
         vad = self.session.turn_detection is not None
+        # with an engine VAD, a session without turn detection opens its stream with endpointing off
+        endpointing = (self.session.endpointing or EndpointingOptions()) if self.vad is not None else None
+        options = StreamOptions(sample_rate=self.session.rate, sample_format="int16", endpointing=endpointing)
         self.engine_loop.submit(Push((self.id, item.index), pcm, time.monotonic(), options, vad))
         item.samples += len(pcm) // 2
         self._samples += len(pcm) // 2
@@ -337,6 +346,7 @@ class Connection:
         ):
             if present:
                 new.turn_detection = self._check_turn_detection(value, f"{param}.turn_detection", event_id)
+                new.endpointing = self._vad_options(new.turn_detection, f"{param}.turn_detection", event_id)
         noise = (audio_input.noise_reduction if audio_input else None) or update.input_audio_noise_reduction
         if noise is not None:
             raise ProtocolError(
@@ -385,12 +395,33 @@ class Connection:
         if not self.segmenting:
             raise ProtocolError(
                 ErrorCode.INVALID_VALUE,
-                "server_vad needs an endpointer, which this server's engine does not have: send turn_detection null "
-                "and input_audio_buffer.commit at the end of each utterance",
+                "server_vad needs voice activity detection or an endpointer, which this server does not have (start "
+                "it with vad=true): send turn_detection null and input_audio_buffer.commit at the end of each "
+                "utterance",
                 param=param,
                 event_id=event_id,
             )
         return value
+
+    def _vad_options(self, value: TurnDetection | None, param: str, event_id: str | None) -> EndpointingOptions | None:
+        """The engine's VAD settings with the session's ``threshold`` / ``silence_duration_ms`` where given."""
+        if value is None or self.vad is None:
+            return None
+        threshold, silence = value.threshold, value.silence_duration_ms
+        for name, given, ok, valid in (
+            ("threshold", threshold, threshold is None or 0.0 <= threshold <= 1.0, "a speech probability, 0 to 1"),
+            ("silence_duration_ms", silence, silence is None or silence >= 0, "milliseconds >= 0"),
+        ):
+            if not ok:
+                raise ProtocolError(
+                    ErrorCode.INVALID_VALUE,
+                    f"turn_detection.{name}={given!r} is not valid; valid: {valid}, or leave it out (the server's "
+                    "setting)",
+                    param=f"{param}.{name}",
+                    event_id=event_id,
+                )
+        changes = {"vad_threshold": threshold, "min_silence_ms": silence}
+        return dataclasses.replace(self.vad, **{name: v for name, v in changes.items() if v is not None})
 
     async def _pace(self) -> None:
         """Hold the reader while the client is over its audio rate (the token bucket refills in real time)."""
@@ -411,7 +442,9 @@ class Connection:
         if item is None:  # a cleared item's last partials
             return
         try:
-            if delivery.committed is not None:
+            if delivery.speech is not None:
+                self._speech(item, delivery.speech)
+            elif delivery.committed is not None:
                 self._committed(item.segment_id(delivery.committed))
             elif delivery.event is None:
                 self._failed(item, delivery.error or "unknown error")
@@ -455,6 +488,14 @@ class Connection:
         )
         if event.is_last:
             self._done(item)
+
+    def _speech(self, item: _Item, speech: SpeechEvent) -> None:
+        ms = round((item.start_samples / self.session.rate + speech.seconds) * 1000)
+        item_id = item.segment_id(speech.segment)
+        if speech.started:
+            self._send(SpeechStarted(event_id=self._event_id(), audio_start_ms=ms, item_id=item_id))
+        else:
+            self._send(SpeechStopped(event_id=self._event_id(), audio_end_ms=ms, item_id=item_id))
 
     def _committed(self, item_id: str) -> None:
         self._send(Committed(event_id=self._event_id(), item_id=item_id, previous_item_id=self._last_item_id))

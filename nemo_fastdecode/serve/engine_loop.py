@@ -10,9 +10,13 @@ Each connection is a *lane* of items (an item: the audio between two commits, on
 first item holds an engine stream; the next one's audio waits here until the first one's final has been built, so a
 connection never holds more than one slot (admission counts connections against slots).
 
-Endpointing hook: ``endpointer(events) -> stream ids`` is called after each cycle with its events; each stream it
-names (among those whose item asked for turn detection) gets :meth:`~StreamingEngine.end_segment`: a mid-stream final
-(``server_vad``'s commit) while the stream goes on.
+Turn detection (an item that asked for ``server_vad``) ends segments mid-stream, each a server commit, two ways: the
+engine's own endpointing (Silero VAD, the item's stream opened with it on: its mid-stream finals come from
+:meth:`~StreamingEngine.poll`, its speech starts and stops from :attr:`~StreamingEngine.speech_events`), or the
+endpointing hook: ``endpointer(events) -> stream ids`` is called after each cycle with its events; each stream it
+names (among those whose item asked for turn detection and whose audio is not complete yet) gets
+:meth:`~StreamingEngine.end_segment`: a mid-stream final while the stream goes on. The client's own commit of such
+an item is acknowledged with its last segment, just before that segment's final (segments may still end before it).
 """
 
 from __future__ import annotations
@@ -26,7 +30,13 @@ import time
 from collections.abc import Callable, Iterable
 
 from nemo_fastdecode.serve.metrics import ServerMetrics
-from nemo_fastdecode.streaming import StreamEvent, StreamingEngine, StreamingEngineError, StreamOptions
+from nemo_fastdecode.streaming import (
+    SpeechEvent,
+    StreamEvent,
+    StreamingEngine,
+    StreamingEngineError,
+    StreamOptions,
+)
 
 __all__ = ["Abort", "Command", "Delivery", "Drop", "EngineLoop", "Finish", "ItemKey", "Push"]
 
@@ -78,12 +88,13 @@ Command = Push | Finish | Abort | Drop
 @dataclasses.dataclass(frozen=True)
 class Delivery:
     """An engine event of an item; or the error that ended it; or, for a :class:`Finish`, the segment it commits
-    (``committed``: 0 unless the endpointer ended segments of the stream before)."""
+    (``committed``: 0 unless segments of the stream ended before); or a speech start or stop the VAD heard."""
 
     key: ItemKey
     event: StreamEvent | None
     error: str | None = None
     committed: int | None = None
+    speech: SpeechEvent | None = None
 
 
 @dataclasses.dataclass
@@ -92,6 +103,7 @@ class _Item:
     pushes: list[tuple[bytes, float, StreamOptions, bool]] = dataclasses.field(default_factory=list)
     finish_received: float | None = None
     stream: int | None = None
+    turn_detection: bool = False
     rate: int = 16000
     samples: int = 0
     # (samples pushed so far, when the push arrived); a stream without partials (silence) keeps only the newest
@@ -225,13 +237,17 @@ class EngineLoop:
             item = _Item(command.key)
             lane.append(item)
         if isinstance(command, Push):
+            item.turn_detection = item.turn_detection or command.turn_detection
             if item.stream is None:
                 item.pushes.append((command.pcm, command.received, command.options, command.turn_detection))
                 return self._start_head(connection)
             return self._push(item, command.pcm, command.received)
-        # Finish: acknowledged with the segment it ends, before the events it leads to
+        # Finish: acknowledged with the segment it ends, before the events it leads to; with turn detection segments
+        # may still end before the audio is out: acknowledged with the last event then
         item.finish_received = command.received
-        committed = [Delivery(item.key, None, committed=self._segments.get(item.stream, 0))]
+        committed = (
+            [] if item.turn_detection else [Delivery(item.key, None, committed=self._segments.get(item.stream, 0))]
+        )
         if item.stream is not None:
             self.engine.finish(item.stream)
             return committed
@@ -281,19 +297,27 @@ class EngineLoop:
         events = self.engine.poll()
         if self.endpointer is not None and self._segmenting:
             for stream in self.endpointer(events):
-                if stream in self._segmenting:
+                key = self._key_of.get(stream)
+                if stream in self._segmenting and self._item(key).finish_received is None:
                     events.append(self.engine.end_segment(stream))
-                    self._segments[stream] = self._segments.get(stream, 0) + 1
         now = time.perf_counter()
         self.metrics.cycle_seconds.observe(now - start)
         self.cycles += 1
         clock = time.monotonic()
         out = []
+        for speech in self.engine.speech_events:  # before the finals they lead to
+            key = self._key_of.get(speech.stream_id)
+            if key is not None:
+                out.append(Delivery(key, None, speech=speech))
         for event in events:
             key = self._key_of.get(event.stream_id)
             if key is None:
                 continue
-            item = next(i for i in self._lanes[key[0]] if i.key == key)
+            item = self._item(key)
+            if event.is_final and not event.is_last:
+                self._segments[event.stream_id] = self._segments.get(event.stream_id, 0) + 1
+            if event.is_last and item.turn_detection:  # the client's commit: the last segment
+                out.append(Delivery(key, None, committed=event.segment))
             if event.is_last:
                 if item.finish_received is not None:
                     self.metrics.final_latency_seconds.observe(clock - item.finish_received)
@@ -305,6 +329,9 @@ class EngineLoop:
             if event.is_last:
                 out += self._start_head(key[0])
         return out
+
+    def _item(self, key: ItemKey) -> _Item:
+        return next(i for i in self._lanes[key[0]] if i.key == key)
 
     def _observe_chunk_latency(self, item: _Item, event: StreamEvent, clock: float) -> None:
         """Received -> built, for the audio whose arrival completed the chunk the partial ends with."""

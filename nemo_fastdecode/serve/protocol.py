@@ -3,14 +3,15 @@
 Client events (JSON text messages; raw binary messages are PCM16 audio, as ``input_audio_buffer.append``):
 
 * ``session.update`` / ``transcription_session.update`` -- the audio format (``audio/pcm`` at the model's rate,
-  or ``input_audio_format: pcm16``) and ``turn_detection`` (``null``, or ``server_vad`` where the engine has an
-  endpointer); only the fields present change.
+  or ``input_audio_format: pcm16``) and ``turn_detection`` (``null``, or ``server_vad`` where the engine runs VAD or
+  the server has an endpointer); only the fields present change.
 * ``input_audio_buffer.append`` -- base64 PCM16 audio.
 * ``input_audio_buffer.commit`` -- the buffer's audio is one item: its ``completed`` event follows.
 * ``input_audio_buffer.clear`` -- drop the audio appended since the last commit.
 
 Server events: ``session.created`` / ``session.updated`` (``transcription_session.*`` for the beta flavour),
-``input_audio_buffer.committed`` / ``cleared``, ``conversation.item.input_audio_transcription.delta`` (partials) and
+``input_audio_buffer.committed`` / ``cleared``, ``input_audio_buffer.speech_started`` / ``speech_stopped`` (with
+``server_vad`` on a server with VAD), ``conversation.item.input_audio_transcription.delta`` (partials) and
 ``.completed`` (finals, word timestamps in ``words``), and ``error`` (``error.code`` names every refusal).
 
 Every incoming message is validated here; :func:`parse_client_event` returns an event or a :class:`ProtocolError`
@@ -308,6 +309,24 @@ class Committed(ServerEvent):
     type: Literal["input_audio_buffer.committed"] = "input_audio_buffer.committed"
     item_id: str
     previous_item_id: str | None = None
+
+
+class SpeechStarted(ServerEvent):
+    """The VAD heard speech start at ``audio_start_ms`` (of the connection's audio); ``item_id``: the item the speech
+    will be committed as."""
+
+    type: Literal["input_audio_buffer.speech_started"] = "input_audio_buffer.speech_started"
+    audio_start_ms: int
+    item_id: str
+
+
+class SpeechStopped(ServerEvent):
+    """The VAD heard speech stop at ``audio_end_ms`` (of the connection's audio; where the silence that ended it
+    began); the item's ``committed`` and ``completed`` follow once its audio is decoded (if it has any text)."""
+
+    type: Literal["input_audio_buffer.speech_stopped"] = "input_audio_buffer.speech_stopped"
+    audio_end_ms: int
+    item_id: str
 
 
 class Cleared(ServerEvent):

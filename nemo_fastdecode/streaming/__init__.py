@@ -10,6 +10,8 @@
 * :mod:`~nemo_fastdecode.streaming.frontend` -- every stream's PCM in one copy, NeMo's whole-file mel features out.
 * :mod:`~nemo_fastdecode.streaming.chunking` -- NeMo's chunk schedule as frames arrive, the frames waiting per slot.
 * :mod:`~nemo_fastdecode.streaming.events` -- the engine's options, events and errors.
+* :mod:`~nemo_fastdecode.streaming.vad` -- Silero VAD for every stream at once, on the front end's samples.
+* :mod:`~nemo_fastdecode.streaming.endpointing` -- NeMo's blank-run end of utterance for every stream at once.
 * :mod:`~nemo_fastdecode.streaming.engine` -- ``StreamingEngine``: PCM in, partial and final transcripts out.
 * :mod:`~nemo_fastdecode.streaming.nemo_pipeline` -- NeMo's streaming pipeline interface over the engine
   (``pipeline_type: fast_cache_aware``).
@@ -19,7 +21,9 @@
 from nemo_fastdecode.streaming.engine import StreamingEngine
 from nemo_fastdecode.streaming.events import (
     CapacityError,
+    EndpointingOptions,
     EndReason,
+    SpeechEvent,
     StreamEndedError,
     StreamError,
     StreamEvent,
@@ -33,6 +37,8 @@ from nemo_fastdecode.streaming.transcriber import StepResult, StreamingTranscrib
 __all__ = [
     "CapacityError",
     "EndReason",
+    "EndpointingOptions",
+    "SpeechEvent",
     "StepResult",
     "StreamEndedError",
     "StreamError",

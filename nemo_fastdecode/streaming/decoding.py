@@ -122,6 +122,11 @@ class SlotDecoder:
         return self.labels.shape[1]
 
     @property
+    def max_symbols(self) -> int:
+        """Most labels the decoder emits per encoder frame."""
+        return int(self._computer_args["max_symbols"])
+
+    @property
     def computers(self) -> dict[int, GreedyComputerBase]:
         """The greedy computers by batch size (one, under key 0, without CUDA graphs)."""
         return self._computers

@@ -36,10 +36,25 @@ Exactness: in fp32 every stream's tokens, text and word timestamps equal NeMo's 
 stream alone (``CacheAwareStreamingAudioBuffer`` over the preprocessor's features of the whole file, then
 ``conformer_stream_step``), whatever the push sizes and however streams interleave (tests/test_streaming_engine.py).
 
-Endpointing hook: a final event need not end its stream. :meth:`StreamingEngine.end_segment` emits the final event
+Endpointing: a final event need not end its stream. :meth:`StreamingEngine.end_segment` emits the final event
 of the stream's current segment (its tokens since the previous segment) and the stream goes on: audio, caches and
-decoder state continue, the next events carry ``segment + 1`` and only the tokens emitted after it. An endpointer
-(VAD, or the decoder's runs of blanks) decides in the cycle, after the step, and calls it there.
+decoder state continue, the next events carry ``segment + 1`` and only the tokens emitted after it. With
+:class:`~nemo_fastdecode.streaming.events.EndpointingOptions` (off by default) the engine ends utterances itself, in
+the cycle, after the step: where Silero VAD (:mod:`~nemo_fastdecode.streaming.vad`, batched over the streams on the
+front end's samples) ends a speech segment, once the decoder has passed the point where the silence was confirmed
+(the segment gets the tokens before it), or where NeMo's blank-run rule fires
+(:mod:`~nemo_fastdecode.streaming.endpointing`; the segment gets every token so far). Only events are cut: the
+segments' tokens joined are the stream's tokens without endpointing, as NeMo's ``CacheAwareRNNTPipeline`` keeps its
+caches and hypothesis at an end of utterance. A segment without tokens is not finalised. A stream's last event
+(``close``, or the cycle where a finished stream ends) is never split by the blank-run rule; ``close`` returns one
+event, so it splits nothing. After each :meth:`StreamingEngine.poll`, :attr:`StreamingEngine.speech_events` holds the
+speech starts and stops the VAD found in it (:class:`~nemo_fastdecode.streaming.events.SpeechEvent`).
+
+What a segment's tokens equal, precisely: segment ``k`` of a stream has the tokens of NeMo's cache-aware streaming of
+the *whole stream* alone (fp32) whose encoder frames lie between the ``k``-th and ``k + 1``-th cut (a VAD cut: the
+first encoder frame at or after the sample where silero, on that stream alone, confirmed the silence; a blank-run
+cut: every token decoded at that step). It is not the transcript of the segment's audio decoded on its own: the
+encoder's caches and the decoder's state carry the context across the cut, as NeMo's pipeline does.
 
 Not thread-safe: one thread (e.g. a server's event loop) calls every method.
 """
@@ -59,9 +74,12 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_outputs
 
 from nemo_fastdecode.streaming.chunking import ChunkSchedule, FeatureQueue
+from nemo_fastdecode.streaming.endpointing import BlankRunEndpointer
 from nemo_fastdecode.streaming.events import (
     CapacityError,
+    EndpointingOptions,
     EndReason,
+    SpeechEvent,
     StreamEndedError,
     StreamError,
     StreamEvent,
@@ -70,6 +88,7 @@ from nemo_fastdecode.streaming.events import (
 )
 from nemo_fastdecode.streaming.frontend import AudioFrontEnd, SampleFormat
 from nemo_fastdecode.streaming.transcriber import StreamingTranscriber, WarmUpTimes
+from nemo_fastdecode.streaming.vad import BatchedVAD, SpeechEnds, SpeechMarks
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
@@ -95,6 +114,8 @@ class StreamingEngine:
         max_cycle_seconds: most audio of one stream fed to the front end per cycle (sizes its buffers); more waits
             on the host for the next cycles.
         clock: seconds, monotonic (injectable for tests).
+        endpointing: when utterances end mid-stream (:class:`EndpointingOptions`; default: never), for every stream
+            that does not set its own in :class:`StreamOptions`. Silero VAD is loaded here if it is on.
     """
 
     def __init__(
@@ -111,9 +132,11 @@ class StreamingEngine:
         idle_timeout_seconds: float | None = None,
         max_cycle_seconds: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        endpointing: EndpointingOptions | None = None,
     ):
         if idle_timeout_seconds is not None and not idle_timeout_seconds > 0:
             raise ValueError(f"idle_timeout_seconds must be > 0 or None, got {idle_timeout_seconds!r}")
+        self.endpointing = _endpointing_options(EndpointingOptions() if endpointing is None else endpointing)
         self.transcriber = StreamingTranscriber(
             model,
             num_slots,
@@ -159,6 +182,17 @@ class StreamingEngine:
         self._reason: list[EndReason | None] = [None] * num_slots
         self._slot_of: dict[int, int] = {}
         self._next_id = 0
+        # end of utterance: per-slot rules; the VAD's ends waiting for the decoder to pass them (encoder frame, sample)
+        self._frame_samples = g.subsampling_factor * s.hop  # audio samples per encoder frame
+        self._blank_run = BlankRunEndpointer(num_slots, self._window_stride * g.subsampling_factor * 1000, self.device)
+        self._vad: BatchedVAD | None = BatchedVAD(self.front) if self.endpointing.vad else None
+        self._vad_on = np.zeros(num_slots, dtype=bool)
+        self._endpointed = np.zeros(num_slots, dtype=bool)  # any rule on
+        self._cuts: list[list[tuple[int, int]]] = [[] for _ in range(num_slots)]
+        self._next_cut = np.full(num_slots, np.iinfo(np.int64).max, dtype=np.int64)  # frame of the first cut
+        self.speech_events: list[SpeechEvent] = []
+        """The VAD's speech starts and stops found by the last :meth:`poll` (streams with ``vad`` on), per stream in
+        time order; replaced at every poll."""
 
     # ---- streams -------------------------------------------------------------------------------------------
     @property
@@ -176,10 +210,13 @@ class StreamingEngine:
         options = StreamOptions() if options is None else options
         if not isinstance(options, StreamOptions):
             raise TypeError(f"options must be a StreamOptions, got {type(options).__name__}")
+        endpointing = self.endpointing if options.endpointing is None else _endpointing_options(options.endpointing)
         free = np.flatnonzero(self._stream_of < 0)
         if free.size == 0:
             raise CapacityError(self.num_slots)
         slot = int(free[0])
+        if endpointing.vad and self._vad is None:  # the first stream that asks for it loads it
+            self._vad = BatchedVAD(self.front)
         self.front.open(
             slot, sample_rate=options.sample_rate, channels=options.channels, sample_format=options.sample_format
         )  # checks the options before anything changes
@@ -198,7 +235,16 @@ class StreamingEngine:
         self._carry[slot] = b""
         self._options[slot], self._reason[slot] = options, None
         self._format[slot] = SampleFormat.parse(options.sample_format)
+        self._open_endpointing(slot, endpointing)
         return stream_id
+
+    def _open_endpointing(self, slot: int, options: EndpointingOptions) -> None:
+        self._vad_on[slot], self._endpointed[slot] = options.vad, options.enabled
+        if options.vad:
+            self._vad.open(slot, options)
+        self._blank_run.open(slot, options)
+        self._cuts[slot].clear()
+        self._next_cut[slot] = np.iinfo(np.int64).max
 
     def push(self, stream_id: int, pcm: bytes | bytearray | memoryview | np.ndarray) -> None:
         """Queue audio of one stream for the next cycles (any length, at any time; copied unless ``bytes``).
@@ -253,7 +299,7 @@ class StreamingEngine:
         members = np.zeros(self.num_slots, dtype=bool)
         members[slot] = True
         while True:  # each cycle feeds, flushes or steps it: it ends
-            for event in self._cycle(members):
+            for event in self._cycle(members, endpoint=False):  # one event returned: no segment is split off
                 if event.is_last:
                     return event
 
@@ -270,11 +316,32 @@ class StreamingEngine:
         segment's tokens only, and its index. Audio pushed but not yet stepped belongs to the next segment.
         """
         slot = self._live_slot(stream_id, "end a segment of")
-        (event,) = self._events([slot], final=True, last=False)
-        self._segment[slot] += 1
-        self._segment_token[slot] = len(event.token_ids) + self._segment_token[slot]
-        self._segment_start[slot] = event.end
+        (event,) = self._end_segments([slot])
         return event
+
+    def _end_segments(
+        self,
+        slots: list[int],
+        bounds: list[int] | None = None,
+        ends: list[float] | None = None,
+        skip_empty: bool = False,
+    ) -> list[StreamEvent]:
+        """Final events of the current segments of ``slots``; the next segments start after them.
+
+        Args:
+            slots: the streams.
+            bounds: per stream, the segment keeps its tokens at encoder frames before this one (the rest opens the
+                next segment); ``None``: every token.
+            ends: per stream, the seconds where the segment ends (default: the audio decoded so far).
+            skip_empty: a segment without tokens gets no event and goes on.
+        """
+        events = self._events(slots, final=True, last=False, bounds=bounds, ends=ends, skip_empty=skip_empty)
+        for event in events:
+            slot = self._slot_of[event.stream_id]
+            self._segment[slot] += 1
+            self._segment_token[slot] += len(event.token_ids)
+            self._segment_start[slot] = event.end
+        return events
 
     def text(self, stream_id: int) -> str:
         """The stream's whole transcript so far (all segments)."""
@@ -315,10 +382,12 @@ class StreamingEngine:
             idle = live & ~self._ending & (self._clock() - self._last_push > self.idle_timeout_seconds)
             for slot in np.flatnonzero(idle).tolist():
                 self._ending[slot], self._reason[slot] = True, EndReason.IDLE_TIMEOUT
+        self.speech_events = []
         return self._cycle(live)
 
-    def _cycle(self, members: np.ndarray) -> list[StreamEvent]:
-        """Feed, compute features, step and report the streams in ``members`` (``[S]`` bool)."""
+    def _cycle(self, members: np.ndarray, endpoint: bool = True) -> list[StreamEvent]:
+        """Feed, compute features, step and report the streams in ``members`` (``[S]`` bool); ``endpoint``: end
+        utterances where the streams' rules say so."""
         live = members & (self._stream_of >= 0)
         # 1. audio in: one copy for every stream fed; features for every stream (ended ones: their last frames)
         feed = live & (self._pending_bytes > 0) & (self.schedule.backlog < self._max_chunk)
@@ -336,6 +405,11 @@ class StreamingEngine:
                 self._carry[slot] = b""
         out = self.front.features(flush=np.flatnonzero(flush).tolist())
         self._flushed |= flush
+        heard = live & self._vad_on & (feed | flush)  # the VAD reads the rings before the next append overwrites them
+        if heard.any():
+            vad = self._vad.process(np.flatnonzero(heard), np.flatnonzero(flush & heard))
+            self._report_speech(vad.marks, vad.ends)
+            self._queue_cuts(vad.ends)
         slots, counts = np.asarray(out.slots, dtype=np.int64), np.asarray(out.counts, dtype=np.int64)
         self.queue.write(slots, np.asarray(out.starts, dtype=np.int64), counts, out.features)
         self.schedule.add(slots, counts)
@@ -348,15 +422,67 @@ class StreamingEngine:
             batch = self.queue.read(stepped, self.schedule.stepped[stepped], lengths)
             self.transcriber.step(stepped.tolist(), batch, lengths=lengths)
             self.schedule.advance(stepped, lengths)
-        # 3. events: partial for the streams whose tokens grew, final for the streams that are over
+        # 3. events: utterance ends, partial for the streams whose tokens grew, final for the streams that are over
         ending = np.flatnonzero(live & self._flushed)
         done = ending[self.schedule.done(ending)]
+        events = self._endpoint(stepped[self._endpointed[stepped]], done) if endpoint else []
         stepped = np.setdiff1d(stepped, done, assume_unique=True)
-        events = self._events(stepped[self._grew(stepped)].tolist(), final=False, last=False)
+        events += self._events(stepped[self._grew(stepped)].tolist(), final=False, last=False)
         events += self._events(done.tolist(), final=True, last=True)
         for slot in done.tolist():
             self._free(slot)
         return events
+
+    def _report_speech(self, marks: SpeechMarks, ends: SpeechEnds) -> None:
+        """The VAD's marks as :class:`SpeechEvent` s; ``segment``: the stream's current one, past the utterance ends
+        still waiting for the decoder and those found earlier in this same call."""
+        if marks.slots.size == 0:
+            return
+        rate = self.front.settings.sample_rate
+        for slot, sample, started in zip(
+            marks.slots.tolist(), marks.samples.tolist(), marks.started.tolist(), strict=True
+        ):
+            earlier = int(((ends.slots == slot) & (ends.ends < sample)).sum())
+            self.speech_events.append(
+                SpeechEvent(
+                    stream_id=int(self._stream_of[slot]),
+                    started=bool(started),
+                    seconds=sample / rate,
+                    segment=int(self._segment[slot]) + len(self._cuts[slot]) + earlier,
+                )
+            )
+
+    def _queue_cuts(self, ends: SpeechEnds) -> None:
+        """Keep the VAD's speech ends until the decoder passes them: the first encoder frame at or after the sample
+        where the silence was confirmed (tokens before it end the utterance), and that sample."""
+        frames = -(-ends.decided // self._frame_samples)
+        for slot, frame, sample in zip(ends.slots.tolist(), frames.tolist(), ends.decided.tolist(), strict=True):
+            self._cuts[slot].append((frame, sample))
+            self._next_cut[slot] = self._cuts[slot][0][0]
+
+    def _endpoint(self, slots: np.ndarray, done: np.ndarray) -> list[StreamEvent]:
+        """Utterance ends of the streams that just stepped (``slots``, rules on): the VAD's ends the decoder has
+        passed, oldest first, then NeMo's blank-run rule (not for ``done`` streams: their last event follows)."""
+        if slots.size == 0:
+            return []
+        decoder = self.transcriber.decoder
+        blank = self._blank_run.decide(decoder, slots)
+        rows = torch.from_numpy(slots).to(self.device)
+        facts = [decoder.state.decoded_lengths.index_select(0, rows), decoder.counts.index_select(0, rows), blank]
+        decoded, counts, blank = torch.stack([f.long() for f in facts]).cpu().numpy()  # one read back
+        events = []
+        while True:  # a step may pass more than one end
+            ready = np.flatnonzero(self._next_cut[slots] <= decoded)
+            if ready.size == 0:
+                break
+            cuts = [self._cuts[slot].pop(0) for slot in slots[ready].tolist()]
+            for slot in slots[ready].tolist():
+                self._next_cut[slot] = self._cuts[slot][0][0] if self._cuts[slot] else np.iinfo(np.int64).max
+            rate = self.front.settings.sample_rate
+            bounds, ends = [frame for frame, _ in cuts], [sample / rate for _, sample in cuts]
+            events += self._end_segments(slots[ready].tolist(), bounds, ends, skip_empty=True)
+        quiet = (blank > 0) & (counts > self._segment_token[slots]) & ~np.isin(slots, done)
+        return events + self._end_segments(slots[quiet].tolist())
 
     def _take(self, slot: int) -> bytes | memoryview:
         """The stream's waiting bytes, at most one cycle's worth (the rest waits); one join of its pushes."""
@@ -381,18 +507,34 @@ class StreamingEngine:
         now = counts.index_select(0, torch.from_numpy(slots).to(counts.device)).cpu().numpy()
         return now > self._reported[slots]
 
-    def _events(self, slots: list[int], *, final: bool, last: bool) -> list[StreamEvent]:
-        """The events of ``slots``, their hypotheses built in one batch."""
+    def _events(
+        self,
+        slots: list[int],
+        *,
+        final: bool,
+        last: bool,
+        bounds: list[int] | None = None,
+        ends: list[float] | None = None,
+        skip_empty: bool = False,
+    ) -> list[StreamEvent]:
+        """The events of ``slots``, their hypotheses built in one batch (``bounds``, ``ends``, ``skip_empty``: as
+        :meth:`_end_segments` takes them)."""
         if not slots:
             return []
         hyps = self.transcriber.decoder.hypotheses(slots)
         events = []
-        for slot, hyp in zip(slots, hyps, strict=True):
+        for i, (slot, hyp) in enumerate(zip(slots, hyps, strict=True)):
             first = int(self._segment_token[slot])
             ids = [] if hyp is None else hyp.y_sequence[first:].tolist()
+            if bounds is not None and hyp is not None:  # tokens in time order: those before the bound lead
+                ids = ids[: int((torch.as_tensor(hyp.timestamp[first:]) < bounds[i]).sum())]
+            if skip_empty and not ids:
+                continue
             self._reported[slot] = first + len(ids)
             wants_words = final or self._options[slot].partial_words
-            if last:
+            if ends is not None:
+                end = ends[i]
+            elif last:
                 end = self.front.samples_received(slot) / self.front.settings.sample_rate
             else:
                 end = self._stepped_seconds(slot)
@@ -401,7 +543,7 @@ class StreamingEngine:
                     stream_id=int(self._stream_of[slot]),
                     text=self.model.decoding.decode_ids_to_str(ids),
                     token_ids=ids,
-                    words=(self._words(hyp, first) if ids else []) if wants_words else None,
+                    words=(self._words(hyp, first, first + len(ids)) if ids else []) if wants_words else None,
                     is_final=final,
                     is_last=last,
                     reason=(self._reason[slot] if last else EndReason.SEGMENT) if final else None,
@@ -415,17 +557,18 @@ class StreamingEngine:
     def _stepped_seconds(self, slot: int) -> float:
         return int(self.schedule.stepped[slot]) * self.front.settings.hop / self.front.settings.sample_rate
 
-    def _words(self, hyp: Hypothesis, first: int) -> list[dict[str, Any]]:
-        """NeMo's word timestamps of the hypothesis' tokens from ``first`` on (seconds from the stream's start)."""
+    def _words(self, hyp: Hypothesis, first: int, stop: int) -> list[dict[str, Any]]:
+        """NeMo's word timestamps of the hypothesis' tokens ``first .. stop - 1`` (seconds from the stream's start)."""
         part = copy.copy(hyp)  # NeMo replaces the timestamp field by a dict
-        part.y_sequence, part.timestamp = hyp.y_sequence[first:], hyp.timestamp[first:]
+        part.y_sequence, part.timestamp = hyp.y_sequence[first:stop], hyp.timestamp[first:stop]
         if hyp.token_duration is not None and len(hyp.token_duration):
-            part.token_duration = hyp.token_duration[first:]
+            part.token_duration = hyp.token_duration[first:stop]
         part = self.model.decoding.compute_rnnt_timestamps(part, "word")
         (part,) = process_timestamp_outputs([part], self.geometry.subsampling_factor, self._window_stride)
         return part.timestamp["word"]
 
     def _free(self, slot: int) -> None:
+        self._cuts[slot].clear()
         del self._slot_of[int(self._stream_of[slot])]
         self._stream_of[slot] = -1
         self._pending[slot].clear()
@@ -507,3 +650,9 @@ class StreamingEngine:
             f"stream {stream_id}: non-finite sample {values[index]} at sample {self._samples[slot] + index}; "
             "audio must be finite",
         )
+
+
+def _endpointing_options(options: Any) -> EndpointingOptions:
+    if not isinstance(options, EndpointingOptions):
+        raise TypeError(f"endpointing must be an EndpointingOptions, got {type(options).__name__}")
+    return options

@@ -2,6 +2,8 @@
 events out, and the errors a server catches per request.
 
 * :class:`StreamOptions` -- how a stream's audio is encoded (and, per stream, what its events carry).
+* :class:`EndpointingOptions` -- when an utterance ends mid-stream (Silero VAD, NeMo's runs of blanks); off by default.
+* :class:`SpeechEvent` -- Silero VAD heard speech start or stop in a stream (streams with ``vad`` on).
 * :class:`StreamEvent` -- a partial or final transcript of one stream, with word timestamps and the audio it covers.
 * :class:`CapacityError` -- every slot holds a stream: refuse the new one (or queue it), nothing else is affected.
 * :class:`StreamError` (:class:`UnknownStreamError`, :class:`StreamEndedError`) -- a bad request about one stream:
@@ -11,12 +13,16 @@ events out, and the errors a server catches per request.
 from __future__ import annotations
 
 import enum
+import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "CapacityError",
     "EndReason",
+    "EndpointingOptions",
+    "SpeechEvent",
     "StreamEndedError",
     "StreamError",
     "StreamEvent",
@@ -24,6 +30,84 @@ __all__ = [
     "StreamingEngineError",
     "UnknownStreamError",
 ]
+
+
+@dataclass(frozen=True)
+class EndpointingOptions:
+    """When an utterance ends mid-stream: the engine then emits the final event of its segment and the stream goes on
+    (reason :attr:`EndReason.SEGMENT`). Two rules, each off by default; either one ends an utterance.
+
+    Only the events are cut: encoder caches and decoder state continue across an utterance end, as in NeMo's
+    ``CacheAwareRNNTPipeline`` (which keeps the previous hypothesis at an end of utterance and clears only the text
+    it accumulated), so the segments' tokens joined are the tokens of the stream without endpointing. A segment
+    without tokens is never finalised (NeMo emits no empty final transcript either).
+
+    Attributes:
+        vad: Silero VAD (the ``silero-vad`` package, MIT licence) on the stream's audio: an utterance ends where
+            silero's speech state machine (``get_speech_timestamps`` / ``VADIterator``) ends a speech segment. Its
+            final event is emitted once the decoder has passed the point where the silence was confirmed, with the
+            tokens before that point; later tokens open the next segment.
+        vad_threshold: speech probability at or above which a window is speech (silero's ``threshold``).
+        vad_neg_threshold: probability below which a window is silence while in speech; ``None``: silero's
+            ``max(threshold - 0.15, 0.01)``.
+        min_silence_ms: silence that ends a speech segment (silero's ``min_silence_duration_ms``; silero's default of
+            100 ms splits at pauses between words, so utterance ends want longer).
+        speech_pad_ms: padding of speech segments (silero's ``speech_pad_ms``; reported segments only).
+        min_speech_ms: a speech segment not longer than this ends no utterance (silero's ``min_speech_duration_ms``).
+        blank_run_ms: NeMo's ``endpointing.stop_history_eou``: an utterance ends when the decoder emitted only blanks
+            for longer than this (``RNNTGreedyEndpointing``); ``None``: off. NeMo's streaming config uses 800.
+        residue_tokens_at_end: NeMo's ``endpointing.residue_tokens_at_end`` (its config: 2). With NeMo's label buffer
+            the rule reads: the ``H + 1`` encoder frames before the newest one emitted nothing (``H``: ``blank_run_ms``
+            in frames, rounded up). Below 2 NeMo's buffer is too short for that: the rule never fires, here as there.
+    """
+
+    vad: bool = False
+    vad_threshold: float = 0.5
+    vad_neg_threshold: float | None = None
+    min_silence_ms: float = 500.0
+    speech_pad_ms: float = 30.0
+    min_speech_ms: float = 250.0
+    blank_run_ms: int | None = None
+    residue_tokens_at_end: int = 2
+
+    def __post_init__(self):
+        probabilities = {"vad_threshold": self.vad_threshold, "vad_neg_threshold": self.vad_neg_threshold}
+        for name, value in probabilities.items():
+            if value is not None and not (_is_number(value) and 0.0 <= value <= 1.0):
+                raise ValueError(f"EndpointingOptions.{name}={value!r} is not a probability; valid: 0 to 1")
+        for name in ("min_silence_ms", "speech_pad_ms", "min_speech_ms"):
+            value = getattr(self, name)
+            if not (_is_number(value) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"EndpointingOptions.{name}={value!r}; valid: a finite number of ms >= 0")
+        if self.blank_run_ms is not None and (isinstance(self.blank_run_ms, bool) or not self.blank_run_ms > 0):
+            raise ValueError(f"EndpointingOptions.blank_run_ms={self.blank_run_ms!r}; valid: ms > 0, or None (off)")
+        if not isinstance(self.residue_tokens_at_end, int) or self.residue_tokens_at_end < 0:
+            raise ValueError(
+                f"EndpointingOptions.residue_tokens_at_end={self.residue_tokens_at_end!r}; valid: int >= 0"
+            )
+        if self.blank_run_ms is not None and self.residue_tokens_at_end < 2:
+            warnings.warn(
+                f"EndpointingOptions(blank_run_ms={self.blank_run_ms}, residue_tokens_at_end="
+                f"{self.residue_tokens_at_end}): NeMo's blank-run rule never ends an utterance with fewer than 2 "
+                "residue tokens; use 2 (NeMo's streaming config)",
+                stacklevel=3,
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any rule can end an utterance."""
+        return self.vad or self.blank_run_ms is not None
+
+    @property
+    def neg_threshold(self) -> float:
+        """The silence threshold in speech, silero's default where not set."""
+        if self.vad_neg_threshold is not None:
+            return self.vad_neg_threshold
+        return max(self.vad_threshold - 0.15, 0.01)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -36,12 +120,14 @@ class StreamOptions:
             ``"float32"`` (little-endian, finite). Raw bytes are read in this format; numpy arrays must have its dtype.
         channels: must be 1 (mono).
         partial_words: word timestamps on partial events too (host work per event; final events always have them).
+        endpointing: this stream's end-of-utterance rules; ``None``: the engine's (``StreamingEngine(endpointing=)``).
     """
 
     sample_rate: int | None = None
     sample_format: str = "int16"
     channels: int = 1
     partial_words: bool = False
+    endpointing: EndpointingOptions | None = None
 
 
 class EndReason(str, enum.Enum):
@@ -49,7 +135,7 @@ class EndReason(str, enum.Enum):
 
     END = "end"  #: the client ended the stream (:meth:`StreamingEngine.close` / :meth:`StreamingEngine.finish`)
     IDLE_TIMEOUT = "idle_timeout"  #: no push for ``idle_timeout_seconds``: the engine ended it
-    SEGMENT = "segment"  #: a segment ended mid-stream (:meth:`StreamingEngine.end_segment`); the stream goes on
+    SEGMENT = "segment"  #: a segment ended mid-stream (an utterance end or :meth:`StreamingEngine.end_segment`)
 
 
 @dataclass
@@ -83,6 +169,29 @@ class StreamEvent:
     segment: int = 0
     start: float = 0.0
     end: float = 0.0
+
+
+@dataclass(frozen=True)
+class SpeechEvent:
+    """Silero VAD heard speech start or stop in a stream (``VADIterator``'s events, unpadded).
+
+    Every speech segment that starts gets a stop once silence longer than ``min_silence_ms`` follows it, short ones
+    included; only segments longer than ``min_speech_ms`` end an utterance (a final event with the tokens before the
+    point where the silence was confirmed follows once the decoder gets there, if there are any).
+
+    Attributes:
+        stream_id: the id :meth:`StreamingEngine.open` returned.
+        started: ``True``: speech starts at ``seconds``; ``False``: it stopped at ``seconds`` (where the silence that
+            ended it began).
+        seconds: from the stream's start.
+        segment: the index of the segment this speech belongs to, counting the utterance ends found before it (an
+            utterance end without tokens finalises nothing: then the later segments' indices are one lower).
+    """
+
+    stream_id: int
+    started: bool
+    seconds: float
+    segment: int
 
 
 class StreamingEngineError(Exception):

@@ -409,6 +409,30 @@ class AudioFrontEnd:
         """Feature frames of the stream emitted so far (= the index of its next frame)."""
         return int(self._emitted[slot])
 
+    def received_samples(self, slots: np.ndarray) -> np.ndarray:
+        """``[N]`` whole samples each of ``slots`` has received (:meth:`samples_received` for many streams)."""
+        return self._samples[slots]
+
+    def read_samples(self, slots: np.ndarray, starts: np.ndarray, length: int) -> torch.Tensor:
+        """``[N, length]`` float32: samples ``starts[i] .. starts[i] + length - 1`` of each ``slots[i]``, read in place
+        from the device sample rings (one gather; the audio is not copied from the host again), zero from the
+        stream's received sample count on (as a reader pads a stream's last window).
+
+        A ring keeps its stream's newest ``capacity`` positions: a reader must read every cycle (``starts`` at most
+        ``capacity`` samples behind the stream's end), else this raises, naming the stream.
+        """
+        received = self._samples[slots]
+        for i in np.flatnonzero(received - starts > self.capacity)[:1].tolist():
+            raise ValueError(
+                f"stream {slots[i]}: sample {starts[i]} was overwritten in the front end's ring ({received[i]} samples "
+                f"received, {self.capacity} kept); read the samples every cycle"
+            )
+        meta = torch.from_numpy(np.stack([slots, starts, received]).astype(np.int64)).to(self.device)
+        slot, start, end = meta[:, :, None]  # [N, 1] each
+        index = start + torch.arange(length, device=self.device)  # [N, length] sample indices
+        samples = self.ring[slot, (index + self.settings.pad) % self.capacity]  # ring column of sample i: pad + i
+        return torch.where(index < end, samples, 0.0)
+
     def ended(self, slot: int) -> bool:
         """Whether the stream was flushed (all its frames emitted; it takes no more audio until reset)."""
         return bool(self._ended[slot])

@@ -3,7 +3,8 @@
 * :mod:`.presets` -- the architectures at real sizes and their NeMo configs (``make_synthetic_config``).
 * :mod:`.model` -- models with random weights (``build_synthetic_model``), the blank-bias calibration that sets
   how often they emit, the encoder run (``encode``) and NeMo's baseline greedy decoder.
-* :mod:`.audio` -- speech-like synthetic audio with LibriSpeech test-other-like durations, WAV and manifest writers.
+* :mod:`.audio` -- speech-like synthetic audio with LibriSpeech test-other-like durations, voiced utterances that a
+  VAD takes for speech, WAV and manifest writers.
 
 Typical use::
 
@@ -17,6 +18,7 @@ Typical use::
 from nemo_fastdecode.tools.synthetic.audio import (
     librispeech_like_durations,
     synthetic_audio,
+    synthetic_voiced_audio,
     write_manifest,
     write_wavs,
 )
@@ -43,6 +45,7 @@ __all__ = [
     "make_synthetic_config",
     "nemo_baseline_greedy",
     "synthetic_audio",
+    "synthetic_voiced_audio",
     "tokens_per_frame",
     "transducer_spec",
     "write_manifest",
