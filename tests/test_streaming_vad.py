@@ -269,7 +269,7 @@ def test_missing_package_names_it_and_the_option(preprocessor, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_batched_vad_equals_silero_on_the_gpu(silero, preprocessor):
+def test_batched_vad_equals_silero_on_the_gpu(silero, preprocessor, exact_fp32):
     """On CUDA: the front end's kernels fill the rings, silero's network runs batched on the GPU; against silero's own
     model on the CPU, each stream alone."""
     silero_vad, model = silero

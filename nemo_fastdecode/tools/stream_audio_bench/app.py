@@ -183,7 +183,7 @@ def run(
                         nemo_model, device, n, att, cfg.nemo.compute_dtype, cfg.nemo.use_cuda_graph_decoder,
                         cfg.nemo.matmul_precision,
                     )  # fmt: skip
-                    pipeline = build_nemo_pipeline(nemo_cfg, own_checkpoint=models.is_synthetic(cfg.model))
+                    pipeline = build_nemo_pipeline(nemo_cfg, model=model if models.is_synthetic(cfg.model) else None)
                     count.nemo_step = time_pipeline_steps(pipeline, audios, n, cfg.cycle_repeats, device)
                     if texts is not None and result.pipeline_agreement is None:
                         theirs = pipeline_texts(pipeline, wavs)

@@ -13,7 +13,7 @@ CUDA-graph capture of its decoder at this batch size).
 from __future__ import annotations
 
 import contextlib
-import os
+import copy
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -125,30 +125,31 @@ def nemo_settings() -> Iterator[None]:
         nemo_logging.setLevel(level)
 
 
-def build_nemo_pipeline(cfg: DictConfig, *, own_checkpoint: bool = False) -> BasePipeline:
-    """NeMo's ``PipelineBuilder.build_pipeline(cfg)`` (it loads its own copy of the model).
+def build_nemo_pipeline(cfg: DictConfig, *, model: torch.nn.Module | None = None) -> BasePipeline:
+    """NeMo's ``PipelineBuilder.build_pipeline(cfg)``; it loads its own copy of the model from ``cfg.asr.model_name``.
 
-    ``own_checkpoint``: the ``.nemo`` is the one this run just saved. torch's weights-only unpickler (the default
-    since torch 2.6) refuses some synthetic checkpoints saved on a GPU (torch 2.11: "reduce for unrecognized
-    function encoder.pre_encode.out.bias"), so this run's own file is loaded with full unpickling.
+    ``model``: the in-memory model that file was saved from; NeMo's wrapper then gets a copy of it instead of
+    restoring the file. The synthetic checkpoints a GPU run saves do not restore under torch 2.11 (its unpickler
+    stops at "reduce for unrecognized function encoder.pre_encode.out.bias"); the weights are the same either way.
     """
     from nemo.collections.asr.inference.factory.pipeline_builder import PipelineBuilder
+    from nemo.collections.asr.inference.model_wrappers.asr_inference_wrapper import ASRInferenceWrapper
 
-    if not own_checkpoint:
+    if model is None:
         return PipelineBuilder.build_pipeline(cfg)
-    previous = os.environ.get(_NO_WEIGHTS_ONLY)
-    os.environ[_NO_WEIGHTS_ONLY] = "1"
+    load_model = ASRInferenceWrapper.__dict__["load_model"]
+    ASRInferenceWrapper.load_model = staticmethod(lambda name, map_location: _fresh_copy(model, map_location))
     try:
         return PipelineBuilder.build_pipeline(cfg)
     finally:
-        if previous is None:
-            del os.environ[_NO_WEIGHTS_ONLY]
-        else:
-            os.environ[_NO_WEIGHTS_ONLY] = previous
+        ASRInferenceWrapper.load_model = load_model
 
 
-#: torch.load's switch back to full unpickling when no weights_only argument is given
-_NO_WEIGHTS_ONLY = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+def _fresh_copy(model: Any, device: torch.device) -> Any:
+    """A new instance of ``model``'s class from its config, with its weights (what restoring its ``.nemo`` gives)."""
+    fresh = type(model)(cfg=copy.deepcopy(model.cfg))
+    fresh.load_state_dict(model.state_dict())
+    return fresh.to(device).eval()
 
 
 @dataclass
