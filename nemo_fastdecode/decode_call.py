@@ -11,7 +11,7 @@ import torch
 
 from nemo_fastdecode.logs import logger
 
-__all__ = ["DecoderInputs", "check_decoder_inputs", "eval_mode", "mark_nonfinite"]
+__all__ = ["DecoderInputs", "check_decoder_inputs", "eval_mode", "mark_nonfinite", "true_fp32"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,25 @@ def mark_nonfinite(hypotheses: Sequence[Any], rows: Sequence[int]) -> None:
         "with score NaN (check the audio, and the model's precision)",
         list(rows),
     )
+
+
+@contextmanager
+def true_fp32(enabled: bool = True) -> Iterator[None]:
+    """cuBLAS and cuDNN in true fp32 inside (no TF32), the previous settings restored after.
+
+    PyTorch lets cuDNN convolutions and RNNs use TF32 by default (``torch.backends.cudnn.allow_tf32``), and NeMo's
+    streaming scripts turn TF32 matmuls on; the exact fp32 paths need neither. Kernels chosen while a CUDA graph is
+    captured inside stay in the graph. ``enabled=False``: nothing changes.
+    """
+    if not enabled:
+        yield
+        return
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
 
 
 @contextmanager

@@ -13,6 +13,9 @@ from nemo_fastdecode.streaming.frontend import AudioFrontEnd, MelSettings
 # of frames, which moves it by at most ~257 fp32 roundings (relative 257 * 2**-24 = 1.5e-5), i.e. as much absolute
 # after the log, plus one rounding of the log (|log| < 17). On the CPU the features come out bit for bit.
 ATOL = 2e-5
+# on a GPU, mel energies relative to the frame's strongest band: the FFT's rounding (a few fp32 ulps of the largest
+# bins, summed over a band)
+POWER_RTOL = 1e-5
 RATE = 16000
 # whole-file lengths around the frame boundaries (hop 160, look-ahead 199) and a stream that wraps the rings often
 LENGTHS = [0, 1, 159, 160, 161, 199, 358, 359, 4001, RATE + 321]
@@ -104,14 +107,26 @@ def _check_against_nemo(preprocessor, device: torch.device, seed: int) -> float:
         streams.append((pcm, "int16") if i % 3 else (pcm.astype(np.float32) / 32768, "float32"))
     front = AudioFrontEnd(preprocessor, num_slots=4, device=device, max_push_seconds=0.1)
     got = _stream_everything(front, streams, rng)
-    worst = 0.0
+    worst, compared = 0.0, 0
     for (pcm, _), frames in zip(streams, got, strict=True):
         expected = _nemo_features(preprocessor, pcm)
         assert frames.shape == expected.shape  # NeMo's seq_len frames
         if frames.numel():
-            worst = max(worst, (frames - expected).abs().max().item())
-    assert worst <= ATOL
+            worst = max(worst, _difference(frames, expected, device))
+            compared += frames.shape[1]
+    assert compared > 0
+    assert worst <= (ATOL if device.type == "cpu" else POWER_RTOL)
     return worst
+
+
+def _difference(frames: torch.Tensor, expected: torch.Tensor, device: torch.device) -> float:
+    """On the CPU: the largest difference of the log-mel features. On a GPU: of the mel energies (``exp`` of the
+    features), relative to each frame's strongest band. cuFFT rounds differently from NeMo's CPU FFT, by a share of
+    a frame's largest terms, so the log of a band far weaker than them moves more than fp32 rounding of its own."""
+    if device.type == "cpu":
+        return (frames - expected).abs().max().item()
+    energy, expected_energy = frames.double().exp(), expected.double().exp()
+    return ((energy - expected_energy).abs() / expected_energy.amax(dim=0, keepdim=True)).max().item()
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -122,8 +137,7 @@ def test_interleaved_pushes_give_the_whole_file_features(preprocessor, seed):
 
 @pytest.mark.gpu
 def test_interleaved_pushes_on_cuda(preprocessor, exact_fp32):
-    """Our front end on a GPU against NeMo's features on the CPU: cuBLAS may sum a frame's mel energy in another
-    order (ATOL)."""
+    """Our front end on a GPU against NeMo's features on the CPU, to fp32 rounding of the FFT (POWER_RTOL)."""
     _check_against_nemo(preprocessor, torch.device("cuda"), seed=2)
 
 

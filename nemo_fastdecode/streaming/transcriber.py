@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
+from nemo_fastdecode.decode_call import true_fp32
 from nemo_fastdecode.streaming.buckets import BucketedStep
 from nemo_fastdecode.streaming.decoding import SlotDecoder
 from nemo_fastdecode.streaming.encoder import StreamingEncoderStep, check_streaming_encoder
@@ -147,6 +148,7 @@ class StreamingTranscriber:
             device=self.device,
             dtype=dtype,
         )
+        self.encoder_matmul = encoder_matmul
         self.encoder_step = StreamingEncoderStep(
             encoder, self.slots, use_triton=use_triton, matmul_precision=encoder_matmul
         )
@@ -301,7 +303,9 @@ class StreamingTranscriber:
             if self.dtype != torch.float32
             else contextlib.nullcontext()
         )
-        with autocast:
+        # the exact configuration: NeMo's modules in true fp32 (cuDNN would run the convolutions in TF32)
+        exact = self.dtype == torch.float32 and self.encoder_matmul == "fp32"
+        with autocast, true_fp32(exact):
             return self.encoder_step(slot_ids, features, lengths)
 
     # ------------------------------------------------------------------------------------------

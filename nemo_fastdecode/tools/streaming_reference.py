@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
+from nemo_fastdecode.decode_call import true_fp32
+
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
 
@@ -45,7 +47,7 @@ def nemo_alone(
     channel, time, channel_len = model.encoder.get_initial_cache_state(batch_size=1, device=feats.device)
     drop = model.encoder.streaming_cfg.drop_extra_pre_encoded
     outputs, hyps, chunks = [], None, []
-    with torch.inference_mode():
+    with torch.inference_mode(), true_fp32():  # the reference is fp32: no TF32 in cuDNN's convolutions either
         for step, (chunk, chunk_len) in enumerate(buffer):
             chunks.append(chunk[0])
             encoded, encoded_len, channel, time, channel_len = model.encoder.cache_aware_stream_step(

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from nemo_fastdecode.decode_call import true_fp32
 from nemo_fastdecode.streaming import StreamingEngine, StreamingGeometry
 from nemo_fastdecode.streaming.transcriber import set_att_context_size
 from nemo_fastdecode.tools import models, synthetic
@@ -149,7 +150,8 @@ def run(
     )
     reference, texts, wavs = None, None, []
     if cfg.compare_transcripts:
-        reference = nemo_alone_tokens(model, audios, device)
+        with true_fp32():  # the exact reference: no TF32 in cuDNN's convolutions either
+            reference = nemo_alone_tokens(model, audios, device)
         texts = [model.decoding.decode_ids_to_str(ids) for ids in reference]
         wavs = [str(p) for p in synthetic.write_wavs(audios, out_dir / "inputs", sample_rate)]
     att = list(geometry.att_context_size)
