@@ -123,14 +123,28 @@ def test_stateless_hypothesis_does_not_depend_on_the_rest_of_the_batch(kind, loo
     assert sum(len(h.y_sequence) for h in together) > 0
 
 
-# On CUDA NeMo's frame loop scores raw joint logits (it log-softmaxes on the CPU only); with a stateless prediction
-# network our frame loop's score differs from it on one row of this batch while every token and frame is equal
-# (seen on an H100, fused and torch steps, both graph modes; the label loops match). Not explained yet.
-FRAME_LOOP_SCORE_ON_CUDA = pytest.mark.xfail(
-    strict=True, reason="stateless frame loop on CUDA: one row's score differs from NeMo's (tokens equal)"
+# A known difference: on this batch, with a stateless prediction network, our frame loop feeds the prediction
+# network another context than NeMo's frame loop at the first step of frame 1 of row 6 (its joint output differs
+# by 0.11 there), so that row's score differs while every token and frame is equal. The label loops match. On the
+# CPU and on CUDA alike (fused and torch steps, every graph mode); test_frame_loop_batch_with_blank_rows_on_cpu.
+FRAME_LOOP_CONTEXT = pytest.mark.xfail(
+    strict=True, reason="stateless frame loop: row 6's score differs from NeMo's (tokens equal): context at frame 1"
 )
+
+
+@FRAME_LOOP_CONTEXT
+def test_frame_loop_batch_with_blank_rows_on_cpu():
+    decoder, joint = stateless("rnnt", context_size=2)
+    x, lengths = random_encoder_output(9, 41, seed=22, lengths=[41, 3, 0, 40, 17, 1, 41, 25, 8])
+    expected = baseline("rnnt", decoder, joint, 3, False)(encoder_output=x, encoded_lengths=lengths)[0]
+    assert sum(len(h.y_sequence) for h in expected) > 0, "setup: the network should emit labels"
+    assert_same_hypotheses(
+        expected, ours("rnnt", decoder, joint, 3, False)(encoder_output=x, encoded_lengths=lengths)[0]
+    )
+
+
 GPU_ALGORITHMS = [
-    pytest.param(*algorithm, id=name, marks=FRAME_LOOP_SCORE_ON_CUDA if name == "rnnt-frame" else ())
+    pytest.param(*algorithm, id=name, marks=FRAME_LOOP_CONTEXT if name == "rnnt-frame" else ())
     for algorithm, name in zip(ALGORITHMS, IDS, strict=True)
 ]
 
