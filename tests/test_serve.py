@@ -78,6 +78,16 @@ class ServerThread:
         return self.call(_count_tasks())
 
 
+async def _registered_connections(s: ServerThread, count: int, timeout: float = 10.0) -> list:
+    """The server's connections once ``count`` are registered (its handler registers one just after the handshake
+    the client has already seen complete)."""
+    deadline = time.monotonic() + timeout
+    while len(s.server.connections) < count:
+        assert time.monotonic() < deadline, f"{len(s.server.connections)} connections registered, expected {count}"
+        await asyncio.sleep(0.01)
+    return list(s.server.connections.values())
+
+
 async def _count_tasks() -> int:
     return len(asyncio.all_tasks())
 
@@ -424,7 +434,7 @@ def test_a_slow_reader_is_told_and_closed_with_bounded_buffering(model):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small TCP window
             sock.connect(("127.0.0.1", s.server.port))
             ws = await connect(s.url, sock=sock, max_queue=1)
-            (connection,) = s.server.connections.values()
+            (connection,) = await _registered_connections(s, 1)
             connection.ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
             sent, most_queued = 0, 0
             with contextlib.suppress(ConnectionClosed, asyncio.TimeoutError):
