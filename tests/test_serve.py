@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import gc
 import json
 import socket
@@ -30,6 +31,8 @@ from nemo_fastdecode.tools import synthetic as S
 from nemo_fastdecode.tools.cli import parse_config
 from nemo_fastdecode.tools.loadtest.app import run_point
 from nemo_fastdecode.tools.loadtest.client import COMPLETED, connect_session, receive_until, session_update
+from nemo_fastdecode.tools.loadtest.report import LoadtestResult, format_markdown
+from nemo_fastdecode.tools.loadtest.server_metrics import histogram_quantiles_ms, metrics_url, scrape_histograms
 from nemo_fastdecode.tools.streaming_reference import reference_transcript
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -201,7 +204,26 @@ def test_loadtest_clients_are_exact_end_to_end(server, model, audio, refs):
     point = run_point(config, audio[:2], 3, refs[:2])
     assert (point.completed, point.errors, point.refused, point.exact, point.checked) == (3, 0, {}, 3, 3)
     assert point.final_latency_ms[50] > 0 and point.rtf_mean > 0.5
+    # the server's own view of the point, from its /metrics: cycles ran and chunks were timed
+    assert point.server_ms is not None and point.server_ms["cycle"] is not None and point.server_ms["chunk"] is not None
+    assert 0 < point.server_ms["chunk"][50] <= point.server_ms["chunk"][95]
+    assert "the server's /metrics" in format_markdown(
+        LoadtestResult(config=dataclasses.asdict(config), environment={}, points=[point])
+    )
     assert server.settled()
+
+
+def test_server_histogram_quantiles_are_the_observations_between_two_scrapes():
+    before = {"cycle": {0.01: 5.0, 0.05: 5.0, float("inf"): 5.0}, "chunk": {0.01: 0.0, 0.05: 0.0, float("inf"): 0.0}}
+    after = {"cycle": {0.01: 5.0, 0.05: 14.0, float("inf"): 15.0}, "chunk": {0.01: 0.0, 0.05: 0.0, float("inf"): 0.0}}
+    quantiles = histogram_quantiles_ms(before, after)
+    # 10 cycles between the scrapes: 9 in (10, 50] ms, 1 above the last finite bucket
+    assert quantiles["cycle"] == {50: 50.0, 95: float("inf")}
+    assert quantiles["chunk"] is None  # nothing observed
+    assert metrics_url("ws://127.0.0.1:8000/v1/realtime") == "http://127.0.0.1:8000/metrics"
+    with pytest.raises(ValueError, match="valid schemes: ws, wss"):
+        metrics_url("http://127.0.0.1:8000/v1/realtime")
+    assert scrape_histograms("http://127.0.0.1:9/metrics", timeout=1.0) is None  # nothing listens there
 
 
 # ----------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from nemo_fastdecode.tools.cli import parse_config
 from nemo_fastdecode.tools.configs import LoadtestConfig
 from nemo_fastdecode.tools.loadtest.client import ClientResult, run_client
 from nemo_fastdecode.tools.loadtest.report import LoadPoint, LoadtestResult, format_markdown, summarize, write_result
+from nemo_fastdecode.tools.loadtest.server_metrics import histogram_quantiles_ms, metrics_url, scrape_histograms
 from nemo_fastdecode.tools.streaming_reference import Reference
 
 __all__ = ["load_inputs", "main", "references", "run", "run_point"]
@@ -81,7 +82,10 @@ def _run_group_in_process(args: tuple) -> list[ClientResult]:
 def run_point(
     config: LoadtestConfig, inputs: Sequence[np.ndarray], clients: int, refs: list[Reference] | None
 ) -> LoadPoint:
-    """``clients`` clients, staggered, over ``config.processes`` processes (one asyncio loop each)."""
+    """``clients`` clients, staggered, over ``config.processes`` processes (one asyncio loop each); with the
+    server's own cycle and chunk-latency quantiles over the point where its ``/metrics`` answer."""
+    scrape_at = metrics_url(config.url)
+    before = scrape_histograms(scrape_at)
     rng = np.random.default_rng(config.seed)
     t0 = time.monotonic() + 0.5 * (config.processes > 1)  # the processes' start-up before the first client
     starts = t0 + rng.uniform(0.0, config.stagger_seconds, clients) if config.stagger_seconds else [t0] * clients
@@ -94,7 +98,11 @@ def run_point(
         with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
             results = [r for part in pool.map(_run_group_in_process, jobs) for r in part]
     wall = max((r.finished for r in results), default=t0) - t0
-    return summarize(clients, sorted(results, key=lambda r: r.index), wall, refs)
+    point = summarize(clients, sorted(results, key=lambda r: r.index), wall, refs)
+    after = scrape_histograms(scrape_at) if before is not None else None
+    if after is not None:
+        point.server_ms = histogram_quantiles_ms(before, after)
+    return point
 
 
 def run(config: LoadtestConfig) -> LoadtestResult:

@@ -28,6 +28,8 @@ class LoadPoint:
         rtf_mean: mean over clients of (first audio sent -> last final) / audio seconds (real-time pacing: >= 1).
         throughput_x_realtime: audio seconds transcribed / wall seconds of the run.
         exact / checked: finals equal to NeMo's streaming of the input alone (text and word timestamps).
+        server_ms: the server's own p50 / p95 over the point from its ``/metrics`` (``cycle``: engine cycle time;
+            ``chunk``: chunk audio received -> partial built; bucket upper bounds); ``None`` where not read.
     """
 
     clients: int
@@ -44,6 +46,7 @@ class LoadPoint:
     checked: int = 0
     exact: int = 0
     mismatches: list[dict[str, Any]] = field(default_factory=list)
+    server_ms: dict[str, dict[int, float] | None] | None = None
 
 
 @dataclass
@@ -122,6 +125,10 @@ def format_markdown(result: LoadtestResult) -> str:
             f"| {p.clients} | {p.completed} | {refused} | {p.errors} | {chunk} | {final} | {p.rtf_mean:.3f} "
             f"| {p.throughput_x_realtime:.1f} | {exact} |"
         )
+    for p in result.points:
+        if p.server_ms:
+            parts = [f"{name} p50 / p95 {q[50]:g} / {q[95]:g} ms" for name, q in p.server_ms.items() if q is not None]
+            lines.append(f"\n- {p.clients} clients, the server's /metrics (bucket upper bounds): " + "; ".join(parts))
     for p in result.points:
         for sample in p.error_samples:
             lines.append(f"\n- {p.clients} clients: {sample}")
