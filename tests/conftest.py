@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 from nemo.collections.asr.modules import RNNTDecoder, RNNTJoint, StatelessTransducerDecoder
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
+from nemo_fastdecode.decode_call import true_fp32
 from nemo_fastdecode.tools.streaming_reference import nemo_alone  # noqa: F401  (the streaming tests' reference)
 
 VOCAB_SIZE = 12
@@ -136,10 +137,8 @@ def single_thread():
 @pytest.fixture
 def exact_fp32():
     """True fp32 GEMMs and cuDNN RNNs for a test (PyTorch lets cuDNN use TF32 by default), restored afterwards."""
-    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+    with true_fp32():
+        yield
 
 
 @pytest.fixture
