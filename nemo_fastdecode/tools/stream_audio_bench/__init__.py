@@ -8,7 +8,7 @@
 * :mod:`.app` -- the script: model, inputs, NeMo's streaming of each input alone (the reference), every count.
 """
 
-from nemo_fastdecode.tools.stream_audio_bench.app import nemo_alone_tokens, resolve_config, run
+from nemo_fastdecode.tools.stream_audio_bench.app import resolve_config, run
 from nemo_fastdecode.tools.stream_audio_bench.report import BenchResult, CountResult, format_markdown
 
-__all__ = ["BenchResult", "CountResult", "format_markdown", "nemo_alone_tokens", "resolve_config", "run"]
+__all__ = ["BenchResult", "CountResult", "format_markdown", "resolve_config", "run"]

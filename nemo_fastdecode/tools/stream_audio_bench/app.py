@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -21,11 +21,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from nemo_fastdecode.decode_call import true_fp32
 from nemo_fastdecode.streaming import StreamingEngine, StreamingGeometry
 from nemo_fastdecode.streaming.transcriber import set_att_context_size
 from nemo_fastdecode.tools import models, synthetic
-from nemo_fastdecode.tools.comparison import as_int_list
 from nemo_fastdecode.tools.configs import StreamAudioBenchConfig
 from nemo_fastdecode.tools.environment import environment
 from nemo_fastdecode.tools.manifests import load_audio, read_inputs
@@ -43,8 +41,7 @@ from nemo_fastdecode.tools.stream_audio_bench.nemo_steps import (
     time_pipeline_steps,
 )
 from nemo_fastdecode.tools.stream_audio_bench.report import BenchResult, CountResult, format_markdown, write_result
-from nemo_fastdecode.tools.streaming_sim.app import whole_features
-from nemo_fastdecode.tools.streaming_sim.nemo_path import NemoSlotStreamer
+from nemo_fastdecode.tools.streaming_reference import reference_transcript
 from nemo_fastdecode.tools.timing import synchronize
 
 
@@ -84,23 +81,6 @@ def _load(cfg: DictConfig, device: torch.device, out_dir: Path, log: Callable[[s
         model.save_to(str(path))
         return model, str(path)
     return model, cfg.model
-
-
-def nemo_alone_tokens(model: Any, audios: Sequence[np.ndarray], device: torch.device) -> list[list[int]]:
-    """NeMo's cache-aware streaming of each input alone: its whole-file features cut into NeMo's chunks
-    (``CacheAwareStreamingAudioBuffer``'s schedule), each stepped by ``conformer_stream_step`` with the model's
-    decoding (:class:`NemoSlotStreamer`, one slot)."""
-    from nemo_fastdecode.streaming import split_features
-
-    streamer = NemoSlotStreamer(model, 1)
-    out = []
-    for feats in whole_features(model, audios, device):
-        slot = streamer.open()
-        for chunk in split_features(feats, streamer.geometry) if feats.shape[1] else []:
-            streamer.step([slot], [chunk])
-        hyp = streamer.flush(slot)
-        out.append(as_int_list(hyp.y_sequence) if hyp is not None else [])
-    return out
 
 
 def _release() -> None:
@@ -150,8 +130,8 @@ def run(
     )
     reference, texts, wavs = None, None, []
     if cfg.compare_transcripts:
-        with true_fp32():  # the exact reference: no TF32 in cuDNN's convolutions either
-            reference = nemo_alone_tokens(model, audios, device)
+        # NeMo's cache-aware streaming of each input alone, on the PCM the engine gets (true fp32 inside)
+        reference = [reference_transcript(model, p).token_ids for p in pcm]
         texts = [model.decoding.decode_ids_to_str(ids) for ids in reference]
         wavs = [str(p) for p in synthetic.write_wavs(audios, out_dir / "inputs", sample_rate)]
     att = list(geometry.att_context_size)

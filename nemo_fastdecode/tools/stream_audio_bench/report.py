@@ -169,7 +169,7 @@ HOW_MEASURED = [
     "time when the step is at most the latency target (and shorter than the chunk period).",
     "- ours / NeMo: our whole cycle all together over NeMo's step all together, same streams, same audio.",
     "- ours = NeMo alone: share of streams whose final tokens equal NeMo's cache-aware streaming of their file alone "
-    "(CacheAwareStreamingAudioBuffer's chunks of the whole-file features, conformer_stream_step; exact in fp32).",
+    "(CacheAwareStreamingAudioBuffer's chunks of the whole-file features of the same PCM, the encoder's cache_aware_stream_step and the model's decoding: tools/streaming_reference.py; exact in fp32).",
 ]
 
 
