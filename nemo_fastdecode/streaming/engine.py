@@ -61,7 +61,6 @@ Not thread-safe: one thread (e.g. a server's event loop) calls every method.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 import warnings
@@ -70,8 +69,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
-from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_outputs
 
 from nemo_fastdecode.streaming.chunking import ChunkSchedule, FeatureQueue
 from nemo_fastdecode.streaming.endpointing import BlankRunEndpointer
@@ -89,6 +86,7 @@ from nemo_fastdecode.streaming.events import (
 from nemo_fastdecode.streaming.frontend import AudioFrontEnd, SampleFormat
 from nemo_fastdecode.streaming.transcriber import StreamingTranscriber, WarmUpTimes
 from nemo_fastdecode.streaming.vad import BatchedVAD, SpeechEnds, SpeechMarks
+from nemo_fastdecode.streaming.word_timestamps import WordTimestamps
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
@@ -164,6 +162,7 @@ class StreamingEngine:
         self.queue = FeatureQueue(num_slots, g.feat_in, capacity, self.device)
         preprocessor_cfg = model.cfg.get("preprocessor", {}) or {}
         self._window_stride = float(preprocessor_cfg.get("window_stride", s.hop / s.sample_rate))  # NeMo's timestamps
+        self._word_timestamps = WordTimestamps(model.decoding, g.subsampling_factor, self._window_stride)
         # per slot, on the host (vectorised over slots in each cycle)
         self._stream_of = np.full(num_slots, -1, dtype=np.int64)
         self._ending = np.zeros(num_slots, dtype=bool)  # no more audio: flush, step the rest, emit the final event
@@ -521,7 +520,7 @@ class StreamingEngine:
         :meth:`_end_segments` takes them)."""
         if not slots:
             return []
-        hyps = self.transcriber.decoder.hypotheses(slots)
+        hyps = self.transcriber.decoder.hypotheses(slots, with_state=False)
         events = []
         for i, (slot, hyp) in enumerate(zip(slots, hyps, strict=True)):
             first = int(self._segment_token[slot])
@@ -543,7 +542,7 @@ class StreamingEngine:
                     stream_id=int(self._stream_of[slot]),
                     text=self.model.decoding.decode_ids_to_str(ids),
                     token_ids=ids,
-                    words=(self._words(hyp, first, first + len(ids)) if ids else []) if wants_words else None,
+                    words=(self._word_timestamps(hyp, first, first + len(ids)) if ids else []) if wants_words else None,
                     is_final=final,
                     is_last=last,
                     reason=(self._reason[slot] if last else EndReason.SEGMENT) if final else None,
@@ -556,16 +555,6 @@ class StreamingEngine:
 
     def _stepped_seconds(self, slot: int) -> float:
         return int(self.schedule.stepped[slot]) * self.front.settings.hop / self.front.settings.sample_rate
-
-    def _words(self, hyp: Hypothesis, first: int, stop: int) -> list[dict[str, Any]]:
-        """NeMo's word timestamps of the hypothesis' tokens ``first .. stop - 1`` (seconds from the stream's start)."""
-        part = copy.copy(hyp)  # NeMo replaces the timestamp field by a dict
-        part.y_sequence, part.timestamp = hyp.y_sequence[first:stop], hyp.timestamp[first:stop]
-        if hyp.token_duration is not None and len(hyp.token_duration):
-            part.token_duration = hyp.token_duration[first:stop]
-        part = self.model.decoding.compute_rnnt_timestamps(part, "word")
-        (part,) = process_timestamp_outputs([part], self.geometry.subsampling_factor, self._window_stride)
-        return part.timestamp["word"]
 
     def _free(self, slot: int) -> None:
         self._cuts[slot].clear()
