@@ -12,6 +12,7 @@ import dataclasses
 import gc
 import json
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -683,6 +684,25 @@ def test_vad_true_serves_server_vad_with_speech_events_and_a_commit_per_utteranc
     plain_completed = [e for e in plain if e["type"] == COMPLETED]
     assert len(plain_completed) == 1 and not any("speech_" in e["type"] for e in plain)
     check_completed(plain_completed[0], refs[0], audio[0])
+
+
+def test_the_server_sets_its_gil_switch_interval_while_it_runs_and_restores_it(model):
+    before = sys.getswitchinterval()
+    assert before != pytest.approx(0.00025)
+    s = ServerThread(model, slots=1, gil_switch_interval_ms=0.25)
+    try:
+        assert sys.getswitchinterval() == pytest.approx(0.00025)
+    finally:
+        s.stop()
+    assert sys.getswitchinterval() == before
+    s = ServerThread(model, slots=1, gil_switch_interval_ms=None)  # Python's own, untouched
+    try:
+        assert sys.getswitchinterval() == before
+    finally:
+        s.stop()
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match=rf"gil_switch_interval_ms must be > 0 or null, got {bad}"):
+            ServeConfig(gil_switch_interval_ms=bad)
 
 
 def test_server_vad_settings_are_checked(model):

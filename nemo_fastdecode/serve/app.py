@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import logging
 import signal
+import sys
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import TYPE_CHECKING
@@ -97,12 +98,16 @@ class RealtimeServer:
         self._ids = itertools.count(1)
         self._server: Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._switch_interval: float | None = None  # Python's, while the server has its own
         self.shutting_down = False
 
     # ---- lifetime ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Start the engine thread (it warms up) and listen; returns once bound (``/ready`` follows the warm-up)."""
         self._loop = asyncio.get_running_loop()
+        if self.config.gil_switch_interval_ms is not None:  # process-wide: restored by shutdown()
+            self._switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(self.config.gil_switch_interval_ms / 1000)
         self.engine_loop.start(warm_up=self._warm_up)
         limits = self.config.limits
         self._server = await serve(
@@ -155,6 +160,8 @@ class RealtimeServer:
             self._server.close()
             await self._server.wait_closed()
         await asyncio.get_running_loop().run_in_executor(None, self.engine_loop.stop, 10.0)
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
 
     async def run(
         self, install_signal_handlers: bool = True, on_ready: Callable[[RealtimeServer], None] | None = None

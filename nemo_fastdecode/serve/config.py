@@ -80,6 +80,11 @@ class ServeConfig:
             overrides it).
         api_key: when set, clients must send it (``Authorization: Bearer <key>`` or the WebSocket subprotocol
             ``openai-insecure-api-key.<key>``) before anything else is read; others are closed with 1008.
+        gil_switch_interval_ms: Python's thread switch interval while the server runs (``sys.setswitchinterval``;
+            ``None``: leave Python's 5 ms). The engine thread and the network thread share the GIL, and the engine
+            gives it up at every GPU synchronisation of a cycle: with 5 ms, each of those may wait up to 5 ms for the
+            network thread to hand it back, which stretches cycles under load (measured on an H100 with 256 clients:
+            p95 chunk latency 1,338 ms at 5 ms, 56 ms at 0.5 ms).
         limits: per-connection limits.
     """
 
@@ -101,6 +106,7 @@ class ServeConfig:
     vad_threshold: float = 0.5
     vad_min_silence_ms: float = 500.0
     api_key: str | None = None
+    gil_switch_interval_ms: float | None = 0.5
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def __post_init__(self) -> None:
@@ -118,6 +124,8 @@ class ServeConfig:
         self._vad_options()  # checks vad_threshold and vad_min_silence_ms even with vad off
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must be null or a non-empty string")
+        if self.gil_switch_interval_ms is not None and not self.gil_switch_interval_ms > 0:
+            raise ValueError(f"gil_switch_interval_ms must be > 0 or null, got {self.gil_switch_interval_ms}")
 
     @property
     def endpointing(self) -> EndpointingOptions | None:
