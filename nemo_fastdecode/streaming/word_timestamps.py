@@ -6,8 +6,9 @@ grow with things an event does not need, and are taken away here without changin
 
 - it deep-copies its per-token offsets, and a hypothesis' ``y_sequence`` / ``timestamp`` tensors put one 0-d tensor
   in each: the part passed in holds plain ints instead;
-- a BPE decoding's ``tokenizer_type`` rebuilds the whole vocabulary on every call: it is read once here, and NeMo's
-  method runs with ``self`` a view of the model's decoding object whose ``tokenizer_type`` is that value.
+- a BPE decoding's ``tokenizer_type`` rebuilds the whole vocabulary on every call, and every token is decoded on its
+  own, twice: NeMo's method runs with ``self`` a view of the model's decoding object that reads ``tokenizer_type``
+  once and remembers the text of each token id (a token's text does not depend on the call).
 """
 
 from __future__ import annotations
@@ -21,12 +22,31 @@ from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_o
 __all__ = ["WordTimestamps"]
 
 
-class _FixedTokenizerType:
-    """The model's decoding object, with its ``tokenizer_type`` read once (every other attribute is the object's)."""
+class _DecodingView:
+    """The model's decoding object, with its ``tokenizer_type`` read once and the text of single token ids remembered
+    (NeMo's timestamps decode every token alone, twice); every other attribute is the object's."""
 
     def __init__(self, decoding: Any):
         self._decoding = decoding
         self.tokenizer_type = decoding.tokenizer_type
+        self._tokens: dict[int, list[str]] = {}
+        self._text: dict[int, str] = {}
+
+    def decode_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        if len(ids) != 1:
+            return self._decoding.decode_ids_to_tokens(ids)
+        (token,) = ids
+        if token not in self._tokens:
+            self._tokens[token] = self._decoding.decode_ids_to_tokens([token])
+        return list(self._tokens[token])
+
+    def decode_ids_to_str(self, ids: list[int]) -> str:
+        if len(ids) != 1:
+            return self._decoding.decode_ids_to_str(ids)
+        (token,) = ids
+        if token not in self._text:
+            self._text[token] = self._decoding.decode_ids_to_str([token])
+        return self._text[token]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._decoding, name)
@@ -41,7 +61,7 @@ class WordTimestamps:
     """
 
     def __init__(self, decoding: Any, subsampling_factor: int, window_stride: float):
-        self._decoding = _FixedTokenizerType(decoding)
+        self._decoding = _DecodingView(decoding)
         self._compute = type(decoding).compute_rnnt_timestamps
         self.subsampling_factor, self.window_stride = subsampling_factor, window_stride
 
