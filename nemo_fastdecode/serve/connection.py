@@ -172,6 +172,10 @@ class Connection:
         self._tokens = limits.max_audio_burst_seconds  # audio seconds the client may send now (rate limit)
         self._refilled = time.monotonic()
         self._reader: asyncio.Task | None = None
+        self._waiting = False  # the reader waits for a message
+        self._waiting_since = time.monotonic()  # when the reader's current wait for a message began
+        self._idle_expired = False  # the idle watchdog cancelled the reader
+        self._options: tuple[tuple, StreamOptions] | None = None  # (session facts, the stream options built of them)
         self._writer: asyncio.Task | None = None
         self._closing = False
         self._ending: tuple[CloseCode, str] | None = None  # shutdown asked for
@@ -205,24 +209,53 @@ class Connection:
             self._reader.cancel()
 
     async def _read(self) -> None:
+        watchdog = None if self.idle_timeout is None else asyncio.create_task(self._idle_watchdog())
+        try:
+            while True:
+                try:
+                    self._waiting, self._waiting_since = True, time.monotonic()
+                    message = await self.ws.recv()
+                except asyncio.CancelledError:
+                    if not self._idle_expired:
+                        raise
+                    task = asyncio.current_task()
+                    if hasattr(task, "uncancel"):  # Python 3.11+: the watchdog's cancel is handled here
+                        task.uncancel()
+                    self.metrics.refused(ErrorCode.IDLE_TIMEOUT.value)
+                    await self._finish_and_close(CloseCode.NORMAL, "idle timeout", error=ErrorCode.IDLE_TIMEOUT)
+                    return
+                except ConnectionClosed:
+                    return
+                finally:
+                    self._waiting = False
+                if not self._handle_message(message):
+                    return
+                await self._pace()
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+
+    async def _idle_watchdog(self) -> None:
+        """End the connection once the reader has waited ``idle_timeout`` for a message: one sleeping task per
+        connection that checks when the current wait began, rather than a timer per message (tens of thousands a
+        second under load). It cancels the reader only while the reader waits (never while the server paces it)."""
         while True:
-            try:
-                message = await asyncio.wait_for(self.ws.recv(), timeout=self.idle_timeout)
-            except asyncio.TimeoutError:
-                self.metrics.refused(ErrorCode.IDLE_TIMEOUT.value)
-                await self._finish_and_close(CloseCode.NORMAL, "idle timeout", error=ErrorCode.IDLE_TIMEOUT)
+            remaining = self._waiting_since + self.idle_timeout - time.monotonic()
+            if remaining <= 0 and self._waiting:
+                self._idle_expired = True
+                self._reader.cancel()
                 return
-            except ConnectionClosed:
-                return
-            try:
-                self._handle(message)
-            except ProtocolError as error:
-                self._refuse(error)
-            except _Overflow:
-                return
-            if self._closing:
-                return
-            await self._pace()
+            await asyncio.sleep(max(remaining, self.idle_timeout / 8))
+
+    def _handle_message(self, message: str | bytes) -> bool:
+        """Handle one client message; whether the reader goes on."""
+        try:
+            self._handle(message)
+        except ProtocolError as error:
+            self._refuse(error)
+        except _Overflow:
+            return False
+        return not self._closing
 
     async def _write(self) -> None:
         while True:
@@ -282,15 +315,22 @@ class Connection:
             self._finals_done.clear()
         item = self._current
         vad = self.session.turn_detection is not None
-        # with an engine VAD, a session without turn detection opens its stream with endpointing off
-        endpointing = (self.session.endpointing or EndpointingOptions()) if self.vad is not None else None
-        options = StreamOptions(sample_rate=self.session.rate, sample_format="int16", endpointing=endpointing)
-        self.engine_loop.submit(Push((self.id, item.index), pcm, time.monotonic(), options, vad))
+        self.engine_loop.submit(Push((self.id, item.index), pcm, time.monotonic(), self._stream_options(), vad))
         item.samples += len(pcm) // 2
         self._samples += len(pcm) // 2
         seconds = len(pcm) / 2 / self.session.rate
         self._tokens -= seconds
         self.metrics.audio_seconds.inc(seconds)
+
+    def _stream_options(self) -> StreamOptions:
+        """The engine stream's options for the session as it is now (built again only when the session changed)."""
+        # with an engine VAD, a session without turn detection opens its stream with endpointing off
+        endpointing = (self.session.endpointing or EndpointingOptions()) if self.vad is not None else None
+        key = (self.session.rate, endpointing)
+        if self._options is None or self._options[0] != key:
+            options = StreamOptions(sample_rate=self.session.rate, sample_format="int16", endpointing=endpointing)
+            self._options = (key, options)
+        return self._options[1]
 
     def _commit(self, event_id: str | None) -> None:
         item = self._current
