@@ -55,5 +55,6 @@ def run_event_loop(main: Coroutine[Any, Any, None], event_loop: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("websockets.server").setLevel(logging.WARNING)  # not a line per connection opened and closed
     serve(parse_config(ServeConfig, list(argv or []), "nemo-fastdecode serve"))
     return 0
