@@ -705,12 +705,6 @@ def test_the_server_sets_its_gil_switch_interval_while_it_runs_and_restores_it(m
             ServeConfig(gil_switch_interval_ms=bad)
 
 
-def test_event_loop_names_are_checked():
-    assert ServeConfig().event_loop == "uvloop"
-    with pytest.raises(ValueError, match=r"event_loop must be one of uvloop, asyncio, got 'trio'"):
-        ServeConfig(event_loop="trio")
-
-
 def test_server_vad_settings_are_checked(model):
     """``server_vad`` thresholds out of range get ``invalid_value`` naming the field and the valid values; bad
     ``vad`` settings fail at start naming the setting."""

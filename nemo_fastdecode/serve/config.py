@@ -11,10 +11,7 @@ from dataclasses import dataclass, field
 from nemo_fastdecode.streaming.encoder import check_precision
 from nemo_fastdecode.streaming.events import EndpointingOptions
 
-__all__ = ["EVENT_LOOPS", "LimitsConfig", "ServeConfig"]
-
-#: the network thread's event loops ``nemo-fastdecode serve`` can run
-EVENT_LOOPS = ("uvloop", "asyncio")
+__all__ = ["LimitsConfig", "ServeConfig"]
 
 
 @dataclass
@@ -88,10 +85,6 @@ class ServeConfig:
             gives it up at every GPU synchronisation of a cycle: with 5 ms, each of those may wait up to 5 ms for the
             network thread to hand it back, which stretches cycles under load (measured on an H100 with 256 clients:
             p95 chunk latency 1,338 ms at 5 ms, 56 ms at 0.5 ms).
-        event_loop: the network thread's asyncio loop: ``uvloop`` (libuv; its sockets and callbacks cost less per
-            message, which is what limits the clients one network thread serves) or ``asyncio`` (the standard
-            library's). Read by ``nemo-fastdecode serve``; a program that runs :class:`RealtimeServer` itself picks
-            its own loop.
         limits: per-connection limits.
     """
 
@@ -114,7 +107,6 @@ class ServeConfig:
     vad_min_silence_ms: float = 500.0
     api_key: str | None = None
     gil_switch_interval_ms: float | None = 0.5
-    event_loop: str = "uvloop"
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def __post_init__(self) -> None:
@@ -132,8 +124,6 @@ class ServeConfig:
         self._vad_options()  # checks vad_threshold and vad_min_silence_ms even with vad off
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must be null or a non-empty string")
-        if self.event_loop not in EVENT_LOOPS:
-            raise ValueError(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
         if self.gil_switch_interval_ms is not None and not self.gil_switch_interval_ms > 0:
             raise ValueError(f"gil_switch_interval_ms must be > 0 or null, got {self.gil_switch_interval_ms}")
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from nemo_fastdecode.serve import REALTIME_PATH, RealtimeServer, ServeConfig, build_engine
 from nemo_fastdecode.tools.cli import parse_config
@@ -34,23 +33,7 @@ def serve(config: ServeConfig) -> None:
             flush=True,
         )
 
-    run_event_loop(server.run(on_ready=announce), config.event_loop)
-
-
-def run_event_loop(main: Coroutine[Any, Any, None], event_loop: str) -> None:
-    """Run ``main`` on the chosen loop (``uvloop`` or ``asyncio``); a clear error if uvloop is not installed."""
-    if event_loop == "asyncio":
-        asyncio.run(main)
-        return
-    try:
-        import uvloop
-    except ImportError as error:
-        main.close()
-        raise SystemExit(
-            "event_loop=uvloop needs the uvloop package (pip install uvloop; it does not run on Windows); "
-            "or serve with event_loop=asyncio"
-        ) from error
-    uvloop.run(main)
+    asyncio.run(server.run(on_ready=announce))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
