@@ -67,7 +67,7 @@ class FastGreedyConfig:
         fused_kernels: fused Triton step kernels, bit-identical to the torch ops they replace; ``None``: on CUDA.
         fast_math: opt-in: the prediction network and the joint's output layer on near-fp32 (3xTF32) tensor-core
             kernels, with a precomputed label table; faster, not bit-identical to NeMo (the benchmark reports its
-            agreement).
+            agreement). It decodes in fp32 whatever the caller's autocast (the encoder output is taken to fp32).
     """
 
     max_symbols: int | None = DEFAULT_MAX_SYMBOLS

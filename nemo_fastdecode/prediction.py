@@ -17,10 +17,23 @@ backend (CPU) it runs the kernels' torch references, which is how the CPU tests 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from nemo_fastdecode.kernels import lstm_step, matmul, triton_runs_on
 from nemo_fastdecode.kernels.tf32x3 import split_k_counters
+
+
+def fast_math_precision(
+    fast_math: bool, encoder_output: torch.Tensor
+) -> tuple[contextlib.AbstractContextManager, torch.Tensor]:
+    """Fast math decodes in float32 whatever the caller's autocast (NeMo's ``transcribe`` runs under bf16 autocast):
+    ``(context that turns autocast off, the encoder output in float32)``; unchanged for the exact decoders, which
+    run under the caller's autocast as NeMo's do."""
+    if not fast_math:
+        return contextlib.nullcontext(), encoder_output
+    return torch.autocast(encoder_output.device.type, enabled=False), encoder_output.float()
 
 
 def is_default_joint(joint: torch.nn.Module) -> bool:
@@ -145,12 +158,9 @@ class FastMathPredictor:
         return not same_layout
 
     def check_dtype(self, dtype: torch.dtype) -> None:
-        """Fast math decodes in float32: a clear error up front for anything else (e.g. under bf16 autocast)."""
+        """Fast math decodes in float32 (:func:`fast_math_precision` sees to it): a clear error for anything else."""
         if dtype != torch.float32:
-            raise ValueError(
-                f"fast_math decodes in float32, got {dtype} (bf16/fp16 autocast?); decode in float32 or set "
-                "fast_math=false"
-            )
+            raise ValueError(f"fast_math decodes in float32, got {dtype}; decode in float32 or set fast_math=false")
 
     def prepare(self, dtype: torch.dtype) -> bool:
         """Before a decode in ``dtype``: check it (:meth:`check_dtype`) and :meth:`refresh` the weight copies.

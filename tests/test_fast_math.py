@@ -291,18 +291,24 @@ def test_non_default_joint_is_rejected_by_name():
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_fast_math_under_autocast_is_a_clear_error(search):
+def test_fast_math_under_autocast_decodes_in_float32(search):
+    """Under bf16 autocast (how NeMo users run ``transcribe``) fast math runs its own float32: the same hypotheses as
+    outside autocast on the same values, whether the encoder output comes in bf16 or fp32."""
     from test_beam_exactness import fast_beam
 
     decoder, joint = make_networks()
-    x, lengths = random_encoder_output(2, 6, seed=1)
+    x, lengths = random_encoder_output(3, 8, seed=1)
+    x = x.bfloat16().float()  # values a bf16 encoder output can hold
     if search == "greedy":
         decode = ours("rnnt", decoder, joint, 3)
         decode.computer.fast_predictor = FastMathPredictor(decoder, joint)
     else:
         decode = fast_beam("rnnt", decoder, joint, 2, 3, fast_math=True)
-    with (
-        torch.autocast("cpu", dtype=torch.bfloat16),
-        pytest.raises(ValueError, match="fast_math decodes in float32, got torch.bfloat16"),
-    ):
-        decode(encoder_output=x, encoded_lengths=lengths)
+    (want,) = decode(encoder_output=x, encoded_lengths=lengths)
+    assert sum(len(h.y_sequence) for h in want) > 0  # tokens to compare
+    for encoder_output in (x, x.bfloat16()):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            (got,) = decode(encoder_output=encoder_output, encoded_lengths=lengths)
+        assert_same_hypotheses(got, want)
+    with pytest.raises(ValueError, match="fast_math decodes in float32, got torch.bfloat16"):
+        FastMathPredictor(decoder, joint).check_dtype(torch.bfloat16)

@@ -39,7 +39,7 @@ from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.beam_select import advance_beams, kernel_by_default, select_extensions_reference
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
 from nemo_fastdecode.logs import logger
-from nemo_fastdecode.prediction import FastMathPredictor
+from nemo_fastdecode.prediction import FastMathPredictor, fast_math_precision
 
 # With max_symbols=None a hypothesis may emit any number of labels per frame: start with room for this
 # many steps per frame and grow (re-running the batch) when the storage fills; past the limit the model
@@ -300,6 +300,11 @@ class MALSDBeamComputer(CapturedLoopOwner):
         Returns:
             The hypotheses buffer (rows ``0..B-1`` are the batch; :meth:`BeamHypsBuffer.to_hypotheses` exports them).
         """
+        precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
+        with precision:
+            return self._search(encoder_output, encoder_lengths)
+
+    def _search(self, encoder_output: torch.Tensor, encoder_lengths: torch.Tensor) -> BeamHypsBuffer:
         batch_size, max_time, _ = encoder_output.shape
         projected = self.joint.project_encoder(encoder_output)
         if self.fast_predictor is not None and self.fast_predictor.prepare(projected.dtype):

@@ -25,7 +25,12 @@ from nemo_fastdecode.greedy.records import RecordOptions, StepConfidence, StepRe
 from nemo_fastdecode.greedy.state import BatchedGreedyState, LoopBuffers, predictor_state_batch_dim
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.logs import logger
-from nemo_fastdecode.prediction import FastMathPredictor, is_default_joint, normalise_joint_logits
+from nemo_fastdecode.prediction import (
+    FastMathPredictor,
+    fast_math_precision,
+    is_default_joint,
+    normalise_joint_logits,
+)
 
 # With max_symbols=None the number of labels per frame is unbounded: start with this many slots per
 # frame and grow (re-running the batch) when a row overflows; past the limit the model is not emitting
@@ -367,7 +372,9 @@ class GreedyComputerBase(CapturedLoopOwner):
             raise ValueError("load_with_state needs max_symbols (None may re-run the loop); use decode_with_state")
         if state.batch_size != encoder_output.shape[0]:
             raise ValueError(f"state has {state.batch_size} rows for a batch of {encoder_output.shape[0]}")
-        return self._load(self._project(encoder_output), encoder_lengths, state, None)
+        precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
+        with precision:
+            return self._load(self._project(encoder_output), encoder_lengths, state, None)
 
     @torch.inference_mode()
     def state_after(
@@ -386,7 +393,19 @@ class GreedyComputerBase(CapturedLoopOwner):
     ) -> LoopBuffers:
         """Run the loop over ``[B, T, D]``, rows ``rows`` (all if ``None``) continuing from ``previous``."""
         batch_size = encoder_output.shape[0]
-        projected = self._project(encoder_output)
+        precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
+        with precision:
+            return self._decode_loop(self._project(encoder_output), encoder_lengths, previous, rows, batch_size)
+
+    def _decode_loop(
+        self,
+        projected: torch.Tensor,
+        encoder_lengths: torch.Tensor,
+        previous: BatchedGreedyState | None,
+        rows: torch.Tensor | None,
+        batch_size: int,
+    ) -> LoopBuffers:
+        """:meth:`_decode` after the projection: the loop, run again with more room if ``max_symbols=None`` ran out."""
         while True:
             buffers, loop = self._load(projected, encoder_lengths, previous, rows)
             loop.run()
