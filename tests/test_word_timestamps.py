@@ -10,6 +10,7 @@ import torch
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_outputs
 
+from nemo_fastdecode.streaming.token_text import TokenText
 from nemo_fastdecode.streaming.word_timestamps import WordTimestamps
 from nemo_fastdecode.tools import synthetic
 
@@ -37,7 +38,7 @@ def random_hypothesis(model, length: int, seed: int) -> Hypothesis:
 
 
 def test_words_of_slices_equal_nemos_words_of_the_same_tokens(model):
-    words = WordTimestamps(model.decoding, SUBSAMPLING, STRIDE)
+    words = WordTimestamps(TokenText(model.decoding), SUBSAMPLING, STRIDE)
     compared = 0
     for seed, length in enumerate((1, 2, 7, 40, 120)):
         hyp = random_hypothesis(model, length, seed)
@@ -57,7 +58,7 @@ def test_words_of_slices_equal_nemos_words_of_the_same_tokens(model):
 
 def test_repeated_calls_give_the_same_words(model):
     """The remembered token texts change nothing across calls and hypotheses."""
-    words = WordTimestamps(model.decoding, SUBSAMPLING, STRIDE)
+    words = WordTimestamps(TokenText(model.decoding), SUBSAMPLING, STRIDE)
     hyps = [random_hypothesis(model, 30, seed) for seed in (11, 12)]
     first = [words(h, 0, 30) for h in hyps]
     assert all(first)

@@ -84,6 +84,7 @@ from nemo_fastdecode.streaming.events import (
     UnknownStreamError,
 )
 from nemo_fastdecode.streaming.frontend import AudioFrontEnd, SampleFormat
+from nemo_fastdecode.streaming.token_text import TokenText
 from nemo_fastdecode.streaming.transcriber import StreamingTranscriber, WarmUpTimes
 from nemo_fastdecode.streaming.vad import BatchedVAD, SpeechEnds, SpeechMarks
 from nemo_fastdecode.streaming.word_timestamps import WordTimestamps
@@ -162,7 +163,8 @@ class StreamingEngine:
         self.queue = FeatureQueue(num_slots, g.feat_in, capacity, self.device)
         preprocessor_cfg = model.cfg.get("preprocessor", {}) or {}
         self._window_stride = float(preprocessor_cfg.get("window_stride", s.hop / s.sample_rate))  # NeMo's timestamps
-        self._word_timestamps = WordTimestamps(model.decoding, g.subsampling_factor, self._window_stride)
+        self._token_text = TokenText(model.decoding)
+        self._word_timestamps = WordTimestamps(self._token_text, g.subsampling_factor, self._window_stride)
         # per slot, on the host (vectorised over slots in each cycle)
         self._stream_of = np.full(num_slots, -1, dtype=np.int64)
         self._ending = np.zeros(num_slots, dtype=bool)  # no more audio: flush, step the rest, emit the final event
@@ -540,7 +542,7 @@ class StreamingEngine:
             events.append(
                 StreamEvent(
                     stream_id=int(self._stream_of[slot]),
-                    text=self.model.decoding.decode_ids_to_str(ids),
+                    text=self._token_text.text(ids),
                     token_ids=ids,
                     words=(self._word_timestamps(hyp, first, first + len(ids)) if ids else []) if wants_words else None,
                     is_final=final,

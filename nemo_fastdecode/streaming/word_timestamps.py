@@ -8,7 +8,8 @@ grow with things an event does not need, and are taken away here without changin
   in each: the part passed in holds plain ints instead;
 - a BPE decoding's ``tokenizer_type`` rebuilds the whole vocabulary on every call, and every token is decoded on its
   own, twice: NeMo's method runs with ``self`` a view of the model's decoding object that reads ``tokenizer_type``
-  once and remembers the text of each token id (a token's text does not depend on the call).
+  once and takes token text from :class:`~nemo_fastdecode.streaming.token_text.TokenText` (each id's pieces
+  remembered).
 """
 
 from __future__ import annotations
@@ -19,34 +20,24 @@ from typing import Any
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_outputs
 
+from nemo_fastdecode.streaming.token_text import TokenText
+
 __all__ = ["WordTimestamps"]
 
 
 class _DecodingView:
-    """The model's decoding object, with its ``tokenizer_type`` read once and the text of single token ids remembered
-    (NeMo's timestamps decode every token alone, twice); every other attribute is the object's."""
+    """The model's decoding object, with its ``tokenizer_type`` read once and the text of token ids remembered
+    (:class:`~nemo_fastdecode.streaming.token_text.TokenText`); every other attribute is the object's."""
 
-    def __init__(self, decoding: Any):
-        self._decoding = decoding
-        self.tokenizer_type = decoding.tokenizer_type
-        self._tokens: dict[int, list[str]] = {}
-        self._text: dict[int, str] = {}
+    def __init__(self, text: TokenText):
+        self._decoding, self._text = text.decoding, text
+        self.tokenizer_type = text.decoding.tokenizer_type
 
     def decode_ids_to_tokens(self, ids: list[int]) -> list[str]:
-        if len(ids) != 1:
-            return self._decoding.decode_ids_to_tokens(ids)
-        (token,) = ids
-        if token not in self._tokens:
-            self._tokens[token] = self._decoding.decode_ids_to_tokens([token])
-        return list(self._tokens[token])
+        return self._text.pieces(ids)
 
     def decode_ids_to_str(self, ids: list[int]) -> str:
-        if len(ids) != 1:
-            return self._decoding.decode_ids_to_str(ids)
-        (token,) = ids
-        if token not in self._text:
-            self._text[token] = self._decoding.decode_ids_to_str([token])
-        return self._text[token]
+        return self._text.text(ids)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._decoding, name)
@@ -56,13 +47,13 @@ class WordTimestamps:
     """Word timestamps of slices of hypotheses, as NeMo computes them for a whole one.
 
     Args:
-        decoding: the model's ``RNNTDecoding`` / ``RNNTBPEDecoding`` (``model.decoding``).
+        text: the model's decoding object's token text (``TokenText(model.decoding)``).
         subsampling_factor: the encoder's; ``window_stride``: the preprocessor's, in seconds.
     """
 
-    def __init__(self, decoding: Any, subsampling_factor: int, window_stride: float):
-        self._decoding = _DecodingView(decoding)
-        self._compute = type(decoding).compute_rnnt_timestamps
+    def __init__(self, text: TokenText, subsampling_factor: int, window_stride: float):
+        self._decoding = _DecodingView(text)
+        self._compute = type(text.decoding).compute_rnnt_timestamps
         self.subsampling_factor, self.window_stride = subsampling_factor, window_stride
 
     def __call__(self, hyp: Hypothesis, first: int, stop: int) -> list[dict[str, Any]]:
