@@ -1,6 +1,7 @@
 """Configs of the tools' scripts, mirrored one to one by the YAML files in ``configs/``.
 
 * :class:`TranscribeConfig` -- ``scripts/transcribe.py`` (``configs/transcribe.yaml``).
+* :class:`ParallelTranscribeConfig` -- ``scripts/transcribe_parallel.py`` (``configs/transcribe_parallel.yaml``).
 * :class:`StreamingConfig` -- ``scripts/streaming.py`` (``configs/streaming*.yaml``).
 * :class:`BenchmarkConfig` -- ``scripts/benchmark.py`` (``configs/benchmark.yaml``).
 * :class:`StreamAudioBenchConfig` -- ``scripts/stream_audio_bench.py`` (``configs/stream_audio_bench*.yaml``).
@@ -54,6 +55,39 @@ class TranscribeConfig:
     cuda: int | None = None
     seed: int = 0
     compare_strategies: bool | None = None
+    decoding: FastGreedyDecodingConfig = field(default_factory=FastGreedyDecodingConfig)
+
+
+@dataclass
+class ParallelTranscribeConfig:
+    """``scripts/transcribe_parallel.py``: a manifest or folder transcribed by several processes (Lightning DDP).
+
+    Attributes:
+        model, audio_dir, dataset_manifest, batch_size, bf16, timestamps, seed, decoding: as
+            :class:`TranscribeConfig` (one of ``audio_dir`` / ``dataset_manifest`` is required here).
+        output_filename: the merged output manifest (input order).
+        work_dir: one file per finished shard; a rerun with the same inputs and process count reuses them.
+        accelerator: Lightning's (``gpu``, ``cpu``, ``auto``).
+        devices: processes per machine (GPUs per node, or CPU processes); ``-1``: every GPU.
+        num_nodes: machines (each started with the same command, as Lightning's cluster environments expect).
+        strategy: Lightning's (``ddp``: one process per device).
+        shards_per_rank: shards per process (length-balanced); more shards lose less work to a failure.
+    """
+
+    model: str = "tiny-rnnt"
+    audio_dir: str | None = None
+    dataset_manifest: str | None = None
+    output_filename: str = "outputs/transcribe_parallel.jsonl"
+    work_dir: str = "outputs/transcribe_parallel_shards"
+    batch_size: int = 32
+    bf16: bool = False
+    timestamps: bool = False
+    seed: int = 0
+    accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "ddp"
+    shards_per_rank: int = 4
     decoding: FastGreedyDecodingConfig = field(default_factory=FastGreedyDecodingConfig)
 
 

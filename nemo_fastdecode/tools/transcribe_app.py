@@ -33,6 +33,7 @@ from nemo_fastdecode.tools import synthetic
 from nemo_fastdecode.tools.comparison import agreement, as_int_list, decode_all
 from nemo_fastdecode.tools.configs import TranscribeConfig
 from nemo_fastdecode.tools.manifests import (
+    Utterance,
     audio_problem,
     default_output_path,
     load_audio,
@@ -66,6 +67,7 @@ __all__ = [
     "resolve_config",
     "run",
     "transcribe_files",
+    "transcribe_utterances",
 ]
 
 
@@ -137,6 +139,42 @@ def transcribe_files(
     if isinstance(hyps, tuple):  # older NeMo: (best, all)
         hyps = hyps[0]
     return [h[0] if isinstance(h, list) else h for h in hyps]
+
+
+def transcribe_utterances(
+    model: ASRModel,
+    utterances: Sequence[Utterance],
+    *,
+    batch_size: int = 32,
+    timestamps: bool = False,
+    bf16: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Output records of ``utterances`` (in their order) and the ``(audio path, reason)`` of those that could not be
+    read: each such file gets ``pred_text: null`` and an ``error``, and the others are transcribed all the same."""
+    problems = {i: reason for i, u in enumerate(utterances) if (reason := audio_problem(u.audio_path)) is not None}
+    for i, reason in problems.items():
+        log(f"Cannot transcribe {utterances[i].audio_path}: it {reason}")
+    readable = [u for i, u in enumerate(utterances) if i not in problems]
+    hyps = (
+        transcribe_files(
+            model,
+            [u.audio_path for u in readable],
+            batch_size=batch_size,
+            timestamps=timestamps,
+            bf16=bf16,
+            progress=progress,
+        )
+        if readable
+        else []
+    )
+    transcribed = iter(output_records(readable, hyps, timestamps=timestamps))
+    records = [
+        {**u.entry, "pred_text": None, "error": f"it {problems[i]}"} if i in problems else next(transcribed)
+        for i, u in enumerate(utterances)
+    ]
+    return records, [(str(utterances[i].audio_path), reason) for i, reason in problems.items()]
 
 
 @dataclass
@@ -381,29 +419,13 @@ def run(
         apply_decoding(model, decoding)
         log(f"Model {cfg.model!r} on {device}, decoding strategy {decoding.strategy!r}; {len(utterances)} file(s).")
 
-        problems = {i: reason for i, u in enumerate(utterances) if (reason := audio_problem(u.audio_path)) is not None}
-        for i, reason in problems.items():
-            log(f"Cannot transcribe {utterances[i].audio_path}: it {reason}")
-        readable = [u for i, u in enumerate(utterances) if i not in problems]
-        hyps = (
-            transcribe_files(
-                model,
-                [u.audio_path for u in readable],
-                batch_size=cfg.batch_size,
-                timestamps=bool(cfg.timestamps),
-                bf16=cfg.bf16,
-                progress=progress,
-            )
-            if readable
-            else []
-        )
-        transcribed = iter(output_records(readable, hyps, timestamps=bool(cfg.timestamps)))
-        records = [
-            {**u.entry, "pred_text": None, "error": f"it {problems[i]}"} if i in problems else next(transcribed)
-            for i, u in enumerate(utterances)
-        ]
+        records, failed = transcribe_utterances(
+            model, utterances, batch_size=cfg.batch_size, timestamps=bool(cfg.timestamps), bf16=cfg.bf16,
+            progress=progress, log=log,
+        )  # fmt: skip
+        unreadable = {path for path, _ in failed}
+        readable = [u for u in utterances if str(u.audio_path) not in unreadable]
         write_output_manifest(records, output_path)
-        failed = [(str(utterances[i].audio_path), reason) for i, reason in problems.items()]
 
         shown = records if demo or len(records) <= 10 else records[:10]
         for record in shown:
