@@ -8,20 +8,17 @@ Follows NeMo's ``examples/asr/transcribe_speech_parallel.py``; the logic lives i
 """
 
 from nemo.core.config import hydra_runner
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from nemo_fastdecode.tools.configs import ParallelTranscribeConfig
 from nemo_fastdecode.tools.parallel.lightning_run import transcribe_parallel
+from nemo_fastdecode.tools.transcribe_app import resolve_config
 
 
 @hydra_runner(config_path="../configs", config_name="transcribe_parallel")
 def main(cfg: DictConfig) -> None:
-    schema = OmegaConf.structured(ParallelTranscribeConfig)
-    OmegaConf.set_struct(schema.decoding, False)
-    cfg = OmegaConf.merge(schema, cfg)
-    if (cfg.audio_dir is None) == (cfg.dataset_manifest is None):
-        raise SystemExit("give exactly one of audio_dir and dataset_manifest")
-    transcribe_parallel(cfg)
+    # checked as scripts/transcribe.py's options are; neither audio_dir nor dataset_manifest: read_inputs says so
+    transcribe_parallel(resolve_config(cfg, ParallelTranscribeConfig))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "StrategyRun",
+    "apply_transcribe_decoding",
     "TranscribeResult",
     "compare_strategies",
     "format_comparison",
@@ -71,14 +72,17 @@ __all__ = [
 ]
 
 
-def resolve_config(cfg: TranscribeConfig | DictConfig | dict[str, Any] | None = None) -> DictConfig:
-    """Validate ``cfg`` against :class:`TranscribeConfig` and fill in its defaults.
+def resolve_config(
+    cfg: TranscribeConfig | DictConfig | dict[str, Any] | None = None, schema_class: type = TranscribeConfig
+) -> DictConfig:
+    """Validate ``cfg`` against ``schema_class`` (:class:`TranscribeConfig`, or
+    :class:`~nemo_fastdecode.tools.configs.ParallelTranscribeConfig`) and fill in its defaults.
 
     Top-level keys are checked (an unknown key or a value of the wrong type raises). The
     ``decoding`` section may carry further NeMo ``RNNTDecodingConfig`` keys (e.g. ``beam`` for
     ``strategy: beam``); they are passed through to NeMo.
     """
-    schema = OmegaConf.structured(TranscribeConfig)
+    schema = OmegaConf.structured(schema_class)
     OmegaConf.set_struct(schema.decoding, False)
     if cfg is None:
         return schema
@@ -139,6 +143,16 @@ def transcribe_files(
     if isinstance(hyps, tuple):  # older NeMo: (best, all)
         hyps = hyps[0]
     return [h[0] if isinstance(h, list) else h for h in hyps]
+
+
+def apply_transcribe_decoding(model: ASRModel, decoding: DictConfig, timestamps: bool) -> DictConfig:
+    """Apply a config's ``decoding`` section to ``model`` (:func:`apply_decoding`), with NeMo's
+    ``compute_timestamps`` set as ``timestamps`` asks; returns the section applied (the config is not changed)."""
+    decoding = copy.deepcopy(decoding)
+    with open_dict(decoding):
+        decoding.compute_timestamps = timestamps
+    apply_decoding(model, decoding)
+    return decoding
 
 
 def transcribe_utterances(
@@ -413,10 +427,7 @@ def run(
         if is_synthetic(cfg.model):
             log(synthetic_banner(cfg.model, getattr(model, "_fastdecode_tokens_per_frame", None)))
 
-        decoding = copy.deepcopy(cfg.decoding)
-        with open_dict(decoding):
-            decoding.compute_timestamps = bool(cfg.timestamps)
-        apply_decoding(model, decoding)
+        decoding = apply_transcribe_decoding(model, cfg.decoding, bool(cfg.timestamps))
         log(f"Model {cfg.model!r} on {device}, decoding strategy {decoding.strategy!r}; {len(utterances)} file(s).")
 
         records, failed = transcribe_utterances(

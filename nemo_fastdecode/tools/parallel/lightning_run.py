@@ -10,7 +10,6 @@ died is rerun with the same command and work folder: finished shards are read, n
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +18,12 @@ from typing import Any
 import lightning.pytorch as pl
 import soundfile
 import torch
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from nemo_fastdecode.tools.manifests import Utterance, read_inputs, write_output_manifest
-from nemo_fastdecode.tools.models import apply_decoding, load_model
+from nemo_fastdecode.tools.models import load_model
 from nemo_fastdecode.tools.parallel.shards import ShardOutputs, plan_shards
+from nemo_fastdecode.tools.transcribe_app import apply_transcribe_decoding, transcribe_utterances
 
 __all__ = ["ParallelResult", "durations_of", "transcribe_parallel"]
 
@@ -38,7 +38,7 @@ def durations_of(utterances: list[Utterance]) -> list[float]:
         if duration is None:
             try:
                 duration = soundfile.info(str(u.audio_path)).duration
-            except (RuntimeError, OSError, soundfile.LibsndfileError):
+            except (RuntimeError, OSError):  # soundfile's LibsndfileError is a RuntimeError
                 duration = 0.0  # transcribe_utterances names the problem in the output
         out.append(float(duration))
     return out
@@ -55,18 +55,13 @@ class _ShardPredictor(pl.LightningModule):
 
     def on_predict_start(self) -> None:
         self.asr = load_model(self.cfg.model, device=self.device, seed=self.cfg.seed)
-        decoding = copy.deepcopy(self.cfg.decoding)
-        with open_dict(decoding):
-            decoding.compute_timestamps = bool(self.cfg.timestamps)
-        apply_decoding(self.asr, decoding)
+        apply_transcribe_decoding(self.asr, self.cfg.decoding, bool(self.cfg.timestamps))
         # NeMo's Conformer encoder all-reduces each batch's length across ranks when a process group exists (for
         # training); ranks that transcribe different shards would wait on each other forever
         if hasattr(self.asr.encoder, "sync_max_audio_length"):
             self.asr.encoder.sync_max_audio_length = False
 
     def predict_step(self, batch: list[int]) -> None:
-        from nemo_fastdecode.tools.transcribe_app import transcribe_utterances
-
         for shard in batch:
             if shard == _NO_SHARD:
                 continue
