@@ -1,0 +1,130 @@
+"""Audio for the offline path: read ahead on threads, padded into batches, handed to NeMo as a ``DataLoader``.
+
+NeMo's ``transcribe`` accepts a ``DataLoader`` of ``(audio [B, S], lengths [B])`` batches in place of file
+names. :class:`PrefetchedAudioBatches` is one: it reads the files of the next batches on a thread pool while the
+GPU works on the current one (decoding and resampling release the GIL), so the model rarely waits for audio,
+and it skips NeMo's per-call manifest and dataset set-up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+__all__ = ["AudioInput", "PrefetchedAudioBatches", "audio_length", "read_audio"]
+
+#: One utterance: a path to an audio file, or mono samples at the model's rate (float in [-1, 1]).
+AudioInput = str | os.PathLike | np.ndarray | torch.Tensor
+
+
+def read_audio(audio: AudioInput, sample_rate: int) -> np.ndarray:
+    """Mono float32 samples of ``audio`` at ``sample_rate``; files are read and resampled as NeMo's datasets do.
+
+    Raises:
+        ValueError: the file cannot be decoded, or an array is not one-dimensional.
+    """
+    if isinstance(audio, torch.Tensor):
+        audio = audio.detach().cpu().numpy()
+    if isinstance(audio, np.ndarray):
+        if audio.ndim != 1:
+            raise ValueError(f"audio arrays must be mono, shape [samples]; got shape {tuple(audio.shape)}")
+        return audio.astype(np.float32, copy=False)
+    from nemo.collections.asr.parts.preprocessing.segment import AudioSegment
+
+    try:
+        return AudioSegment.from_file(str(audio), target_sr=sample_rate).samples.astype(np.float32, copy=False)
+    except Exception as error:  # soundfile / librosa raise several types by format
+        raise ValueError(f"cannot read audio file {str(audio)!r}: {type(error).__name__}: {error}") from error
+
+
+def audio_length(audio: AudioInput, sample_rate: int) -> int:
+    """Samples of ``audio`` at ``sample_rate``, from the file's header where it is a file (nothing is decoded)."""
+    if isinstance(audio, np.ndarray | torch.Tensor):
+        return int(audio.shape[-1])
+    import soundfile as sf
+
+    try:
+        info = sf.info(str(audio))
+    except Exception as error:
+        raise ValueError(f"cannot read audio file {str(audio)!r}: {type(error).__name__}: {error}") from error
+    return int(round(info.frames * sample_rate / info.samplerate))
+
+
+def _padded(signals: list[np.ndarray], pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = torch.tensor([len(s) for s in signals], dtype=torch.long)
+    batch = torch.zeros(len(signals), max(int(lengths.max()), 1), dtype=torch.float32, pin_memory=pin)
+    for row, signal in zip(batch, signals, strict=True):
+        row[: len(signal)] = torch.from_numpy(signal)
+    return batch, lengths
+
+
+class _Batches(IterableDataset):
+    def __init__(self, owner: PrefetchedAudioBatches) -> None:
+        self.owner = owner
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self.owner.iterate()
+
+
+class PrefetchedAudioBatches(DataLoader):
+    """A ``DataLoader`` of ``(audio [B, S] float32, lengths [B])`` batches for ``model.transcribe``.
+
+    Args:
+        audio: the utterances (paths or mono arrays at ``sample_rate``).
+        batches: indices into ``audio``, one list per batch, in the order to run them.
+        sample_rate: the model's sample rate.
+        threads: threads that read and resample files.
+        prefetch: batches read ahead of the one being transcribed.
+        pin_memory: pad into page-locked memory (faster copies to the GPU).
+    """
+
+    def __init__(
+        self,
+        audio: Sequence[AudioInput],
+        batches: Sequence[Sequence[int]],
+        sample_rate: int,
+        threads: int = 4,
+        prefetch: int = 2,
+        pin_memory: bool = False,
+    ) -> None:
+        if threads < 1 or prefetch < 1:
+            raise ValueError(f"threads and prefetch must be >= 1, got threads={threads}, prefetch={prefetch}")
+        super().__init__(_Batches(self), batch_size=None, num_workers=0)
+        self.audio = audio
+        self.batches = [list(b) for b in batches]
+        self.sample_rate = sample_rate
+        self.threads = threads
+        self.prefetch = prefetch
+        self.pin = pin_memory
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def iterate(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # readers never wait on other tasks; the one padding thread waits on its batch's reads
+        with (
+            ThreadPoolExecutor(self.threads, thread_name_prefix="nemo_fastdecode-read") as readers,
+            ThreadPoolExecutor(1, thread_name_prefix="nemo_fastdecode-pad") as padder,
+        ):
+            pending: deque[Future] = deque()
+
+            def load(batch: list[int]) -> Future:
+                reads = [readers.submit(read_audio, self.audio[i], self.sample_rate) for i in batch]
+                return padder.submit(lambda: _padded([r.result() for r in reads], self.pin))
+
+            try:
+                for batch in self.batches:
+                    pending.append(load(batch))
+                    if len(pending) > self.prefetch:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+            finally:
+                for future in pending:
+                    future.cancel()

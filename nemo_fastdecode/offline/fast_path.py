@@ -1,0 +1,202 @@
+"""``model.transcribe`` on length-sorted, budgeted batches with audio read ahead on threads.
+
+NeMo's ``transcribe`` runs the files in the order given, in batches of a fixed count, reads each batch's audio on
+the calling thread between GPU batches, and builds a manifest and a dataset on every call. Here the utterances
+are sorted by length and grouped under a padded-audio budget (:func:`~nemo_fastdecode.offline.batching.plan_batches`),
+read ahead on threads (:class:`~nemo_fastdecode.offline.audio_batches.PrefetchedAudioBatches`), and handed to
+NeMo's own ``transcribe`` as a ``DataLoader``: the forward pass, the decoding strategy and the text and timestamp
+post-processing are NeMo's, unchanged. Results come back in the input order.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from nemo_fastdecode.offline.audio_batches import AudioInput, PrefetchedAudioBatches, audio_length
+from nemo_fastdecode.offline.batching import plan_batches
+
+if TYPE_CHECKING:
+    from nemo.collections.asr.models import ASRModel
+
+__all__ = ["FastTranscribeOptions", "disable_fast_transcribe", "enable_fast_transcribe", "fast_transcribe"]
+
+
+@dataclass(frozen=True)
+class FastTranscribeOptions:
+    """How :func:`fast_transcribe` batches and reads audio.
+
+    Attributes:
+        max_batch_seconds: padded audio per batch (utterances x the longest one), seconds; ``None``:
+            ``batch_size`` x 30 s, what NeMo's ``batch_size`` utterances of its recommended maximum length take.
+        max_batch_size: utterances per batch at most; ``None``: 4 x ``batch_size`` (short utterances share
+            larger batches within the same padded-audio budget).
+        threads: threads reading and resampling audio files.
+        prefetch: batches read ahead of the one on the GPU.
+    """
+
+    max_batch_seconds: float | None = None
+    max_batch_size: int | None = None
+    threads: int = 4
+    prefetch: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_batch_seconds is not None and self.max_batch_seconds <= 0:
+            raise ValueError(f"max_batch_seconds must be > 0 or None, got {self.max_batch_seconds}")
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1 or None, got {self.max_batch_size}")
+        if self.threads < 1 or self.prefetch < 1:
+            raise ValueError(f"threads and prefetch must be >= 1, got threads={self.threads}, prefetch={self.prefetch}")
+
+
+def _model_device(model: ASRModel) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _describe(audio: AudioInput, index: int) -> str:
+    return f"{str(audio)!r}" if isinstance(audio, str | os.PathLike) else f"array at index {index}"
+
+
+def fast_transcribe(
+    model: ASRModel,
+    audio: Sequence[AudioInput],
+    batch_size: int = 4,
+    *,
+    options: FastTranscribeOptions | None = None,
+    return_hypotheses: bool = False,
+    timestamps: bool | None = None,
+    verbose: bool = False,
+    transcribe: Any = None,
+) -> list[Any]:
+    """Transcribe ``audio`` with the model's current decoding strategy; results in the input order.
+
+    Args:
+        model: a NeMo ASR model whose ``transcribe`` takes a ``DataLoader`` of ``(audio, lengths)`` batches
+            (RNN-T, TDT, hybrid RNN-T/CTC).
+        audio: paths to audio files (read and resampled as NeMo does) or mono arrays ``[samples]`` at the model's
+            sample rate.
+        batch_size: NeMo's ``batch_size``; sets the default budget (:class:`FastTranscribeOptions`).
+        options: batching and reading; ``None``: the defaults.
+        return_hypotheses, timestamps, verbose: as for NeMo's ``transcribe``.
+        transcribe: the ``transcribe`` to hand the batches to (the model's own class method when ``None``).
+
+    Returns:
+        What NeMo's ``transcribe`` returns (texts or ``Hypothesis`` objects), one per input, in the input order.
+
+    Raises:
+        ValueError: an empty input list, a file that cannot be read or has no samples (named).
+        RuntimeError: the GPU ran out of memory on a batch (the message names its padded length and the option
+            that bounds it).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(audio, str | os.PathLike | np.ndarray | torch.Tensor):
+        audio = [audio]
+    if len(audio) == 0:
+        raise ValueError("no audio to transcribe: the input list is empty")
+    options = options or FastTranscribeOptions()
+    sample_rate = int(model.cfg.preprocessor.sample_rate)
+    audio = [_as_nemo_pads_arrays(a, sample_rate) for a in audio]
+    lengths = [audio_length(a, sample_rate) for a in audio]
+    for i, n in enumerate(lengths):
+        if n == 0:
+            raise ValueError(f"audio {_describe(audio[i], i)} has no samples")
+    max_seconds = options.max_batch_seconds or 30.0 * batch_size
+    batches = plan_batches(lengths, options.max_batch_size or 4 * batch_size, int(max_seconds * sample_rate))
+    device = _model_device(model)
+    loader = PrefetchedAudioBatches(
+        audio, batches, sample_rate, options.threads, options.prefetch, pin_memory=device.type == "cuda"
+    )
+    transcribe = transcribe or functools.partial(type(model).transcribe, model)
+    try:
+        results = transcribe(
+            loader, batch_size=batch_size, return_hypotheses=return_hypotheses, timestamps=timestamps, verbose=verbose
+        )
+    except torch.OutOfMemoryError as error:
+        longest = max(lengths) / sample_rate
+        raise RuntimeError(
+            f"out of GPU memory on a batch of up to {max_seconds:.0f} s of padded audio (longest utterance "
+            f"{longest:.1f} s): lower FastTranscribeOptions.max_batch_seconds; for audio of many minutes, switch "
+            "the encoder to local attention first (model.change_attention_model('rel_pos_local_attn', [128, 128]))"
+        ) from error
+    order = [i for batch in batches for i in batch]
+    return _in_input_order(results, order)
+
+
+def _as_nemo_pads_arrays(audio: AudioInput, sample_rate: int) -> AudioInput:
+    """NeMo's ``transcribe`` pads in-memory audio shorter than 1 s with zeros on both sides to 1 s (its
+    ``TranscriptionTensorDataset``, as its Lhotse loader does); files it takes as they are. Arrays get the same here,
+    so that the results equal NeMo's for either kind of input."""
+    if not isinstance(audio, np.ndarray | torch.Tensor) or audio.ndim != 1 or not 0 < audio.shape[0] < sample_rate:
+        return audio
+    samples = audio.detach().cpu().numpy() if isinstance(audio, torch.Tensor) else audio
+    missing = sample_rate - samples.shape[0]
+    return np.pad(samples.astype(np.float32, copy=False), (missing // 2, missing - missing // 2))
+
+
+def _in_input_order(results: Any, order: list[int]) -> Any:
+    if isinstance(results, tuple):  # (best, all) from models that return both
+        return tuple(_in_input_order(r, order) for r in results)
+    if len(results) != len(order):
+        raise RuntimeError(f"transcribe returned {len(results)} results for {len(order)} utterances")
+    out: list[Any] = [None] * len(order)
+    for position, index in enumerate(order):
+        out[index] = results[position]
+    return out
+
+
+def _takes_fast_path(audio: Any, kwargs: dict[str, Any]) -> bool:
+    """Inputs the fast path handles: a list of files or mono arrays, or one file that is not a manifest, with no
+    option that changes what NeMo reads (channel selection, augmentation, partial hypotheses, an override config)."""
+    if any(
+        kwargs.get(k) is not None for k in ("channel_selector", "augmentor", "partial_hypothesis", "override_config")
+    ):
+        return False
+    if isinstance(audio, str | os.PathLike):
+        return not str(audio).endswith((".json", ".jsonl"))
+    if isinstance(audio, np.ndarray | torch.Tensor):
+        return audio.ndim == 1
+    return isinstance(audio, list | tuple) and all(
+        isinstance(a, str | os.PathLike) or (isinstance(a, np.ndarray | torch.Tensor) and a.ndim == 1) for a in audio
+    )
+
+
+def enable_fast_transcribe(model: ASRModel, options: FastTranscribeOptions | None = None) -> None:
+    """Route ``model.transcribe`` through :func:`fast_transcribe` (this model instance only).
+
+    Calls the fast path cannot serve (a ``DataLoader`` or manifest, ``channel_selector``, ``augmentor``,
+    ``partial_hypothesis``, ``override_config``) go to NeMo's ``transcribe`` unchanged.
+    :func:`disable_fast_transcribe` undoes it.
+    """
+    options = options or FastTranscribeOptions()
+    original = functools.partial(type(model).transcribe, model)
+
+    @functools.wraps(type(model).transcribe)
+    def transcribe(audio: Any, batch_size: int = 4, return_hypotheses: bool = False, **kwargs: Any) -> Any:
+        if not _takes_fast_path(audio, kwargs):
+            return original(audio, batch_size=batch_size, return_hypotheses=return_hypotheses, **kwargs)
+        return fast_transcribe(
+            model,
+            audio,
+            batch_size,
+            options=options,
+            return_hypotheses=return_hypotheses,
+            timestamps=kwargs.get("timestamps"),
+            verbose=kwargs.get("verbose", True),
+            transcribe=original,
+        )
+
+    model.transcribe = transcribe
+    model.fast_transcribe_options = options
+
+
+def disable_fast_transcribe(model: ASRModel) -> None:
+    """Give ``model.transcribe`` back to NeMo (a no-op where :func:`enable_fast_transcribe` was not called)."""
+    model.__dict__.pop("transcribe", None)
+    model.__dict__.pop("fast_transcribe_options", None)

@@ -1,0 +1,143 @@
+"""The offline path: length-sorted budgeted batches, audio read ahead, NeMo's transcribe on them; results equal
+NeMo's own ``transcribe`` in the input order."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from nemo_fastdecode.offline import (
+    FastTranscribeOptions,
+    disable_fast_transcribe,
+    enable_fast_transcribe,
+    fast_transcribe,
+    plan_batches,
+)
+from nemo_fastdecode.tools import synthetic
+from nemo_fastdecode.tools.models import apply_decoding
+
+# uneven lengths in no particular order, one shorter than 0.1 s
+DURATIONS = [1.3, 0.05, 2.2, 0.7, 1.9, 0.4, 1.1]
+
+
+def test_plan_batches_sorts_covers_and_respects_the_budget():
+    rng = np.random.default_rng(0)
+    lengths = [int(n) for n in rng.integers(1, 1000, size=57)]
+    batches = plan_batches(lengths, max_batch_size=8, max_batch_samples=2500)
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(lengths)))  # each utterance exactly once
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
+    for batch in batches:
+        assert len(batch) <= 8
+        assert len(batch) == 1 or len(batch) * lengths[batch[0]] <= 2500
+    assert len(batches) < len(lengths)  # short utterances share batches
+    assert plan_batches([5000, 10], max_batch_size=4, max_batch_samples=100) == [[0], [1]]  # over budget: alone
+    assert plan_batches([3, 3, 3], max_batch_size=2) == [[0, 1], [2]]  # ties keep the input order
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"max_batch_size": 0}, "max_batch_size"), ({"max_batch_size": 2, "max_batch_samples": 0}, "max_batch_samples")],
+)
+def test_plan_batches_refuses_bad_options(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        plan_batches([1, 2], **kwargs)
+
+
+@pytest.fixture(scope="module", params=["tiny-rnnt", "tiny-tdt", "tiny-hybrid"])
+def model_and_files(request, tmp_path_factory, single_thread):
+    model = synthetic.build_synthetic_model(request.param, seed=0)
+    audio = synthetic.synthetic_audio(DURATIONS, seed=3)
+    encoded, lengths = synthetic.encode(model, audio, batch_size=len(audio), device="cpu")
+    synthetic.calibrate_blank_bias(model, encoded, lengths, 0.3, iterations=4, tolerance=0.05)
+    apply_decoding(model, {"strategy": "fast_greedy"})
+    paths = [str(p) for p in synthetic.write_wavs(audio, tmp_path_factory.mktemp(request.param))]
+    return model, paths, audio
+
+
+def _nemo(model, audio, **kwargs):
+    hyps = type(model).transcribe(model, audio, batch_size=2, return_hypotheses=True, verbose=False, **kwargs)
+    model.eval()
+    return hyps[0] if isinstance(hyps, tuple) else hyps
+
+
+def _same(ours, nemo, timestamps=False):
+    assert len(ours) == len(nemo) == len(DURATIONS)
+    assert sum(len(h.y_sequence) for h in nemo) > 0  # something to compare
+    for a, b in zip(ours, nemo, strict=True):
+        assert a.y_sequence.tolist() == b.y_sequence.tolist()
+        assert a.text == b.text
+        assert a.score == pytest.approx(b.score, rel=1e-5, abs=1e-4)
+        if timestamps:
+            assert a.timestamp["word"] == b.timestamp["word"]
+            assert a.timestamp["char"] == b.timestamp["char"]
+
+
+def test_fast_transcribe_equals_nemo_in_input_order(model_and_files):
+    model, paths, audio = model_and_files
+    options = FastTranscribeOptions(max_batch_seconds=3.0, threads=2, prefetch=1)  # several uneven batches
+    ours = fast_transcribe(model, paths, 2, options=options, return_hypotheses=True)
+    _same(ours, _nemo(model, paths))
+    arrays = fast_transcribe(model, audio, 2, options=options, return_hypotheses=True)  # in-memory audio
+    _same(arrays, _nemo(model, audio))
+
+
+def test_enabled_model_transcribe_takes_the_fast_path_with_timestamps(model_and_files, monkeypatch):
+    model, paths, _ = model_and_files
+    if model.cfg.decoding.get("durations"):
+        # NeMo's own char timestamps index past this synthetic TDT vocabulary (greedy_batch raises the same)
+        pytest.skip("NeMo's char timestamps fail on the synthetic char TDT model")
+    calls = []
+    import nemo_fastdecode.offline.fast_path as module
+
+    real = module.plan_batches
+    monkeypatch.setattr(module, "plan_batches", lambda *a, **k: calls.append(a) or real(*a, **k))
+    enable_fast_transcribe(model, FastTranscribeOptions(max_batch_seconds=4.0))
+    try:
+        ours = model.transcribe(paths, batch_size=2, timestamps=True, verbose=False)
+        model.eval()
+    finally:
+        disable_fast_transcribe(model)
+    assert len(calls) == 1  # it went through the fast path
+    nemo = _nemo(model, paths, timestamps=True)
+    assert sum(len(h.timestamp["word"]) for h in nemo) > 0
+    _same(ours, nemo, timestamps=True)
+    assert "transcribe" not in model.__dict__  # disabled: NeMo's own method again
+
+
+def test_enabled_model_passes_manifests_to_nemo(model_and_files, tmp_path, monkeypatch):
+    model, paths, _ = model_and_files
+    manifest = tmp_path / "in.json"
+    manifest.write_text(
+        "".join(
+            json.dumps({"audio_filepath": p, "duration": d, "text": ""}) + "\n"
+            for p, d in zip(paths, DURATIONS, strict=True)
+        )
+    )
+    import nemo_fastdecode.offline.fast_path as module
+
+    monkeypatch.setattr(module, "fast_transcribe", lambda *a, **k: pytest.fail("a manifest took the fast path"))
+    enable_fast_transcribe(model)
+    try:
+        hyps = model.transcribe(str(manifest), batch_size=2, return_hypotheses=True, verbose=False)
+        model.eval()
+    finally:
+        disable_fast_transcribe(model)
+    assert len(hyps) == len(paths)
+
+
+def test_bad_inputs_are_named(model_and_files, tmp_path):
+    model, paths, _ = model_and_files
+    with pytest.raises(ValueError, match="empty"):
+        fast_transcribe(model, [])
+    corrupt = tmp_path / "corrupt.wav"
+    corrupt.write_bytes(b"RIFF not really a wave file")
+    with pytest.raises(ValueError, match="corrupt.wav"):
+        fast_transcribe(model, [paths[0], str(corrupt)])
+    with pytest.raises(ValueError, match="no samples"):
+        fast_transcribe(model, [np.zeros(0, dtype=np.float32)])
+    with pytest.raises(ValueError, match="mono"):
+        fast_transcribe(model, [torch.zeros(2, 100)])
+    with pytest.raises(ValueError, match="max_batch_seconds"):
+        FastTranscribeOptions(max_batch_seconds=0)
