@@ -245,8 +245,10 @@ def test_unbounded_symbols_chunks_match_and_storage_grows(kind, monkeypatch):
 def test_chunks_on_the_kernels_match_malsd_batch(kind):
     """The beam-step kernels (the Triton interpreter on the CPU) chunk by chunk: NeMo's hypotheses, scores to
     float32 rounding (the kernels sum log-softmax normalisers in another order)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter runs on the CPU only without CUDA
     decoder, joint = make_networks(tdt=kind == "tdt", seed=31, blank_bias=REALISTIC_BIAS[kind])
-    x, lengths = random_encoder_output(2, 9, seed=32, lengths=[9, 9])
+    decoder, joint = decoder.to(device), joint.to(device)
+    x, lengths = random_encoder_output(2, 9, seed=32, lengths=[9, 9], device=device)
     bounds = [0, 1, 4, 9]
     expected, _ = decode_in_chunks(nemo_malsd(kind, decoder, joint, 3, 2).decoding_computer, x, lengths, bounds, True)
     ours = fast_beam(kind, decoder, joint, 3, 2, return_best_hypothesis=False, fused_topk=True).decoding_computer
