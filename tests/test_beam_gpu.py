@@ -96,3 +96,28 @@ def test_compiled_step_matches_the_exact_search(mode, kind):
     for _ in range(2):  # the second call replays the captured graph
         actual = as_tuples(compiled(encoder_output=x, encoded_lengths=lengths)[0], nbest=True)
         assert_same(actual, as_tuples(expected(encoder_output=x, encoded_lengths=lengths)[0], nbest=True), False)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+@pytest.mark.parametrize("fused_topk", [False, True], ids=["torch_topk", "triton_topk"])
+def test_chunks_in_every_mode_match_malsd_batch_on_gpu(mode, kind, fused_topk):
+    """Chunk by chunk (tests/test_beam_chunks.py) in every graph mode: NeMo's computer's n-best lists, every chunk
+    replaying the graphs captured for a longer batch; a whole-utterance search after the chunks begins afresh."""
+    from test_beam_chunks import bounds_of, decode_in_chunks
+
+    decoder, joint = cuda_networks(kind, seed=21)
+    # streams of one length: NeMo's RNN-T search decodes the padding of rows whose chunk has no frames
+    x, lengths = random_encoder_output(4, 30, seed=22, lengths=[30, 30, 30, 30], device="cuda")
+    bounds = bounds_of("uneven", 30)
+    nemo = nemo_malsd(kind, decoder, joint, 4, 3, return_best_hypothesis=False)
+    expected, _ = decode_in_chunks(nemo.decoding_computer, x, lengths, bounds, nbest=True)
+    decode = fast_beam(kind, decoder, joint, 4, 3, return_best_hypothesis=False, graph_mode=mode, fused_topk=fused_topk)
+    whole = as_tuples(decode(encoder_output=x, encoded_lengths=lengths)[0], True)
+    buffers = decode.computer._buffers
+    actual, _ = decode_in_chunks(decode.decoding_computer, x, lengths, bounds, nbest=True)
+    assert sum(len(h[0]) for row in actual for h in row) > 0
+    assert_same(actual, expected, exact_scores=not fused_topk)
+    if mode != "eager":
+        assert decode.computer._buffers is buffers, "every chunk must replay the graphs captured for 30 frames"
+    assert as_tuples(decode(encoder_output=x, encoded_lengths=lengths)[0], True) == whole

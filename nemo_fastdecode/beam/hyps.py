@@ -22,7 +22,12 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis, NBestHypothe
 
 from nemo_fastdecode.kernels.beam_backtrack import backtrack
 
-__all__ = ["INACTIVE_SCORE", "NON_EXISTENT_LABEL_VALUE", "BeamHypsBuffer"]
+__all__ = ["INACTIVE_SCORE", "NON_EXISTENT_LABEL_VALUE", "PER_BEAM", "BeamHypsBuffer"]
+
+#: The per-beam values ``[B, K]`` a search begins from and a chunk hands on to the next (with NeMo's names in
+#: ``BatchedBeamState``: ``scores``, ``current_lengths_nb``, ``labels``, ``transcript_hash``,
+#: ``last_timestamp_lasts``, TDT ``time_jumps``).
+PER_BEAM = ("scores", "lengths", "last_label", "hashes", "labels_at_time", "next_time")
 
 
 class BeamHypsBuffer:
@@ -32,6 +37,11 @@ class BeamHypsBuffer:
     [B, K, C]``; ``scores/lengths/last_label/hashes/next_time/labels_at_time [B, K]``; ``step`` 0-d.
     Timestamps are a label's frame (RNN-T) or its end frame (TDT, start = end - duration on export),
     as in NeMo. A step past the capacity overwrites the last slot; :meth:`full` tells the caller.
+
+    A search begins (:meth:`begin_`) from the per-beam values in ``start`` (:data:`PER_BEAM` ``[B, K]`` each):
+    the empty hypotheses (:meth:`start_empty_`), or the beams of a previous chunk (:meth:`start_from_`), whose
+    scores, transcripts' hashes and lengths, last labels and labels at the current frame carry on, as in
+    NeMo's ``seed_batched_hyps_from_state``. The prefix tree always begins empty: it holds this chunk's steps.
     """
 
     def __init__(
@@ -62,17 +72,30 @@ class BeamHypsBuffer:
         self._beam_range = torch.arange(beam_size, device=device)
         self._last_slot = torch.tensor(capacity - 1, dtype=torch.long, device=device)
         self._inactive = torch.tensor(INACTIVE_SCORE, dtype=float_dtype, device=device)  # out= needs tensors
+        self.start = {name: torch.empty_like(getattr(self, name)) for name in PER_BEAM}
+        self.start_empty_()
 
-    def reset_(self) -> None:
-        """Empty hypotheses: beam 0 with score 0, the other beams inactive (-inf)."""
+    def start_empty_(self) -> None:
+        """The next search begins with empty hypotheses: beam 0 with score 0, the other beams inactive (-inf)."""
+        self.start["scores"].fill_(INACTIVE_SCORE)
+        self.start["scores"][:, 0] = 0.0
+        self.start["last_label"].fill_(NON_EXISTENT_LABEL_VALUE)
+        for name in ("lengths", "hashes", "labels_at_time", "next_time"):
+            self.start[name].zero_()
+
+    def start_from_(self, rows: int, **values: torch.Tensor) -> None:
+        """The next search continues beams: rows ``0..rows-1`` begin from ``values`` (every name of :data:`PER_BEAM`,
+        ``[rows, K]`` each); the other rows keep their start values."""
+        if set(values) != set(PER_BEAM):
+            raise ValueError(f"start_from_ needs exactly {sorted(PER_BEAM)}, got {sorted(values)}")
+        for name, value in values.items():
+            self.start[name][:rows].copy_(value)
+
+    def begin_(self) -> None:
+        """Every beam at its start values (:attr:`start`), the prefix tree empty."""
         self.step.zero_()
-        self.scores.fill_(INACTIVE_SCORE)
-        self.scores[:, 0] = 0.0
-        self.lengths.zero_()
-        self.last_label.fill_(NON_EXISTENT_LABEL_VALUE)
-        self.hashes.zero_()
-        self.next_time.zero_()
-        self.labels_at_time.zero_()
+        for name in PER_BEAM:
+            getattr(self, name).copy_(self.start[name])
 
     def add_(
         self,

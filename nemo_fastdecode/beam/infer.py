@@ -2,7 +2,8 @@
 
 It has the interface of NeMo's ``BeamBatchedRNNTInfer`` / ``BeamBatchedTDTInfer`` with
 ``search_type='malsd_batch'`` (called with ``[B, D, T]`` encoder output, returns a 1-tuple with the best
-``Hypothesis`` per utterance or its ``NBestHypotheses``) and runs our :class:`MALSDBeamComputer`.
+``Hypothesis`` per utterance or its ``NBestHypotheses``; exposes a ``decoding_computer`` that continues streams
+chunk by chunk) and runs our :class:`MALSDBeamComputer`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from nemo.core.classes import Typing, typecheck
 from nemo.core.neural_types import AcousticEncodedRepresentation, HypothesisType, LengthsType, NeuralType
 
 from nemo_fastdecode.beam.malsd import MALSDBeamComputer
+from nemo_fastdecode.beam.nemo_computer import NemoBeamComputer
 from nemo_fastdecode.config import DEFAULT_MAX_SYMBOLS, nemo_max_symbols
 from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_nonfinite
 from nemo_fastdecode.graphs import GraphMode
@@ -46,6 +48,12 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to ``malsd_batch``.
         compiled_step: experimental: each step's pure-torch parts (candidate selection, hypothesis update,
             state gathers) compiled by ``torch.compile`` on CUDA.
+
+    Attributes:
+        computer: our beam search (:class:`MALSDBeamComputer`).
+        decoding_computer: the same search behind NeMo's modified-ALSD computer interface
+            (:class:`~nemo_fastdecode.beam.nemo_computer.NemoBeamComputer`): chunk-by-chunk decoding of streams with
+            ``prev_batched_state``, NeMo's only way of continuing a ``malsd_batch`` search.
     """
 
     @property
@@ -95,6 +103,15 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             fast_math=fast_math,
             compiled_step=compiled_step,
         )
+        self.decoding_computer = NemoBeamComputer(self.computer, allow_cuda_graphs=allow_cuda_graphs)
+
+    # NeMo's hooks around training and validation; as NeMo's, they go through the decoding computer
+    def disable_cuda_graphs(self) -> bool:
+        return self.decoding_computer.disable_cuda_graphs()
+
+    def maybe_enable_cuda_graphs(self) -> bool:
+        """Graphs back on, unless ``allow_cuda_graphs=False`` disallowed them."""
+        return self.decoding_computer.maybe_enable_cuda_graphs()
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -109,7 +126,8 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
         """Search ``encoder_output [B, D, T]`` with ``encoded_lengths [B]``; returns ``(hypotheses,)``."""
         if partial_hypotheses is not None:
             raise NotImplementedError(
-                "fast_beam does not continue partial hypotheses (streaming); NeMo's malsd_batch does not either"
+                "fast_beam does not continue partial_hypotheses, as NeMo's malsd_batch does not; decode a stream "
+                "chunk by chunk with decoding_computer(x, out_len, prev_batched_state), as NeMo's malsd_batch does"
             )
         inputs = check_decoder_inputs(encoder_output, encoded_lengths, None)
         batch_size = encoder_output.shape[0]

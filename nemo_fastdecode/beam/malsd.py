@@ -29,11 +29,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import BatchedBeamState
+from nemo.collections.asr.parts.utils.batched_beam_decoding_utils import BatchedBeamHyps
 
 from nemo_fastdecode.beam.hyps import BeamHypsBuffer
 from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
+from nemo_fastdecode.greedy.state import predictor_state_batch_dim
 from nemo_fastdecode.greedy.steps import joint_hidden
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.beam_select import advance_beams, kernel_by_default, select_extensions_reference
@@ -49,7 +52,8 @@ UNBOUNDED_STEPS_LIMIT = 1024
 
 
 class MALSDBeamComputer(CapturedLoopOwner):
-    """Batched exact modified-ALSD beam search; ``__call__`` returns NeMo ``BatchedBeamHyps``.
+    """Batched exact modified-ALSD beam search: ``__call__`` searches whole utterances, :meth:`search_chunk`
+    continues streams chunk by chunk.
 
     Args:
         decoder: NeMo ``RNNTDecoder`` (LSTM prediction network, ``blank_as_pad=True``).
@@ -108,6 +112,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
             if compiled_step
             else None
         )
+        self.state_batch_dim = predictor_state_batch_dim(decoder)
         self._buffers: BeamLoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
         self._steps_per_frame = max_symbols + 1 if max_symbols is not None else UNBOUNDED_STEPS_START
@@ -209,11 +214,12 @@ class MALSDBeamComputer(CapturedLoopOwner):
         extend, select_parents, keep_parents = self._step_parts(b)
 
         def before_loop() -> None:
-            hyps.reset_()
-            for state, sos in zip(b.decoder_state, b.sos_decoder_state, strict=True):
-                state.copy_(sos)
-            b.decoder_output.copy_(b.sos_decoder_output)
-            b.time_indices.zero_()
+            # every beam at its start: afresh after <SOS>, or where a previous chunk left it (BeamLoopBuffers.start_*)
+            hyps.begin_()
+            for state, start in zip(b.decoder_state, b.start_decoder_state, strict=True):
+                state.copy_(start)
+            b.decoder_output.copy_(b.start_decoder_output)
+            b.time_indices.copy_(hyps.next_time)  # TDT: frames jumped past the previous chunk's end; else 0
             torch.sub(b.encoder_lengths[:, None].expand(batch, k), 1, out=b.last_frame)
             self._update_time_flags(b)
 
@@ -283,9 +289,11 @@ class MALSDBeamComputer(CapturedLoopOwner):
         sos = torch.full([beams, 1], self.blank_index, dtype=torch.long, device=device)
         output, sos_state, *_ = self.decoder.predict(sos, None, add_sos=False, batch_size=beams)
         b.sos_decoder_state = [s.clone() for s in sos_state]
+        b.start_decoder_state = [s.clone() for s in sos_state]
         b.decoder_state = [s.clone() for s in sos_state]
         b.parent_decoder_state = [s.clone() for s in sos_state]
         b.sos_decoder_output.copy_(self.joint.project_prednet(output))
+        b.start_decoder_output.copy_(b.sos_decoder_output)
         return b
 
     # ----- public entry point --------------------------------------------------------------
@@ -302,9 +310,43 @@ class MALSDBeamComputer(CapturedLoopOwner):
         """
         precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
         with precision:
-            return self._search(encoder_output, encoder_lengths)
+            return self._search(encoder_output, encoder_lengths, None).hyps
 
-    def _search(self, encoder_output: torch.Tensor, encoder_lengths: torch.Tensor) -> BeamHypsBuffer:
+    def search_chunk(
+        self, encoder_output: torch.Tensor, encoder_lengths: torch.Tensor, previous: BatchedBeamState | None = None
+    ) -> tuple[BatchedBeamHyps, BatchedBeamState]:
+        """Search one chunk of a stream, continuing the beams of the previous chunk: what NeMo's modified-ALSD
+        computers do when called with ``prev_batched_state``.
+
+        Args:
+            encoder_output: ``[B, T, D]`` the chunk's encoder output (time-major per row), ``B >= 1``.
+            encoder_lengths: ``[B]`` valid frames per row (0 allowed: the row's beams stay as they are; so does a
+                chunk of ``T = 0`` frames, which NeMo's computer refuses).
+            previous: the state this method (or NeMo's computer of the same beam size) returned for the previous
+                chunk (its first ``B`` rows continue); ``None`` for a stream's first chunk.
+
+        Returns:
+            ``(hypotheses, state)``: NeMo's ``BatchedBeamHyps`` of ``B`` rows holding this chunk's prefix tree,
+            timestamps counted from each stream's start and the beams' cumulative scores, as NeMo's computer
+            returns them (NeMo's ``flatten_`` / ``merge_(..., is_chunk_continuation=True)`` join the chunks); and
+            the ``BatchedBeamState`` to continue from (its tensors are copies).
+        """
+        batch_size, max_time, dim = encoder_output.shape
+        if max_time == 0:  # a chunk without frames: one padding frame that no row reads (the beams stay as they are)
+            encoder_output = encoder_output.new_zeros([batch_size, 1, dim])
+        with torch.inference_mode():
+            precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
+            with precision:
+                b = self._search(encoder_output, encoder_lengths, previous)
+        # NeMo's objects are made outside inference mode: callers update them in place (flatten_, merge_)
+        hyps = b.hyps.to_nemo(batch_size)
+        if previous is not None:
+            hyps.timestamps += previous.decoded_lengths[:batch_size, None, None].to(hyps.timestamps.device)
+        return hyps, b.state_after(batch_size, encoder_lengths, previous, self.state_batch_dim, self.blank_index)
+
+    def _search(
+        self, encoder_output: torch.Tensor, encoder_lengths: torch.Tensor, previous: BatchedBeamState | None
+    ) -> BeamLoopBuffers:
         batch_size, max_time, _ = encoder_output.shape
         projected = self.joint.project_encoder(encoder_output)
         if self.fast_predictor is not None and self.fast_predictor.prepare(projected.dtype):
@@ -314,6 +356,10 @@ class MALSDBeamComputer(CapturedLoopOwner):
             b.encoder_projected[:batch_size, :max_time].copy_(projected)
             b.encoder_lengths.zero_()  # padding rows stay inactive
             b.encoder_lengths[:batch_size].copy_(encoder_lengths)
+            if previous is None:
+                b.start_empty()
+            else:
+                b.start_from(previous, batch_size, self.state_batch_dim, self.is_tdt)
             loop.run()
             if not (b.hyps.full() and bool(b.active.any())):
                 break
@@ -327,4 +373,4 @@ class MALSDBeamComputer(CapturedLoopOwner):
                 )
             self.reset_graphs()
         self._loop = loop
-        return b.hyps
+        return b

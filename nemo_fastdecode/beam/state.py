@@ -1,10 +1,12 @@
-"""Every tensor the beam search loop touches, allocated once per (batch, length) size."""
+"""Every tensor the beam search loop touches, allocated once per (batch, length) size; the state a search
+continues from and hands on between chunks of a stream (NeMo's ``BatchedBeamState``) goes in and out of them here."""
 
 from __future__ import annotations
 
 import torch
+from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import BatchedBeamState
 
-from nemo_fastdecode.beam.hyps import BeamHypsBuffer
+from nemo_fastdecode.beam.hyps import NON_EXISTENT_LABEL_VALUE, BeamHypsBuffer
 from nemo_fastdecode.graphs.owner import CapturedBuffers
 
 
@@ -42,11 +44,111 @@ class BeamLoopBuffers(CapturedBuffers):
         self.last_frame = torch.zeros(beams, dtype=torch.long, device=device)
         self.active = torch.zeros(beams, dtype=torch.bool, device=device)
         self.flag = torch.zeros([], dtype=torch.bool, device=device)  # any beam active and room left
-        # prediction network: working state, the parents' state gathered per step, and the state after <SOS>
+        # prediction network: working state, the parents' state gathered per step, the state after <SOS>, and the
+        # state the next search begins from (after <SOS>, or a previous chunk's)
         self.decoder_state: list[torch.Tensor] = []
         self.parent_decoder_state: list[torch.Tensor] = []
         self.sos_decoder_state: list[torch.Tensor] = []
+        self.start_decoder_state: list[torch.Tensor] = []
         self.decoder_output = torch.zeros([batch_size * beam_size, 1, hidden], dtype=float_dtype, device=device)
         self.parent_decoder_output = torch.zeros_like(self.decoder_output)
         self.sos_decoder_output = torch.zeros_like(self.decoder_output)
+        self.start_decoder_output = torch.zeros_like(self.decoder_output)
         self.hyps = BeamHypsBuffer(batch_size, beam_size, capacity, blank_index, device, float_dtype, tdt)
+        self.starts_empty = True  # host flag: the start is the empty hypotheses after <SOS>
+
+    def start_empty(self) -> None:
+        """The next search begins afresh: empty hypotheses, the prediction network after ``<SOS>``."""
+        if self.starts_empty:
+            return
+        self.hyps.start_empty_()
+        for start, sos in zip(self.start_decoder_state, self.sos_decoder_state, strict=True):
+            start.copy_(sos)
+        self.start_decoder_output.copy_(self.sos_decoder_output)
+        self.starts_empty = True
+
+    def start_from(self, state: BatchedBeamState, batch_size: int, state_batch_dim: int, tdt: bool) -> None:
+        """The next search continues the first ``batch_size`` rows of a previous chunk's ``state`` (NeMo's
+        ``BatchedBeamState``, ``[B', K]`` per beam with ``B' >= batch_size``); padding rows begin afresh.
+
+        As NeMo's computers seed a chunk: the beams' scores, transcript hashes and lengths, labels at the
+        current frame, last labels (``state.labels``, blank where a beam has none), the prediction network's
+        state and projected output per beam, and (TDT) the frames each beam jumped past the previous chunk's end.
+        """
+        check_continuable(state, batch_size, self.beam_size)
+        if batch_size < self.batch_size:
+            self.start_empty()  # padding rows
+        rows = slice(0, batch_size)
+        beams = batch_size * self.beam_size
+        zeros = torch.zeros([batch_size, self.beam_size], dtype=torch.long, device=self.device)
+        per_beam = {
+            "scores": state.scores[rows],
+            "lengths": state.current_lengths_nb[rows],
+            "last_label": state.labels[rows],
+            "hashes": state.transcript_hash[rows],
+            "labels_at_time": state.last_timestamp_lasts[rows],
+            # RNN-T: every chunk begins at its first frame (NeMo's RNN-T search reads no time_jumps)
+            "next_time": state.time_jumps[rows] if tdt and state.time_jumps is not None else zeros,
+        }
+        self.hyps.start_from_(batch_size, **per_beam)
+        for start, previous in zip(self.start_decoder_state, state.predictor_states, strict=True):
+            start.narrow(state_batch_dim, 0, beams).copy_(previous.narrow(state_batch_dim, 0, beams))
+        hidden = self.start_decoder_output.shape[-1]
+        self.start_decoder_output[:beams].copy_(state.predictor_outputs.reshape(-1, 1, hidden)[:beams])
+        self.starts_empty = False
+
+    def state_after(
+        self,
+        batch_size: int,
+        encoder_lengths: torch.Tensor,
+        previous: BatchedBeamState | None,
+        state_batch_dim: int,
+        sos: int,
+    ) -> BatchedBeamState:
+        """The state to continue the first ``batch_size`` rows from after a search of ``encoder_lengths [B]`` frames
+        (copies), as NeMo's computers make it: per beam the prediction network's state and projected output, the
+        last label (``sos``, i.e. blank, where a beam has none, else the previous chunk's), the scores, transcript
+        hashes and lengths, labels at the current frame and (TDT) the frames jumped past this chunk's end; per row
+        the frames decoded so far."""
+        hyps, beams, rows = self.hyps, batch_size * self.beam_size, slice(0, batch_size)
+        last_labels = torch.where(hyps.last_label[rows] != NON_EXISTENT_LABEL_VALUE, hyps.last_label[rows], sos)
+        if previous is not None:
+            last_labels = torch.where(last_labels == sos, previous.labels[rows], last_labels)
+        lengths = encoder_lengths.to(self.device)
+        time_jumps = None
+        if hyps.tdt:
+            time_jumps = torch.clamp(self.time_indices[rows] - lengths[:, None], min=0)
+        return BatchedBeamState(
+            predictor_states=tuple(s.narrow(state_batch_dim, 0, beams).clone() for s in self.decoder_state),
+            predictor_outputs=self.decoder_output[:beams].clone(),
+            labels=last_labels,
+            decoded_lengths=lengths.clone() if previous is None else lengths + previous.decoded_lengths[rows],
+            fusion_states_list=None,
+            time_jumps=time_jumps,
+            scores=hyps.scores[rows].clone(),
+            transcript_hash=hyps.hashes[rows].clone(),
+            current_lengths_nb=hyps.lengths[rows].clone(),
+            last_timestamp_lasts=hyps.labels_at_time[rows].clone(),
+            transcript_prefix_hash=None,
+        )
+
+
+def check_continuable(state: BatchedBeamState, batch_size: int, beam_size: int) -> None:
+    """Raise a ValueError naming what keeps a search of ``batch_size`` rows x ``beam_size`` beams from continuing
+    ``state`` (a beam search's state: per-beam scores ``[B', K]``, ``B' >= batch_size``, no fusion states)."""
+    if not isinstance(state, BatchedBeamState) or state.scores is None:
+        raise ValueError(
+            f"prev_batched_state must be the BatchedBeamState a beam search returned (with per-beam scores), got "
+            f"{type(state).__name__}"
+        )
+    if state.fusion_states_list:
+        raise ValueError(
+            "prev_batched_state carries n-gram LM / boosting-tree fusion states, which fast_beam does not apply; "
+            "continue it with NeMo's malsd_batch"
+        )
+    rows, beams = state.scores.shape
+    if beams != beam_size or rows < batch_size:
+        raise ValueError(
+            f"prev_batched_state holds {rows} rows x {beams} beams; this search needs at least {batch_size} rows x "
+            f"{beam_size} beams (beam_size={beam_size})"
+        )

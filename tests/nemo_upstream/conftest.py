@@ -49,10 +49,6 @@ NO_FUSION = (
     "intended: our strategies do not fuse an n-gram LM / boosting tree or bias per stream (the registry "
     "refuses these options with NotImplementedError); use greedy_batch / malsd_batch"
 )
-BEAM_NO_STREAMING = (
-    "intended: fast_beam keeps no state between calls (no decoding_computer / prev_batched_state); NeMo's "
-    "malsd_batch does, through its computer only"
-)
 BEAM_GRAPH_MODES = "intended: fast_beam has no decoding_computer.force_cuda_graphs_mode (ours: beam.graph_mode)"
 # NeMo 3.0.0 fails the later NeMo test that is vendored here (ours passes where it is substituted)
 NEMO_300_ZERO_LENGTH = "NeMo 3.0.0 bug: malsd_batch decodes labels for rows with encoded_lengths == 0 (fixed later)"
@@ -127,10 +123,6 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "test_batched_beam_zero_length.py::reference::test_malsd_batch_finished_stream_gains_no_labels*": (
         XFAIL,
         NEMO_300_FINISHED_STREAM,
-    ),
-    "test_batched_beam_zero_length.py::substituted::test_malsd_batch_finished_stream_gains_no_labels*": (
-        XFAIL,
-        BEAM_NO_STREAMING,
     ),
     # test_cuda_graph_rnnt_greedy_decoding.py
     "test_cuda_graph_rnnt_greedy_decoding.py::reference::test_conditional_node_restores_previous_stream_on_body_error": (
