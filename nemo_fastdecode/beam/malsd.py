@@ -35,7 +35,7 @@ from nemo.collections.asr.parts.utils.batched_beam_decoding_utils import Batched
 from nemo_fastdecode.beam.hyps import BeamHypsBuffer
 from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
-from nemo_fastdecode.graphs.owner import CapturedLoopOwner
+from nemo_fastdecode.graphs.owner import CapturedLoopOwner, grown_shape
 from nemo_fastdecode.greedy.state import predictor_state_batch_dim
 from nemo_fastdecode.greedy.steps import joint_hidden
 from nemo_fastdecode.kernels import triton_runs_on
@@ -261,10 +261,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
         if self._buffers is None or not self._buffers.fits(
             batch_size, max_time, self._capacity(max_time), device, dtype
         ):
-            # grow geometrically in time so that a slowly growing maximum does not re-capture every batch
             old = self._buffers if self._buffers is not None and self._buffers.device == device else None
-            grown_time = max(max_time, 2 * old.max_time) if old is not None else max_time
-            grown_batch = max(batch_size, old.batch_size) if old is not None else batch_size
+            grown_batch, grown_time = grown_shape(old, batch_size, max_time)
             self._buffers = self._allocate(grown_batch, grown_time, hidden, device, dtype)
             self._loop = TwoLevelLoop(self._phases(self._buffers), mode)
             logger.debug(

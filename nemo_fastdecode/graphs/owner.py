@@ -10,6 +10,21 @@ from nemo_fastdecode.graphs.modes import GraphMode
 from nemo_fastdecode.graphs.two_level_loop import TwoLevelLoop
 
 
+def grown_shape(old: CapturedBuffers | None, batch_size: int, max_time: int) -> tuple[int, int]:
+    """``(batch size, frames)`` to allocate and capture for a batch that does not fit ``old``.
+
+    Both grow geometrically (at least doubling the dimension that is too small), so that a slowly growing batch
+    or length -- length-sorted batches that get larger as utterances get shorter, a stream of longer and longer
+    inputs -- re-captures a logarithmic number of times, not once per batch. A graph replays over all of its
+    rows; the extra rows are inactive and cost little in a loop whose steps are small kernels.
+    """
+    if old is None:
+        return batch_size, max_time
+    grown_batch = max(batch_size, 2 * old.batch_size) if batch_size > old.batch_size else old.batch_size
+    grown_time = max(max_time, 2 * old.max_time) if max_time > old.max_time else old.max_time
+    return grown_batch, grown_time
+
+
 class CapturedBuffers:
     """Pre-allocated loop buffers that a captured graph is specialised to; larger inputs need new ones.
 

@@ -18,7 +18,7 @@ from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_bas
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
-from nemo_fastdecode.graphs.owner import CapturedLoopOwner
+from nemo_fastdecode.graphs.owner import CapturedLoopOwner, grown_shape
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.records import RecordOptions, StepConfidence, StepRecords
@@ -231,10 +231,8 @@ class GreedyComputerBase(CapturedLoopOwner):
             buffers = self._allocate(batch_size, max_time, hidden, capacity, device, dtype)
             return buffers, TwoLevelLoop(self._phases(buffers, mode), mode)
         if self._buffers is None or not self._buffers.fits(batch_size, max_time, capacity, device, dtype):
-            # grow geometrically in time so that a slowly growing maximum does not re-capture every batch
-            old = self._buffers
-            grown_time = max(max_time, 2 * old.max_time) if old is not None and old.device == device else max_time
-            grown_batch = max(batch_size, old.batch_size) if old is not None and old.device == device else batch_size
+            old = self._buffers if self._buffers is not None and self._buffers.device == device else None
+            grown_batch, grown_time = grown_shape(old, batch_size, max_time)
             self._buffers = self._allocate(grown_batch, grown_time, hidden, self._capacity(grown_time), device, dtype)
             self._loop = TwoLevelLoop(self._phases(self._buffers, mode), mode)
             logger.debug(
