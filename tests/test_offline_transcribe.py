@@ -141,3 +141,13 @@ def test_bad_inputs_are_named(model_and_files, tmp_path):
         fast_transcribe(model, [torch.zeros(2, 100)])
     with pytest.raises(ValueError, match="max_batch_seconds"):
         FastTranscribeOptions(max_batch_seconds=0)
+
+
+def test_the_decoder_is_sized_once_for_the_whole_plan(model_and_files):
+    model, paths, _ = model_and_files
+    computer = model.decoding.decoding.computer
+    fast_transcribe(model, paths, 2, options=FastTranscribeOptions(max_batch_seconds=3.0), return_hypotheses=True)
+    batch, frames = computer._reserved
+    assert batch >= 2 and frames >= 2.2 / 0.08  # the longest utterance's encoder frames (8x subsampling, 10 ms hop)
+    computer.reserve(1, 1)  # never shrinks
+    assert computer._reserved == (batch, frames)

@@ -262,7 +262,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
             batch_size, max_time, self._capacity(max_time), device, dtype
         ):
             old = self._buffers if self._buffers is not None and self._buffers.device == device else None
-            grown_batch, grown_time = grown_shape(old, batch_size, max_time)
+            grown_batch, grown_time = self._reserved_shape(*grown_shape(old, batch_size, max_time))
             self._buffers = self._allocate(grown_batch, grown_time, hidden, device, dtype)
             self._loop = TwoLevelLoop(self._phases(self._buffers), mode)
             logger.debug(

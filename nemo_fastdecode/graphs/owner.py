@@ -59,6 +59,22 @@ class CapturedLoopOwner:
     use_cuda_graphs: bool
     _buffers: Any
     _loop: TwoLevelLoop | None
+    _reserved: tuple[int, int] = (0, 0)
+
+    def reserve(self, batch_size: int, max_time: int) -> None:
+        """Size the buffers (and so the captured graphs) for at least ``batch_size`` rows of ``max_time`` frames
+        when they are next allocated: a caller that knows its largest batch and longest input ahead (the offline
+        path's plan) gets one capture instead of one per growth step. Drops buffers that are smaller."""
+        if batch_size < 0 or max_time < 0:
+            raise ValueError(f"batch_size and max_time must be >= 0, got {batch_size} and {max_time}")
+        self._reserved = (max(batch_size, self._reserved[0]), max(max_time, self._reserved[1]))
+        if self._buffers is not None and (
+            self._buffers.batch_size < self._reserved[0] or self._buffers.max_time < self._reserved[1]
+        ):
+            self.reset_graphs()
+
+    def _reserved_shape(self, batch_size: int, max_time: int) -> tuple[int, int]:
+        return max(batch_size, self._reserved[0]), max(max_time, self._reserved[1])
 
     def force_mode(self, mode: GraphMode | str | None) -> None:
         """Force a graph mode (``None``/"auto" to choose automatically); drops captured graphs."""

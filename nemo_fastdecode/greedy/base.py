@@ -232,7 +232,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             return buffers, TwoLevelLoop(self._phases(buffers, mode), mode)
         if self._buffers is None or not self._buffers.fits(batch_size, max_time, capacity, device, dtype):
             old = self._buffers if self._buffers is not None and self._buffers.device == device else None
-            grown_batch, grown_time = grown_shape(old, batch_size, max_time)
+            grown_batch, grown_time = self._reserved_shape(*grown_shape(old, batch_size, max_time))
             self._buffers = self._allocate(grown_batch, grown_time, hidden, self._capacity(grown_time), device, dtype)
             self._loop = TwoLevelLoop(self._phases(self._buffers, mode), mode)
             logger.debug(

@@ -11,6 +11,7 @@ post-processing are NeMo's, unchanged. Results come back in the input order.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.offline.audio_batches import AudioInput, PrefetchedAudioBatches, audio_length
 from nemo_fastdecode.offline.batching import plan_batches
 
@@ -109,6 +111,7 @@ def fast_transcribe(
             raise ValueError(f"audio {_describe(audio[i], i)} has no samples")
     max_seconds = options.max_batch_seconds or 30.0 * batch_size
     batches = plan_batches(lengths, options.max_batch_size or 4 * batch_size, int(max_seconds * sample_rate))
+    _reserve_decoder(model, max(len(b) for b in batches), max(lengths), sample_rate)
     device = _model_device(model)
     loader = PrefetchedAudioBatches(
         audio, batches, sample_rate, options.threads, options.prefetch, pin_memory=device.type == "cuda"
@@ -127,6 +130,18 @@ def fast_transcribe(
         ) from error
     order = [i for batch in batches for i in batch]
     return _in_input_order(results, order)
+
+
+def _reserve_decoder(model: ASRModel, batch_size: int, samples: int, sample_rate: int) -> None:
+    """Size our decoder's captured graphs for the plan's largest batch and longest utterance up front: one capture
+    (and one set of kernel specialisations) instead of one per growth step as batches change shape."""
+    computer = getattr(getattr(getattr(model, "decoding", None), "decoding", None), "computer", None)
+    if not isinstance(computer, CapturedLoopOwner):
+        return  # NeMo's own strategies size themselves
+    hop = int(float(model.cfg.preprocessor.window_stride) * sample_rate)
+    subsampling = int(getattr(model.encoder, "subsampling_factor", 1))
+    frames = math.ceil((samples // hop + 1) / subsampling) + 1  # one frame of slack over the encoder's rounding
+    computer.reserve(batch_size, frames)
 
 
 def _as_nemo_pads_arrays(audio: AudioInput, sample_rate: int) -> AudioInput:
