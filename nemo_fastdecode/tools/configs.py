@@ -161,6 +161,36 @@ class StreamingConfig:
 
 
 @dataclass
+class TranscribeBenchmarkConfig:
+    """``scripts/bench_transcribe.py``: ``model.transcribe`` end to end, NeMo's default against ours on the same files.
+
+    Attributes:
+        models: synthetic presets; ``None``: ``rnnt-0.6b`` and ``tdt-0.6b`` on a GPU, ``tiny-rnnt`` on the CPU (a
+            smoke test of the set-up).
+        total_seconds: audio per model (LibriSpeech test-other-like durations); ``None``: 1800 on a GPU, 10 on the CPU.
+        batch_size: NeMo's ``transcribe`` batch size (the offline path's default budget follows it).
+        repeats: timed calls per row after the first call (the best is reported).
+        calibrations: blank-bias calibrations, target tokens per frame; each is a separate test set.
+        rows: names from :data:`~nemo_fastdecode.tools.transcribe_benchmark.ROWS`; ``None``: all.
+        bf16: bf16 autocast on a GPU, as NeMo's ``transcribe_speech.py`` runs it.
+        seed: synthetic weights and audio.
+        out_dir: where ``transcribe_<GPU>[_<date>].json`` / ``.md`` go.
+        date: added to the output file names.
+    """
+
+    models: list[str] | None = None
+    total_seconds: float | None = None
+    batch_size: int = 32
+    repeats: int = 3
+    calibrations: list[float] = field(default_factory=lambda: [0.3, 0.1])
+    rows: list[str] | None = None
+    bf16: bool = True
+    seed: int = 0
+    out_dir: str = "outputs/benchmarks"
+    date: str | None = None
+
+
+@dataclass
 class BenchmarkConfig:
     """``scripts/benchmark.py``: NeMo's decoders and ours on the same encoder outputs of a synthetic test set.
 

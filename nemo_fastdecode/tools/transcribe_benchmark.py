@@ -1,0 +1,274 @@
+"""End-to-end benchmark of what ``model.transcribe`` users see: NeMo's default against ours on the same files.
+
+Every row runs ``model.transcribe`` on the same audio files (a synthetic LibriSpeech test-other-like set written as
+WAV files, in shuffled order as a manifest would list them), under bf16 autocast on a GPU, in one process:
+
+* ``nemo`` -- NeMo's default strategy (``greedy_batch``) and NeMo's ``transcribe``;
+* ``fast_greedy`` -- our decoder, NeMo's ``transcribe``;
+* ``fast_greedy+offline`` -- our decoder and the offline path (:mod:`nemo_fastdecode.offline`: length-sorted
+  budgeted batches, audio read ahead on threads, the decoder sized once);
+* ``nemo+offline`` -- NeMo's decoder on the offline path (what the batching alone buys).
+
+For each row: the first call (after the model and CUDA are initialised by a short call on other audio) and the
+best of ``repeats`` later calls, tokens, agreement with the ``nemo`` row, and one extra call timed per stage
+(preprocessor, encoder, decoder; the rest is reading audio and host work) with the GPU synchronised around each.
+The test set's emission statistics (tokens per frame, tokens per emitting frame, blank-run length) are measured
+on the ``nemo`` row's hypotheses, for each blank-bias calibration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from nemo_fastdecode.offline import disable_fast_transcribe, enable_fast_transcribe
+from nemo_fastdecode.tools import synthetic
+from nemo_fastdecode.tools.environment import environment
+from nemo_fastdecode.tools.models import apply_decoding
+from nemo_fastdecode.tools.timing import synchronize
+
+#: row name -> (strategy, offline path)
+ROWS: dict[str, tuple[str, bool]] = {
+    "nemo": ("greedy_batch", False),
+    "fast_greedy": ("fast_greedy", False),
+    "fast_greedy+offline": ("fast_greedy", True),
+    "nemo+offline": ("greedy_batch", True),
+}
+
+
+@dataclass
+class EmissionStats:
+    tokens_per_frame: float
+    tokens_per_emitting_frame: float  # burst length
+    mean_blank_run: float  # frames between emitting frames
+
+
+@dataclass
+class TranscribeRow:
+    name: str
+    first_call_seconds: float
+    seconds: float  # best of the timed calls
+    rtfx: float
+    tokens: int
+    identical_to_nemo: float  # share of utterances with the nemo row's token ids
+    stages: dict[str, float] = field(default_factory=dict)
+    call_seconds: list[float] = field(default_factory=list)
+
+
+@dataclass
+class TranscribeReport:
+    model: str
+    calibration: float  # target tokens per frame of the blank-bias calibration
+    utterances: int
+    audio_seconds: float
+    batch_size: int
+    precision: str
+    emissions: EmissionStats | None = None
+    rows: list[TranscribeRow] = field(default_factory=list)
+
+
+def emission_stats(hyps: list[Any]) -> EmissionStats:
+    """From hypotheses with per-token frame indices (``Hypothesis.timestamp``) and encoded lengths."""
+    tokens = frames = emitting = 0
+    runs: list[int] = []
+    for hyp in hyps:
+        steps = [int(t) for t in (hyp.timestamp if not isinstance(hyp.timestamp, dict) else hyp.timestamp["timestep"])]
+        length = int(hyp.length) if hyp.length is not None else (max(steps) + 1 if steps else 0)
+        tokens, frames = tokens + len(steps), frames + length
+        distinct = sorted(set(steps))
+        emitting += len(distinct)
+        runs += [b - a - 1 for a, b in zip([-1, *distinct], [*distinct, length], strict=True) if b - a - 1 > 0]
+    return EmissionStats(
+        tokens_per_frame=tokens / max(frames, 1),
+        tokens_per_emitting_frame=tokens / max(emitting, 1),
+        mean_blank_run=float(np.mean(runs)) if runs else 0.0,
+    )
+
+
+@contextlib.contextmanager
+def stage_timer(model, device: torch.device) -> Iterator[dict[str, float]]:
+    """Seconds spent in the preprocessor, the encoder and the decoding (GPU synchronised around each)."""
+    stages: dict[str, float] = {"preprocessor": 0.0, "encoder": 0.0, "decoder": 0.0}
+    starts: dict[str, float] = {}
+    handles = []
+    for name, module in (("preprocessor", model.preprocessor), ("encoder", model.encoder)):
+
+        def pre(_m, _a, name=name):
+            synchronize(device)
+            starts[name] = time.perf_counter()
+
+        def post(_m, _a, _o, name=name):
+            synchronize(device)
+            stages[name] += time.perf_counter() - starts[name]
+
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    decode = model.decoding.rnnt_decoder_predictions_tensor
+
+    def timed_decode(*args, **kwargs):
+        synchronize(device)
+        start = time.perf_counter()
+        out = decode(*args, **kwargs)
+        synchronize(device)
+        stages["decoder"] += time.perf_counter() - start
+        return out
+
+    model.decoding.rnnt_decoder_predictions_tensor = timed_decode
+    try:
+        yield stages
+    finally:
+        for handle in handles:
+            handle.remove()
+        del model.decoding.rnnt_decoder_predictions_tensor  # the class method again
+
+
+def _transcribe(model, paths: list[str], batch_size: int, bf16: bool) -> list[Any]:
+    device = next(model.parameters()).device
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16) if bf16 and device.type == "cuda" else contextlib.nullcontext()
+    )
+    with autocast, torch.inference_mode():
+        hyps = model.transcribe(paths, batch_size=batch_size, return_hypotheses=True, verbose=False)
+    model.eval()  # NeMo's transcribe leaves modules in train mode
+    return hyps[0] if isinstance(hyps, tuple) else hyps
+
+
+def benchmark_transcribe(
+    preset: str,
+    total_seconds: float,
+    batch_size: int = 32,
+    repeats: int = 3,
+    calibration: float = 0.3,
+    bf16: bool = True,
+    rows: list[str] | None = None,
+    max_symbols: int = 10,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    log: Callable[[str], None] = print,
+) -> TranscribeReport:
+    """Time ``model.transcribe`` for each row of :data:`ROWS` (or ``rows``) on one synthetic model and test set."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    names = rows or list(ROWS)
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        raise ValueError(f"unknown rows {unknown}; valid rows: {', '.join(ROWS)}")
+    model = synthetic.build_synthetic_model(preset, seed=seed, device=device)
+    model.eval()
+    durations = synthetic.librispeech_like_durations(total_seconds=total_seconds, seed=seed)
+    audio = synthetic.synthetic_audio(durations, seed=seed)
+    dtype = torch.bfloat16 if bf16 and device.type == "cuda" else None
+    encoded, lengths = synthetic.encode(
+        model, audio[: 2 * batch_size], batch_size=batch_size, device=device, dtype=dtype
+    )
+    synthetic.calibrate_blank_bias(
+        model, [e.float() for e in encoded[:2]], lengths[:2], calibration, max_symbols=max_symbols
+    )
+    warm_up_audio = synthetic.synthetic_audio([1.0, 2.0], seed=seed + 1)
+    report = TranscribeReport(
+        preset, calibration, len(durations), sum(durations), batch_size, "bf16 autocast" if dtype else "fp32"
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        paths = [str(p) for p in synthetic.write_wavs(audio, folder)]
+        random.Random(seed).shuffle(paths)  # a manifest is not sorted by length
+        warm_up = [str(p) for p in synthetic.write_wavs(warm_up_audio, folder, prefix="warm_up")]
+        apply_decoding(model, {"strategy": "greedy_batch"})
+        _transcribe(model, warm_up, 2, bf16)  # CUDA context, cuBLAS and NeMo's lazy set-up: no row pays them
+        reference: list[list[int]] | None = None
+        for name in names:
+            strategy, offline = ROWS[name]
+            apply_decoding(model, {"strategy": strategy, "greedy": {"max_symbols": max_symbols}})
+            (enable_fast_transcribe if offline else disable_fast_transcribe)(model)
+            synchronize(device)
+            start = time.perf_counter()
+            _transcribe(model, paths, batch_size, bf16)
+            synchronize(device)
+            first = time.perf_counter() - start
+            calls = []
+            for _ in range(repeats):
+                synchronize(device)
+                start = time.perf_counter()
+                hyps = _transcribe(model, paths, batch_size, bf16)
+                synchronize(device)
+                calls.append(time.perf_counter() - start)
+            with stage_timer(model, device) as stages:
+                synchronize(device)
+                start = time.perf_counter()
+                _transcribe(model, paths, batch_size, bf16)
+                synchronize(device)
+                stages["other"] = time.perf_counter() - start - sum(stages.values())
+            disable_fast_transcribe(model)
+            ids = [[int(t) for t in h.y_sequence] for h in hyps]
+            if name == "nemo" or reference is None:
+                report.emissions = report.emissions or emission_stats(hyps)
+            reference = reference or ids
+            row = TranscribeRow(
+                name,
+                first,
+                min(calls),
+                report.audio_seconds / min(calls),
+                sum(map(len, ids)),
+                sum(a == b for a, b in zip(reference, ids, strict=True)) / len(ids),
+                {k: round(v, 4) for k, v in stages.items()},
+                calls,
+            )
+            report.rows.append(row)
+            log(
+                f"{preset} (calibration {calibration}) {name}: first {first:.3f} s, best {row.seconds:.3f} s "
+                f"(RTFx {row.rtfx:.0f}), {row.tokens} tokens, {row.identical_to_nemo:.1%} as nemo, stages {row.stages}"
+            )
+    return report
+
+
+def write_transcribe_reports(reports: list[TranscribeReport], command: str, json_path: str, markdown_path: str) -> str:
+    """JSON (environment, command, every report) and a Markdown table; returns the Markdown."""
+    env = environment()
+    with open(json_path, "w") as f:
+        json.dump({"command": command, "environment": env, "reports": [asdict(r) for r in reports]}, f, indent=1)
+    lines = [
+        f"# model.transcribe end to end ({env['gpu']})",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Environment: GPU {env['gpu']}, driver {env['driver']}, torch {env['torch']}, CUDA {env['cuda']}, "
+        f"Triton {env['triton']}, NeMo {env['nemo']}, Python {env['python']}, commit {env['commit']}.",
+        "",
+    ]
+    for r in reports:
+        nemo = next((row for row in r.rows if row.name == "nemo"), None)
+        e = r.emissions
+        lines += [
+            f"## {r.model}, calibration {r.calibration} tokens/frame: {r.utterances} files, {r.audio_seconds:.0f} s, "
+            f"batch_size {r.batch_size}, {r.precision}",
+            "",
+            (
+                f"Emissions (nemo row): {e.tokens_per_frame:.3f} tokens/frame, {e.tokens_per_emitting_frame:.2f} "
+                f"tokens per emitting frame, mean blank run {e.mean_blank_run:.1f} frames."
+                if e
+                else ""
+            ),
+            "",
+            "| row | first call s | best s | RTFx | vs nemo | tokens | same tokens as nemo | preproc s | encoder s "
+            "| decoder s | other s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in r.rows:
+            ratio = f"{row.seconds / nemo.seconds:.3f}" if nemo else "-"
+            s = row.stages
+            lines.append(
+                f"| {row.name} | {row.first_call_seconds:.3f} | {row.seconds:.3f} | {row.rtfx:.0f} | {ratio} | "
+                f"{row.tokens} | {row.identical_to_nemo:.1%} | {s.get('preprocessor', 0):.3f} | "
+                f"{s.get('encoder', 0):.3f} | {s.get('decoder', 0):.3f} | {s.get('other', 0):.3f} |"
+            )
+        lines.append("")
+    markdown = "\n".join(lines)
+    with open(markdown_path, "w") as f:
+        f.write(markdown)
+    return markdown
