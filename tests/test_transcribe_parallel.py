@@ -1,5 +1,5 @@
 """``scripts/transcribe_parallel.py``: two CPU processes (Lightning DDP over gloo) and two Ray actors give exactly the
-single-process manifest; after a shard is lost, a rerun redoes only the unfinished shards;
+single-process manifest; after a rank is killed mid-run, or a shard is lost, a rerun redoes only the unfinished shards;
 the shard plan, the shard outputs and the backends' checks on their own."""
 
 from __future__ import annotations
@@ -162,6 +162,52 @@ def test_two_cpu_processes_give_the_single_process_manifest(job_inputs, tmp_path
     out = _run(_lightning_command(REPO / "scripts/transcribe_parallel.py", manifest, output, tmp_path / "work")).stdout
     assert "7 input(s) in 8 shard(s) over 2 lightning worker(s) (0 shard(s) from an earlier run)" in out
     assert "Throughput: 11.4 s of audio in " in out and "  rank 1: model " in out
+    assert output.read_text() == want
+
+
+# Runs scripts/transcribe_parallel.py (as __main__, without runpy, which would put the script's path in sys.argv[0]:
+# Lightning starts the other ranks with sys.argv). In rank 1, a process of its own, the second shard's write starts
+# and the process is killed (SIGKILL) half way through it.
+_KILL_RANK_1 = """
+import os, signal
+from nemo_fastdecode.tools.parallel.shards import ShardOutputs
+
+write, written = ShardOutputs.write, []
+
+def write_or_die(self, shard, indices, records):
+    if os.environ.get("LOCAL_RANK") == "1" and written:
+        final = self.path(shard)
+        final.with_name(f".{final.name}.{os.getpid()}.tmp").write_text('{"pred_text": "hal')
+        os.kill(os.getpid(), signal.SIGKILL)
+    written.append(shard)
+    return write(self, shard, indices, records)
+
+ShardOutputs.write = write_or_die
+with open(SCRIPT, encoding="utf-8") as f:
+    exec(compile(f.read(), SCRIPT, "exec"), {"__name__": "__main__", "__file__": SCRIPT})
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_run_loses_nothing_on_the_rerun(job_inputs, tmp_path):
+    manifest, want = job_inputs
+    output, work = tmp_path / "parallel.jsonl", tmp_path / "work"
+    crashing = tmp_path / "transcribe_parallel_kill_rank_1.py"
+    crashing.write_text(f"SCRIPT = {str(REPO / 'scripts/transcribe_parallel.py')!r}\n{_KILL_RANK_1}")
+    crashed = _run(_lightning_command(crashing, manifest, output, work), expect_success=False)
+    assert crashed.returncode != 0 and not output.exists()
+    finished = _shard_times(work)
+    # rank 1 owns shards 1, 3, 5 (7 is empty): it wrote shard 1 and died writing shard 3, leaving a partial temp file
+    assert work / "shard_00001.jsonl" in finished
+    assert work / "shard_00003.jsonl" not in finished and work / "shard_00005.jsonl" not in finished
+    assert list(work.glob(".shard_00003.jsonl.*.tmp"))
+    rerun = _run(_lightning_command(REPO / "scripts/transcribe_parallel.py", manifest, output, work)).stdout
+    assert f"({len(finished)} shard(s) from an earlier run)" in rerun
+    assert {p: t for p, t in _shard_times(work).items() if p in finished} == finished  # finished shards not redone
+    assert len(_shard_times(work)) == 7
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    inputs = [json.loads(line)["audio_filepath"] for line in manifest.read_text().splitlines()]
+    assert [r["audio_filepath"] for r in records] == inputs  # every input once, in input order
     assert output.read_text() == want
 
 
