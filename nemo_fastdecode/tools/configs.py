@@ -2,6 +2,7 @@
 
 * :class:`TranscribeConfig` -- ``scripts/transcribe.py`` (``configs/transcribe.yaml``).
 * :class:`ParallelTranscribeConfig` -- ``scripts/transcribe_parallel.py`` (``configs/transcribe_parallel.yaml``).
+* :class:`SyntheticManifestConfig` -- ``scripts/synthetic_manifest.py`` (``configs/synthetic_manifest.yaml``).
 * :class:`StreamingConfig` -- ``scripts/streaming.py`` (``configs/streaming*.yaml``).
 * :class:`BenchmarkConfig` -- ``scripts/benchmark.py`` (``configs/benchmark.yaml``).
 * :class:`StreamAudioBenchConfig` -- ``scripts/stream_audio_bench.py`` (``configs/stream_audio_bench*.yaml``).
@@ -101,6 +102,26 @@ class ParallelTranscribeConfig:
     ray_actors: int | None = None
     shards_per_rank: int = 4
     decoding: FastGreedyDecodingConfig = field(default_factory=FastGreedyDecodingConfig)
+
+
+@dataclass
+class SyntheticManifestConfig:
+    """``scripts/synthetic_manifest.py``: speech-like synthetic WAV files and their manifest, for throughput runs where
+    no audio can be had (e.g. ``scripts/transcribe_parallel.py`` on 1 and N GPUs of a machine without internet).
+
+    Attributes:
+        output_dir: ``manifest.jsonl`` and ``wavs/`` go here.
+        total_seconds: audio in all, in utterances of LibriSpeech test-other-like durations (1.3-35 s, mean 6.3 s).
+        seed: durations and audio (the same seed writes the same files).
+    """
+
+    output_dir: str = "outputs/synthetic_audio"
+    total_seconds: float = 3600.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.total_seconds <= 0:
+            raise ValueError(f"total_seconds must be > 0, got {self.total_seconds}")
 
 
 @dataclass
