@@ -204,15 +204,17 @@ class ParallelResult:
 def finish_job(
     job: ShardJob,
     workers: Sequence[WorkerTime],
+    worker_count: int,
     wall_start: float,
     log: Callable[[str], None] = print,
 ) -> ParallelResult:
-    """Merge the shard files in input order into ``cfg.output_filename`` and report what the run did and how fast."""
+    """Merge the shard files in input order into ``cfg.output_filename`` and report what the run did and how fast
+    (``workers``: the times of the ``worker_count`` workers that took part, or of those that transcribed shards)."""
     records = job.outputs.merge(job.shards)
     output_path = write_output_manifest(records, job.cfg.output_filename)
     throughput = Throughput.of(workers, time.time() - wall_start)
     log(
-        f"{len(records)} input(s) in {len(job.shards)} shard(s) over {len(workers)} {job.cfg.backend} worker(s) "
+        f"{len(records)} input(s) in {len(job.shards)} shard(s) over {worker_count} {job.cfg.backend} worker(s) "
         f"({job.reused} shard(s) from an earlier run); wrote {output_path}"
     )
     failed = [r for r in records if r.get("pred_text") is None and "error" in r]

@@ -50,6 +50,7 @@ class _ShardPredictor(pl.LightningModule):
         if hasattr(self.asr.encoder, "sync_max_audio_length"):
             self.asr.encoder.sync_max_audio_length = False
         self.time = WorkerTime(f"rank {self.trainer.global_rank}", load_seconds=time.time() - start)
+        self.trainer.strategy.barrier("models loaded")  # the ranks start together, as the Ray actors do
 
     def predict_step(self, batch: list[int]) -> None:
         job = self.job
@@ -98,4 +99,4 @@ def transcribe_parallel_lightning(cfg: DictConfig, log: Callable[[str], None] = 
     trainer.predict(predictor, datamodule=_ShardData(job), return_predictions=False)
     if trainer.global_rank != 0:
         return None
-    return finish_job(job, predictor.times, wall_start, log)
+    return finish_job(job, predictor.times, trainer.world_size, wall_start, log)

@@ -43,6 +43,10 @@ __all__ = ["ShardTranscriber", "import_ray", "transcribe_parallel_ray"]
 #: accelerator values the Ray backend takes
 RAY_ACCELERATORS = ("auto", "gpu", "cpu")
 
+#: how long the driver waits for every actor to have loaded its model before the first shard is handed out (so that
+#: the actors start together), and the error instead of a wait without end where the cluster lacks the resources
+ACTOR_START_TIMEOUT_S = 1800
+
 
 def import_ray() -> ModuleType:
     """``ray``, with Ray Data imported; a clear error where it is not installed."""
@@ -147,24 +151,31 @@ def transcribe_parallel_ray(cfg: DictConfig, log: Callable[[str], None] = print)
         job = ShardJob.plan(cfg, actors)
         pending = job.pending()
         workers: dict[str, WorkerTime] = {}
+        started_actors = min(actors, len(pending))
         if pending:
-            log(f"{len(pending)} shard(s) to transcribe on {min(actors, len(pending))} Ray actor(s), "
+            log(f"{len(pending)} shard(s) to transcribe on {started_actors} Ray actor(s), "
                 f"{'one GPU' if use_gpu else 'one CPU'} each")  # fmt: skip
-            dataset = ray.data.from_items(_shard_rows(job, pending), override_num_blocks=len(pending))
-            # one shard per call, each handed to an idle actor (no queue per actor): the actors finish together
-            results = dataset.map_batches(
-                ShardTranscriber,
-                batch_size=1,
-                compute=ray.data.ActorPoolStrategy(size=min(actors, len(pending)), max_tasks_in_flight_per_actor=1),
-                fn_constructor_kwargs={"cfg": OmegaConf.to_container(cfg, resolve=True), "use_gpu": use_gpu},
-                num_gpus=1 if use_gpu else 0,
-                num_cpus=1,
-            )
+            context = ray.data.DataContext.get_current()  # copied into the dataset when it is made
+            wait_before = context.wait_for_min_actors_s
+            context.wait_for_min_actors_s = ACTOR_START_TIMEOUT_S
+            try:
+                dataset = ray.data.from_items(_shard_rows(job, pending), override_num_blocks=len(pending))
+                # one shard per call, each handed to an idle actor (no queue per actor): the actors finish together
+                results = dataset.map_batches(
+                    ShardTranscriber,
+                    batch_size=1,
+                    compute=ray.data.ActorPoolStrategy(size=started_actors, max_tasks_in_flight_per_actor=1),
+                    fn_constructor_kwargs={"cfg": OmegaConf.to_container(cfg, resolve=True), "use_gpu": use_gpu},
+                    num_gpus=1 if use_gpu else 0,
+                    num_cpus=1,
+                )
+            finally:
+                context.wait_for_min_actors_s = wait_before
             for row in results.iter_rows():
                 name = str(row["worker"])
                 worker = workers.setdefault(name, WorkerTime(name, load_seconds=float(row["load_seconds"])))
                 worker.add(float(row["start"]), float(row["end"]), job.audio_seconds(int(row["shard"])))
-        return finish_job(job, sorted(workers.values(), key=lambda w: w.worker), wall_start, log)
+        return finish_job(job, sorted(workers.values(), key=lambda w: w.worker), started_actors, wall_start, log)
     finally:
         if started:
             ray.shutdown()
