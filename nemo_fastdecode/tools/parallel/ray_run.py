@@ -132,6 +132,34 @@ def _shard_rows(job: ShardJob, pending: list[int]) -> list[dict[str, Any]]:
     ]
 
 
+def _transcribe_on_actors(
+    ray: ModuleType, job: ShardJob, pending: list[int], actors: int, use_gpu: bool
+) -> list[WorkerTime]:
+    """The ``pending`` shards through a pool of ``actors`` :class:`ShardTranscriber` actors; each actor's times."""
+    context = ray.data.DataContext.get_current()  # copied into the dataset when it is made
+    wait_before = context.wait_for_min_actors_s
+    context.wait_for_min_actors_s = ACTOR_START_TIMEOUT_S
+    try:
+        dataset = ray.data.from_items(_shard_rows(job, pending), override_num_blocks=len(pending))
+        # one shard per call, each handed to an idle actor (no queue per actor): the actors finish together
+        results = dataset.map_batches(
+            ShardTranscriber,
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1),
+            fn_constructor_kwargs={"cfg": OmegaConf.to_container(job.cfg, resolve=True), "use_gpu": use_gpu},
+            num_gpus=1 if use_gpu else 0,
+            num_cpus=1,
+        )
+    finally:
+        context.wait_for_min_actors_s = wait_before
+    workers: dict[str, WorkerTime] = {}
+    for row in results.iter_rows():
+        name = str(row["worker"])
+        worker = workers.setdefault(name, WorkerTime(name, load_seconds=float(row["load_seconds"])))
+        worker.add(float(row["start"]), float(row["end"]), job.audio_seconds(int(row["shard"])))
+    return sorted(workers.values(), key=lambda w: w.worker)
+
+
 def transcribe_parallel_ray(cfg: DictConfig, log: Callable[[str], None] = print) -> ParallelResult:
     """Run the job of ``cfg`` (:class:`~nemo_fastdecode.tools.configs.ParallelTranscribeConfig`) on a Ray cluster.
 
@@ -147,35 +175,16 @@ def transcribe_parallel_ray(cfg: DictConfig, log: Callable[[str], None] = print)
     try:
         resources = ray.cluster_resources()
         use_gpu = _use_gpu(cfg.accelerator, resources)
-        actors = _actor_count(cfg.ray_actors, use_gpu, resources)
-        job = ShardJob.plan(cfg, actors)
+        planned = _actor_count(cfg.ray_actors, use_gpu, resources)
+        job = ShardJob.plan(cfg, planned)
         pending = job.pending()
-        workers: dict[str, WorkerTime] = {}
-        started_actors = min(actors, len(pending))
+        actors = min(planned, len(pending))  # no more actors than shards to do
+        workers = []
         if pending:
-            log(f"{len(pending)} shard(s) to transcribe on {started_actors} Ray actor(s), "
-                f"{'one GPU' if use_gpu else 'one CPU'} each")  # fmt: skip
-            context = ray.data.DataContext.get_current()  # copied into the dataset when it is made
-            wait_before = context.wait_for_min_actors_s
-            context.wait_for_min_actors_s = ACTOR_START_TIMEOUT_S
-            try:
-                dataset = ray.data.from_items(_shard_rows(job, pending), override_num_blocks=len(pending))
-                # one shard per call, each handed to an idle actor (no queue per actor): the actors finish together
-                results = dataset.map_batches(
-                    ShardTranscriber,
-                    batch_size=1,
-                    compute=ray.data.ActorPoolStrategy(size=started_actors, max_tasks_in_flight_per_actor=1),
-                    fn_constructor_kwargs={"cfg": OmegaConf.to_container(cfg, resolve=True), "use_gpu": use_gpu},
-                    num_gpus=1 if use_gpu else 0,
-                    num_cpus=1,
-                )
-            finally:
-                context.wait_for_min_actors_s = wait_before
-            for row in results.iter_rows():
-                name = str(row["worker"])
-                worker = workers.setdefault(name, WorkerTime(name, load_seconds=float(row["load_seconds"])))
-                worker.add(float(row["start"]), float(row["end"]), job.audio_seconds(int(row["shard"])))
-        return finish_job(job, sorted(workers.values(), key=lambda w: w.worker), started_actors, wall_start, log)
+            device = "GPU" if use_gpu else "CPU"
+            log(f"{len(pending)} shard(s) to transcribe on {actors} Ray actor(s), one {device} each")
+            workers = _transcribe_on_actors(ray, job, pending, actors, use_gpu)
+        return finish_job(job, workers, actors, wall_start, log)
     finally:
         if started:
             ray.shutdown()
