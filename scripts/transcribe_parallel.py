@@ -1,17 +1,20 @@
-"""Transcribe a manifest or folder on several GPUs / processes / machines (Lightning DDP), merged in input order.
+"""Transcribe a manifest or folder on several GPUs / processes / machines (Lightning DDP or Ray Data), merged in input
+order, with the throughput (audio seconds per second, per worker too).
 
 Follows NeMo's ``examples/asr/transcribe_speech_parallel.py``; the logic lives in
 ``nemo_fastdecode.tools.parallel``. A rerun of the same command after a failure reuses the finished shards.
 
     python scripts/transcribe_parallel.py model=/path/parakeet.nemo dataset_manifest=big.jsonl accelerator=gpu devices=-1
     python scripts/transcribe_parallel.py dataset_manifest=test.jsonl accelerator=cpu devices=2   # two CPU processes
+    python scripts/transcribe_parallel.py model=/path/parakeet.nemo dataset_manifest=big.jsonl backend=ray \\
+        ray_address=auto   # one actor per GPU of a running Ray cluster
 """
 
 from nemo.core.config import hydra_runner
 from omegaconf import DictConfig
 
 from nemo_fastdecode.tools.configs import ParallelTranscribeConfig
-from nemo_fastdecode.tools.parallel.lightning_run import transcribe_parallel
+from nemo_fastdecode.tools.parallel import transcribe_parallel
 from nemo_fastdecode.tools.transcribe_app import resolve_config
 
 

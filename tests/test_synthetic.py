@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from omegaconf import OmegaConf
 
 from nemo_fastdecode.tools import synthetic as S
+from nemo_fastdecode.tools.configs import SyntheticManifestConfig
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = ["tiny-rnnt", "tiny-tdt", "tiny-hybrid"]
 
@@ -287,6 +292,21 @@ def test_synthetic_audio_wavs_and_manifest(tmp_path):
     assert all(e["text"] == "" and e["audio_filepath"].endswith(".wav") for e in entries)
     with pytest.raises(ValueError, match="same length"):
         S.write_manifest(paths, durations[:1], tmp_path / "bad.json")
+
+
+def test_synthetic_data_set_and_its_script_config(tmp_path):
+    manifest = S.write_synthetic_dataset(tmp_path / "set", total_seconds=12.0, seed=1)
+    entries = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert manifest == tmp_path / "set" / "manifest.jsonl" and len(entries) >= 2
+    assert [e["duration"] for e in entries] == S.librispeech_like_durations(12.0, seed=1)
+    for entry in entries:  # each file holds its entry's duration
+        assert sf.info(entry["audio_filepath"]).frames == round(entry["duration"] * 16000)
+    assert abs(sum(e["duration"] for e in entries) - 12.0) <= 1.3
+    yaml = OmegaConf.load(ROOT / "configs" / "synthetic_manifest.yaml")
+    schema = OmegaConf.structured(SyntheticManifestConfig)
+    assert OmegaConf.merge(schema, yaml) == schema and set(yaml) == set(schema)  # the YAML mirrors the dataclass
+    with pytest.raises(ValueError, match="total_seconds must be > 0, got 0"):
+        SyntheticManifestConfig(total_seconds=0)
 
 
 def test_a_bpe_model_transcribes_files(tmp_path):

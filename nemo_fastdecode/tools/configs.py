@@ -2,6 +2,7 @@
 
 * :class:`TranscribeConfig` -- ``scripts/transcribe.py`` (``configs/transcribe.yaml``).
 * :class:`ParallelTranscribeConfig` -- ``scripts/transcribe_parallel.py`` (``configs/transcribe_parallel.yaml``).
+* :class:`SyntheticManifestConfig` -- ``scripts/synthetic_manifest.py`` (``configs/synthetic_manifest.yaml``).
 * :class:`StreamingConfig` -- ``scripts/streaming.py`` (``configs/streaming*.yaml``).
 * :class:`BenchmarkConfig` -- ``scripts/benchmark.py`` (``configs/benchmark.yaml``).
 * :class:`StreamAudioBenchConfig` -- ``scripts/stream_audio_bench.py`` (``configs/stream_audio_bench*.yaml``).
@@ -60,18 +61,27 @@ class TranscribeConfig:
 
 @dataclass
 class ParallelTranscribeConfig:
-    """``scripts/transcribe_parallel.py``: a manifest or folder transcribed by several processes (Lightning DDP).
+    """``scripts/transcribe_parallel.py``: a manifest or folder transcribed by several workers (Lightning DDP ranks or
+    Ray actors), merged in input order.
 
     Attributes:
         model, audio_dir, dataset_manifest, batch_size, bf16, timestamps, seed, decoding: as
             :class:`TranscribeConfig` (one of ``audio_dir`` / ``dataset_manifest`` is required here).
         output_filename: the merged output manifest (input order).
-        work_dir: one file per finished shard; a rerun with the same inputs and process count reuses them.
-        accelerator: Lightning's (``gpu``, ``cpu``, ``auto``).
-        devices: processes per machine (GPUs per node, or CPU processes); ``-1``: every GPU.
-        num_nodes: machines (each started with the same command, as Lightning's cluster environments expect).
+        work_dir: one file per finished shard; a rerun with the same inputs and worker count reuses them (another job
+            in the same folder is refused).
+        backend: ``lightning`` (DDP processes started by Lightning, on one or more machines) or ``ray`` (Ray Data
+            actors on a Ray cluster; ``pip install "ray[data]"``).
+        accelerator: ``gpu``, ``cpu`` or ``auto`` (Lightning's; with Ray, one GPU per actor or one CPU per actor).
+        devices: Lightning: processes per machine (GPUs per node, or CPU processes); ``-1``: every GPU.
+        num_nodes: Lightning: machines (each started with the same command, as Lightning's cluster environments expect).
         strategy: Lightning's (``ddp``: one process per device).
-        shards_per_rank: shards per process (length-balanced); more shards lose less work to a failure.
+        ray_address: Ray: the cluster to use (``auto``: a running one, ``local``: a new one on this machine,
+            ``host:port`` or ``ray://host:port``); ``None``: ``RAY_ADDRESS``, else the latest local cluster, else a
+            new local one.
+        ray_actors: Ray: actors, each loading the model once; ``None``: one per GPU of the cluster (per CPU with
+            ``accelerator=cpu``).
+        shards_per_rank: shards per worker (length-balanced); more shards lose less work to a failure.
     """
 
     model: str = "tiny-rnnt"
@@ -83,12 +93,35 @@ class ParallelTranscribeConfig:
     bf16: bool = False
     timestamps: bool = False
     seed: int = 0
+    backend: str = "lightning"
     accelerator: str = "auto"
     devices: int = 1
     num_nodes: int = 1
     strategy: str = "ddp"
+    ray_address: str | None = None
+    ray_actors: int | None = None
     shards_per_rank: int = 4
     decoding: FastGreedyDecodingConfig = field(default_factory=FastGreedyDecodingConfig)
+
+
+@dataclass
+class SyntheticManifestConfig:
+    """``scripts/synthetic_manifest.py``: speech-like synthetic WAV files and their manifest, for throughput runs where
+    no audio can be had (e.g. ``scripts/transcribe_parallel.py`` on 1 and N GPUs of a machine without internet).
+
+    Attributes:
+        output_dir: ``manifest.jsonl`` and ``wavs/`` go here.
+        total_seconds: audio in all, in utterances of LibriSpeech test-other-like durations (1.3-35 s, mean 6.3 s).
+        seed: durations and audio (the same seed writes the same files).
+    """
+
+    output_dir: str = "outputs/synthetic_audio"
+    total_seconds: float = 3600.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.total_seconds <= 0:
+            raise ValueError(f"total_seconds must be > 0, got {self.total_seconds}")
 
 
 @dataclass

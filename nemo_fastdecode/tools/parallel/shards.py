@@ -1,18 +1,21 @@
 """Shards of a transcription job: planned by length, written atomically, merged in input order.
 
 A shard is a list of input indices. :func:`plan_shards` balances total audio length over the shards (longest first,
-each to the lightest shard), so that ranks finish together. :class:`ShardOutputs` keeps one JSON-lines file per
+each to the lightest shard), so that workers finish together. :class:`ShardOutputs` keeps one JSON-lines file per
 finished shard in a work folder: a shard's file appears (by rename) only once all its records are written, so a job
 that died leaves finished shards complete and the others absent; a rerun transcribes the absent ones only.
-:meth:`ShardOutputs.merge` puts the records back in input order and checks that every input is there exactly once.
+:meth:`ShardOutputs.check_plan` keeps the plan in the folder, so that a job with other inputs or another shard count
+is refused before it starts instead of mixing its shards with the folder's. :meth:`ShardOutputs.merge` puts the
+records back in input order and checks that every input is there exactly once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,44 @@ class ShardOutputs:
     def path(self, shard: int) -> Path:
         return self.folder / f"shard_{shard:05d}.jsonl"
 
+    def _write_atomically(self, final: Path, lines: Iterable[str]) -> None:
+        """Lines into a temporary file, then renamed: ``final`` holds all of them or does not exist."""
+        temporary = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, final)
+
+    def check_plan(self, inputs: Sequence[str], shards: Sequence[Sequence[int]]) -> None:
+        """Record the plan (the inputs' names and the shards) in the folder, or check it against the one there.
+
+        Raises:
+            ValueError: the folder holds another job's plan (other inputs, or another shard count).
+        """
+        plan = {
+            "inputs_sha256": hashlib.sha256("\n".join(inputs).encode("utf-8")).hexdigest(),
+            "shards": [list(map(int, shard)) for shard in shards],
+        }
+        path = self.folder / "plan.json"
+        if path.is_file():
+            with open(path, encoding="utf-8") as f:
+                theirs = json.load(f)
+            if theirs != plan:
+                planned = len(theirs.get("shards", []))
+                if theirs.get("inputs_sha256") != plan["inputs_sha256"]:
+                    other = "other inputs"
+                elif planned != len(shards):
+                    other = f"{planned} shards; this job plans {len(shards)}"
+                else:
+                    other = "other input durations"
+                raise ValueError(
+                    f"work_dir {str(self.folder)!r} holds the shards of another job ({other}): "
+                    "use another work_dir, or delete it to start over"
+                )
+            return
+        self._write_atomically(path, [json.dumps(plan) + "\n"])  # every rank writes the same plan
+
     def done(self, shard: int) -> bool:
         """Whether the shard's output is complete (a partial write is never under this name)."""
         return self.path(shard).is_file()
@@ -58,13 +99,11 @@ class ShardOutputs:
         if len(indices) != len(records):
             raise ValueError(f"shard {shard}: {len(records)} records for {len(indices)} inputs")
         final = self.path(shard)
-        temporary = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-        with open(temporary, "w", encoding="utf-8") as f:
-            for index, record in zip(indices, records, strict=True):
-                f.write(json.dumps({**record, INDEX_KEY: int(index)}, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, final)
+        self._write_atomically(
+            final,
+            (json.dumps({**record, INDEX_KEY: int(index)}, ensure_ascii=False) + "\n"
+             for index, record in zip(indices, records, strict=True)),
+        )  # fmt: skip
         return final
 
     def merge(self, shards: Sequence[Sequence[int]]) -> list[dict[str, Any]]:

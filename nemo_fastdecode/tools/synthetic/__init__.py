@@ -4,7 +4,7 @@
 * :mod:`.model` -- models with random weights (``build_synthetic_model``), the blank-bias calibration that sets
   how often they emit, the encoder run (``encode``) and NeMo's baseline greedy decoder.
 * :mod:`.audio` -- speech-like synthetic audio with LibriSpeech test-other-like durations, voiced utterances that a
-  VAD takes for speech, WAV and manifest writers.
+  VAD takes for speech, WAV and manifest writers (a whole synthetic data set: ``write_synthetic_dataset``).
 
 Typical use::
 
@@ -20,6 +20,7 @@ from nemo_fastdecode.tools.synthetic.audio import (
     synthetic_audio,
     synthetic_voiced_audio,
     write_manifest,
+    write_synthetic_dataset,
     write_wavs,
 )
 from nemo_fastdecode.tools.synthetic.model import (
@@ -49,5 +50,6 @@ __all__ = [
     "tokens_per_frame",
     "transducer_spec",
     "write_manifest",
+    "write_synthetic_dataset",
     "write_wavs",
 ]

@@ -197,3 +197,16 @@ def write_manifest(
             }
             f.write(json.dumps(entry) + "\n")
     return path
+
+
+def write_synthetic_dataset(output_dir: str | os.PathLike, total_seconds: float, seed: int = 0) -> Path:
+    """Speech-like WAV files (:func:`synthetic_audio`) of LibriSpeech test-other-like durations
+    (:func:`librispeech_like_durations`, longest first) adding up to about ``total_seconds``, written to
+    ``output_dir/wavs/``, and their manifest ``output_dir/manifest.jsonl`` (returned; ``duration`` per entry).
+
+    The audio is made in memory first: about 64 KB per second of audio (230 MB for an hour).
+    """
+    out = Path(output_dir)
+    durations = librispeech_like_durations(total_seconds=total_seconds, seed=seed)
+    paths = write_wavs(synthetic_audio(durations, seed=seed), out / "wavs")
+    return write_manifest(paths, durations, out / "manifest.jsonl")
