@@ -151,3 +151,18 @@ def test_the_decoder_is_sized_once_for_the_whole_plan(model_and_files):
     assert batch >= 2 and frames >= 2.2 / 0.08  # the longest utterance's encoder frames (8x subsampling, 10 ms hop)
     computer.reserve(1, 1)  # never shrinks
     assert computer._reserved == (batch, frames)
+
+
+def test_transcribe_script_offline_path_writes_the_same_manifest(tmp_path):
+    from nemo_fastdecode.tools.transcribe_app import resolve_config, run
+
+    audio_dir = tmp_path / "wavs"
+    synthetic.write_wavs(synthetic.synthetic_audio([0.9, 0.3, 1.6], seed=5), audio_dir)
+    manifests = []
+    for offline in (False, True):
+        out = tmp_path / f"out_{offline}.jsonl"
+        cfg = {"audio_dir": str(audio_dir), "output_filename": str(out), "offline_path": offline, "cuda": -1}
+        assert not run(resolve_config(cfg), progress=False, log=lambda _: None).failed
+        manifests.append([json.loads(line) for line in out.read_text().splitlines()])
+    assert len(manifests[0]) == 3 and any(r["pred_text"] for r in manifests[0])
+    assert manifests[0] == manifests[1]

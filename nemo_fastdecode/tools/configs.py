@@ -43,6 +43,8 @@ class TranscribeConfig:
         compare_strategies: after transcribing, time ``fast_greedy`` against NeMo's ``greedy_batch``
             (frame and label looping, no CUDA graphs) on the same encoder outputs and check that the
             hypotheses are identical. ``None``: only for the embedded demo.
+        offline_path: transcribe through :func:`nemo_fastdecode.offline.enable_fast_transcribe` (length-sorted
+            batches under a padded-audio budget, audio read ahead on threads; the same results).
         decoding: the model's decoding section, applied with ``model.change_decoding_strategy``.
     """
 
@@ -56,6 +58,7 @@ class TranscribeConfig:
     cuda: int | None = None
     seed: int = 0
     compare_strategies: bool | None = None
+    offline_path: bool = False
     decoding: FastGreedyDecodingConfig = field(default_factory=FastGreedyDecodingConfig)
 
 

@@ -28,6 +28,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_fastdecode.config import FastBeamConfig, greedy_max_symbols, option_names
+from nemo_fastdecode.offline import enable_fast_transcribe
 from nemo_fastdecode.registry import valid_strategies
 from nemo_fastdecode.tools import synthetic
 from nemo_fastdecode.tools.comparison import agreement, as_int_list, decode_all
@@ -428,6 +429,8 @@ def run(
             log(synthetic_banner(cfg.model, getattr(model, "_fastdecode_tokens_per_frame", None)))
 
         decoding = apply_transcribe_decoding(model, cfg.decoding, bool(cfg.timestamps))
+        if cfg.offline_path:
+            enable_fast_transcribe(model)
         log(f"Model {cfg.model!r} on {device}, decoding strategy {decoding.strategy!r}; {len(utterances)} file(s).")
 
         records, failed = transcribe_utterances(
