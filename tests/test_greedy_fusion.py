@@ -206,3 +206,33 @@ def test_state_without_fusion_is_refused_by_a_fusing_decoder(arpa_path):
         decode(our_decoder("rnnt", decoder, joint, 10, models, alphas), x, lengths, plain)
     with pytest.raises(ValueError, match="fuses no models"):
         decode(our_decoder("rnnt", decoder, joint, 10), x, lengths, fused)
+
+
+@pytest.mark.parametrize("preset", ["tiny-rnnt"])  # TDT: the computer-level tests above
+def test_strategy_config_fuses_as_greedy_batch(preset, tmp_path, single_thread):
+    """``decoding.greedy.ngram_lm_model`` / ``ngram_lm_alpha`` with ``strategy: fast_greedy``: NeMo's set-up loads the
+    LM, our decoder applies it; the hypotheses are greedy_batch's with the same section."""
+    from omegaconf import OmegaConf
+
+    from nemo_fastdecode.tools import synthetic
+
+    model = synthetic.build_synthetic_model(preset, seed=0)
+    vocab_size = model.decoding.blank_id
+    arpa = tmp_path / "lm.arpa"
+    write_arpa(arpa, vocab_size=vocab_size, seed=2)
+    x = torch.randn(3, model.cfg.joint.jointnet.encoder_hidden, 30, generator=torch.Generator().manual_seed(0))
+    lengths = torch.tensor([30, 17, 4])
+
+    def hyps(strategy: str, **greedy):
+        section = {"max_symbols": 10, "use_cuda_graph_decoder": False, **greedy}
+        model.change_decoding_strategy(OmegaConf.create({"strategy": strategy, "greedy": section}), verbose=False)
+        return decode(model.decoding.decoding, x, lengths)
+
+    fused = {"ngram_lm_model": str(arpa), "ngram_lm_alpha": 2.0}
+    nemo = hyps("greedy_batch", **fused)
+    assert tokens(nemo) != tokens(hyps("greedy_batch")), (
+        "the fusion changes nothing here: the comparison could not fail"
+    )
+    ours = hyps("fast_greedy", **fused)
+    assert model.decoding.decoding.decoding_computer.has_fusion_models()
+    assert_same(ours, nemo)
