@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
+
 from nemo_fastdecode.graphs.modes import GraphMode
 
 __all__ = [
@@ -68,6 +70,12 @@ class FastGreedyConfig:
         fast_math: opt-in: the prediction network and the joint's output layer on near-fp32 (3xTF32) tensor-core
             kernels, with a precomputed label table; faster, not bit-identical to NeMo (the benchmark reports its
             agreement). It decodes in fp32 whatever the caller's autocast (the encoder output is taken to fp32).
+        ngram_lm_model: NeMo's key: an n-gram LM to fuse (ARPA file, or NeMo's ``.nemo`` n-gram format; loaded by
+            NeMo's ``NGramGPULanguageModel.from_file``); label looping only; ``None``: no LM.
+        ngram_lm_alpha: NeMo's key: the LM's weight (its scores, natural log, times alpha, added to the logits).
+        boosting_tree: NeMo's key: a phrase-boosting tree (NeMo's ``BoostingTreeModelConfig``: key phrases or a built
+            ``.nemo`` tree; needs the model's tokenizer); label looping only.
+        boosting_tree_alpha: NeMo's key: the boosting tree's weight.
     """
 
     max_symbols: int | None = DEFAULT_MAX_SYMBOLS
@@ -76,6 +84,10 @@ class FastGreedyConfig:
     graph_mode: str = "auto"
     fused_kernels: bool | None = None
     fast_math: bool = False
+    ngram_lm_model: str | None = None
+    ngram_lm_alpha: float = 0.0
+    boosting_tree: BoostingTreeModelConfig = field(default_factory=BoostingTreeModelConfig)
+    boosting_tree_alpha: float = 0.0
 
     def __post_init__(self) -> None:
         # 0 is unset, as in NeMo: max_symbols_per_step applies (see greedy_max_symbols)

@@ -30,6 +30,7 @@ import functools
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, is_dataclass
+from pathlib import Path
 
 from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
 from nemo.collections.asr.parts.submodules import rnnt_decoding
@@ -70,6 +71,8 @@ class FastStrategy:
         build: ``(decoding, decoding_cfg, decoder, joint) -> decoding module`` replacing NeMo's.
         records_steps: keeps NeMo's alignments and confidence (``preserve_alignments``, ``confidence_cfg``, ...);
             otherwise they are refused.
+        fuses: applies the n-gram LM / boosting tree NeMo's set-up loads (``ngram_lm_model``, ``boosting_tree``);
+            otherwise they are refused.
     """
 
     stand_in: str
@@ -79,6 +82,7 @@ class FastStrategy:
     graphs_switch: str
     build: Callable
     records_steps: bool = False
+    fuses: bool = False
 
     @property
     def options(self) -> frozenset[str]:
@@ -98,6 +102,7 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
     options = options_from_section(FastGreedyConfig, section, "decoding.greedy")
     if decoding._is_tdt and not options.loop_labels:
         raise ValueError("loop_labels=False (frame looping) is RNN-T only; TDT models decode with loop_labels=True")
+    nemo_computer = getattr(decoding.decoding, "decoding_computer", None)  # NeMo's, built for the stand-in
     return FastGreedyBatchedInfer(
         decoder_model=decoder,
         joint_model=joint,
@@ -108,6 +113,9 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
         use_cuda_graph_decoder=options.use_cuda_graph_decoder,
         graph_mode=options.graph_mode,
         include_duration=decoding.tdt_include_token_duration,
+        # the n-gram LM / boosting tree as NeMo's set-up loaded them for the stand-in (None: no fusion)
+        fusion_models=getattr(nemo_computer, "fusion_models", None) or None,
+        fusion_models_alpha=getattr(nemo_computer, "fusion_models_alpha", None) or None,
         enable_per_stream_biasing=bool(section.get("enable_per_stream_biasing", False)),
         fused_kernels=options.fused_kernels,
         fast_math=bool(options.fast_math),
@@ -165,6 +173,7 @@ FAST_STRATEGIES: dict[str, FastStrategy] = {
         graphs_switch="use_cuda_graph_decoder",
         build=_build_fast_greedy,
         records_steps=True,
+        fuses=True,
     ),
     "fast_beam": FastStrategy(
         stand_in="malsd_batch",
@@ -264,13 +273,37 @@ def _check_options(strategy: str, fast: FastStrategy, decoding_cfg: DictConfig) 
     alignments = decoding_cfg.get("preserve_alignments", None)
     if not fast.records_steps and (alignments or (alignments is None and section.get("preserve_alignments", False))):
         unsupported.append("preserve_alignments")
-    boosting_tree = section.get("boosting_tree")
-    if section.get("ngram_lm_model") or (boosting_tree and not BoostingTreeModelConfig.is_empty(boosting_tree)):
-        unsupported.append("n-gram LM / boosting tree fusion (ngram_lm_model / boosting_tree)")
+    fusion = _fusion_keys(section)
+    if fusion and not fast.fuses:
+        unsupported.append(f"n-gram LM / boosting tree fusion ({' / '.join(fusion)})")
+    elif fusion:
+        _check_fusion(strategy, fast, section, fusion)
     if decoding_cfg.get("big_blank_durations"):
         unsupported.append("multi-blank models")
     if unsupported:
         _unsupported(strategy, fast, unsupported)
+
+
+def _fusion_keys(section: Mapping) -> list[str]:
+    """The fusion options a section sets: ``ngram_lm_model`` and/or a non-empty ``boosting_tree``."""
+    boosting_tree = section.get("boosting_tree")
+    keys = ["ngram_lm_model"] if section.get("ngram_lm_model") else []
+    return keys + (["boosting_tree"] if boosting_tree and not BoostingTreeModelConfig.is_empty(boosting_tree) else [])
+
+
+def _check_fusion(strategy: str, fast: FastStrategy, section: Mapping, fusion: list[str]) -> None:
+    """Fusion needs the label loop (NeMo's frame loop refuses it too) and an LM file that exists."""
+    where = f"decoding.{fast.section}"
+    if not section.get("loop_labels", True):
+        raise ValueError(
+            f"{where}.{' / '.join(fusion)} needs {where}.loop_labels=true: n-gram LM / boosting tree fusion is "
+            f"implemented for the label-looping algorithm only ({strategy} and NeMo's {fast.stand_in} alike)"
+        )
+    lm_path = section.get("ngram_lm_model")
+    if lm_path and not Path(str(lm_path)).is_file():
+        raise ValueError(
+            f"{where}.ngram_lm_model={str(lm_path)!r}: no such file (an ARPA file or NeMo's .nemo n-gram LM)"
+        )
 
 
 def _stand_in_config(decoding_cfg: DictConfig, fast: FastStrategy) -> DictConfig:

@@ -79,10 +79,10 @@ def test_alignment_and_confidence_arguments_reach_the_computer(kind, changes, re
     assert {key: getattr(computer.records, key) for key in records} == records
 
 
-def test_fusion_models_are_refused_naming_the_argument_and_nemos_class():
+def test_fusion_models_with_the_frame_loop_are_refused_as_nemo_refuses_them():
     decoder, joint = make_networks()
-    changes = {"fusion_models": [object()], "fusion_models_alpha": [0.5]}
-    with pytest.raises(NotImplementedError, match="fusion_models.*GreedyBatchedRNNTInfer.*greedy_batch"):
+    changes = {"fusion_models": [object()], "fusion_models_alpha": [0.5], "loop_labels": False}
+    with pytest.raises(ValueError, match="fusion_models.*loop_labels=True"):
         FastGreedyBatchedInfer(**nemo_arguments("rnnt", decoder, joint, **changes))
 
 

@@ -57,10 +57,13 @@ def test_a_stream_switches_between_nemo_and_fast_greedy(kind, first, max_symbols
 
 
 @pytest.mark.parametrize("kind", ["rnnt", "tdt"])
-def test_nemo_items_with_fusion_states_are_refused(kind):
+def test_items_with_fusion_states_are_refused_without_fusion(kind):
     decoder, joint = make_networks(tdt=kind == "tdt", seed=3, blank_bias=REALISTIC_BIAS[kind])
     x, lengths = random_encoder_output(2, 6, seed=4)
     hyps = ours(kind, decoder, joint, 3)(encoder_output=x, encoded_lengths=lengths)[0]
     hyps[1].dec_state.fusion_state_list = [torch.tensor(0)]  # e.g. NeMo's n-gram LM fusion state
-    with pytest.raises(ValueError, match="fusion states, which fast_greedy does not apply"):
+    with pytest.raises(ValueError, match="different numbers of fusion model states"):
+        ours(kind, decoder, joint, 3)(encoder_output=x, encoded_lengths=lengths, partial_hypotheses=hyps)
+    hyps[0].dec_state.fusion_state_list = [torch.tensor(0)]
+    with pytest.raises(ValueError, match="fusion states, and this decoder fuses no models"):
         ours(kind, decoder, joint, 3)(encoder_output=x, encoded_lengths=lengths, partial_hypotheses=hyps)

@@ -74,7 +74,16 @@ def test_unknown_strategy_lists_valid_ones():
     [
         ({"max_symbolz": 3}, ValueError, r"max_symbolz.*valid options"),
         ({"graph_mode": "turbo"}, ValueError, r"'turbo'.*full_graph.*no_while_graph.*eager"),
-        ({"ngram_lm_model": "/no/such/lm.nemo"}, NotImplementedError, "n-gram LM.*greedy_batch"),
+        (
+            {"ngram_lm_model": "/no/such/lm.nemo"},
+            ValueError,
+            r"decoding.greedy.ngram_lm_model='/no/such/lm.nemo'.*no such file",
+        ),
+        (
+            {"ngram_lm_model": "/no/such/lm.nemo", "loop_labels": False},
+            ValueError,
+            r"decoding.greedy.ngram_lm_model needs decoding.greedy.loop_labels=true",
+        ),
     ],
 )
 def test_unsupported_options_fail_clearly(greedy, error, match):

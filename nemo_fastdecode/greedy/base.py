@@ -20,6 +20,7 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner, grown_shape
 from nemo_fastdecode.greedy import steps
+from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.records import RecordOptions, StepConfidence, StepRecords
 from nemo_fastdecode.greedy.state import BatchedGreedyState, LoopBuffers, predictor_state_batch_dim
@@ -59,6 +60,9 @@ class GreedyComputerBase(CapturedLoopOwner):
             (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo. LSTM
             prediction networks only (a ValueError names the option for others).
         records: NeMo's alignments and step confidence to keep (:class:`RecordOptions`; ``None``: none).
+        fusion: n-gram LM / boosting-tree fusion (:class:`~nemo_fastdecode.greedy.fusion.FusionModels`; label loop
+            only, without records). Graphs need every model's ``advance`` capturable (NeMo's Triton kernels);
+            otherwise the loop runs eagerly.
     """
 
     #: the hypotheses' alignments and confidence in the layout of NeMo's frame loop (else its label loop)
@@ -76,6 +80,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         fused_kernels: bool | None = None,
         fast_math: bool = False,
         records: RecordOptions | None = None,
+        fusion: FusionModels | None = None,
     ):
         if max_symbols is not None and max_symbols <= 0:
             raise ValueError(f"max_symbols must be a positive int or None, got {max_symbols}")
@@ -101,6 +106,36 @@ class GreedyComputerBase(CapturedLoopOwner):
         )
         if self.records.duration_confidence and not self.is_tdt:
             raise ValueError("duration confidence (include_duration_confidence) needs a TDT model (durations)")
+        self.fusion = fusion
+        if fusion is not None:
+            self._check_fusion(fusion)
+
+    def _check_fusion(self, fusion: FusionModels) -> None:
+        """Fusion runs in the label loop without records; graphs only where the models' calls can be captured."""
+        if self.frame_looping:
+            raise ValueError(
+                "n-gram LM / boosting tree fusion needs the label-looping algorithm (loop_labels=True); NeMo's frame "
+                "loop does not fuse either"
+            )
+        if self.records.enabled:
+            raise ValueError(
+                "n-gram LM / boosting tree fusion with alignments or confidence (preserve_alignments / "
+                "preserve_frame_confidence) is not supported by fast_greedy; use strategy greedy_batch"
+            )
+        fusion.check_vocabulary(self.blank_index)
+        if fusion.compatible_with_cuda_graphs():
+            return
+        if self.forced_mode is not None and self.forced_mode is not GraphMode.EAGER:
+            raise ValueError(
+                f"graph_mode={self.forced_mode.value} needs fusion models whose advance can be captured in a CUDA "
+                "graph (NeMo's Triton kernels, use_triton=True); use graph_mode eager or auto"
+            )
+        if self.use_cuda_graphs:
+            logger.info(
+                "nemo_fastdecode: greedy decoding with fusion runs without CUDA graphs: a fusion model's advance "
+                "synchronises with the host (use_triton=False)"
+            )
+            self.use_cuda_graphs = False
 
     # ----- configuration -------------------------------------------------------------------
     @property
@@ -244,6 +279,8 @@ class GreedyComputerBase(CapturedLoopOwner):
         buffers = LoopBuffers(batch_size, max_time, hidden, capacity, device, dtype, self.score_dtype)
         if self.records.enabled:
             buffers.steps = self._step_records(batch_size, max_time, capacity, device, dtype)
+        if self.fusion is not None:
+            buffers.fusion = self.fusion.allocate(batch_size, device, dtype)  # scores are added to the logits
         self._extra_buffers(buffers)
         if self.is_tdt:
             self._durations = torch.tensor(self.durations_list, dtype=torch.long, device=device)
@@ -286,6 +323,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             labels=sos[:, 0],
             decoded_lengths=zeros,
             time_jumps=zeros.clone() if self.is_tdt else None,
+            fusion_states_list=([] if self.fusion is None else self.fusion.initial_states(batch_size, device)),
             state_batch_dim=self.state_batch_dim,
         )
 
@@ -391,6 +429,8 @@ class GreedyComputerBase(CapturedLoopOwner):
     ) -> LoopBuffers:
         """Run the loop over ``[B, T, D]``, rows ``rows`` (all if ``None``) continuing from ``previous``."""
         batch_size = encoder_output.shape[0]
+        if self.fusion is not None:
+            self.fusion.to(encoder_output.device)
         precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
         with precision:
             return self._decode_loop(self._project(encoder_output), encoder_lengths, previous, rows, batch_size)
@@ -458,6 +498,8 @@ class GreedyComputerBase(CapturedLoopOwner):
         for initial, sos in zip(buffers.initial_predictor_states, buffers.sos_predictor_states, strict=True):
             initial.copy_(sos)
         buffers.initial_predictor_output.copy_(buffers.sos_predictor_output)
+        if buffers.fusion is not None:
+            self.fusion.reset_initial_states(buffers.fusion)
         if previous is None:
             return
         rows = buffers.batch_indices[:batch_size] if rows is None else rows
@@ -476,6 +518,19 @@ class GreedyComputerBase(CapturedLoopOwner):
         output.index_copy_(0, rows, start)
         if previous.time_jumps is not None:
             buffers.initial_time.index_copy_(0, rows, previous.time_jumps)
+        if buffers.fusion is None and previous.fusion_states_list:
+            raise ValueError(
+                "the previous decoding state carries n-gram LM / boosting tree fusion states, and this decoder fuses "
+                "no models (set greedy.ngram_lm_model / greedy.boosting_tree as for the previous chunks)"
+            )
+        if buffers.fusion is not None:
+            if len(previous.fusion_states_list) != len(self.fusion):
+                raise ValueError(
+                    f"the previous decoding state carries {len(previous.fusion_states_list)} fusion model states; "
+                    f"this decoder fuses {len(self.fusion)} models"
+                )
+            for initial, saved in zip(buffers.fusion.initial_states, previous.fusion_states_list, strict=True):
+                initial.index_copy_(0, rows, saved.to(initial.device))
 
     def _final_state(
         self,
@@ -502,6 +557,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             time_jumps=(
                 buffers.time_indices[:batch_size] - buffers.encoder_lengths[:batch_size] if self.is_tdt else None
             ),
+            fusion_states_list=[] if buffers.fusion is None else [s[:batch_size] for s in buffers.fusion.states],
             state_batch_dim=self.state_batch_dim,
         )
         return _FinalState(final, offsets)

@@ -23,6 +23,7 @@ from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_no
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
+from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
 from nemo_fastdecode.greedy.nemo_computer import NemoDecodingComputer
 from nemo_fastdecode.greedy.records import RecordOptions
@@ -47,8 +48,9 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         include_duration: fill ``Hypothesis.token_duration`` (TDT).
         loop_labels: label looping (default) or frame looping (RNN-T only).
         use_cuda_graph_decoder: allow CUDA graphs (ignored on the CPU).
-        fusion_models / fusion_models_alpha: n-gram LM / boosting-tree fusion: not supported (NotImplementedError
-            when models are given).
+        fusion_models / fusion_models_alpha: as in NeMo: n-gram LM (``NGramGPULanguageModel``) and boosting-tree
+            (``GPUBoostingTreeModel``) fusion with one weight per model, label looping only, applied as NeMo's
+            label-looping computers apply them (:mod:`nemo_fastdecode.greedy.fusion`).
         enable_per_stream_biasing: accepted (NeMo's streaming YAMLs set it) with a warning: per-stream phrase
             boosting is not applied, and ``decoding_computer.per_stream_biasing_enabled`` is False, so NeMo's
             pipelines skip it.
@@ -110,10 +112,11 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             duration_confidence=bool(include_duration_confidence) and durations is not None,
             confidence_method_cfg=confidence_method_cfg,
         )
-        if fusion_models:
-            nemo_class = "GreedyBatchedTDTInfer" if durations else "GreedyBatchedRNNTInfer"
-            raise NotImplementedError(
-                f"fast_greedy does not support fusion_models; decode with NeMo's {nemo_class} (strategy greedy_batch)"
+        fusion = FusionModels(fusion_models, fusion_models_alpha or []) if fusion_models else None
+        if fusion is not None and not loop_labels:
+            raise ValueError(
+                "n-gram LM / boosting tree fusion (fusion_models) needs loop_labels=True: it is not implemented with "
+                "the frame-looping algorithm (nor in NeMo's)"
             )
         if enable_per_stream_biasing:
             _warn_per_stream_biasing_not_applied()
@@ -147,6 +150,7 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             fused_kernels=fused_kernels,
             fast_math=fast_math,
             records=records,
+            fusion=fusion,
             **label_loop_options,
         )
         self.decoding_computer = NemoDecodingComputer(self.computer, allow_cuda_graphs=use_cuda_graph_decoder)

@@ -98,6 +98,13 @@ class LabelLoopGreedy(GreedyComputerBase):
 
     def _lookahead(self, device: torch.device, batch_size: int) -> int:
         """Frames per look in the inner loop for a batch of ``batch_size`` rows (1: single-frame steps)."""
+        if self.fusion is not None:  # each look adds the fusion scores: frame by frame
+            if self.lookahead_frames is not None and self.lookahead_frames > 1:
+                raise ValueError(
+                    f"lookahead_frames={self.lookahead_frames} does not apply n-gram LM / boosting tree fusion; use 1 "
+                    "or None"
+                )
+            return 1
         windowed = self.fast_predictor is not None and self._use_fused(device) and self._joint_is_fusable()
         if self.lookahead_frames is not None and self.lookahead_frames > 1 and not windowed:
             raise ValueError(
@@ -142,6 +149,15 @@ class LabelLoopGreedy(GreedyComputerBase):
         duration_logits = logits[:, num_tokens:] if self.is_tdt else None
         steps.window_select(b, scores, labels, duration_logits, self._durations, self.blank_index, window, start)
 
+    def _fused_best_token_at(
+        self, b: LoopBuffers, fused: bool, start: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """:meth:`_best_token_at` with the fusion models' scores (:meth:`FusionModels.best_token`)."""
+        num_tokens = self.blank_index + 1
+        logits = self._logits_at(b, b.safe_time_indices, fused)
+        scores, labels = self.fusion.best_token(b.fusion, logits, num_tokens, self.blank_index, start)
+        return scores, labels, logits[:, num_tokens:] if self.is_tdt else None
+
     def _looks(self, mode: GraphMode) -> int:
         """Looks per iteration in ``mode`` (0: the two-level loop)."""
         if self.looks_per_iteration is not None:
@@ -156,9 +172,12 @@ class LabelLoopGreedy(GreedyComputerBase):
             if window > 1:
                 self._look_ahead(b, window, start)
                 return
-            # the rows that look now (every active row first, then those on blanks) are the rows NeMo records
-            recorded = None if b.steps is None else (b.active if start else b.advance)
-            scores, labels, duration_logits = self._best_token_at(b, b.safe_time_indices, fused, recorded)
+            if b.fusion is not None:
+                scores, labels, duration_logits = self._fused_best_token_at(b, fused, start)
+            else:
+                # the rows that look now (every active row first, then those on blanks) are the rows NeMo records
+                recorded = None if b.steps is None else (b.active if start else b.advance)
+                scores, labels, duration_logits = self._best_token_at(b, b.safe_time_indices, fused, recorded)
             steps.label_select(b, scores, labels, duration_logits, self._durations, self.blank_index, start, fused)
 
         def before_loop() -> None:
@@ -167,9 +186,17 @@ class LabelLoopGreedy(GreedyComputerBase):
             steps.update_time_flags(b)
             self._restart_predictor(b)
             self._reset_results(b)
+            if b.fusion is not None:
+                for state, initial in zip(b.fusion.states, b.fusion.initial_states, strict=True):
+                    state.copy_(initial)
+                b.advance.zero_()  # no row continues a search over blanks at the first iteration
             torch.any(b.active, dim=0, out=b.outer_flag)
 
         def outer_start() -> None:
+            if b.fusion is not None:
+                # the fusion models' scores from the rows' states (they change only when a row emits)
+                self.fusion.advance(b.fusion)
+                b.fusion.continuing.copy_(b.advance)
             if b.recurrent_gates is None:
                 look_at_current_frames(start=True)
                 return
@@ -193,6 +220,8 @@ class LabelLoopGreedy(GreedyComputerBase):
             # rows that were decoding and found a non-blank label emit it (TDT: even if it jumped past the end)
             steps.label_emit(b, self.max_symbols, self.is_tdt, fused)
             self._predict_masked(b, b.labels, b.found, fused, b.recurrent_gates)
+            if b.fusion is not None:
+                self.fusion.select(b.fusion, b.labels, b.found)
 
         looks = self._looks(mode)
         if looks == 0:

@@ -34,8 +34,9 @@ class NemoDecodingComputer(ComputerGraphsSwitch):
     ``allow_cuda_graphs``: whether :meth:`maybe_enable_cuda_graphs` may turn the computer's CUDA graphs (back) on,
     as NeMo's computers keep it (``use_cuda_graph_decoder``).
 
-    Per-stream biasing and n-gram / boosting-tree fusion are not applied: ``per_stream_biasing_enabled`` is False
-    and ``biasing_multi_model`` None, so NeMo's pipelines skip their biasing steps. The returned hypotheses and
+    Per-stream biasing is not applied: ``per_stream_biasing_enabled`` is False and ``biasing_multi_model`` None, so
+    NeMo's pipelines skip their biasing steps. The computer's n-gram LM / boosting-tree fusion models (if any) are
+    ``fusion_models`` / ``fusion_models_alpha``, their states part of the decoding state, as in NeMo's computers. The returned hypotheses and
     state own their memory (NeMo's pipelines keep the split items and pass the state again for the right context);
     ``prev_batched_state`` is never written.
     """
@@ -45,8 +46,9 @@ class NemoDecodingComputer(ComputerGraphsSwitch):
     def __init__(self, computer: GreedyComputerBase, allow_cuda_graphs: bool = True):
         self.computer = computer
         self.allow_cuda_graphs = allow_cuda_graphs
-        self.fusion_models: list = []
-        self.fusion_models_alpha: list[float] = []
+        fusion = computer.fusion
+        self.fusion_models: list = [] if fusion is None else list(fusion.models)
+        self.fusion_models_alpha: list[float] = [] if fusion is None else list(fusion.alphas)
 
     def maybe_enable_cuda_graphs(self) -> bool:
         return self.allow_cuda_graphs and super().maybe_enable_cuda_graphs()
@@ -56,7 +58,7 @@ class NemoDecodingComputer(ComputerGraphsSwitch):
         return False
 
     def has_fusion_models(self, with_multi_model: bool = True) -> bool:
-        return False
+        return bool(self.fusion_models)
 
     @property
     def max_symbols(self) -> int | None:

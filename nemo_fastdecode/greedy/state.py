@@ -16,6 +16,7 @@ from nemo_fastdecode.graphs.owner import CapturedBuffers
 from nemo_fastdecode.greedy.hyps import BatchedHypsBuffer
 
 if TYPE_CHECKING:
+    from nemo_fastdecode.greedy.fusion import FusionBuffers
     from nemo_fastdecode.greedy.records import StepRecords
     from nemo_fastdecode.greedy.window_look import WindowLookBuffers
 
@@ -52,7 +53,8 @@ class BatchedGreedyState(BatchedLabelLoopingState):
     ``[h, c]`` each ``[L, B, H]``; stateless ``[labels [B, C - 1]]``), ``predictor_outputs [B, 1, H]`` (already
     projected by the joint), ``labels [B]`` (last emitted label, blank if none), ``decoded_lengths [B]`` (encoder
     frames decoded so far: the next chunk's timestamp offset), ``time_jumps [B]`` (TDT: frames jumped past the
-    chunk's end; ``None`` for RNN-T). ``fusion_states_list`` stays empty (no LM fusion). ``state_batch_dim`` is
+    chunk's end; ``None`` for RNN-T), ``fusion_states_list`` one ``[B]`` state per fusion model (n-gram LM, boosting
+    tree; empty without fusion). ``state_batch_dim`` is
     the batch dimension of the ``predictor_states`` tensors (:func:`predictor_state_batch_dim`).
 
     A fresh row (nothing decoded yet) holds the prediction network's state after ``<SOS>`` (blank), label
@@ -71,16 +73,13 @@ class BatchedGreedyState(BatchedLabelLoopingState):
         """NeMo's batched state as this class, sharing its tensors (NeMo's own label loop made it, for example)."""
         if isinstance(state, cls):
             return state
-        if state.fusion_states_list:
-            raise ValueError(
-                "the decoding state carries n-gram LM / biasing fusion states, which fast_greedy does not apply"
-            )
         return cls(
             predictor_states=list(state.predictor_states),
             predictor_outputs=state.predictor_outputs,
             labels=state.labels,
             decoded_lengths=state.decoded_lengths,
             time_jumps=state.time_jumps,
+            fusion_states_list=list(state.fusion_states_list),
             state_batch_dim=state_batch_dim,
         )
 
@@ -97,6 +96,7 @@ class BatchedGreedyState(BatchedLabelLoopingState):
         outputs = self.predictor_outputs.clone().unbind(0)
         labels, lengths = self.labels.clone().unbind(0), self.decoded_lengths.clone().unbind(0)
         jumps = self.time_jumps.clone().unbind(0) if self.time_jumps is not None else [None] * len(labels)
+        fusion = [s.clone().unbind(0) for s in self.fusion_states_list]
         return [
             LabelLoopingStateItem(
                 predictor_state=tuple(s[i] for s in states),
@@ -104,6 +104,7 @@ class BatchedGreedyState(BatchedLabelLoopingState):
                 label=labels[i],
                 decoded_length=lengths[i],
                 time_jump=jumps[i],
+                fusion_state_list=[s[i] for s in fusion],
             )
             for i in range(len(labels))
         ]
@@ -111,9 +112,10 @@ class BatchedGreedyState(BatchedLabelLoopingState):
     @classmethod
     def stack(cls, items: Sequence[LabelLoopingStateItem], state_batch_dim: int = 1) -> BatchedGreedyState:
         """The items (at least one, NeMo's or ours) as one batch; a missing TDT ``time_jump`` counts as 0."""
-        if any(item.fusion_state_list for item in items):
+        num_fusion = {len(item.fusion_state_list) for item in items}
+        if len(num_fusion) != 1:
             raise ValueError(
-                "a decoding state carries n-gram LM / biasing fusion states, which fast_greedy does not apply"
+                f"the decoding states carry different numbers of fusion model states: {sorted(num_fusion)}"
             )
         jumps = [item.time_jump for item in items]
         parts = zip(*(item.predictor_state for item in items), strict=True)
@@ -125,22 +127,28 @@ class BatchedGreedyState(BatchedLabelLoopingState):
             time_jumps=None
             if all(j is None for j in jumps)
             else torch.stack([torch.zeros_like(items[0].label) if j is None else j for j in jumps]),
+            fusion_states_list=[
+                torch.stack(rows) for rows in zip(*(item.fusion_state_list for item in items), strict=True)
+            ],
             state_batch_dim=state_batch_dim,
         )
 
     def _fields(self) -> list[tuple[torch.Tensor | None, int]]:
         """Every tensor with its batch dimension."""
         fields = [(s, self.state_batch_dim) for s in self.predictor_states]
-        return [*fields, (self.predictor_outputs, 0), (self.labels, 0), (self.decoded_lengths, 0), (self.time_jumps, 0)]
+        fields += [(self.predictor_outputs, 0), (self.labels, 0), (self.decoded_lengths, 0), (self.time_jumps, 0)]
+        return fields + [(s, 0) for s in self.fusion_states_list]
 
     def _with_fields(self, tensors: list[torch.Tensor | None]) -> BatchedGreedyState:
-        *states, outputs, labels, lengths, jumps = tensors
+        num_states = len(self.predictor_states)
+        states, (outputs, labels, lengths, jumps) = tensors[:num_states], tensors[num_states : num_states + 4]
         return BatchedGreedyState(
             predictor_states=states,
             predictor_outputs=outputs,
             labels=labels,
             decoded_lengths=lengths,
             time_jumps=jumps,
+            fusion_states_list=list(tensors[num_states + 4 :]),
             state_batch_dim=self.state_batch_dim,
         )
 
@@ -230,6 +238,8 @@ class LoopBuffers(CapturedBuffers):
         # the LSTM's recurrent gates computed ahead on a side stream while the joint runs
         self.recurrent_gates: torch.Tensor | None = None  # [L, B, 4 * H]
         self.side_stream: torch.cuda.Stream | None = None
+        # n-gram LM / boosting tree fusion (allocated with the buffers when the computer fuses, else None)
+        self.fusion: FusionBuffers | None = None
         # looks at each row's next `window` frames per joint call (window > 1)
         self.window_hidden: torch.Tensor | None = None  # [B * window, H], the joint's hidden layer per frame
         self.window_look: WindowLookBuffers | None = None  # one-kernel look (joint without log-softmax)
