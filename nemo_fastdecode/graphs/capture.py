@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["capture_graph", "garbage_collection_paused"]
+__all__ = ["capture_graph", "capturing", "garbage_collection_paused"]
 
 
 @contextlib.contextmanager
@@ -28,6 +28,27 @@ def garbage_collection_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, pool: Any = None) -> Iterator[None]:
+    """Capture the block into ``graph`` on ``stream`` (thread-local capture mode), like ``torch.cuda.graph``
+    without what that does first: synchronise the device and empty PyTorch's device and pinned-host caches.
+
+    Emptying the caches at every capture hands the memory of the caller's other work (an encoder's activations,
+    pinned audio buffers) back to the driver, and the next batch allocates it again with ``cudaMalloc`` /
+    ``cudaHostAlloc``; the first call of a pipeline that captures its decoder paid for that on every batch that
+    followed a capture. Callers order ``stream`` after the work the capture depends on (``wait_stream``).
+    """
+    with torch.cuda.stream(stream):
+        if pool is None:
+            graph.capture_begin(capture_error_mode="thread_local")
+        else:
+            graph.capture_begin(pool, capture_error_mode="thread_local")
+        try:
+            yield
+        finally:
+            graph.capture_end()
 
 
 def capture_graph(
@@ -51,8 +72,7 @@ def capture_graph(
     graph = torch.cuda.CUDAGraph()
     with (
         garbage_collection_paused(),
-        torch.cuda.stream(stream),
-        torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"),
+        capturing(graph, stream, pool),
     ):
         output = fn()
     torch.cuda.current_stream(device).wait_stream(stream)

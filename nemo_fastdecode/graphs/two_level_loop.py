@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nemo_fastdecode.graphs.capture import garbage_collection_paused
+from nemo_fastdecode.graphs.capture import capturing, garbage_collection_paused
 from nemo_fastdecode.graphs.cuda_api import CudaPythonError
 from nemo_fastdecode.graphs.modes import GraphMode
 
@@ -116,7 +116,7 @@ class TwoLevelLoop:
     @staticmethod
     def _capture_one(stream: torch.cuda.Stream, phase: Callable[[], None]) -> torch.cuda.CUDAGraph:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        with capturing(graph, stream):
             phase()
         return graph
 
@@ -138,7 +138,7 @@ class TwoLevelLoop:
             raise RuntimeError("this PyTorch has no torch.cuda.MemPool / use_mem_pool for the WHILE bodies' memory")
         body_pool = torch.cuda.MemPool()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        with capturing(graph, stream):
             p.before_loop()
             with torch.cuda.use_mem_pool(body_pool, device), captured_while_loop(p.outer_flag):
                 p.outer_start()

@@ -1,6 +1,6 @@
 """Conditional WHILE nodes inside a PyTorch CUDA graph capture.
 
-Usage, inside ``with torch.cuda.graph(g, stream=s):``::
+Usage, inside a capture (``with capturing(g, s):`` of :mod:`nemo_fastdecode.graphs.capture`, or ``torch.cuda.graph``)::
 
     with captured_while_loop(flag):   # flag: 0-d bool CUDA tensor
         body()                         # must update ``flag`` in place
