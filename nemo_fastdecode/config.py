@@ -70,6 +70,9 @@ class FastGreedyConfig:
         fast_math: opt-in: the prediction network and the joint's output layer on near-fp32 (3xTF32) tensor-core
             kernels, with a precomputed label table; faster, not bit-identical to NeMo (the benchmark reports its
             agreement). It decodes in fp32 whatever the caller's autocast (the encoder output is taken to fp32).
+        offline_batching: the model's ``transcribe`` (NeMo's ``transcribe_speech.py`` too) takes the offline path
+            (:mod:`nemo_fastdecode.offline`): length-sorted batches under a padded-audio budget, audio read ahead
+            on threads, the decoder sized once; the same results, in the input order.
         ngram_lm_model: NeMo's key: an n-gram LM to fuse (ARPA file, or NeMo's ``.nemo`` n-gram format; loaded by
             NeMo's ``NGramGPULanguageModel.from_file``); label looping only; ``None``: no LM.
         ngram_lm_alpha: NeMo's key: the LM's weight (its scores, natural log, times alpha, added to the logits).
@@ -84,6 +87,7 @@ class FastGreedyConfig:
     graph_mode: str = "auto"
     fused_kernels: bool | None = None
     fast_math: bool = False
+    offline_batching: bool = False
     ngram_lm_model: str | None = None
     ngram_lm_alpha: float = 0.0
     boosting_tree: BoostingTreeModelConfig = field(default_factory=BoostingTreeModelConfig)

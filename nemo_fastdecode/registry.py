@@ -103,7 +103,7 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
     if decoding._is_tdt and not options.loop_labels:
         raise ValueError("loop_labels=False (frame looping) is RNN-T only; TDT models decode with loop_labels=True")
     nemo_computer = getattr(decoding.decoding, "decoding_computer", None)  # NeMo's, built for the stand-in
-    return FastGreedyBatchedInfer(
+    infer = FastGreedyBatchedInfer(
         decoder_model=decoder,
         joint_model=joint,
         blank_index=decoding.blank_id,
@@ -126,6 +126,8 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
         confidence_method_cfg=decoding.confidence_method_cfg,
         include_duration_confidence=decoding.tdt_include_duration_confidence,
     )
+    infer.offline_batching = options.offline_batching  # read by the model's transcribe (_install_offline_transcribe)
+    return infer
 
 
 def _build_fast_beam(decoding, decoding_cfg: DictConfig, decoder, joint):
@@ -233,7 +235,39 @@ def register() -> None:
         _add_option_fields(strategy)
     _install_portable_save()
     _install_pipeline_type()
+    _install_offline_transcribe()
     quiet_repeated_nemo_lines()
+
+
+def _wants_offline_batching(model) -> bool:
+    """``decoding.greedy.offline_batching: true`` on the decoding the model's ``transcribe`` uses (a hybrid model's
+    RNN-T head only when it is the current decoder)."""
+    if getattr(model, "cur_decoder", "rnnt") != "rnnt":
+        return False
+    return bool(getattr(getattr(getattr(model, "decoding", None), "decoding", None), "offline_batching", False))
+
+
+def _install_offline_transcribe() -> None:
+    """NeMo's RNN-T (and hybrid) ``transcribe`` takes the offline path when the model's decoding asks for it
+    (:func:`_wants_offline_batching`); every other call, and every other model, goes to NeMo's method untouched."""
+    from nemo.collections.asr.models import EncDecHybridRNNTCTCModel, EncDecRNNTModel
+
+    from nemo_fastdecode.offline.fast_path import transcribe_call
+
+    for cls in (EncDecRNNTModel, EncDecHybridRNNTCTCModel):
+        nemo_transcribe = cls.__dict__.get("transcribe")
+        if nemo_transcribe is None or getattr(nemo_transcribe, "_nemo_fastdecode", False):
+            continue
+
+        def transcribe(self, audio, *args, _nemo_transcribe=nemo_transcribe, **kwargs):
+            bound = functools.partial(_nemo_transcribe, self)
+            if args or not _wants_offline_batching(self):
+                return bound(audio, *args, **kwargs)
+            return transcribe_call(self, audio, kwargs, bound)
+
+        functools.update_wrapper(transcribe, nemo_transcribe)
+        transcribe._nemo_fastdecode = True
+        cls.transcribe = transcribe
 
 
 def _unsupported(strategy: str, fast: FastStrategy, features: list[str]) -> None:

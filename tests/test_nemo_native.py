@@ -82,6 +82,15 @@ def test_transcribe_speech_takes_our_strategy_and_options_without_plus(saved, tm
     expected = pred_texts(tmp_path / "nemo.json")
     assert len(expected) == len(DURATIONS) and any(expected.values())  # something to compare
     assert pred_texts(tmp_path / "ours.json") == expected
+    # the offline path from the same config: one more key, the same transcripts
+    offline = run_python(
+        [script, *common, f"output_filename={tmp_path / 'offline.json'}", "rnnt_decoding.strategy=fast_greedy",
+         "rnnt_decoding.greedy.graph_mode=eager", "rnnt_decoding.greedy.offline_batching=true"],
+        tmp_path,
+    )  # fmt: skip
+    assert offline.returncode == 0, output_of(offline)[-3000:]
+    assert "transcribe on the offline path: 3 inputs" in output_of(offline)
+    assert pred_texts(tmp_path / "offline.json") == expected
     # our options are type-checked by NeMo's own schema, with the key named
     bad = run_python(
         [script, *common, "rnnt_decoding.strategy=fast_greedy", "rnnt_decoding.greedy.fast_math=maybe"], tmp_path

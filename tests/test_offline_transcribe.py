@@ -106,25 +106,16 @@ def test_enabled_model_transcribe_takes_the_fast_path_with_timestamps(model_and_
     assert "transcribe" not in model.__dict__  # disabled: NeMo's own method again
 
 
-def test_enabled_model_passes_manifests_to_nemo(model_and_files, tmp_path, monkeypatch):
+def test_manifests_with_offsets_and_durations_equal_nemo(model_and_files, tmp_path):
     model, paths, _ = model_and_files
     manifest = tmp_path / "in.json"
-    manifest.write_text(
-        "".join(
-            json.dumps({"audio_filepath": p, "duration": d, "text": ""}) + "\n"
-            for p, d in zip(paths, DURATIONS, strict=True)
-        )
+    entries = [{"audio_filepath": p, "duration": d, "text": ""} for p, d in zip(paths, DURATIONS, strict=True)]
+    entries[0].update(offset=0.2, duration=0.6)  # a clip out of a longer file, as NeMo reads it
+    manifest.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    ours = fast_transcribe(
+        model, str(manifest), 2, options=FastTranscribeOptions(max_batch_seconds=3.0), return_hypotheses=True
     )
-    import nemo_fastdecode.offline.fast_path as module
-
-    monkeypatch.setattr(module, "fast_transcribe", lambda *a, **k: pytest.fail("a manifest took the fast path"))
-    enable_fast_transcribe(model)
-    try:
-        hyps = model.transcribe(str(manifest), batch_size=2, return_hypotheses=True, verbose=False)
-        model.eval()
-    finally:
-        disable_fast_transcribe(model)
-    assert len(hyps) == len(paths)
+    _same(ours, _nemo(model, str(manifest)))
 
 
 def test_bad_inputs_are_named(model_and_files, tmp_path):
@@ -166,3 +157,29 @@ def test_transcribe_script_offline_path_writes_the_same_manifest(tmp_path):
         manifests.append([json.loads(line) for line in out.read_text().splitlines()])
     assert len(manifests[0]) == 3 and any(r["pred_text"] for r in manifests[0])
     assert manifests[0] == manifests[1]
+
+
+def test_decoding_option_routes_transcribe_and_override_config(model_and_files, monkeypatch):
+    model, paths, _ = model_and_files
+    calls = []
+    import nemo_fastdecode.offline.fast_path as module
+
+    real = module.plan_batches
+    monkeypatch.setattr(module, "plan_batches", lambda *a, **k: calls.append(a) or real(*a, **k))
+    apply_decoding(model, {"strategy": "fast_greedy", "greedy": {"offline_batching": True}})
+    try:
+        plain = model.transcribe(paths, batch_size=2, return_hypotheses=True, verbose=False)
+        model.eval()
+        override = model.get_transcribe_config()  # as NeMo's transcribe_speech.py passes its options
+        override.batch_size, override.return_hypotheses, override.verbose = 2, True, False
+        overridden = model.transcribe(paths, override_config=override)
+        model.eval()
+    finally:
+        apply_decoding(model, {"strategy": "fast_greedy", "greedy": {"offline_batching": False}})
+    assert len(calls) == 2  # both calls took the offline path
+    nemo = _nemo(model, paths)
+    _same(plain, nemo)
+    _same(overridden, nemo)
+    model.transcribe(paths[:2], batch_size=2, verbose=False)
+    model.eval()
+    assert len(calls) == 2  # the option off: NeMo's transcribe again

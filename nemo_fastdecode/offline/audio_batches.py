@@ -8,19 +8,61 @@ and it skips NeMo's per-call manifest and dataset set-up.
 
 from __future__ import annotations
 
+import json
 import os
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-__all__ = ["AudioInput", "PrefetchedAudioBatches", "audio_length", "read_audio"]
+__all__ = ["AudioClip", "AudioInput", "PrefetchedAudioBatches", "audio_length", "manifest_clips", "read_audio"]
 
-#: One utterance: a path to an audio file, or mono samples at the model's rate (float in [-1, 1]).
-AudioInput = str | os.PathLike | np.ndarray | torch.Tensor
+
+@dataclass(frozen=True)
+class AudioClip:
+    """A manifest entry's audio: ``duration`` seconds of ``path`` from ``offset`` (``duration`` ``None``: to the
+    end), read as NeMo's datasets read an entry."""
+
+    path: str
+    offset: float = 0.0
+    duration: float | None = None
+
+
+#: One utterance: a path to an audio file, a manifest entry's clip, or mono samples at the model's rate.
+AudioInput = str | os.PathLike | AudioClip | np.ndarray | torch.Tensor
+
+
+def manifest_clips(manifest: str | os.PathLike) -> list[AudioClip]:
+    """The clips of a NeMo JSON-lines manifest (``audio_filepath``, optional ``offset`` and ``duration``), paths
+    resolved against the manifest's folder as NeMo resolves them.
+
+    Raises:
+        ValueError: a line that is not a JSON object with ``audio_filepath`` (the line is named).
+    """
+    from nemo.collections.common.parts.preprocessing.manifest import get_full_path
+
+    clips = []
+    with open(manifest, encoding="utf8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                path = entry["audio_filepath"]
+            except (json.JSONDecodeError, KeyError, TypeError) as error:
+                raise ValueError(
+                    f"{str(manifest)!r} line {number}: not a JSON object with 'audio_filepath' ({error})"
+                ) from error
+            clips.append(
+                AudioClip(
+                    str(get_full_path(path, str(manifest))), float(entry.get("offset") or 0.0), entry.get("duration")
+                )
+            )
+    return clips
 
 
 def read_audio(audio: AudioInput, sample_rate: int) -> np.ndarray:
@@ -37,23 +79,30 @@ def read_audio(audio: AudioInput, sample_rate: int) -> np.ndarray:
         return audio.astype(np.float32, copy=False)
     from nemo.collections.asr.parts.preprocessing.segment import AudioSegment
 
+    clip = audio if isinstance(audio, AudioClip) else AudioClip(str(audio))
     try:
-        return AudioSegment.from_file(str(audio), target_sr=sample_rate).samples.astype(np.float32, copy=False)
+        segment = AudioSegment.from_file(
+            clip.path, target_sr=sample_rate, offset=clip.offset, duration=clip.duration or 0
+        )
     except Exception as error:  # soundfile / librosa raise several types by format
-        raise ValueError(f"cannot read audio file {str(audio)!r}: {type(error).__name__}: {error}") from error
+        raise ValueError(f"cannot read audio file {clip.path!r}: {type(error).__name__}: {error}") from error
+    return segment.samples.astype(np.float32, copy=False)
 
 
 def audio_length(audio: AudioInput, sample_rate: int) -> int:
     """Samples of ``audio`` at ``sample_rate``, from the file's header where it is a file (nothing is decoded)."""
     if isinstance(audio, np.ndarray | torch.Tensor):
         return int(audio.shape[-1])
+    clip = audio if isinstance(audio, AudioClip) else AudioClip(str(audio))
+    if clip.duration:
+        return int(round(float(clip.duration) * sample_rate))
     import soundfile as sf
 
     try:
-        info = sf.info(str(audio))
+        info = sf.info(clip.path)
     except Exception as error:
-        raise ValueError(f"cannot read audio file {str(audio)!r}: {type(error).__name__}: {error}") from error
-    return int(round(info.frames * sample_rate / info.samplerate))
+        raise ValueError(f"cannot read audio file {clip.path!r}: {type(error).__name__}: {error}") from error
+    return max(int(round((info.frames / info.samplerate - clip.offset) * sample_rate)), 0)
 
 
 def _padded(signals: list[np.ndarray], pin: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,13 +21,26 @@ import numpy as np
 import torch
 
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
-from nemo_fastdecode.offline.audio_batches import AudioInput, PrefetchedAudioBatches, audio_length
+from nemo_fastdecode.logs import logger
+from nemo_fastdecode.offline.audio_batches import (
+    AudioClip,
+    AudioInput,
+    PrefetchedAudioBatches,
+    audio_length,
+    manifest_clips,
+)
 from nemo_fastdecode.offline.batching import plan_batches
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
 
-__all__ = ["FastTranscribeOptions", "disable_fast_transcribe", "enable_fast_transcribe", "fast_transcribe"]
+__all__ = [
+    "FastTranscribeOptions",
+    "disable_fast_transcribe",
+    "enable_fast_transcribe",
+    "fast_transcribe",
+    "transcribe_call",
+]
 
 
 @dataclass(frozen=True)
@@ -61,7 +74,13 @@ def _model_device(model: ASRModel) -> torch.device:
     return next(model.parameters()).device
 
 
+def _is_manifest(audio: Any) -> bool:
+    return isinstance(audio, str | os.PathLike) and str(audio).endswith((".json", ".jsonl"))
+
+
 def _describe(audio: AudioInput, index: int) -> str:
+    if isinstance(audio, AudioClip):
+        return repr(audio.path)
     return f"{str(audio)!r}" if isinstance(audio, str | os.PathLike) else f"array at index {index}"
 
 
@@ -81,8 +100,9 @@ def fast_transcribe(
     Args:
         model: a NeMo ASR model whose ``transcribe`` takes a ``DataLoader`` of ``(audio, lengths)`` batches
             (RNN-T, TDT, hybrid RNN-T/CTC).
-        audio: paths to audio files (read and resampled as NeMo does) or mono arrays ``[samples]`` at the model's
-            sample rate.
+        audio: paths to audio files (read and resampled as NeMo does), mono arrays ``[samples]`` at the model's
+            sample rate, or the path of a NeMo JSON-lines manifest (each entry's ``offset`` and ``duration`` read
+            as NeMo's datasets read them).
         batch_size: NeMo's ``batch_size``; sets the default budget (:class:`FastTranscribeOptions`).
         options: batching and reading; ``None``: the defaults.
         return_hypotheses, timestamps, verbose: as for NeMo's ``transcribe``.
@@ -98,7 +118,9 @@ def fast_transcribe(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if isinstance(audio, str | os.PathLike | np.ndarray | torch.Tensor):
+    if _is_manifest(audio):
+        audio = manifest_clips(audio)
+    elif isinstance(audio, str | os.PathLike | np.ndarray | torch.Tensor):
         audio = [audio]
     if len(audio) == 0:
         raise ValueError("no audio to transcribe: the input list is empty")
@@ -111,6 +133,11 @@ def fast_transcribe(
             raise ValueError(f"audio {_describe(audio[i], i)} has no samples")
     max_seconds = options.max_batch_seconds or 30.0 * batch_size
     batches = plan_batches(lengths, options.max_batch_size or 4 * batch_size, int(max_seconds * sample_rate))
+    logger.info(
+        "nemo_fastdecode: transcribe on the offline path: %d inputs in %d length-sorted batches",
+        len(audio),
+        len(batches),
+    )
     _reserve_decoder(model, max(len(b) for b in batches), max(lengths), sample_rate)
     device = _model_device(model)
     loader = PrefetchedAudioBatches(
@@ -167,14 +194,18 @@ def _in_input_order(results: Any, order: list[int]) -> Any:
 
 
 def _takes_fast_path(audio: Any, kwargs: dict[str, Any]) -> bool:
-    """Inputs the fast path handles: a list of files or mono arrays, or one file that is not a manifest, with no
-    option that changes what NeMo reads (channel selection, augmentation, partial hypotheses, an override config)."""
-    if any(
-        kwargs.get(k) is not None for k in ("channel_selector", "augmentor", "partial_hypothesis", "override_config")
+    """Inputs the fast path handles: a list of files or mono arrays, one file or a manifest, with no option that
+    changes what NeMo reads (channel selection, augmentation, partial hypotheses, a multitask prompt)."""
+    if any(kwargs.get(k) is not None for k in ("channel_selector", "augmentor", "partial_hypothesis")):
+        return False
+    override = kwargs.get("override_config")
+    if override is not None and any(
+        getattr(override, k, None) is not None
+        for k in ("channel_selector", "augmentor", "partial_hypothesis", "prompt")
     ):
         return False
     if isinstance(audio, str | os.PathLike):
-        return not str(audio).endswith((".json", ".jsonl"))
+        return True  # an audio file, or a manifest (.json / .jsonl)
     if isinstance(audio, np.ndarray | torch.Tensor):
         return audio.ndim == 1
     return isinstance(audio, list | tuple) and all(
@@ -182,30 +213,55 @@ def _takes_fast_path(audio: Any, kwargs: dict[str, Any]) -> bool:
     )
 
 
+def transcribe_call(
+    model: ASRModel,
+    audio: Any,
+    kwargs: dict[str, Any],
+    nemo_transcribe: Any,
+    options: FastTranscribeOptions | None = None,
+) -> Any:
+    """One call of ``model.transcribe(audio, **kwargs)``: on the fast path where :func:`_takes_fast_path` allows,
+    else NeMo's ``nemo_transcribe`` (the model's own method, bound) with the same arguments.
+
+    As in NeMo, an ``override_config`` supplies ``batch_size``, ``return_hypotheses``, ``timestamps`` and
+    ``verbose`` in place of the keyword arguments (``timestamps=True`` given beside it still counts).
+    """
+    if not _takes_fast_path(audio, kwargs):
+        return nemo_transcribe(audio, **kwargs)
+    override = kwargs.get("override_config")
+
+    def value(name: str, default: Any) -> Any:
+        return getattr(override, name, default) if override is not None else kwargs.get(name, default)
+
+    timestamps = kwargs.get("timestamps") or value("timestamps", None)
+    return fast_transcribe(
+        model,
+        audio,
+        int(value("batch_size", 4)),
+        options=options,
+        return_hypotheses=bool(value("return_hypotheses", False)),
+        timestamps=timestamps,
+        verbose=bool(value("verbose", True)),
+        transcribe=nemo_transcribe,
+    )
+
+
 def enable_fast_transcribe(model: ASRModel, options: FastTranscribeOptions | None = None) -> None:
     """Route ``model.transcribe`` through :func:`fast_transcribe` (this model instance only).
 
-    Calls the fast path cannot serve (a ``DataLoader`` or manifest, ``channel_selector``, ``augmentor``,
-    ``partial_hypothesis``, ``override_config``) go to NeMo's ``transcribe`` unchanged.
-    :func:`disable_fast_transcribe` undoes it.
+    Calls the fast path cannot serve (a ``DataLoader``, ``channel_selector``, ``augmentor``,
+    ``partial_hypothesis``, a multitask prompt) go to NeMo's ``transcribe`` unchanged.
+    :func:`disable_fast_transcribe` undoes it. ``decoding.greedy.offline_batching: true`` does the same for every
+    model decoding with ``fast_greedy``, from its config.
     """
     options = options or FastTranscribeOptions()
-    original = functools.partial(type(model).transcribe, model)
+    nemo_transcribe = functools.partial(type(model).transcribe, model)
 
     @functools.wraps(type(model).transcribe)
-    def transcribe(audio: Any, batch_size: int = 4, return_hypotheses: bool = False, **kwargs: Any) -> Any:
-        if not _takes_fast_path(audio, kwargs):
-            return original(audio, batch_size=batch_size, return_hypotheses=return_hypotheses, **kwargs)
-        return fast_transcribe(
-            model,
-            audio,
-            batch_size,
-            options=options,
-            return_hypotheses=return_hypotheses,
-            timestamps=kwargs.get("timestamps"),
-            verbose=kwargs.get("verbose", True),
-            transcribe=original,
-        )
+    def transcribe(audio: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:  # positional options: NeMo's own signature
+            return nemo_transcribe(audio, *args, **kwargs)
+        return transcribe_call(model, audio, kwargs, nemo_transcribe, options)
 
     model.transcribe = transcribe
     model.fast_transcribe_options = options
