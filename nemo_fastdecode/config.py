@@ -156,8 +156,8 @@ class FastBeamConfig:
         ngram_lm_model / ngram_lm_alpha / boosting_tree / boosting_tree_alpha: NeMo's keys, as for ``fast_greedy``:
             the n-gram LM and phrase-boosting tree fused into the search, as ``malsd_batch`` fuses them (the fusion
             steps run on the torch top-k and selection, not the Triton beam-step kernels).
-        pruning_mode: NeMo's key: when the fusion scores join the ranking; ``late`` (before the top-k, NeMo's
-            default here) only (``early`` is ``malsd_batch``'s).
+        pruning_mode: NeMo's key: when the fusion scores join the ranking: ``late`` (before the top-k, the default of
+            NeMo's ``malsd_batch`` set-up) or ``early`` (added to the top-k of the unfused log-probabilities).
         blank_lm_score_mode: NeMo's key: ``lm_weighted_full`` (blank's log-probability times ``1 + sum(alphas)``,
             labels also get ``log(1 - p(blank)) * sum(alphas)``) or ``no_score`` (blank unchanged).
     """

@@ -69,11 +69,19 @@ def test_fusion_matches_malsd_batch(kind, beam_size, nbest, arpa_path):
 
 @pytest.mark.parametrize("kind", ["rnnt", "tdt"])
 @pytest.mark.parametrize(
-    "which,blank_lm_score_mode", [("ngram", "lm_weighted_full"), ("tree", "lm_weighted_full"), ("both", "no_score")]
+    "which,pruning_mode,blank_lm_score_mode",
+    [
+        ("ngram", "late", "lm_weighted_full"),
+        ("tree", "late", "lm_weighted_full"),
+        ("both", "late", "no_score"),
+        ("both", "early", "lm_weighted_full"),
+        ("both", "early", "no_score"),
+    ],
 )
-def test_each_model_and_blank_mode_match_malsd_batch(kind, which, blank_lm_score_mode, arpa_path):
+def test_each_model_and_mode_match_malsd_batch(kind, which, pruning_mode, blank_lm_score_mode, arpa_path):
     models, alphas = fusion(which, arpa_path)
-    plain, nemo, ours = compare(kind, 2, models, alphas, blank_lm_score_mode=blank_lm_score_mode)
+    modes = dict(pruning_mode=pruning_mode, blank_lm_score_mode=blank_lm_score_mode)
+    plain, nemo, ours = compare(kind, 2, models, alphas, **modes)
     assert emitted(nemo) > 0, "nothing emitted: nothing compared"
     assert tokens(nemo) != tokens(plain), "the fusion changes nothing here: the comparison could not fail"
     assert ours == nemo
@@ -124,8 +132,8 @@ def test_fusion_continues_chunk_by_chunk(kind, beam_size, arpa_path):
 def test_unsupported_fusion_settings_fail_clearly(arpa_path):
     decoder, joint = make_networks(seed=3)
     models, alphas = fusion("ngram", arpa_path)
-    with pytest.raises(ValueError, match=r"pruning_mode='early' is not supported.*valid: 'late'"):
-        fast_beam("rnnt", decoder, joint, 2, 3, fusion_models=models, fusion_models_alpha=alphas, pruning_mode="early")
+    with pytest.raises(ValueError, match=r"pruning_mode='sooner': valid are \['early', 'late'\]"):
+        fast_beam("rnnt", decoder, joint, 2, 3, fusion_models=models, fusion_models_alpha=alphas, pruning_mode="sooner")
     with pytest.raises(ValueError, match=r"blank_lm_score_mode='sometimes': valid are"):
         fast_beam("rnnt", decoder, joint, 2, 3, fusion_models=models, fusion_models_alpha=alphas,
                   blank_lm_score_mode="sometimes")  # fmt: skip

@@ -51,7 +51,7 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             state gathers) compiled by ``torch.compile`` on CUDA.
         fusion_models / fusion_models_alpha: as in NeMo's ``BeamBatchedRNNTInfer``: n-gram LMs / boosting trees
             (NeMo's objects) and one weight each, fused as ``malsd_batch`` fuses them; ``None``: no fusion.
-        pruning_mode / blank_lm_score_mode: as in NeMo's classes (``late`` pruning only); ``None``: the defaults of
+        pruning_mode / blank_lm_score_mode: as in NeMo's classes; ``None``: the defaults of
             NeMo's ``malsd_batch`` set-up (``late``, ``lm_weighted_full``).
 
     Attributes:

@@ -75,7 +75,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
             compiled by ``torch.compile`` (fewer, fused kernels; compiles on first use).
         fusion: n-gram LM / boosting-tree fusion (NeMo's models with their weights), as NeMo's ``malsd_batch``
             applies it (:mod:`nemo_fastdecode.beam.fusion`); its steps run on the torch top-k and selection.
-        pruning_mode / blank_lm_score_mode: NeMo's fusion options (``late`` only; ``lm_weighted_full`` or
+        pruning_mode / blank_lm_score_mode: NeMo's fusion options (``late`` or ``early``; ``lm_weighted_full`` or
             ``no_score``); ``None``: the defaults of NeMo's ``malsd_batch`` set-up (``late``, ``lm_weighted_full``).
     """
 
@@ -127,7 +127,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         self._steps_per_frame = max_symbols + 1 if max_symbols is not None else UNBOUNDED_STEPS_START
         self.fusion = None
         if fusion is not None:
-            self.fusion = BeamFusion(fusion, beam_size, parse_fusion_modes(pruning_mode, blank_lm_score_mode))
+            self.fusion = BeamFusion(fusion, beam_size, *parse_fusion_modes(pruning_mode, blank_lm_score_mode))
             self._check_fusion(fusion)
 
     def _check_fusion(self, fusion: FusionModels) -> None:
@@ -147,15 +147,18 @@ class MALSDBeamComputer(CapturedLoopOwner):
         return self.durations_list is not None
 
     # ----- one search step -----------------------------------------------------------------
-    def _top_k(self, b: BeamLoopBuffers, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The beam-step kernel on the token logits: ``(values, ids) [B*K, K+1]``, the ``K`` best non-blank then blank."""
+    def _top_k(self, b: BeamLoopBuffers, logits: torch.Tensor):
+        """The beam-step kernel on the token logits: ``(values, ids) [B*K, K+1]``, the ``K`` best non-blank then blank,
+        and ``None``; with fusion its scores are in the values (:meth:`BeamFusion.top_k`, also the forced blank's
+        scores ``[B*K]`` where they are not the last column)."""
         num_durations = len(self.durations_list) if self.is_tdt else 0
         token_logits = logits[:, :-num_durations] if num_durations else logits
         if b.fusion is not None:
             return self.fusion.top_k(b.fusion, token_logits, self.blank_index, b.float_dtype)
-        return log_softmax_topk(token_logits, self.beam_size, self.blank_index, use_triton=self.fused_topk)
+        values, ids = log_softmax_topk(token_logits, self.beam_size, self.blank_index, use_triton=self.fused_topk)
+        return values, ids, None
 
-    def _extend(self, b: BeamLoopBuffers, logits, values, ids):
+    def _extend(self, b: BeamLoopBuffers, logits, values, ids, blank_scores=None):
         """Steps 1b-3 and 5: each row's ``K`` best candidates into the hypotheses (equal ones merged), then every
         beam's time and the loop flags. Returns ``(parents [B, K], labels to predict [B*K, 1], keep [B*K])``;
         ``keep``: the beam emitted no label and keeps its parent's prediction-network output and state.
@@ -171,7 +174,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
             return parents, step_labels.view(-1, 1), keep
         hyps: BeamHypsBuffer = b.hyps
         scores, parents, labels, durations = select_extensions_reference(
-            values, ids, hyps.scores, b.active, hyps.labels_at_time, *common
+            values, ids, hyps.scores, b.active, hyps.labels_at_time, *common, blank_scores
         )
         hyps.add_(parents, labels, scores, durations)
         hyps.recombine_()
@@ -259,9 +262,9 @@ class MALSDBeamComputer(CapturedLoopOwner):
             else:
                 frames = b.encoder_projected[b.beam_rows, b.safe_time_indices.view(-1)].unsqueeze(1)
                 logits = self.joint.joint_after_projection(frames, b.decoder_output)[:, 0, 0, :]
-            values, ids = self._top_k(b, logits)
+            values, ids, blank_scores = self._top_k(b, logits)
             # 2.-3., 5. candidates, the K best of K x K into the hypotheses (equal ones merged), time and flags
-            parents, step_labels, keep = extend(b, logits, values, ids)
+            parents, step_labels, keep = extend(b, logits, values, ids, blank_scores)
             if b.fusion is not None:  # every kept beam's fusion states: its parent's, moved by its label
                 self.fusion.select(b.fusion, parents, step_labels.view(-1), keep)
             # 4. prediction network: beams that emitted a label advance from their parent's state
