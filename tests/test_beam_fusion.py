@@ -203,3 +203,25 @@ def test_fusion_needs_an_existing_lm_file():
     config = OmegaConf.create({"strategy": "fast_beam", "beam": {"beam_size": 2, "ngram_lm_model": "/no/such/lm"}})
     with pytest.raises(ValueError, match=r"decoding.beam.ngram_lm_model='/no/such/lm'.*no such file"):
         model.change_decoding_strategy(config)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("exact_fp32")
+@pytest.mark.parametrize("mode", ["full_graph", "no_while_graph", "eager"])
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+@pytest.mark.parametrize("pruning_mode", ["late", "early"])
+def test_fusion_every_graph_mode_matches_malsd_batch_on_gpu(mode, kind, pruning_mode, arpa_path):
+    """On CUDA, captured or not (NeMo's Triton LM and tree are capturable), fused searches are NeMo's eager ones."""
+    models, alphas = fusion("both", arpa_path)
+    assert all(model.compatible_with_cuda_graphs() for model in models), "setup: NeMo's Triton fusion kernels"
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=3, blank_bias=BLANK_BIAS[kind])
+    decoder, joint = decoder.cuda(), joint.cuda()
+    x, lengths = random_encoder_output(len(LENGTHS), 24, seed=4, lengths=LENGTHS, device="cuda")
+    fused = dict(fusion_models=models, fusion_models_alpha=alphas, return_best_hypothesis=False, **LATE)
+    fused["pruning_mode"] = pruning_mode
+    expected = decode(nemo_malsd(kind, decoder, joint, 4, 3, **fused), x, lengths, nbest=True)
+    assert emitted(expected) > 0, "nothing emitted: nothing compared"
+    ours = fast_beam(kind, decoder, joint, 4, 3, graph_mode=mode, **fused)
+    assert ours.computer.fused_topk is False  # fusion runs on the torch top-k and selection
+    for _ in range(2):  # the second call replays the captured graphs
+        assert decode(ours, x, lengths, nbest=True) == expected
