@@ -157,6 +157,13 @@ class FastBeamConfig:
             near-fp32 (3xTF32) tensor-core kernels; not bit-identical (the benchmark reports its agreement).
         compiled_step: experimental, CUDA only: each search step's pure-torch parts (candidate selection,
             hypothesis update, state gathers) fused by ``torch.compile`` (compiles on first use, tens of seconds).
+        ngram_lm_model / ngram_lm_alpha / boosting_tree / boosting_tree_alpha: NeMo's keys, as for ``fast_greedy``:
+            the n-gram LM and phrase-boosting tree fused into the search, as ``malsd_batch`` fuses them (the fusion
+            steps run on the torch top-k and selection, not the Triton beam-step kernels).
+        pruning_mode: NeMo's key: when the fusion scores join the ranking: ``late`` (before the top-k, the default of
+            NeMo's ``malsd_batch`` set-up) or ``early`` (added to the top-k of the unfused log-probabilities).
+        blank_lm_score_mode: NeMo's key: ``lm_weighted_full`` (blank's log-probability times ``1 + sum(alphas)``,
+            labels also get ``log(1 - p(blank)) * sum(alphas)``) or ``no_score`` (blank unchanged).
     """
 
     beam_size: int = 4
@@ -168,6 +175,12 @@ class FastBeamConfig:
     fused_topk: bool | None = None
     fast_math: bool = False
     compiled_step: bool = False
+    ngram_lm_model: str | None = None
+    ngram_lm_alpha: float = 0.0
+    boosting_tree: BoostingTreeModelConfig = field(default_factory=BoostingTreeModelConfig)
+    boosting_tree_alpha: float = 0.0
+    pruning_mode: str = "late"
+    blank_lm_score_mode: str = "lm_weighted_full"
 
     def __post_init__(self) -> None:
         _check_graph_mode_and_max_symbols(self.graph_mode, self.max_symbols)

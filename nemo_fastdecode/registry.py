@@ -148,6 +148,7 @@ def _build_fast_beam(decoding, decoding_cfg: DictConfig, decoder, joint):
         )
     if section.get("softmax_temperature", 1.0) != 1.0:
         logger.warning("nemo_fastdecode: beam.softmax_temperature has no effect in malsd_batch and fast_beam")
+    nemo_computer = getattr(decoding.decoding, "decoding_computer", None)  # NeMo's, built for the stand-in
     return FastBeamBatchedInfer(
         decoder_model=decoder,
         joint_model=joint,
@@ -162,6 +163,11 @@ def _build_fast_beam(decoding, decoding_cfg: DictConfig, decoder, joint):
         fused_topk=options.fused_topk,
         fast_math=bool(options.fast_math),
         compiled_step=bool(options.compiled_step),
+        # the n-gram LM / boosting tree and fusion modes as NeMo's set-up made them for the stand-in
+        fusion_models=getattr(nemo_computer, "fusion_models", None) or None,
+        fusion_models_alpha=getattr(nemo_computer, "fusion_models_alpha", None) or None,
+        pruning_mode=getattr(nemo_computer, "pruning_mode", None),
+        blank_lm_score_mode=getattr(nemo_computer, "blank_lm_score_mode", None),
     )
 
 
@@ -185,6 +191,7 @@ FAST_STRATEGIES: dict[str, FastStrategy] = {
         nemo_options=option_names(BeamRNNTInferConfig) | {"max_symbols"},
         graphs_switch="allow_cuda_graphs",
         build=_build_fast_beam,
+        fuses=True,
     ),
 }
 # our strategy name -> NeMo strategy whose configuration keys it takes

@@ -290,7 +290,7 @@ def test_bad_states_and_inputs_are_rejected():
     with pytest.raises(ValueError, match=r"2 rows x 4 beams; this search needs at least 3 rows"):
         computer(x=torch.cat([x, x[:1]]), out_len=torch.cat([lengths, lengths[:1]]), prev_batched_state=state)
     state.fusion_states_list = [torch.zeros(8, dtype=torch.long)]
-    with pytest.raises(ValueError, match="fusion states, which fast_beam does not apply"):
+    with pytest.raises(ValueError, match="fusion states, and this search fuses no models"):
         computer(x=x, out_len=lengths, prev_batched_state=state)
     with pytest.raises(ValueError, match="must be the BatchedBeamState a beam search returned"):
         computer(x=x, out_len=lengths, prev_batched_state=BatchedBeamState(None, None, None, None))

@@ -22,6 +22,7 @@ from nemo_fastdecode.config import DEFAULT_MAX_SYMBOLS, nemo_max_symbols
 from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_nonfinite
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
+from nemo_fastdecode.greedy.fusion import FusionModels
 
 # max_symbols_per_step left out: NeMo's RNN-T and TDT classes differ
 _CLASS_DEFAULT = object()
@@ -48,6 +49,10 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to ``malsd_batch``.
         compiled_step: experimental: each step's pure-torch parts (candidate selection, hypothesis update,
             state gathers) compiled by ``torch.compile`` on CUDA.
+        fusion_models / fusion_models_alpha: as in NeMo's ``BeamBatchedRNNTInfer``: n-gram LMs / boosting trees
+            (NeMo's objects) and one weight each, fused as ``malsd_batch`` fuses them; ``None``: no fusion.
+        pruning_mode / blank_lm_score_mode: as in NeMo's classes; ``None``: the defaults of
+            NeMo's ``malsd_batch`` set-up (``late``, ``lm_weighted_full``).
 
     Attributes:
         computer: our beam search (:class:`MALSDBeamComputer`).
@@ -83,6 +88,10 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
         fused_topk: bool | None = None,
         fast_math: bool = False,
         compiled_step: bool = False,
+        fusion_models: Sequence[torch.nn.Module] | None = None,
+        fusion_models_alpha: Sequence[float] | None = None,
+        pruning_mode: str | None = None,
+        blank_lm_score_mode: str | None = None,
     ):
         super().__init__()
         if max_symbols_per_step is _CLASS_DEFAULT:
@@ -102,6 +111,9 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             fused_topk=fused_topk,
             fast_math=fast_math,
             compiled_step=compiled_step,
+            fusion=FusionModels(fusion_models, fusion_models_alpha or []) if fusion_models else None,
+            pruning_mode=pruning_mode,
+            blank_lm_score_mode=blank_lm_score_mode,
         )
         self.decoding_computer = NemoBeamComputer(self.computer, allow_cuda_graphs=allow_cuda_graphs)
 

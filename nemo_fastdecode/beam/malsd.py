@@ -32,10 +32,12 @@ import torch
 from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import BatchedBeamState
 from nemo.collections.asr.parts.utils.batched_beam_decoding_utils import BatchedBeamHyps
 
+from nemo_fastdecode.beam.fusion import BeamFusion, parse_fusion_modes
 from nemo_fastdecode.beam.hyps import BeamHypsBuffer
 from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner, grown_shape
+from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.greedy.state import predictor_state_batch_dim
 from nemo_fastdecode.greedy.steps import joint_hidden
 from nemo_fastdecode.kernels import triton_runs_on
@@ -71,6 +73,10 @@ class MALSDBeamComputer(CapturedLoopOwner):
             (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo.
         compiled_step: experimental, CUDA only: the candidate selection and hypothesis update of each step
             compiled by ``torch.compile`` (fewer, fused kernels; compiles on first use).
+        fusion: n-gram LM / boosting-tree fusion (NeMo's models with their weights), as NeMo's ``malsd_batch``
+            applies it (:mod:`nemo_fastdecode.beam.fusion`); its steps run on the torch top-k and selection.
+        pruning_mode / blank_lm_score_mode: NeMo's fusion options (``late`` or ``early``; ``lm_weighted_full`` or
+            ``no_score``); ``None``: the defaults of NeMo's ``malsd_batch`` set-up (``late``, ``lm_weighted_full``).
     """
 
     def __init__(
@@ -86,6 +92,9 @@ class MALSDBeamComputer(CapturedLoopOwner):
         fused_topk: bool | None = None,
         fast_math: bool = False,
         compiled_step: bool = False,
+        fusion: FusionModels | None = None,
+        pruning_mode: str | None = None,
+        blank_lm_score_mode: str | None = None,
     ):
         largest_beam = min(MAX_K, blank_index)
         if isinstance(beam_size, bool) or not isinstance(beam_size, int) or not 1 <= beam_size <= largest_beam:
@@ -116,6 +125,21 @@ class MALSDBeamComputer(CapturedLoopOwner):
         self._buffers: BeamLoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
         self._steps_per_frame = max_symbols + 1 if max_symbols is not None else UNBOUNDED_STEPS_START
+        self.fusion = None
+        if fusion is not None:
+            self.fusion = BeamFusion(fusion, beam_size, *parse_fusion_modes(pruning_mode, blank_lm_score_mode))
+            self._check_fusion(fusion)
+
+    def _check_fusion(self, fusion: FusionModels) -> None:
+        """The fusion scores are added on the torch path; graphs only where the models' calls can be captured."""
+        fusion.check_vocabulary(self.blank_index)
+        if self.fused_topk is not False:
+            logger.info(
+                "nemo_fastdecode: beam search with fusion uses the torch top-k and candidate selection (the Triton "
+                "beam-step kernels add no fusion scores)"
+            )
+            self.fused_topk = False
+        self.use_cuda_graphs = fusion.allow_graphs(self.forced_mode, self.use_cuda_graphs, "beam search")
 
     # ----- configuration -------------------------------------------------------------------
     @property
@@ -123,13 +147,18 @@ class MALSDBeamComputer(CapturedLoopOwner):
         return self.durations_list is not None
 
     # ----- one search step -----------------------------------------------------------------
-    def _top_k(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The beam-step kernel on the token logits: ``(values, ids) [B*K, K+1]``, the ``K`` best non-blank then blank."""
+    def _top_k(self, b: BeamLoopBuffers, logits: torch.Tensor):
+        """The beam-step kernel on the token logits: ``(values, ids) [B*K, K+1]``, the ``K`` best non-blank then blank,
+        and ``None``; with fusion its scores are in the values (:meth:`BeamFusion.top_k`, also the forced blank's
+        scores ``[B*K]`` where they are not the last column)."""
         num_durations = len(self.durations_list) if self.is_tdt else 0
         token_logits = logits[:, :-num_durations] if num_durations else logits
-        return log_softmax_topk(token_logits, self.beam_size, self.blank_index, use_triton=self.fused_topk)
+        if b.fusion is not None:
+            return self.fusion.top_k(b.fusion, token_logits, self.blank_index, b.float_dtype)
+        values, ids = log_softmax_topk(token_logits, self.beam_size, self.blank_index, use_triton=self.fused_topk)
+        return values, ids, None
 
-    def _extend(self, b: BeamLoopBuffers, logits, values, ids):
+    def _extend(self, b: BeamLoopBuffers, logits, values, ids, blank_scores=None):
         """Steps 1b-3 and 5: each row's ``K`` best candidates into the hypotheses (equal ones merged), then every
         beam's time and the loop flags. Returns ``(parents [B, K], labels to predict [B*K, 1], keep [B*K])``;
         ``keep``: the beam emitted no label and keeps its parent's prediction-network output and state.
@@ -145,7 +174,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
             return parents, step_labels.view(-1, 1), keep
         hyps: BeamHypsBuffer = b.hyps
         scores, parents, labels, durations = select_extensions_reference(
-            values, ids, hyps.scores, b.active, hyps.labels_at_time, *common
+            values, ids, hyps.scores, b.active, hyps.labels_at_time, *common, blank_scores
         )
         hyps.add_(parents, labels, scores, durations)
         hyps.recombine_()
@@ -220,6 +249,9 @@ class MALSDBeamComputer(CapturedLoopOwner):
                 state.copy_(start)
             b.decoder_output.copy_(b.start_decoder_output)
             b.time_indices.copy_(hyps.next_time)  # TDT: frames jumped past the previous chunk's end; else 0
+            if b.fusion is not None:
+                for state, initial in zip(b.fusion.states, b.fusion.initial_states, strict=True):
+                    state.copy_(initial)
             torch.sub(b.encoder_lengths[:, None].expand(batch, k), 1, out=b.last_frame)
             self._update_time_flags(b)
 
@@ -230,9 +262,11 @@ class MALSDBeamComputer(CapturedLoopOwner):
             else:
                 frames = b.encoder_projected[b.beam_rows, b.safe_time_indices.view(-1)].unsqueeze(1)
                 logits = self.joint.joint_after_projection(frames, b.decoder_output)[:, 0, 0, :]
-            values, ids = self._top_k(logits)
+            values, ids, blank_scores = self._top_k(b, logits)
             # 2.-3., 5. candidates, the K best of K x K into the hypotheses (equal ones merged), time and flags
-            parents, step_labels, keep = extend(b, logits, values, ids)
+            parents, step_labels, keep = extend(b, logits, values, ids, blank_scores)
+            if b.fusion is not None:  # every kept beam's fusion states: its parent's, moved by its label
+                self.fusion.select(b.fusion, parents, step_labels.view(-1), keep)
             # 4. prediction network: beams that emitted a label advance from their parent's state
             select_parents(b, parents)
             if self.fast_predictor is not None:
@@ -292,6 +326,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
         b.parent_decoder_state = [s.clone() for s in sos_state]
         b.sos_decoder_output.copy_(self.joint.project_prednet(output))
         b.start_decoder_output.copy_(b.sos_decoder_output)
+        if self.fusion is not None:
+            b.fusion = self.fusion.allocate(batch_size, device, dtype)
         return b
 
     # ----- public entry point --------------------------------------------------------------
@@ -347,6 +383,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
     ) -> BeamLoopBuffers:
         batch_size, max_time, _ = encoder_output.shape
         projected = self.joint.project_encoder(encoder_output)
+        if self.fusion is not None:
+            self.fusion.models.to(projected.device)
         if self.fast_predictor is not None and self.fast_predictor.prepare(projected.dtype):
             self.reset_graphs()  # its weight copies moved: graphs captured before would read stale memory
         while True:
@@ -357,7 +395,9 @@ class MALSDBeamComputer(CapturedLoopOwner):
             if previous is None:
                 b.start_empty()
             else:
-                b.start_from(previous, batch_size, self.state_batch_dim, self.is_tdt)
+                b.start_from(previous, batch_size, self.state_batch_dim, self.is_tdt, fuses=self.fusion is not None)
+            if self.fusion is not None:
+                b.start_fusion_from(self.fusion.models, previous, batch_size)
             loop.run()
             if not (b.hyps.full() and bool(b.active.any())):
                 break

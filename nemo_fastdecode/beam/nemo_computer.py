@@ -26,13 +26,10 @@ class NemoBeamComputer(ComputerGraphsSwitch):
     """NeMo's modified-ALSD computer interface (``decoding_computer``) backed by ``computer``.
 
     ``allow_cuda_graphs``: whether :meth:`maybe_enable_cuda_graphs` may turn the computer's CUDA graphs (back) on,
-    as NeMo's computers keep it (``allow_cuda_graphs``). No n-gram LM or boosting-tree fusion: ``fusion_models``
-    is ``None``, as in NeMo's computer without them. Graph modes are chosen with ``beam.graph_mode``
+    as NeMo's computers keep it (``allow_cuda_graphs``). ``fusion_models`` / ``fusion_models_alpha``: the computer's
+    n-gram LMs / boosting trees and weights (``None`` without fusion), as NeMo's computer exposes them. Graph modes are chosen with ``beam.graph_mode``
     (``computer.force_mode``), not with NeMo's ``force_cuda_graphs_mode``.
     """
-
-    fusion_models = None
-    fusion_models_alpha = None
 
     def __init__(self, computer: MALSDBeamComputer, allow_cuda_graphs: bool = True):
         self.computer = computer
@@ -44,6 +41,14 @@ class NemoBeamComputer(ComputerGraphsSwitch):
     def reset_cuda_graphs_state(self) -> None:
         """Drop the captured graphs and their buffers (the next call captures again), as NeMo's method does."""
         self.computer.reset_graphs()
+
+    @property
+    def fusion_models(self) -> list | None:
+        return None if self.computer.fusion is None else self.computer.fusion.models.models
+
+    @property
+    def fusion_models_alpha(self) -> list[float] | None:
+        return None if self.computer.fusion is None else self.computer.fusion.models.alphas
 
     @property
     def beam_size(self) -> int:

@@ -8,6 +8,7 @@ from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_bas
 
 from nemo_fastdecode.beam.hyps import NON_EXISTENT_LABEL_VALUE, BeamHypsBuffer
 from nemo_fastdecode.graphs.owner import CapturedBuffers
+from nemo_fastdecode.greedy.fusion import FusionBuffers, FusionModels
 
 
 class BeamLoopBuffers(CapturedBuffers):
@@ -56,6 +57,8 @@ class BeamLoopBuffers(CapturedBuffers):
         self.start_decoder_output = torch.zeros_like(self.decoder_output)
         self.hyps = BeamHypsBuffer(batch_size, beam_size, capacity, blank_index, device, float_dtype, tdt)
         self.starts_empty = True  # host flag: the start is the empty hypotheses after <SOS>
+        # n-gram LM / boosting-tree states, one per beam (None: no fusion)
+        self.fusion: FusionBuffers | None = None
 
     def start_empty(self) -> None:
         """The next search begins afresh: empty hypotheses, the prediction network after ``<SOS>``."""
@@ -67,7 +70,9 @@ class BeamLoopBuffers(CapturedBuffers):
         self.start_decoder_output.copy_(self.sos_decoder_output)
         self.starts_empty = True
 
-    def start_from(self, state: BatchedBeamState, batch_size: int, state_batch_dim: int, tdt: bool) -> None:
+    def start_from(
+        self, state: BatchedBeamState, batch_size: int, state_batch_dim: int, tdt: bool, fuses: bool = False
+    ) -> None:
         """The next search continues the first ``batch_size`` rows of a previous chunk's ``state`` (NeMo's
         ``BatchedBeamState``, ``[B', K]`` per beam with ``B' >= batch_size``); padding rows begin afresh.
 
@@ -75,7 +80,7 @@ class BeamLoopBuffers(CapturedBuffers):
         current frame, last labels (``state.labels``, blank where a beam has none), the prediction network's
         state and projected output per beam, and (TDT) the frames each beam jumped past the previous chunk's end.
         """
-        check_continuable(state, batch_size, self.beam_size)
+        check_continuable(state, batch_size, self.beam_size, fuses)
         if batch_size < self.batch_size:
             self.start_empty()  # padding rows
         rows = slice(0, batch_size)
@@ -96,6 +101,22 @@ class BeamLoopBuffers(CapturedBuffers):
         hidden = self.start_decoder_output.shape[-1]
         self.start_decoder_output[:beams].copy_(state.predictor_outputs.reshape(-1, 1, hidden)[:beams])
         self.starts_empty = False
+
+    def start_fusion_from(self, models: FusionModels, state: BatchedBeamState | None, batch_size: int) -> None:
+        """Every beam's fusion states begin after ``<BOS>``, or, for the first ``batch_size`` rows, where ``state``
+        (a previous chunk's, ``[B' * K]`` per model) left them; a state without fusion states begins after ``<BOS>``,
+        as NeMo's computers begin it."""
+        models.reset_initial_states(self.fusion)
+        if state is None or not state.fusion_states_list:
+            return
+        if len(state.fusion_states_list) != len(models):
+            raise ValueError(
+                f"prev_batched_state carries {len(state.fusion_states_list)} fusion model states; this search fuses "
+                f"{len(models)} models"
+            )
+        beams = batch_size * self.beam_size
+        for initial, saved in zip(self.fusion.initial_states, state.fusion_states_list, strict=True):
+            initial[:beams].copy_(saved.reshape(-1)[:beams])
 
     def state_after(
         self,
@@ -123,7 +144,7 @@ class BeamLoopBuffers(CapturedBuffers):
             predictor_outputs=self.decoder_output[:beams].clone(),
             labels=last_labels,
             decoded_lengths=lengths.clone() if previous is None else lengths + previous.decoded_lengths[rows],
-            fusion_states_list=None,
+            fusion_states_list=None if self.fusion is None else [s[:beams].clone() for s in self.fusion.states],
             time_jumps=time_jumps,
             scores=hyps.scores[rows].clone(),
             transcript_hash=hyps.hashes[rows].clone(),
@@ -133,18 +154,19 @@ class BeamLoopBuffers(CapturedBuffers):
         )
 
 
-def check_continuable(state: BatchedBeamState, batch_size: int, beam_size: int) -> None:
+def check_continuable(state: BatchedBeamState, batch_size: int, beam_size: int, fuses: bool = False) -> None:
     """Raise a ValueError naming what keeps a search of ``batch_size`` rows x ``beam_size`` beams from continuing
-    ``state`` (a beam search's state: per-beam scores ``[B', K]``, ``B' >= batch_size``, no fusion states)."""
+    ``state`` (a beam search's state: per-beam scores ``[B', K]``, ``B' >= batch_size``; fusion states only where
+    the search ``fuses``)."""
     if not isinstance(state, BatchedBeamState) or state.scores is None:
         raise ValueError(
             f"prev_batched_state must be the BatchedBeamState a beam search returned (with per-beam scores), got "
             f"{type(state).__name__}"
         )
-    if state.fusion_states_list:
+    if state.fusion_states_list and not fuses:
         raise ValueError(
-            "prev_batched_state carries n-gram LM / boosting-tree fusion states, which fast_beam does not apply; "
-            "continue it with NeMo's malsd_batch"
+            "prev_batched_state carries n-gram LM / boosting-tree fusion states, and this search fuses no models; "
+            "continue it with the same ngram_lm_model / boosting_tree"
         )
     rows, beams = state.scores.shape
     if beams != beam_size or rows < batch_size:

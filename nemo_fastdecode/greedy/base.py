@@ -123,19 +123,7 @@ class GreedyComputerBase(CapturedLoopOwner):
                 "preserve_frame_confidence) is not supported by fast_greedy; use strategy greedy_batch"
             )
         fusion.check_vocabulary(self.blank_index)
-        if fusion.compatible_with_cuda_graphs():
-            return
-        if self.forced_mode is not None and self.forced_mode is not GraphMode.EAGER:
-            raise ValueError(
-                f"graph_mode={self.forced_mode.value} needs fusion models whose advance can be captured in a CUDA "
-                "graph (NeMo's Triton kernels, use_triton=True); use graph_mode eager or auto"
-            )
-        if self.use_cuda_graphs:
-            logger.info(
-                "nemo_fastdecode: greedy decoding with fusion runs without CUDA graphs: a fusion model's advance "
-                "synchronises with the host (use_triton=False)"
-            )
-            self.use_cuda_graphs = False
+        self.use_cuda_graphs = fusion.allow_graphs(self.forced_mode, self.use_cuda_graphs, "greedy decoding")
 
     # ----- configuration -------------------------------------------------------------------
     @property

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+from nemo_fastdecode.graphs import GraphMode
+from nemo_fastdecode.logs import logger
+
 __all__ = ["FusionBuffers", "FusionModels"]
 
 
@@ -68,6 +71,25 @@ class FusionModels:
     def compatible_with_cuda_graphs(self) -> bool:
         """Whether every model's ``advance`` runs without host synchronisation (NeMo's Triton kernel: ``use_triton``)."""
         return all(model.compatible_with_cuda_graphs() for model in self.models)
+
+    def allow_graphs(self, forced_mode: GraphMode | None, use_cuda_graphs: bool, search: str) -> bool:
+        """Whether the ``search`` (for the log line) may keep CUDA graphs (``use_cuda_graphs``): only where every
+        model's ``advance`` can be captured; a ``forced_mode`` other than eager is
+        refused otherwise."""
+        if self.compatible_with_cuda_graphs():
+            return use_cuda_graphs
+        if forced_mode is not None and forced_mode is not GraphMode.EAGER:
+            raise ValueError(
+                f"graph_mode={forced_mode.value} needs fusion models whose advance can be captured in a CUDA "
+                "graph (NeMo's Triton kernels, use_triton=True); use graph_mode eager or auto"
+            )
+        if use_cuda_graphs:
+            logger.info(
+                "nemo_fastdecode: %s with fusion runs without CUDA graphs: a fusion model's advance "
+                "synchronises with the host (use_triton=False)",
+                search,
+            )
+        return False
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Each model scores the decoder's ``vocab_size`` non-blank labels (blank is not a label of the LM)."""

@@ -297,12 +297,17 @@ def select_extensions_reference(
     blank_id: int,
     max_symbols: int | None,
     duration_logits: torch.Tensor | None = None,
+    blank_scores: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """:func:`select_extensions` in torch: NeMo's own operations (bit-identical to its search on the CPU)."""
+    """:func:`select_extensions` in torch: NeMo's own operations (bit-identical to its search on the CPU).
+
+    ``blank_scores [B*K]``: what a forced blank scores, where it is not ``values[:, K]``; then ``values`` / ``ids``
+    may hold just the ``K`` candidates of each beam (NeMo's early pruning of fused scores).
+    """
     batch, k = hyp_scores.shape
     dtype, shape = hyp_scores.dtype, (batch, k, k)
     values = values.to(dtype)
-    blank_scores = values[:, k]
+    blank_scores = values[:, k] if blank_scores is None else blank_scores.to(dtype)
     if duration_logits is None:
         # blank joins the K best non-blank tokens at its rank (ties: after the tokens); keep K
         order = values.sort(dim=-1, descending=True, stable=True).indices[:, :k]
@@ -310,7 +315,7 @@ def select_extensions_reference(
     else:
         num_durations = duration_logits.shape[-1]
         duration_scores = torch.log_softmax(duration_logits, dim=-1, dtype=dtype)  # [B*K, D]
-        # (token, duration) pairs: NeMo's `log_probs[..., None] + duration_log_probs[..., None, :]`, K+1 tokens
+        # (token, duration) pairs: NeMo's `log_probs[..., None] + duration_log_probs[..., None, :]`, K(+1) tokens
         pairs = values[:, :, None] + duration_scores[:, None, :]
         top_scores, pair_ids = pairs.view(values.shape[0], -1).topk(k, dim=-1, largest=True, sorted=True)
         top_labels = ids.gather(1, pair_ids // num_durations)

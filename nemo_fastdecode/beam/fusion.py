@@ -1,0 +1,112 @@
+"""N-gram LM and boosting-tree fusion in the beam search, as NeMo 3.0's modified-ALSD computers apply it.
+
+The models are NeMo's (``NGramGPULanguageModel``, ``GPUBoostingTreeModel``), held with their weights by
+:class:`~nemo_fastdecode.greedy.fusion.FusionModels`, one state per beam (``B*K`` rows). Every step (NeMo's
+``topk_fusion_model``) every non-blank label gets the models' scores (each times its alpha), and with
+``blank_lm_score_mode=lm_weighted_full`` (the default) also ``log(1 - p(blank)) * sum(alphas)`` while blank's
+log-probability is multiplied by ``1 + sum(alphas)``; ``no_score`` leaves blank as it is. With
+``pruning_mode=late`` (the default of NeMo's ``malsd_batch`` set-up) the joint's log-probabilities are changed in
+place before the top-k, and a forced blank scores the changed blank; with ``early`` the top-k of the unchanged ones
+is changed, and a forced blank scores the unchanged blank. After the selection each kept beam takes its parent's
+state, moved to the candidate of its label when it emitted one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from nemo.collections.asr.parts.utils.batched_beam_decoding_utils import BlankLMScoreMode, PruningMode
+
+from nemo_fastdecode.greedy.fusion import FusionBuffers, FusionModels
+
+__all__ = ["BeamFusion", "parse_fusion_modes"]
+
+# NeMo's clamp of p(blank) in log(1 - p(blank)) (topk_fusion_model's eps)
+BLANK_PROB_EPS = 1e-2
+
+
+def parse_fusion_modes(
+    pruning_mode: str | PruningMode | None, blank_lm_score_mode: str | BlankLMScoreMode | None
+) -> tuple[PruningMode, BlankLMScoreMode]:
+    """NeMo's fusion modes from their names; ``None`` values are the defaults of NeMo's ``malsd_batch`` set-up
+    (``RNNTDecoding``: ``late`` pruning, ``lm_weighted_full``). A name NeMo does not know raises a ValueError."""
+    modes = []
+    for name, value, enum, default in (
+        ("pruning_mode", pruning_mode, PruningMode, PruningMode.LATE),
+        ("blank_lm_score_mode", blank_lm_score_mode, BlankLMScoreMode, BlankLMScoreMode.LM_WEIGHTED_FULL),
+    ):
+        try:
+            modes.append(default if value is None else enum(value))
+        except ValueError:
+            raise ValueError(f"{name}={value!r}: valid are {[m.value for m in enum]}") from None
+    return modes[0], modes[1]
+
+
+class BeamFusion:
+    """Fusion of ``models`` into a beam search of ``beam_size`` beams per row.
+
+    Args:
+        models: NeMo's fusion models with their weights.
+        beam_size: beams per row ``K``.
+        pruning_mode / blank_lm_score_mode: when the scores join the ranking, how blank is scored
+            (:func:`parse_fusion_modes`).
+    """
+
+    def __init__(
+        self, models: FusionModels, beam_size: int, pruning_mode: PruningMode, blank_lm_score_mode: BlankLMScoreMode
+    ):
+        self.models, self.beam_size = models, beam_size
+        self.pruning_mode, self.blank_lm_score_mode = pruning_mode, blank_lm_score_mode
+        self.alpha_sum = sum(models.alphas)  # as NeMo: a Python sum of the weights
+
+    def allocate(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> FusionBuffers:
+        """Buffers for ``batch_size`` rows x ``K`` beams (row-major, as the networks see the beams)."""
+        return self.models.allocate(batch_size * self.beam_size, device, dtype)
+
+    def top_k(
+        self, buffers: FusionBuffers, token_logits: torch.Tensor, blank_index: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Each beam's candidates from the joint's token logits ``token_logits [B*K, V+1]`` (blank last), as NeMo's
+        ``topk_fusion_model``: late pruning gives the fused log-probabilities' ``K`` best non-blank labels, then
+        blank: ``(values, ids) [B*K, K+1]`` (the beam-step kernel's layout) and ``None``; early pruning gives the
+        ``K`` best of the unfused log-probabilities with the fusion scores added, ``[B*K, K]``, and what a forced blank
+        scores ``[B*K]`` (blank's unfused log-probability)."""
+        # advance here: the beams' states are those the previous step selected (NeMo advances right after)
+        self.models.advance(buffers)
+        log_probs = F.log_softmax(token_logits, dim=-1, dtype=dtype)
+        fusion_scores_sum = sum(buffers.scores)  # NeMo's order: 0 + first + second
+        weighted = self.blank_lm_score_mode is BlankLMScoreMode.LM_WEIGHTED_FULL
+        if weighted:
+            non_blank_logprob = torch.log1p(-torch.clamp(torch.exp(log_probs[..., -1]), max=1.0 - BLANK_PROB_EPS))
+        if self.pruning_mode is PruningMode.EARLY:
+            values, ids = torch.topk(log_probs, self.beam_size, dim=-1, largest=True, sorted=True)
+            is_blank = ids == blank_index
+            label_scores = torch.gather(fusion_scores_sum, dim=-1, index=torch.where(is_blank, 0, ids))
+            if weighted:
+                fused = values + non_blank_logprob.unsqueeze(-1) * self.alpha_sum + label_scores
+                values = torch.where(is_blank, values * (1 + self.alpha_sum), fused)
+            else:
+                values = torch.where(is_blank, values, values + label_scores)
+            return values, ids, log_probs[:, blank_index]
+        if weighted:
+            log_probs[..., :-1] += non_blank_logprob.unsqueeze(-1) * self.alpha_sum + fusion_scores_sum
+            log_probs[..., -1] *= 1 + self.alpha_sum
+        else:
+            log_probs[..., :-1] += fusion_scores_sum
+        top_values, top_ids = log_probs[:, :blank_index].topk(self.beam_size, dim=-1, largest=True, sorted=True)
+        blank_ids = torch.full_like(top_ids[:, :1], blank_index)
+        values = torch.cat((top_values, log_probs[:, blank_index:]), dim=1)
+        return values, torch.cat((top_ids, blank_ids), dim=1), None
+
+    def select(self, buffers: FusionBuffers, parents: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor) -> None:
+        """Each new beam's states: its parent's (``parents [B, K]``), moved to the candidate of its label
+        (``labels [B*K]``) where it emitted one (``keep [B*K]``: it did not)."""
+        batch, k = parents.shape
+        keep, index = keep.view(batch, k), labels.view(batch, k, 1)
+        index = torch.where(keep[..., None], 0, index)  # blank has no candidate
+        for states, candidates in zip(buffers.states, buffers.candidates, strict=True):
+            vocab = candidates.shape[-1]
+            parent_candidates = candidates.view(batch, k, vocab).gather(1, parents[:, :, None].expand(batch, k, vocab))
+            parent_states = states.view(batch, k).gather(1, parents)
+            moved = parent_candidates.gather(2, index)[..., 0]
+            torch.where(keep, parent_states, moved, out=states.view(batch, k))
