@@ -45,10 +45,6 @@ GRAPH_MODES = (
     "(NeMo's computer's switch)"
 )
 # intended differences (not planned)
-NO_FUSION = (
-    "intended: our strategies do not fuse an n-gram LM / boosting tree or bias per stream (the registry "
-    "refuses these options with NotImplementedError); use greedy_batch / malsd_batch"
-)
 BEAM_GRAPH_MODES = "intended: fast_beam has no decoding_computer.force_cuda_graphs_mode (ours: beam.graph_mode)"
 # NeMo 3.0.0 fails the later NeMo test that is vendored here (ours passes where it is substituted)
 NEMO_300_ZERO_LENGTH = "NeMo 3.0.0 bug: malsd_batch decodes labels for rows with encoded_lengths == 0 (fixed later)"
@@ -104,8 +100,6 @@ EXPECTED: dict[str, tuple[str, str]] = {
         SKIP,
         NOT_SUBSTITUTED.format("strategies greedy, beam, alsd"),
     ),
-    # ids: enable_per_stream_biasing-use_boosting_tree-use_lm-use_cuda_graph_decoder (use_lm: skipped above)
-    "test_rnnt_decoding.py::substituted::*::test_tdt_greedy_decoding[*-True-False-*]": (XFAIL, NO_FUSION),
     "test_rnnt_decoding.py::substituted::*::test_tdt_beam_decoding*": (
         SKIP,
         NOT_SUBSTITUTED.format("NeMo's non-batched BeamTDTInfer"),
