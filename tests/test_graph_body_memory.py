@@ -15,7 +15,7 @@ import contextlib
 import pytest
 import torch
 
-from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, cuda_api, while_loop
+from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, cuda_api, two_level_loop, while_loop
 
 
 def test_full_graph_bodies_allocate_from_a_pool_the_loop_keeps(monkeypatch):
@@ -44,7 +44,7 @@ def test_full_graph_bodies_allocate_from_a_pool_the_loop_keeps(monkeypatch):
     monkeypatch.setattr(torch.cuda, "MemPool", FakePool, raising=False)
     monkeypatch.setattr(torch.cuda, "use_mem_pool", use_mem_pool, raising=False)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
-    monkeypatch.setattr(torch.cuda, "graph", nothing)
+    monkeypatch.setattr(two_level_loop, "capturing", nothing)
     monkeypatch.setattr(torch.cuda, "stream", nothing)
     monkeypatch.setattr(while_loop, "captured_while_loop", fake_while)
     monkeypatch.setattr(cuda_api, "set_condition_kernel", lambda index: None)
