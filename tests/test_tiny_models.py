@@ -365,3 +365,19 @@ def test_exported_models_restore_transcribe_and_are_evaluated(toy_recipe):
         report = json.loads(layout.evaluation(model).read_text())
         assert [r["decoding"] for r in report["results"]] == decodings
         assert all(r["wer"] >= 0 for r in report["results"]) and report["test_utterances"] == 3
+
+
+@pytest.mark.slow
+def test_export_stage_saves_the_last_checkpoint(toy_recipe):
+    from nemo_fastdecode.tools.tiny_models.recipe import run
+    from nemo_fastdecode.tools.tiny_models.training import restore
+
+    layout, _ = toy_recipe
+    layout.nemo("tdt").unlink()
+    lines: list[str] = []
+    run({"output_dir": str(layout.root), "stages": ["export"], "models": ["tdt"]}, log=lines.append)
+    assert any(line.startswith("tdt: saved ") for line in lines)
+    weights = torch.load(layout.last_checkpoint("tdt"), map_location="cpu", weights_only=False)["state_dict"]
+    restored = restore(layout.nemo("tdt")).state_dict()
+    assert weights.keys() == restored.keys()
+    assert all(torch.equal(weights[k], restored[k]) for k in weights)

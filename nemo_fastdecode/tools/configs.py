@@ -421,7 +421,7 @@ class TinyModelsConfig:
     num_test: int = 1000
     synthesis_workers: int | None = None
     vocab_size: int = 256
-    batch_size: int = 64
+    batch_size: int = 128
     num_workers: int | None = None
     max_steps: int = 100000
     max_time: str | None = "00:00:06:00"

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -123,10 +123,13 @@ def build_model(model_cfg: DictConfig, model: str, loss: str, trainer: pl.Traine
 
 def _training_finished(trainer: pl.Trainer, cfg: TinyModelsConfig) -> bool:
     """True when the fit stopped at ``max_steps`` or ``max_time`` (not at an interruption)."""
+    from lightning.pytorch.callbacks import Timer
+
     if trainer.global_step >= cfg.max_steps:
         return True
-    timer = next((c for c in trainer.callbacks if type(c).__name__ == "Timer"), None)
-    return bool(timer is not None and timer.time_remaining() is not None and timer.time_remaining() <= 0)
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    remaining = timer.time_remaining() if timer is not None else None
+    return remaining is not None and remaining <= 0
 
 
 def train(model: str, cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable[[str], None] = print) -> bool:
@@ -200,15 +203,3 @@ def restore(path: str | os.PathLike, device: str | torch.device = "cpu") -> ASRM
     with quiet_nemo():
         asr_model = ASRModel.restore_from(str(path), map_location=torch.device(device))
     return asr_model.eval()
-
-
-def log_history(metrics_csv: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a Lightning CSV log that hold a training loss: ``[{step, train_loss, ...}, ...]``."""
-    import csv
-
-    with open(metrics_csv, encoding="utf8") as f:
-        return [
-            {k: float(v) for k, v in row.items() if v not in ("", None)}
-            for row in csv.DictReader(f)
-            if row.get("train_loss")
-        ]
