@@ -1,4 +1,4 @@
-"""Train small ASR models on synthesised speech: a FastConformer TDT and a cache-aware streaming hybrid RNN-T/CTC.
+"""Train small ASR models on synthesised speech: a FastConformer TDT and a cache-aware streaming FastConformer RNN-T.
 
 eSpeak NG speaks a generated English corpus with many voices; a SentencePiece BPE tokenizer is trained on the
 text; NeMo trains each model on Lightning, resumably, and exports it as ``.nemo``; the held-out test split (new

@@ -52,13 +52,14 @@ def test_tiny_models_config_rejects_bad_values():
 def test_model_configs_follow_nemo_conventions(model):
     cfg = OmegaConf.load(REPO / "configs" / "tiny_models" / f"{model}.yaml").model
     assert cfg.encoder.subsampling_factor == 8 and cfg.tokenizer.type == "bpe"
+    assert cfg.aux_ctc.ctc_loss_weight > 0  # NeMo's hybrid models: a CTC head on the encoder
     if model == "tdt":
         assert cfg.loss.loss_name == "tdt" and cfg.decoding.model_type == "tdt"
         assert list(cfg.model_defaults.tdt_durations) == [0, 1, 2, 3, 4]
     else:
         assert [list(c) for c in cfg.encoder.att_context_size] == [[70, 13], [70, 6], [70, 1], [70, 0]]
         assert cfg.encoder.att_context_style == "chunked_limited" and cfg.encoder.conv_context_size == "causal"
-        assert cfg.encoder.causal_downsampling and cfg.preprocessor.normalize == "NA" and "aux_ctc" in cfg
+        assert cfg.encoder.causal_downsampling and cfg.preprocessor.normalize == "NA"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -350,7 +351,7 @@ def test_exported_models_restore_transcribe_and_are_evaluated(toy_recipe):
     first = json.loads(layout.manifest("test").read_text().splitlines()[0])
     test_audio = [str(layout.manifest("test").parent / first["audio_filepath"])]
     for model, cls, decodings in (
-        ("tdt", "EncDecRNNTBPEModel", ["greedy"]),
+        ("tdt", "EncDecHybridRNNTCTCBPEModel", ["greedy", "ctc"]),
         (
             "streaming_hybrid",
             "EncDecHybridRNNTCTCBPEModel",

@@ -1,6 +1,6 @@
 """Training the tiny models with NeMo's own model classes on Lightning, resumable run after run, and their export.
 
-A model is NeMo's ``EncDecRNNTBPEModel`` (``tdt``) or ``EncDecHybridRNNTCTCBPEModel`` (``streaming_hybrid``) built
+A model is NeMo's ``EncDecHybridRNNTCTCBPEModel`` (a TDT or RNN-T transducer with an auxiliary CTC head) built
 from ``configs/tiny_models/<model>.yaml`` with the recipe's manifests and tokenizer, and ``trainer.fit`` trains
 it: NeMo's data loading, SpecAugment, losses, optimiser and schedule, validation WER. Each run resumes from
 ``last.ckpt`` (weights, optimiser, schedule, step and elapsed time: ``max_time`` counts over all runs), writes it
@@ -30,13 +30,6 @@ if TYPE_CHECKING:
 
 #: the repository's model configs (``configs/tiny_models``)
 DEFAULT_MODEL_CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "tiny_models"
-
-
-def model_class(model: str) -> type[ASRModel]:
-    """NeMo's class of a tiny model."""
-    from nemo.collections.asr.models import EncDecHybridRNNTCTCBPEModel, EncDecRNNTBPEModel
-
-    return {"tdt": EncDecRNNTBPEModel, "streaming_hybrid": EncDecHybridRNNTCTCBPEModel}[check_model(model)]
 
 
 def default_num_workers() -> int:
@@ -109,13 +102,15 @@ def make_trainer(model: str, cfg: TinyModelsConfig, layout: RecipeLayout) -> pl.
     )
 
 
-def build_model(model_cfg: DictConfig, model: str, loss: str, trainer: pl.Trainer | None = None) -> ASRModel:
-    """NeMo's model from ``model_cfg`` (datasets set up where the config names manifests), with the PyTorch
-    transducer loss installed when ``loss == "torch"``."""
+def build_model(model_cfg: DictConfig, loss: str, trainer: pl.Trainer | None = None) -> ASRModel:
+    """NeMo's hybrid transducer/CTC model from ``model_cfg`` (TDT or RNN-T by its ``loss``; datasets set up where the
+    config names manifests), with the PyTorch transducer loss installed when ``loss == "torch"``."""
+    from nemo.collections.asr.models import EncDecHybridRNNTCTCBPEModel
+
     from nemo_fastdecode.tools.nemo_context import quiet_nemo
 
     with quiet_nemo():
-        asr_model = model_class(model)(cfg=model_cfg, trainer=trainer)
+        asr_model = EncDecHybridRNNTCTCBPEModel(cfg=model_cfg, trainer=trainer)
     if loss == "torch":
         install_torch_loss(asr_model.loss, OmegaConf.to_container(model_cfg.loss))
     return asr_model
@@ -149,7 +144,7 @@ def train(model: str, cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable
     layout.model_dir(model).mkdir(parents=True, exist_ok=True)
     OmegaConf.save(model_cfg, layout.model_config(model))
     trainer = make_trainer(model, cfg, layout)
-    asr_model = build_model(model_cfg, model, cfg.loss, trainer)
+    asr_model = build_model(model_cfg, cfg.loss, trainer)
     last = layout.last_checkpoint(model)
     resume = str(last) if last.is_file() else None
     parameters = sum(p.numel() for p in asr_model.parameters())
@@ -181,7 +176,7 @@ def export(
         with open_dict(model_cfg):
             for section in ("train_ds", "validation_ds", "test_ds"):
                 model_cfg[section].manifest_filepath = None
-        asr_model = build_model(model_cfg, model, loss="nemo")
+        asr_model = build_model(model_cfg, loss="nemo")
         state = torch.load(layout.last_checkpoint(model), map_location="cpu", weights_only=False)
         asr_model.load_state_dict(state["state_dict"])
     with open_dict(asr_model.cfg):
