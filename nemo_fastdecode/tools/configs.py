@@ -396,7 +396,8 @@ class TinyModelsConfig:
         batch_size: utterances per training batch.
         num_workers: data-loading processes; ``None``: all CPU cores but two, at most 12.
         max_steps: training steps (the LR schedule, NoamAnnealing, does not depend on it).
-        max_time: training time as Lightning's ``DD:HH:MM:SS``, counted over resumed runs; ``None``: no limit.
+        max_time: training time as Lightning's ``DD:HH:MM:SS``, counted over resumed runs; ``None``: no limit. A
+            trained model trains on from its last checkpoint when ``max_time`` or ``max_steps`` is raised.
         warmup_steps: the LR warm-up; ``None``: the model config's.
         precision: Lightning's; ``None``: ``bf16-mixed`` on a GPU, ``32`` on the CPU.
         accelerator: Lightning's (``auto``, ``gpu``, ``cpu``).

@@ -9,7 +9,7 @@
     {root}/{model}/model_config.yaml            the NeMo model config the model was trained with
     {root}/{model}/checkpoints/last.ckpt        the training state, resumed by the next train stage
     {root}/{model}/logs/version_N/metrics.csv   Lightning's CSV log of each training run
-    {root}/{model}/TRAINED                      written when training reached its end
+    {root}/{model}/TRAINED                      the step and limits at which training reached its end
     {root}/models/{model}.nemo                  the exported model
     {root}/models/{model}_eval.json             its held-out evaluation
 """

@@ -10,7 +10,8 @@ every ``checkpoint_every_n_steps`` and at its end, and exports the ``.nemo`` onc
 
 from __future__ import annotations
 
-import datetime
+import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -127,13 +128,30 @@ def _training_finished(trainer: pl.Trainer, cfg: TinyModelsConfig) -> bool:
     return remaining is not None and remaining <= 0
 
 
+def _seconds(max_time: str | None) -> float:
+    """Lightning's ``DD:HH:MM:SS`` in seconds; ``None`` (no limit) is infinite."""
+    if max_time is None:
+        return math.inf
+    days, hours, minutes, seconds = (int(part) for part in max_time.split(":"))
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def _trained_within(layout: RecipeLayout, model: str, cfg: TinyModelsConfig) -> bool:
+    """True when ``model`` reached the end of a training whose limits were at least ``cfg``'s."""
+    marker = layout.trained_marker(model)
+    if not marker.is_file():
+        return False
+    done = json.loads(marker.read_text())
+    return cfg.max_steps <= done["max_steps"] and _seconds(cfg.max_time) <= _seconds(done["max_time"])
+
+
 def train(model: str, cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable[[str], None] = print) -> bool:
     """Train ``model`` from ``last.ckpt`` if there is one; returns whether training has reached its end.
 
-    A model already marked trained (``{model}/TRAINED``) is not trained again: delete that file (and the
-    checkpoint, to start over) to train it anew.
+    A model that reached the end of a training with these ``max_steps`` and ``max_time`` (``{model}/TRAINED``) is
+    not trained again; larger limits train it on from its last checkpoint.
     """
-    if layout.trained_marker(model).exists():
+    if _trained_within(layout, model, cfg):
         log(f"{model}: already trained ({layout.trained_marker(model)}); skipping")
         return True
     for split in ("train", "dev"):
@@ -156,7 +174,8 @@ def train(model: str, cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable
     finished = _training_finished(trainer, cfg)
     if finished:
         export(model, cfg, layout, asr_model=asr_model, log=log)
-        layout.trained_marker(model).write_text(f"step {trainer.global_step}, {datetime.datetime.now().isoformat()}\n")
+        record = {"global_step": trainer.global_step, "max_steps": cfg.max_steps, "max_time": cfg.max_time}
+        layout.trained_marker(model).write_text(json.dumps(record) + "\n")
     return finished
 
 
