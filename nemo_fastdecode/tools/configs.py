@@ -7,6 +7,7 @@
 * :class:`BenchmarkConfig` -- ``scripts/benchmark.py`` (``configs/benchmark.yaml``).
 * :class:`StreamAudioBenchConfig` -- ``scripts/stream_audio_bench.py`` (``configs/stream_audio_bench*.yaml``).
 * :class:`LoadtestConfig` -- ``nemo-fastdecode loadtest`` (``configs/loadtest.yaml``).
+* :class:`TinyModelsConfig` -- ``scripts/train_tiny_models.py`` (``configs/train_tiny_models.yaml``).
 
 Output folders default to ``outputs/`` (ignored by git), never the repository's own folders.
 """
@@ -14,6 +15,7 @@ Output folders default to ``outputs/`` (ignored by git), never the repository's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from nemo_fastdecode.config import FastGreedyDecodingConfig
 from nemo_fastdecode.streaming.encoder import check_precision
@@ -431,3 +433,85 @@ class LoadtestConfig:
                 f"chunk_ms and timeout_seconds must be > 0 and stagger_seconds >= 0, got {self.chunk_ms}, "
                 f"{self.timeout_seconds}, {self.stagger_seconds}"
             )
+
+
+#: the stages of ``scripts/train_tiny_models.py``, in the order they run
+TINY_MODEL_STAGES: tuple[str, ...] = ("data", "train", "export", "evaluate")
+
+#: the models ``scripts/train_tiny_models.py`` trains (configs/tiny_models/<name>.yaml)
+TINY_MODELS: tuple[str, ...] = ("tdt", "streaming_hybrid")
+
+
+@dataclass
+class TinyModelsConfig:
+    """``scripts/train_tiny_models.py``: small ASR models trained on synthesised speech, end to end.
+
+    Attributes:
+        stages: what to run, in this order: ``data`` (corpus, eSpeak NG speech, manifests, tokenizer), ``train``
+            (resumes from the last checkpoint; exports the model when training reaches its end), ``export``
+            (the ``.nemo`` of the last checkpoint), ``evaluate`` (held-out WER). Each skips work already done.
+        models: which of :data:`TINY_MODELS` ``train`` / ``export`` / ``evaluate`` handle.
+        output_dir: everything goes here (:mod:`nemo_fastdecode.tools.tiny_models.layout`).
+        model_configs: the folder of ``tdt.yaml`` / ``streaming_hybrid.yaml``; ``None``: ``configs/tiny_models``.
+        model_overrides: merged into each model's ``model:`` config (e.g. ``{encoder: {n_layers: 2}}``), or ``None``.
+        seed: the corpus, voices, speaking parameters and training.
+        num_train / num_dev / num_test: sentences per split (dev / test: held-out sentences; test also held-out
+            voices).
+        synthesis_workers: parallel eSpeak processes; ``None``: one per CPU core.
+        vocab_size: SentencePiece BPE pieces.
+        batch_size: utterances per training batch.
+        num_workers: data-loading processes; ``None``: all CPU cores but two, at most 12.
+        max_steps: training steps (the LR schedule, NoamAnnealing, does not depend on it).
+        max_time: training time as Lightning's ``DD:HH:MM:SS``, counted over resumed runs; ``None``: no limit. A
+            trained model trains on from its last checkpoint when ``max_time`` or ``max_steps`` is raised.
+        warmup_steps: the LR warm-up; ``None``: the model config's.
+        precision: Lightning's; ``None``: ``bf16-mixed`` on a GPU, ``32`` on the CPU.
+        accelerator: Lightning's (``auto``, ``gpu``, ``cpu``).
+        val_check_interval: validate on ``dev`` every this many steps.
+        log_every_n_steps: training log interval (loss, learning rate, WER on the batch).
+        checkpoint_every_n_steps: how often ``last.ckpt`` is written (and at the end of every run).
+        loss: ``torch`` (:mod:`nemo_fastdecode.tools.tiny_models.transducer_loss`, any device, equal to NeMo's
+            loss) or ``nemo`` (NeMo's Numba CUDA kernels; GPU only for TDT).
+        eval_batch_size: utterances per batch in ``evaluate``.
+        eval_streaming: ``evaluate`` also runs the streaming model cache-aware, chunk by chunk, at each look-ahead.
+        eval_streaming_utterances: test utterances for the streaming evaluation; ``None``: all.
+    """
+
+    stages: list[str] = field(default_factory=lambda: list(TINY_MODEL_STAGES))
+    models: list[str] = field(default_factory=lambda: list(TINY_MODELS))
+    output_dir: str = "outputs/tiny_models"
+    model_configs: str | None = None
+    model_overrides: dict[str, Any] | None = None
+    seed: int = 0
+    num_train: int = 48000
+    num_dev: int = 500
+    num_test: int = 1000
+    synthesis_workers: int | None = None
+    vocab_size: int = 256
+    batch_size: int = 128
+    num_workers: int | None = None
+    max_steps: int = 100000
+    max_time: str | None = "00:00:06:00"
+    warmup_steps: int | None = None
+    precision: str | None = None
+    accelerator: str = "auto"
+    val_check_interval: int = 1000
+    log_every_n_steps: int = 50
+    checkpoint_every_n_steps: int = 500
+    loss: str = "torch"
+    eval_batch_size: int = 64
+    eval_streaming: bool = True
+    eval_streaming_utterances: int | None = 300
+
+    def __post_init__(self) -> None:
+        for name, values, valid in (("stages", self.stages, TINY_MODEL_STAGES), ("models", self.models, TINY_MODELS)):
+            unknown = [v for v in values if v not in valid]
+            if unknown or not values:
+                raise ValueError(f"{name}={list(values)} is not valid; choose from: {', '.join(valid)}")
+        if self.loss not in ("torch", "nemo"):
+            raise ValueError(f"loss={self.loss!r} is not valid; valid values: torch, nemo")
+        for name in ("num_train", "vocab_size", "batch_size", "max_steps", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_dev < 1 or self.num_test < 1:
+            raise ValueError(f"num_dev and num_test must be >= 1, got {self.num_dev} and {self.num_test}")

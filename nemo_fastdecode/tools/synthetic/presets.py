@@ -9,7 +9,6 @@ tokenizer on generated pseudo-English text.
 from __future__ import annotations
 
 import itertools
-import os
 import string
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +16,8 @@ from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
+
+from nemo_fastdecode.tools.bpe_tokenizer import write_bpe_tokenizer
 
 SAMPLE_RATE = 16000
 
@@ -337,36 +338,9 @@ def _pseudo_words(rng: np.random.Generator, n_sentences: int) -> list[str]:
 
 
 def train_bpe_tokenizer(out_dir: str, vocab_size: int, seed: int) -> None:
-    """Train a sentencepiece BPE tokenizer of exactly ``vocab_size`` pieces on generated text.
+    """Train a sentencepiece BPE tokenizer of exactly ``vocab_size`` pieces on generated pseudo-English text.
 
     Writes ``tokenizer.model``, ``tokenizer.vocab`` and ``vocab.txt`` (NeMo's layout) into ``out_dir``.
     """
-    import sentencepiece as spm
-
     rng = np.random.default_rng(seed)
-    corpus = os.path.join(out_dir, "corpus.txt")
-    with open(corpus, "w", encoding="utf8") as f:
-        f.write("\n".join(_pseudo_words(rng, 4000 if vocab_size <= 256 else 20000)) + "\n")
-    spm.SentencePieceTrainer.train(
-        input=corpus,
-        model_prefix=os.path.join(out_dir, "tokenizer"),
-        vocab_size=vocab_size,
-        model_type="bpe",
-        character_coverage=1.0,
-        bos_id=-1,
-        eos_id=-1,
-        unk_id=0,
-        remove_extra_whitespaces=False,
-        num_threads=1,
-        minloglevel=2,
-    )
-    tokens = []
-    with open(os.path.join(out_dir, "tokenizer.vocab"), encoding="utf8") as f:
-        for line in f:
-            piece = line.split("\t")[0]
-            if piece == "<unk>":
-                continue
-            token = piece[1:] if piece.startswith("▁") else f"##{piece}"
-            tokens.append(token if token else piece[0])
-    with open(os.path.join(out_dir, "vocab.txt"), "w", encoding="utf8") as f:
-        f.write("".join(t + "\n" for t in tokens))
+    write_bpe_tokenizer(_pseudo_words(rng, 4000 if vocab_size <= 256 else 20000), out_dir, vocab_size)
