@@ -36,7 +36,7 @@ from nemo_fastdecode.beam.fusion import BeamFusion, parse_fusion_modes
 from nemo_fastdecode.beam.hyps import BeamHypsBuffer
 from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
-from nemo_fastdecode.graphs.owner import CapturedLoopOwner, grown_shape
+from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.greedy.state import predictor_state_batch_dim
 from nemo_fastdecode.greedy.steps import joint_hidden
@@ -296,7 +296,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
             batch_size, max_time, self._capacity(max_time), device, dtype
         ):
             old = self._buffers if self._buffers is not None and self._buffers.device == device else None
-            grown_batch, grown_time = self._reserved_shape(*grown_shape(old, batch_size, max_time))
+            grown_batch, grown_time = self._next_shape(old, batch_size, max_time)
             self._buffers = self._allocate(grown_batch, grown_time, hidden, device, dtype)
             self._loop = TwoLevelLoop(self._phases(self._buffers), mode)
             logger.debug(

@@ -73,8 +73,11 @@ class CapturedLoopOwner:
         ):
             self.reset_graphs()
 
-    def _reserved_shape(self, batch_size: int, max_time: int) -> tuple[int, int]:
-        return max(batch_size, self._reserved[0]), max(max_time, self._reserved[1])
+    def _next_shape(self, old: CapturedBuffers | None, batch_size: int, max_time: int) -> tuple[int, int]:
+        """``(batch size, frames)`` to allocate for a batch that does not fit ``old``: :func:`grown_shape`, at least
+        what :meth:`reserve` asked for."""
+        grown_batch, grown_time = grown_shape(old, batch_size, max_time)
+        return max(grown_batch, self._reserved[0]), max(grown_time, self._reserved[1])
 
     def force_mode(self, mode: GraphMode | str | None) -> None:
         """Force a graph mode (``None``/"auto" to choose automatically); drops captured graphs."""

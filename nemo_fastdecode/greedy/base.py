@@ -18,7 +18,7 @@ from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_bas
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
-from nemo_fastdecode.graphs.owner import CapturedLoopOwner, grown_shape
+from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.greedy.hyps import EmittedTokens
@@ -255,7 +255,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             return buffers, TwoLevelLoop(self._phases(buffers, mode), mode)
         if self._buffers is None or not self._buffers.fits(batch_size, max_time, capacity, device, dtype):
             old = self._buffers if self._buffers is not None and self._buffers.device == device else None
-            grown_batch, grown_time = self._reserved_shape(*grown_shape(old, batch_size, max_time))
+            grown_batch, grown_time = self._next_shape(old, batch_size, max_time)
             self._buffers = self._allocate(grown_batch, grown_time, hidden, self._capacity(grown_time), device, dtype)
             self._loop = TwoLevelLoop(self._phases(self._buffers, mode), mode)
             logger.debug(
