@@ -40,7 +40,9 @@ def test_train_tiny_models_yaml_matches_dataclass():
 
 
 def test_tiny_models_config_rejects_bad_values():
-    with pytest.raises(ValueError, match=r"stages=\['fit'\] is not valid; choose from: data, train, export, evaluate"):
+    with pytest.raises(
+        ValueError, match=r"stages=\['fit'\] is not valid; choose from: data, train, export, evaluate, ship"
+    ):
         TinyModelsConfig(stages=["fit"])
     with pytest.raises(ValueError, match="models=.*choose from: tdt, streaming_hybrid"):
         TinyModelsConfig(models=["rnnt"])
@@ -384,3 +386,24 @@ def test_export_stage_saves_the_last_checkpoint(toy_recipe):
     restored = restore(layout.nemo("tdt")).state_dict()
     assert weights.keys() == restored.keys()
     assert all(torch.equal(weights[k], restored[k]) for k in weights)
+
+
+@pytest.mark.slow
+def test_ship_stage_copies_models_evaluations_and_examples(toy_recipe, tmp_path):
+    from nemo_fastdecode.tools import trained_models
+    from nemo_fastdecode.tools.tiny_models.recipe import run
+
+    layout, _ = toy_recipe
+    lines: list[str] = []
+    target = tmp_path / "assets"
+    run({"output_dir": str(layout.root), "stages": ["ship"], "ship_dir": str(target), "num_examples": 2}, lines.append)
+    for name, model in trained_models.TRAINED_MODELS.items():
+        assert trained_models.trained_model_path(name, target).read_bytes() == layout.nemo(model).read_bytes()
+        assert (target / f"{name}_eval.json").read_text() == layout.evaluation(model).read_text()
+    test_entries = [json.loads(line) for line in layout.manifest("test").read_text().splitlines()]
+    examples = trained_models.example_entries(target / "examples" / "manifest.jsonl")
+    assert [e["text"] for e in examples] == [e["text"] for e in test_entries[:2]]
+    for example, entry in zip(examples, test_entries, strict=False):
+        source = layout.manifest("test").parent / entry["audio_filepath"]
+        assert Path(example["audio_filepath"]).read_bytes() == source.read_bytes()
+    assert any("examples: 2 test utterances" in line for line in lines)

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from nemo_fastdecode import registry
 from nemo_fastdecode.config import GRAPH_MODES, FastGreedyConfig, FastGreedyDecodingConfig
 from nemo_fastdecode.graphs import GraphMode
-from nemo_fastdecode.tools import manifests, models, synthetic
+from nemo_fastdecode.tools import manifests, models, synthetic, trained_models
 from nemo_fastdecode.tools import transcribe_app as T
 from nemo_fastdecode.tools.configs import TranscribeConfig
 
@@ -66,7 +66,7 @@ def test_transcribe_yaml_matches_dataclass():
     schema = OmegaConf.structured(TranscribeConfig)
     assert OmegaConf.merge(schema, cfg) == schema
     assert keys(cfg) == keys(schema)
-    assert cfg.decoding.strategy == "fast_greedy" and cfg.model == "tiny-rnnt"
+    assert cfg.decoding.strategy == "fast_greedy" and cfg.model == "trained-tdt"
     assert cfg.audio_dir is None and cfg.dataset_manifest is None and cfg.compare_strategies is None
 
 
@@ -100,24 +100,54 @@ def test_config_rejects_bad_values():
 # the transcribe logic
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """The embedded default run (no inputs), from a scratch working directory."""
+def run_from_scratch_dir(tmp_path_factory, overrides: list[str] | None = None):
+    """A ``scripts/transcribe.py`` run with no inputs (the embedded demo), from a scratch working directory."""
     cwd = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("demo"))
     lines: list[str] = []
     try:
-        result = T.run(compose_transcribe(), log=lines.append, progress=False)
+        result = T.run(compose_transcribe(overrides), log=lines.append, progress=False)
         output = Path.cwd() / manifests.DEFAULT_OUTPUT_FILENAME
     finally:
         os.chdir(cwd)
     return result, lines, output
 
 
-def test_embedded_demo(demo):
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The embedded default run: the shipped trained TDT model on the shipped example utterances."""
+    return run_from_scratch_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def synthetic_demo(tmp_path_factory):
+    """The demo of a synthetic (random-weight) RNN-T preset: synthetic audio."""
+    return run_from_scratch_dir(tmp_path_factory, ["model=tiny-rnnt"])
+
+
+def test_embedded_demo_transcribes_the_examples_with_the_trained_model(demo):
     result, lines, output = demo
     text = "\n".join(lines)
-    assert result.demo
+    assert result.demo and "RANDOM, UNTRAINED WEIGHTS" not in text
+    examples = trained_models.example_entries()
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    assert records == result.records and len(records) == len(examples) > 0
+    for record, example in zip(records, examples, strict=True):
+        assert record["text"] == example["text"] and record["pred_text"]
+        assert f"reference:  {record['text']}" in text and f"hypothesis: {record['pred_text']}" in text
+    # the trained model transcribes held-out voices: a few words wrong at most
+    assert result.wer is not None and result.wer <= 0.1
+    assert f"WER {100 * result.wer:.2f}% over {len(records)} utterance(s)" in text
+    # TDT: NeMo's label loop, then ours; identical on real speech
+    assert [row.name for row in result.comparison] == ["greedy_batch (label loop)", "fast_greedy (label loop)"]
+    assert result.comparison[0].tokens > 0 and all(row.identical for row in result.comparison)
+    assert result.model.cfg.decoding.strategy == "fast_greedy"
+
+
+def test_embedded_demo_of_a_synthetic_model(synthetic_demo):
+    result, lines, output = synthetic_demo
+    text = "\n".join(lines)
+    assert result.demo and result.wer is None
     assert "RANDOM, UNTRAINED WEIGHTS" in text and "gibberish" in text
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert records == result.records and len(records) == len(models.DEMO_DURATIONS)
@@ -136,6 +166,16 @@ def test_embedded_demo(demo):
     assert result.model.cfg.decoding.strategy == "fast_greedy"
 
 
+def test_trained_model_names(tmp_path):
+    assert trained_models.trained_model_path("trained-tdt").is_file()
+    with pytest.raises(
+        ValueError, match="unknown trained model 'trained-xl'; valid names: trained-tdt, trained-stream"
+    ):
+        trained_models.trained_model_path("trained-xl")
+    with pytest.raises(FileNotFoundError, match="trained model 'trained-tdt' is missing.*train_tiny_models.py"):
+        trained_models.trained_model_path("trained-tdt", tmp_path)
+
+
 @pytest.fixture(scope="module")
 def audio_inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("inputs")
@@ -148,7 +188,7 @@ def audio_inputs(tmp_path_factory):
 def test_audio_dir_with_timestamps(audio_inputs):
     root, paths, _ = audio_inputs
     result = T.run(
-        {"audio_dir": str(root / "wavs"), "timestamps": True, "batch_size": 1},
+        {"model": "tiny-rnnt", "audio_dir": str(root / "wavs"), "timestamps": True, "batch_size": 1},
         log=lambda line: None,
         progress=False,
     )
@@ -172,7 +212,12 @@ def test_manifest_via_hydra_overrides(audio_inputs, tmp_path):
     ]
     manifest.write_text("\n".join(json.dumps(e) for e in entries) + "\n\n")
     cfg = compose_transcribe(
-        [f"dataset_manifest={manifest}", "decoding.greedy.loop_labels=false", "compare_strategies=true"]
+        [
+            "model=tiny-rnnt",
+            f"dataset_manifest={manifest}",
+            "decoding.greedy.loop_labels=false",
+            "compare_strategies=true",
+        ]
     )
     result = T.run(cfg, log=lambda line: None, progress=False)
     assert result.output_path == tmp_path / "test_transcribed.jsonl"
@@ -185,6 +230,7 @@ def test_manifest_via_hydra_overrides(audio_inputs, tmp_path):
     # the same audio through NeMo's greedy_batch gives the same text
     baseline = T.run(
         {
+            "model": "tiny-rnnt",
             "dataset_manifest": str(manifest),
             "decoding": {"strategy": "greedy_batch"},
             "output_filename": str(tmp_path / "b.jsonl"),
@@ -197,7 +243,7 @@ def test_manifest_via_hydra_overrides(audio_inputs, tmp_path):
 
 def test_the_comparison_times_beam_rows_for_fast_beam(demo):
     model = demo[0].model
-    audio = models.demo_audio()[:2]
+    audio = manifests.load_audio([e["audio_filepath"] for e in trained_models.example_entries()[:2]], 16000)
     rows = T.compare_strategies(model, audio, decoding={"strategy": "fast_beam", "beam": {"beam_size": 2}}, repeats=1)
     assert [row.name for row in rows] == ["malsd_batch", "fast_beam"]
     assert rows[0].tokens > 0 and rows[1].tokens == rows[0].tokens and rows[1].identical
@@ -255,7 +301,7 @@ def test_script_end_to_end(audio_inputs, tmp_path):
     root, paths, _ = audio_inputs
     out = tmp_path / "out" / "script.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(ROOT / "scripts" / "transcribe.py"), f"audio_dir={root / 'wavs'}"]
+    command = [sys.executable, str(ROOT / "scripts" / "transcribe.py"), "model=tiny-rnnt", f"audio_dir={root / 'wavs'}"]
     command += [f"output_filename={out}", "batch_size=2", "decoding.greedy.max_symbols=5"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -280,7 +326,7 @@ def test_unreadable_files_are_reported_and_the_others_transcribed(audio_inputs, 
     sf.write(folder / "empty.wav", np.zeros(0, dtype=np.float32), 16000)
     out = tmp_path / "mixed.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(ROOT / "scripts" / "transcribe.py"), f"audio_dir={folder}"]
+    command = [sys.executable, str(ROOT / "scripts" / "transcribe.py"), "model=tiny-rnnt", f"audio_dir={folder}"]
     done = subprocess.run(
         [*command, f"output_filename={out}", "batch_size=2"], cwd=tmp_path, env=env, capture_output=True, text=True,
         timeout=300,
@@ -315,7 +361,8 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
             exec(compile("".join(cell["source"]), f"{NOTEBOOK.name}[code cell {i}]", "exec"), namespace)
     finally:
         torch.set_num_threads(threads)
-    assert namespace["identical"] is True
+    assert namespace["identical"] is True and namespace["baseline"][0].y_sequence.numel() > 0
+    assert namespace["wer"] <= 0.1  # the trained model on held-out voices
     assert namespace["model"].cfg.decoding.strategy == "fast_greedy"
     assert namespace["with_timestamps"].timestamp["word"]
     assert all(row.identical for row in namespace["rows"])

@@ -26,13 +26,15 @@ class TranscribeConfig:
     """``scripts/transcribe.py``: transcribe a folder of audio or a NeMo manifest with ``fast_greedy``.
 
     Attributes:
-        model: a synthetic preset (``tiny-rnnt``, ``tiny-tdt``, ``tiny-hybrid``, ``rnnt-0.6b``,
-            ``rnnt-1.1b``, ``tdt-0.6b``; random weights), a path to a ``.nemo`` checkpoint, or a
+        model: a shipped trained model (``trained-tdt``, ``trained-streaming``; small models trained on
+            synthesised English speech), a synthetic preset (``tiny-rnnt``, ``tiny-tdt``, ``tiny-hybrid``,
+            ``rnnt-0.6b``, ``rnnt-1.1b``, ``tdt-0.6b``; random weights), a path to a ``.nemo`` checkpoint, or a
             pretrained model name for ``ASRModel.from_pretrained`` (needs network access).
         audio_dir: transcribe every ``.wav`` / ``.flac`` file in this folder (sorted by name).
         dataset_manifest: or every entry of this JSON-lines manifest (``audio_filepath``, optional
-            ``text``; relative paths are relative to the manifest's folder).
-            Neither given: the embedded demo (4 synthetic utterances, synthetic model).
+            ``text``, whose WER is then reported; relative paths are relative to the manifest's folder).
+            Neither given: the embedded demo (the shipped example utterances, their references and the WER;
+            4 synthetic utterances for a synthetic preset).
         output_filename: where to write the output manifest (``pred_text`` per entry). ``None``: next to
             the input (``<manifest stem>_transcribed.jsonl`` / ``<audio_dir>_transcribed.jsonl``),
             or ``outputs/transcribe_output.jsonl`` for the demo.
@@ -50,7 +52,7 @@ class TranscribeConfig:
         decoding: the model's decoding section, applied with ``model.change_decoding_strategy``.
     """
 
-    model: str = "tiny-rnnt"
+    model: str = "trained-tdt"
     audio_dir: str | None = None
     dataset_manifest: str | None = None
     output_filename: str | None = None
@@ -436,7 +438,7 @@ class LoadtestConfig:
 
 
 #: the stages of ``scripts/train_tiny_models.py``, in the order they run
-TINY_MODEL_STAGES: tuple[str, ...] = ("data", "train", "export", "evaluate")
+TINY_MODEL_STAGES: tuple[str, ...] = ("data", "train", "export", "evaluate", "ship")
 
 #: the models ``scripts/train_tiny_models.py`` trains (configs/tiny_models/<name>.yaml)
 TINY_MODELS: tuple[str, ...] = ("tdt", "streaming_hybrid")
@@ -449,7 +451,8 @@ class TinyModelsConfig:
     Attributes:
         stages: what to run, in this order: ``data`` (corpus, eSpeak NG speech, manifests, tokenizer), ``train``
             (resumes from the last checkpoint; exports the model when training reaches its end), ``export``
-            (the ``.nemo`` of the last checkpoint), ``evaluate`` (held-out WER). Each skips work already done.
+            (the ``.nemo`` of the last checkpoint), ``evaluate`` (held-out WER), ``ship`` (the models, their
+            evaluations and ``num_examples`` test utterances copied to ``ship_dir``). Each skips work already done.
         models: which of :data:`TINY_MODELS` ``train`` / ``export`` / ``evaluate`` handle.
         output_dir: everything goes here (:mod:`nemo_fastdecode.tools.tiny_models.layout`).
         model_configs: the folder of ``tdt.yaml`` / ``streaming_hybrid.yaml``; ``None``: ``configs/tiny_models``.
@@ -475,6 +478,9 @@ class TinyModelsConfig:
         eval_batch_size: utterances per batch in ``evaluate``.
         eval_streaming: ``evaluate`` also runs the streaming model cache-aware, chunk by chunk, at each look-ahead.
         eval_streaming_utterances: test utterances for the streaming evaluation; ``None``: all.
+        ship_dir: where ``ship`` copies the models; ``None``: the package's assets
+            (:data:`nemo_fastdecode.tools.trained_models.ASSETS_DIR`), the embedded defaults of the demos.
+        num_examples: test utterances ``ship`` copies beside the models as the demos' example utterances.
     """
 
     stages: list[str] = field(default_factory=lambda: list(TINY_MODEL_STAGES))
@@ -502,6 +508,8 @@ class TinyModelsConfig:
     eval_batch_size: int = 64
     eval_streaming: bool = True
     eval_streaming_utterances: int | None = 300
+    ship_dir: str | None = None
+    num_examples: int = 6
 
     def __post_init__(self) -> None:
         for name, values, valid in (("stages", self.stages, TINY_MODEL_STAGES), ("models", self.models, TINY_MODELS)):

@@ -1,4 +1,5 @@
-"""Load the model a tool runs on (a synthetic preset, a ``.nemo`` checkpoint or a pretrained name) and set its decoding."""
+"""Load the model a tool runs on (a shipped trained model, a synthetic preset, a ``.nemo`` checkpoint or a pretrained
+name) and set its decoding."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from nemo_fastdecode.tools import synthetic
+from nemo_fastdecode.tools.trained_models import TRAINED_MODELS, is_trained, trained_model_path
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
@@ -51,7 +53,8 @@ def load_model(name: str, *, device: str | torch.device = "cpu", seed: int = 0, 
     """Load a NeMo transducer model by name.
 
     Args:
-        name: a synthetic preset (``tiny-rnnt``, ...; built with random weights by
+        name: a shipped trained model (``trained-tdt``, ``trained-streaming``;
+            :mod:`~nemo_fastdecode.tools.trained_models`), a synthetic preset (``tiny-rnnt``, ...; built with random weights by
             :func:`~nemo_fastdecode.tools.synthetic.build_synthetic_model`, then its blank bias is calibrated
             on its own encoder outputs of :func:`demo_audio` so that greedy decoding emits about 0.3
             tokens per frame), a path ending in ``.nemo`` (``ASRModel.restore_from``), or a pretrained
@@ -65,7 +68,7 @@ def load_model(name: str, *, device: str | torch.device = "cpu", seed: int = 0, 
         The model in ``eval()`` mode on ``device``.
 
     Raises:
-        FileNotFoundError: a ``.nemo`` path that does not exist.
+        FileNotFoundError: a ``.nemo`` path (or a shipped model's file) that does not exist.
         RuntimeError: a pretrained name that could not be loaded (e.g. offline).
         ValueError: the model is not a transducer (RNN-T / TDT / hybrid RNN-T) model.
     """
@@ -79,10 +82,11 @@ def load_model(name: str, *, device: str | torch.device = "cpu", seed: int = 0, 
         model._fastdecode_tokens_per_frame = synthetic.calibrate_blank_bias(
             model, encoded, lengths, TARGET_TOKENS_PER_FRAME, iterations=6, tolerance=0.03
         )
-    elif name.endswith(".nemo"):
-        if not os.path.isfile(name):
+    elif is_trained(name) or name.endswith(".nemo"):
+        path = str(trained_model_path(name)) if is_trained(name) else name
+        if not os.path.isfile(path):
             raise FileNotFoundError(f"model checkpoint {name!r} does not exist")
-        model = ASRModel.restore_from(name, map_location=device)
+        model = ASRModel.restore_from(path, map_location=device)
     else:
         if os.path.exists(name):
             raise ValueError(f"model={name!r} is a path but not a .nemo checkpoint; pass a file ending in .nemo")
@@ -91,8 +95,9 @@ def load_model(name: str, *, device: str | torch.device = "cpu", seed: int = 0, 
         except Exception as error:
             raise RuntimeError(
                 f"could not load pretrained model {name!r} with ASRModel.from_pretrained ({type(error).__name__}: "
-                f"{error}). Without network access use a local checkpoint (model=/path/to/model.nemo) or a "
-                f"synthetic preset (random weights): {', '.join(synthetic.PRESETS)}"
+                f"{error}). Without network access use a local checkpoint (model=/path/to/model.nemo), a shipped "
+                f"trained model ({', '.join(TRAINED_MODELS)}) or a synthetic preset (random weights): "
+                f"{', '.join(synthetic.PRESETS)}"
             ) from error
     _check_transducer(model, name)
     model.eval()

@@ -9,7 +9,8 @@ inputs and outputs from :mod:`~nemo_fastdecode.tools.manifests`. Here:
 * :func:`compare_strategies` / :func:`format_comparison` -- ``fast_greedy`` against NeMo's
   ``greedy_batch`` on the same encoder outputs: decode time, tokens, identical hypotheses.
 * :func:`run` -- all of it for a :class:`~nemo_fastdecode.tools.configs.TranscribeConfig`, including
-  the embedded demo (synthetic model and audio) when no input is given.
+  the embedded demo when no input is given: the shipped example utterances (synthetic audio for a synthetic
+  preset), with each reference, hypothesis and the WER where the input has reference texts.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from nemo_fastdecode.tools.models import (
 )
 from nemo_fastdecode.tools.nemo_context import quiet_nemo
 from nemo_fastdecode.tools.timing import best_time
+from nemo_fastdecode.tools.trained_models import EXAMPLES_MANIFEST
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
@@ -373,8 +375,10 @@ class TranscribeResult:
             ``pred_text: null`` and ``error``, the reason).
         failed: ``(audio path, reason)`` of each input that could not be transcribed.
         comparison: the strategy comparison rows, if it ran.
-        demo: whether this was the embedded demo (synthetic audio in a temporary folder).
+        demo: whether this was the embedded demo (the shipped example utterances, or synthetic audio in a temporary
+            folder for a synthetic model).
         model: the model that transcribed.
+        wer: NeMo's word error rate over the transcribed inputs that have a reference ``text``; ``None`` if none has.
     """
 
     output_path: Path
@@ -383,6 +387,26 @@ class TranscribeResult:
     comparison: list[StrategyRun] | None
     demo: bool
     model: Any
+    wer: float | None = None
+
+
+def report_wer(records: Sequence[dict[str, Any]], log: Callable[[str], None], show: int) -> float | None:
+    """Print the reference and hypothesis of the first ``show`` transcribed records that have a reference ``text``,
+    and NeMo's WER over all of them; returns the WER (``None`` when no record has both)."""
+    from nemo.collections.asr.metrics.wer import word_error_rate
+
+    scored = [r for r in records if isinstance(r.get("text"), str) and r.get("pred_text") is not None]
+    if not scored:
+        return None
+    for record in scored[:show]:
+        log(
+            f"{Path(record['audio_filepath']).name}\n  reference:  {record['text']}\n  hypothesis: {record['pred_text']}"
+        )
+    if len(scored) > show:
+        log(f"... and {len(scored) - show} more")
+    wer = float(word_error_rate(hypotheses=[r["pred_text"] for r in scored], references=[r["text"] for r in scored]))
+    log(f"WER {100 * wer:.2f}% over {len(scored)} utterance(s) with a reference text")
+    return wer
 
 
 def run(
@@ -393,10 +417,13 @@ def run(
 ) -> TranscribeResult:
     """Transcribe as ``scripts/transcribe.py`` does (see :class:`~nemo_fastdecode.config.TranscribeConfig`).
 
-    With neither ``audio_dir`` nor ``dataset_manifest``, runs the embedded demo: the synthetic model
-    ``cfg.model`` (``tiny-rnnt`` by default, random weights), 4 synthetic utterances of 2-6 s written to
-    a temporary folder, transcripts printed, and (unless ``compare_strategies=false``) the comparison
-    of ``fast_greedy`` with NeMo's ``greedy_batch``. On the CPU the demo runs PyTorch with one thread.
+    With neither ``audio_dir`` nor ``dataset_manifest``, runs the embedded demo: ``cfg.model`` (the shipped
+    ``trained-tdt`` by default) transcribes the shipped example utterances
+    (:data:`~nemo_fastdecode.tools.trained_models.EXAMPLES_MANIFEST`, synthesised English speech) and the demo prints
+    each reference, hypothesis and the WER; a synthetic preset (random weights) gets 4 synthetic utterances of 2-6 s
+    in a temporary folder instead. Unless ``compare_strategies=false``, the demo then compares ``fast_greedy`` with
+    NeMo's ``greedy_batch`` on the same encoder outputs. On the CPU the demo runs PyTorch with one thread.
+    Any input with reference ``text`` entries gets its WER reported.
 
     Args:
         cfg: the configuration (validated with :func:`resolve_config`).
@@ -412,7 +439,14 @@ def run(
     )
 
     with tempfile.TemporaryDirectory(prefix="fastdecode_demo_") as tmp, _demo_threads(demo and device.type == "cpu"):
-        if demo:
+        if demo and not is_synthetic(cfg.model):
+            paths = None
+            utterances = read_inputs(dataset_manifest=EXAMPLES_MANIFEST)
+            log(
+                f"No audio_dir or dataset_manifest given: embedded demo on {len(utterances)} example utterances "
+                "(English speech synthesised by eSpeak NG, voices the shipped models never heard in training)."
+            )
+        elif demo:
             log(f"No audio_dir or dataset_manifest given: embedded demo on {len(DEMO_DURATIONS)} synthetic utterances.")
             paths = synthetic.write_wavs(demo_audio(cfg.seed), tmp, prefix="demo")
             utterances = read_inputs(audio_dir=tmp)
@@ -441,11 +475,13 @@ def run(
         readable = [u for u in utterances if str(u.audio_path) not in unreadable]
         write_output_manifest(records, output_path)
 
-        shown = records if demo or len(records) <= 10 else records[:10]
-        for record in shown:
-            log(f"{Path(record['audio_filepath']).name}: {record['pred_text']!r}")
-        if len(shown) < len(records):
-            log(f"... and {len(records) - len(shown)} more")
+        show = len(records) if demo else 10
+        wer = report_wer(records, log, show)
+        if wer is None:
+            for record in records[:show]:
+                log(f"{Path(record['audio_filepath']).name}: {record['pred_text']!r}")
+            if len(records) > show:
+                log(f"... and {len(records) - show} more")
         log(f"Wrote {len(records) - len(failed)} transcript(s) to {output_path}")
         if failed:
             log(f"{len(failed)} of {len(records)} file(s) could not be transcribed (each has an 'error' entry there):")
@@ -468,4 +504,4 @@ def run(
             log(format_comparison(comparison))
             if device.type == "cpu":
                 log("CPU timings of a tiny model: they check the set-up and do not represent GPU decoding speed.")
-    return TranscribeResult(output_path, records, failed, comparison, demo, model)
+    return TranscribeResult(output_path, records, failed, comparison, demo, model, wer)

@@ -4,15 +4,20 @@
   tokenizer trained on the training sentences;
 * ``train`` -- each model from its last checkpoint (:mod:`.training`), exported when training ends;
 * ``export`` -- a ``.nemo`` of the last checkpoint where there is none yet;
-* ``evaluate`` -- held-out WER (:mod:`.evaluation`).
+* ``evaluate`` -- held-out WER (:mod:`.evaluation`);
+* ``ship`` -- the models, their evaluations and a few test utterances copied to the package's assets, where the
+  demos find them (:mod:`nemo_fastdecode.tools.trained_models`).
 
 Every stage skips what is already done, so the same command run again after an interruption carries on.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -23,6 +28,7 @@ from nemo_fastdecode.tools.tiny_models import corpus, speech
 from nemo_fastdecode.tools.tiny_models.evaluation import evaluate
 from nemo_fastdecode.tools.tiny_models.layout import RecipeLayout
 from nemo_fastdecode.tools.tiny_models.training import export, train
+from nemo_fastdecode.tools.trained_models import ASSETS_DIR, shipped_name
 
 
 def resolve_config(cfg: TinyModelsConfig | DictConfig | dict[str, Any] | None = None) -> TinyModelsConfig:
@@ -74,6 +80,35 @@ def prepare_data(cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable[[str
     log(f"data stage: {time.perf_counter() - start:.0f} s")
 
 
+def ship(cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable[[str], None] = print) -> Path:
+    """The ``ship`` stage: each model's ``.nemo`` and evaluation as ``{ship_dir}/{shipped name}[_eval].{nemo,json}``,
+    and the first ``num_examples`` test utterances as ``{ship_dir}/examples/`` (WAV files and a manifest)."""
+    target = Path(cfg.ship_dir) if cfg.ship_dir is not None else ASSETS_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    for model in cfg.models:
+        if not layout.nemo(model).is_file():
+            raise FileNotFoundError(f"{model}: {layout.nemo(model)} does not exist; run the train stage first")
+        name = shipped_name(model)
+        shutil.copyfile(layout.nemo(model), target / f"{name}.nemo")
+        if layout.evaluation(model).is_file():
+            shutil.copyfile(layout.evaluation(model), target / f"{name}_eval.json")
+        log(f"{model}: shipped as {target / f'{name}.nemo'}")
+    examples = target / "examples"
+    if examples.exists():
+        shutil.rmtree(examples)
+    examples.mkdir()
+    manifest = layout.manifest("test")
+    with open(manifest, encoding="utf8") as f:
+        entries = [json.loads(line) for line in f if line.strip()][: cfg.num_examples]
+    with open(examples / "manifest.jsonl", "w", encoding="utf8") as out:
+        for index, entry in enumerate(entries):
+            wav = f"example_{index:02d}.wav"
+            shutil.copyfile(manifest.parent / entry["audio_filepath"], examples / wav)
+            out.write(json.dumps({**entry, "audio_filepath": wav}) + "\n")
+    log(f"examples: {len(entries)} test utterances -> {examples}")
+    return target
+
+
 def run(
     cfg: TinyModelsConfig | DictConfig | dict[str, Any] | None = None, log: Callable[[str], None] = print
 ) -> RecipeLayout:
@@ -105,4 +140,6 @@ def run(
                 streaming_utterances=cfg.eval_streaming_utterances,
                 log=log,
             )
+    if "ship" in cfg.stages:
+        ship(cfg, layout, log)
     return layout
