@@ -43,6 +43,7 @@ from nemo_fastdecode.greedy.steps import joint_hidden
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.beam_select import advance_beams, kernel_by_default, select_extensions_reference
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
+from nemo_fastdecode.kernels.warm_up import finish_triton_warm_up
 from nemo_fastdecode.logs import logger
 from nemo_fastdecode.prediction import FastMathPredictor, fast_math_precision
 
@@ -287,6 +288,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         return max(max_time, 1) * self._steps_per_frame
 
     def _prepare(self, batch_size: int, max_time: int, hidden: int, device: torch.device, dtype: torch.dtype):
+        finish_triton_warm_up()
         mode = choose_graph_mode(device, self.use_cuda_graphs, self.forced_mode)
         if mode is GraphMode.EAGER:
             # eager runs at the exact batch shape (the networks see exactly NeMo's shapes)

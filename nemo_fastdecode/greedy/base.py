@@ -25,6 +25,7 @@ from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.records import RecordOptions, StepConfidence, StepRecords
 from nemo_fastdecode.greedy.state import BatchedGreedyState, LoopBuffers, predictor_state_batch_dim
 from nemo_fastdecode.kernels import triton_runs_on
+from nemo_fastdecode.kernels.warm_up import finish_triton_warm_up
 from nemo_fastdecode.logs import logger
 from nemo_fastdecode.prediction import (
     FastMathPredictor,
@@ -247,6 +248,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         return max(max_time, 1) * self._symbols_per_frame + 1
 
     def _prepare(self, batch_size: int, max_time: int, hidden: int, device: torch.device, dtype: torch.dtype):
+        finish_triton_warm_up()
         mode = choose_graph_mode(device, self.use_cuda_graphs, self.forced_mode)
         capacity = self._capacity(max_time)
         if mode is GraphMode.EAGER:
