@@ -136,11 +136,16 @@ class StreamingConfig:
     """``scripts/streaming.py``: simulated real-time cache-aware streaming of many concurrent streams.
 
     Attributes:
-        model: a synthetic cache-aware preset (``tiny-streaming``, ``hybrid-17x512-streaming``,
-            ``rnnt-0.6b-streaming``; random weights), a ``.nemo`` checkpoint or a pretrained model name.
+        model: the shipped trained cache-aware model (``trained-streaming``, the default; a small hybrid trained on
+            synthesised English speech), a synthetic cache-aware preset (``tiny-streaming``,
+            ``hybrid-17x512-streaming``, ``rnnt-0.6b-streaming``; random weights), a ``.nemo`` checkpoint or a
+            pretrained model name.
         audio_dir: every ``.wav`` / ``.flac`` file in this folder, or
-        dataset_manifest: every entry of this JSON-lines manifest. Neither: synthetic demo utterances.
-        num_streams: concurrent streams; stream ``i`` plays input ``i mod (number of inputs)``.
+        dataset_manifest: every entry of this JSON-lines manifest (``audio_filepath``, optional ``text``: each
+            stream's reference and final transcript are then printed with the WER). Neither: the shipped example
+            utterances, with their reference texts (synthetic demo utterances for a synthetic preset).
+        num_streams: concurrent streams; stream ``i`` plays input ``i mod (number of inputs)`` (the default plays
+            each example utterance once).
         num_slots: slots (pre-allocated caches); ``None``: ``num_streams``.
         att_context_size: ``[left, lookahead]`` among the encoder's look-aheads; ``None``: its default.
         stagger_seconds: stream starts are drawn uniformly in ``[0, stagger_seconds)``; 0 starts all
@@ -168,10 +173,10 @@ class StreamingConfig:
         latency_target_ms: a sweep's real-time criterion: p95 chunk latency at most this, busy share below 1.
     """
 
-    model: str = "tiny-streaming"
+    model: str = "trained-streaming"
     audio_dir: str | None = None
     dataset_manifest: str | None = None
-    num_streams: int = 4
+    num_streams: int = 6
     num_slots: int | None = None
     att_context_size: list[int] | None = None
     stagger_seconds: float = 1.0
