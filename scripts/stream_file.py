@@ -1,11 +1,12 @@
 """Stream an audio file to a running ``nemo-fastdecode serve`` and print its transcript as it comes.
 
     nemo-fastdecode serve                        # terminal 1 (or: python -m nemo_fastdecode.serve)
-    python scripts/stream_file.py speech.wav     # terminal 2: partials as they come, then the final with word times
+    python scripts/stream_file.py                # terminal 2: the first shipped example utterance and its reference
+    python scripts/stream_file.py speech.wav     # partials as they come, then the final with word times
 
 The file must be mono at the server's rate (16 kHz for NeMo's models; ``sox in.wav -r 16000 -c 1 out.wav``). Without
-a file, 3 s of a synthetic tone sequence is sent. A plain client of the protocol (websockets, numpy, soundfile only:
-it starts at once), paced in real time unless ``--fast``.
+a file, the first of the package's example utterances is sent and its reference text printed. A plain client of the
+protocol (websockets, numpy, soundfile only: it starts at once), paced in real time unless ``--fast``.
 """
 
 from __future__ import annotations
@@ -13,19 +14,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 from websockets.asyncio.client import connect
 
 
-def read_pcm16(path: str | None) -> tuple[np.ndarray, int]:
-    """int16 mono samples and their rate (a file, or 3 s of tones at 16 kHz)."""
-    if path is None:
-        t = np.arange(3 * 16000) / 16000
-        tones = 0.3 * np.sin(2 * np.pi * (200 + 150 * np.floor(t * 4)) * t)
-        return np.round(tones * 32767).astype(np.int16), 16000
+def example_utterance() -> tuple[str, str]:
+    """The first example utterance shipped in the package (``nemo_fastdecode/assets/examples``): its path and its
+    reference text. Found without importing the package, which would load NeMo."""
+    spec = importlib.util.find_spec("nemo_fastdecode")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("nemo_fastdecode is not installed, so there is no example utterance: pass an audio file")
+    manifest = Path(next(iter(spec.submodule_search_locations))) / "assets" / "examples" / "manifest.jsonl"
+    if not manifest.is_file():
+        raise SystemExit(f"the example utterances are missing ({manifest} does not exist): pass an audio file")
+    with open(manifest, encoding="utf8") as f:
+        entry = json.loads(f.readline())
+    return str(manifest.parent / entry["audio_filepath"]), entry["text"]
+
+
+def read_pcm16(path: str) -> tuple[np.ndarray, int]:
+    """int16 mono samples of an audio file and their rate."""
     import soundfile as sf
 
     data, rate = sf.read(path, dtype="int16", always_2d=True)
@@ -75,13 +88,19 @@ async def stream(url: str, pcm: np.ndarray, rate: int, chunk_ms: float, fast: bo
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("audio", nargs="?", help="a mono WAV/FLAC file at the server's rate (default: tones)")
+    parser.add_argument(
+        "audio", nargs="?", help="a mono WAV/FLAC file at the server's rate (default: the first example utterance)"
+    )
     parser.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--chunk-ms", type=float, default=80.0, help="audio per message")
     parser.add_argument("--fast", action="store_true", help="send as fast as the server reads (no real-time pacing)")
     args = parser.parse_args()
-    pcm, rate = read_pcm16(args.audio)
+    path = args.audio
+    if path is None:
+        path, text = example_utterance()
+        print(f"No file given: the example utterance {Path(path).name}\nreference: {text!r}", flush=True)
+    pcm, rate = read_pcm16(path)
     return asyncio.run(stream(args.url, pcm, rate, args.chunk_ms, args.fast, args.api_key))
 
 

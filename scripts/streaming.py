@@ -3,8 +3,12 @@
 Follows NeMo's ``examples/asr/asr_cache_aware_streaming/speech_to_text_cache_aware_streaming_infer.py``;
 the logic lives in ``nemo_fastdecode.tools.streaming_sim``.
 
-    # tiny synthetic (random-weight) model and audio: quick on a CPU
+    # the shipped trained model on the example utterances: each stream's reference, final transcript and the WER;
+    # quick on a CPU
     python scripts/streaming.py
+
+    # a synthetic (random-weight) preset on synthetic audio
+    python scripts/streaming.py model=tiny-streaming
 
     # a real cache-aware checkpoint on a folder of audio, 64 streams at 160 ms chunks
     python scripts/streaming.py model=/path/to/model.nemo audio_dir=/data/wavs num_streams=64 att_context_size=[70,1]

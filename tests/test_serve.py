@@ -29,12 +29,15 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from nemo_fastdecode.serve import LimitsConfig, RealtimeServer, ServeConfig, build_engine
 from nemo_fastdecode.streaming import EndpointingOptions, StreamingEngine
 from nemo_fastdecode.tools import synthetic as S
+from nemo_fastdecode.tools import trained_models
 from nemo_fastdecode.tools.cli import parse_config
 from nemo_fastdecode.tools.loadtest.app import run_point
 from nemo_fastdecode.tools.loadtest.client import COMPLETED, connect_session, receive_until, session_update
 from nemo_fastdecode.tools.loadtest.report import LoadtestResult, format_markdown
 from nemo_fastdecode.tools.loadtest.server_metrics import histogram_quantiles_ms, metrics_url, scrape_histograms
+from nemo_fastdecode.tools.models import load_model
 from nemo_fastdecode.tools.streaming_reference import reference_transcript
+from nemo_fastdecode.tools.wer import word_error_rate_of
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -46,10 +49,18 @@ WORD_KEYS = ("word", "start", "end", "start_offset", "end_offset")
 class ServerThread:
     """A :class:`RealtimeServer` on 127.0.0.1 (any free port), its event loop in a thread of its own."""
 
-    def __init__(self, model, endpointer=None, slots: int = 3, limits: dict | None = None, **options: Any):
+    def __init__(
+        self,
+        model,
+        endpointer=None,
+        slots: int = 3,
+        limits: dict | None = None,
+        model_name: str = "tiny-streaming",
+        **options: Any,
+    ):
         self.config = ServeConfig(port=0, slots=slots, limits=LimitsConfig(**(limits or {})), **options)
         engine = build_engine(model, self.config)
-        self.server = RealtimeServer(engine, self.config, model_name="tiny-streaming", endpointer=endpointer)
+        self.server = RealtimeServer(engine, self.config, model_name=model_name, endpointer=endpointer)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -112,6 +123,20 @@ def refs(model, audio):
     out = [reference_transcript(model, pcm) for pcm in audio]
     assert all(r.token_ids for r in out)  # there is something to compare
     return out
+
+
+@pytest.fixture(scope="module")
+def trained_model():
+    """The default model of the server and the load generator: the shipped trained cache-aware hybrid."""
+    return load_model("trained-streaming")
+
+
+@pytest.fixture(scope="module")
+def examples() -> list[tuple[np.ndarray, str]]:
+    """The shipped example utterances: int16 PCM and reference text."""
+    import soundfile as sf
+
+    return [(sf.read(e["audio_filepath"], dtype="int16")[0], e["text"]) for e in trained_models.example_entries()]
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +237,41 @@ def test_loadtest_clients_are_exact_end_to_end(server, model, audio, refs):
         LoadtestResult(config=dataclasses.asdict(config), environment={}, points=[point])
     )
     assert server.settled()
+
+
+def test_the_default_loadtest_streams_the_examples_to_the_trained_model_exactly(trained_model, examples, tmp_path):
+    """``nemo-fastdecode loadtest`` with its defaults against a server of the default model: every example utterance
+    once, each final NeMo's cache-aware streaming of it alone, and real words (WER against the reference texts)."""
+    from nemo_fastdecode.tools.configs import LoadtestConfig
+    from nemo_fastdecode.tools.loadtest.app import load_inputs
+    from nemo_fastdecode.tools.loadtest.app import run as loadtest
+
+    s = ServerThread(trained_model, slots=len(examples), model_name="trained-streaming")
+    try:
+        config = LoadtestConfig(url=s.url, stagger_seconds=0.3, output_dir=str(tmp_path))
+        inputs, texts = load_inputs(config)
+        assert [len(p) for p in inputs] == [len(pcm) for pcm, _ in examples] and texts == [t for _, t in examples]
+        result = loadtest(config)
+        assert s.settled()
+    finally:
+        s.stop()
+    (point,) = result.points
+    assert config.model == "trained-streaming" and point.clients == len(examples)
+    assert (point.completed, point.errors, point.refused, point.exact, point.checked) == (6, 0, {}, 6, 6)
+    assert result.passed and point.scored == 6 and point.wer is not None and point.wer <= 0.15  # held-out voices
+    markdown = format_markdown(result)
+    assert f"WER {100 * point.wer:.2f}% of the finals against the reference texts (6 finals)" in markdown
+    assert json.loads((tmp_path / "loadtest.json").read_text())["points"][0]["wer"] == point.wer
+
+
+def test_a_synthetic_loadtest_model_gets_synthetic_audio_and_no_wer():
+    from nemo_fastdecode.tools.configs import LoadtestConfig
+    from nemo_fastdecode.tools.loadtest.app import load_inputs
+
+    inputs, texts = load_inputs(LoadtestConfig(model="tiny-streaming", synthetic_seconds=[1.0, 0.5]))
+    assert [len(p) for p in inputs] == [RATE, RATE // 2] and texts == [None, None]
+    inputs, texts = load_inputs(LoadtestConfig(max_audio_seconds=2.0))  # cut examples: their texts no longer match
+    assert max(len(p) for p in inputs) == 2 * RATE and texts[3] is not None and texts[0] is None
 
 
 def test_server_histogram_quantiles_are_the_observations_between_two_scrapes():
@@ -784,12 +844,14 @@ def test_serve_yaml_mirrors_the_config_and_overrides_are_checked():
 
     yaml = OmegaConf.load(Path(__file__).parents[1] / "configs" / "loadtest.yaml")
     assert OmegaConf.to_container(yaml) == OmegaConf.to_container(OmegaConf.structured(LoadtestConfig))
+    assert ServeConfig().model == LoadtestConfig().model == "trained-streaming"  # the server's and its load's default
     with pytest.raises(ValueError, match="loopback"):
         LoadtestConfig(url="ws://10.0.0.1:8000/v1/realtime")
 
 
-def test_the_readme_commands_serve_stream_a_file_and_stop_on_sigterm(tmp_path, audio):
-    """``python -m nemo_fastdecode.serve`` then ``scripts/stream_file.py file.wav``; SIGTERM ends the server (exit 0)."""
+def test_the_readme_commands_serve_stream_a_file_and_stop_on_sigterm(tmp_path, audio, trained_model, examples):
+    """``python -m nemo_fastdecode.serve`` (the default model), then ``scripts/stream_file.py`` with no file (the first
+    example utterance: NeMo's streaming of it, real words) and with a file; SIGTERM ends the server (exit 0)."""
     import signal
     import subprocess
     import sys
@@ -816,15 +878,20 @@ def test_the_readme_commands_serve_stream_a_file_and_stop_on_sigterm(tmp_path, a
             if "ready on " in line:
                 url = line.split("ready on ")[1].split()[0]
         assert url is not None and url.startswith("ws://127.0.0.1:")
-        out = subprocess.run(
-            [sys.executable, "scripts/stream_file.py", str(wav), "--url", url, "--fast"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert out.returncode == 0, out.stderr
-        assert "final: " in out.stdout
+
+        def stream_file(*args: str) -> str:
+            command = [sys.executable, "scripts/stream_file.py", *args, "--url", url, "--fast"]
+            out = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            return out.stdout
+
+        pcm, text = examples[0]
+        ref = reference_transcript(trained_model, pcm)
+        assert ref.text  # there is something to compare
+        out = stream_file()
+        assert f"example utterance example_00.wav\nreference: {text!r}" in out and f"final: {ref.text!r}" in out
+        assert word_error_rate_of([{"text": text, "pred_text": ref.text}]) <= 0.15
+        assert "final: " in stream_file(str(wav))
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=30) == 0
     finally:

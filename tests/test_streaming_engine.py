@@ -471,8 +471,10 @@ def test_module_example_runs(monkeypatch, capsys):
         if line and not line.startswith("    "):
             break
         lines.append(line)
-    exec(textwrap.dedent("\n".join(lines)), {})
-    assert capsys.readouterr().out
+    namespace: dict = {}
+    exec(textwrap.dedent("\n".join(lines)), namespace)
+    out = capsys.readouterr().out
+    assert namespace["final"].text and f"reference: {namespace['example']['text']}" in out  # real words came out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from nemo_fastdecode.streaming import StreamingGeometry
 from nemo_fastdecode.tools import streaming_sim as sim
-from nemo_fastdecode.tools import synthetic
+from nemo_fastdecode.tools import synthetic, trained_models
 from nemo_fastdecode.tools.configs import StreamingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +99,7 @@ def test_tiny_run_matches_nemo_path(tmp_path):
     lines: list[str] = []
     result = sim.run(
         {
+            "model": "tiny-streaming",
             "num_streams": 5,
             "num_slots": 3,
             "max_stream_seconds": 1.6,
@@ -112,6 +113,7 @@ def test_tiny_run_matches_nemo_path(tmp_path):
     )
     text = "\n".join(lines)
     assert "RANDOM, UNTRAINED WEIGHTS" in text and "| nemo_fastdecode (eager)" in text
+    assert "synthetic utterances" in text and result.wer is None and "reference:" not in text  # no texts to score
     ours, nemo = result.paths
     assert nemo.name.startswith("NeMo gather/scatter + conformer_stream_step")
     assert ours.chunks == nemo.chunks > 0 and ours.audio_seconds == nemo.audio_seconds
@@ -145,6 +147,7 @@ def test_sweep_tiny_run(tmp_path):
     lines: list[str] = []
     result = sim.run(
         {
+            "model": "tiny-streaming",
             "num_streams_sweep": [3, 1],
             "num_slots": 2,
             "max_stream_seconds": 0.7,
@@ -192,15 +195,26 @@ def test_sweep_preset_and_errors():
         sim.resolve_config({"fixed_step_repeats": -1})
 
 
-def test_script_end_to_end(tmp_path):
-    """``python scripts/streaming.py`` with Hydra overrides, in a fresh process."""
+def test_script_end_to_end_default_demo(tmp_path):
+    """``python scripts/streaming.py`` in a fresh process with no input: the shipped trained model streams the example
+    utterances; each stream's final equals NeMo's path, and the reference texts come out (WER)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(ROOT / "scripts" / "streaming.py"), "num_streams=2", "max_stream_seconds=1.0"]
-    command += [f"output_dir={tmp_path / 'out'}", "cuda=-1", "att_context_size=[16,0]"]
+    command = [sys.executable, str(ROOT / "scripts" / "streaming.py"), f"output_dir={tmp_path / 'out'}", "cuda=-1"]
+    command += ["fixed_step_repeats=1"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "RANDOM, UNTRAINED WEIGHTS" not in done.stdout
     assert "Streams with identical tokens (ours vs NeMo's path): 100.0%" in done.stdout
-    assert (tmp_path / "out" / "streaming_results.json").is_file()
+    records = [json.loads(line) for line in (tmp_path / "out" / "streaming_transcripts.jsonl").read_text().splitlines()]
+    examples = trained_models.example_entries()
+    assert len(records) == len(examples) > 0  # one stream per example utterance
+    for record, example in zip(records, examples, strict=True):
+        assert Path(record["audio"]).name == Path(example["audio_filepath"]).name and record["text"] == example["text"]
+        assert record["pred_text"] and record["identical"]  # words came out, the same as NeMo's cache-aware path
+        assert f"reference:  {record['text']}\n  hypothesis: {record['pred_text']}" in done.stdout
+    saved = json.loads((tmp_path / "out" / "streaming_results.json").read_text())
+    assert saved["config"]["model"] == "trained-streaming" and saved["wer"] <= 0.15  # held-out voices
+    assert f"WER {100 * saved['wer']:.2f}% over {len(records)} utterance(s)" in done.stdout
     assert not (tmp_path / "outputs").exists()  # no Hydra run folders
 
 
@@ -210,7 +224,17 @@ def test_profile_streaming_script_prints_the_step_and_its_top_ops(capsys):
         import profile_streaming
     finally:
         sys.path.pop(0)
-    profile_streaming.main(["config=streaming", "streams=2", "slots=3", "repeats=1", "top=3", "max_stream_seconds=1"])
+    profile_streaming.main(
+        [
+            "config=streaming",
+            "model=tiny-streaming",
+            "streams=2",
+            "slots=3",
+            "repeats=1",
+            "top=3",
+            "max_stream_seconds=1",
+        ]
+    )
     out = capsys.readouterr().out
     assert "nemo_fastdecode (eager): 2 streams stepping together, step" in out
     assert "Name" in out and "aten::" in out
@@ -226,8 +250,8 @@ def run_script(name: str, argv: list[str]):
 
 
 def test_step_breakdown_script_times_each_phase_of_each_step(capsys):
-    run_script("streaming_step_breakdown", ["config=streaming", "streams=2", "slots=3", "repeats=3",
-                                            "max_stream_seconds=1", "encoder_matmul=fp32", "fixed_step_repeats=2"])  # fmt: skip
+    run_script("streaming_step_breakdown", ["config=streaming", "model=tiny-streaming", "streams=2", "slots=3",
+                                            "repeats=3", "max_stream_seconds=1", "encoder_matmul=fp32", "fixed_step_repeats=2"])  # fmt: skip
     out = capsys.readouterr().out
     assert "2 streams stepping together (steps 2..4), encoder_matmul=fp32" in out
     table = out.split("tokens\n", 1)[1].split("  median", 1)[0]  # step, 4 phase times, tokens
@@ -238,8 +262,8 @@ def test_step_breakdown_script_times_each_phase_of_each_step(capsys):
 
 
 def test_decoder_profile_script_profiles_one_decoder_step(capsys):
-    run_script("profile_streaming_decoder", ["config=streaming", "streams=2", "slots=3", "max_stream_seconds=1",
-                                             "encoder_matmul=fp32"])  # fmt: skip
+    run_script("profile_streaming_decoder", ["config=streaming", "model=tiny-streaming", "streams=2", "slots=3",
+                                             "max_stream_seconds=1", "encoder_matmul=fp32"])  # fmt: skip
     out = capsys.readouterr().out
     assert "2 streams, fast_math=False: one decoder step," in out and "tokens emitted, loop eager" in out
     assert "GPU kernels:" in out

@@ -1,6 +1,6 @@
 """``python -m nemo_fastdecode.serve [key=value ...]``: the same as ``nemo-fastdecode serve``.
 
-An entry point, not library code: it runs the tools' CLI, which loads the model (a synthetic preset by default).
+An entry point, not library code: it runs the tools' CLI, which loads the model (the shipped trained model by default).
 """
 
 import sys

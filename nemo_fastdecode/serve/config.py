@@ -56,8 +56,9 @@ class ServeConfig:
     """``nemo-fastdecode serve``: the streaming ASR server (OpenAI Realtime transcription protocol).
 
     Attributes:
-        model: a ``.nemo`` checkpoint of a cache-aware streaming transducer, a pretrained name, or a synthetic
-            preset (``tiny-streaming``: random weights, gibberish text, CPU-quick; the default).
+        model: the shipped trained cache-aware model (``trained-streaming``, the default: a small hybrid trained on
+            synthesised English speech, CPU-quick), a ``.nemo`` checkpoint of a cache-aware streaming transducer, a
+            pretrained name, or a synthetic preset (``tiny-streaming``: random weights, gibberish text).
         host: address to bind. Loopback by default; TLS belongs to a reverse proxy in front.
         port: TCP port (0: any free port, printed at start).
         slots: streams served at once (pre-allocated caches); one per connection, more are refused (1013).
@@ -88,7 +89,7 @@ class ServeConfig:
         limits: per-connection limits.
     """
 
-    model: str = "tiny-streaming"
+    model: str = "trained-streaming"
     host: str = "127.0.0.1"
     port: int = 8000
     slots: int = 64

@@ -13,24 +13,29 @@ Clients ``push`` audio whenever it arrives; the serving loop calls ``poll`` over
    frames arrive (:mod:`~nemo_fastdecode.streaming.chunking`): streams join and leave between cycles;
 4. events: a partial event for every stream whose transcript grew, a final event for every stream that ended.
 
-Example (a synthetic model with random weights, so the text is gibberish; a NeMo cache-aware checkpoint such as
-``nvidia/stt_en_fastconformer_hybrid_large_streaming_multi`` is used the same way)::
+Example (the package's small cache-aware model trained on synthesised English speech, on one of its example
+utterances; a NeMo cache-aware checkpoint such as ``nvidia/stt_en_fastconformer_hybrid_large_streaming_multi`` is
+used the same way)::
 
     import numpy as np
+    import soundfile as sf
+    from nemo.collections.asr.models import ASRModel
     from nemo_fastdecode.streaming import StreamingEngine
-    from nemo_fastdecode.tools.synthetic import build_synthetic_model, synthetic_audio
+    from nemo_fastdecode.tools.trained_models import example_entries, trained_model_path
 
-    model = build_synthetic_model("tiny-streaming")
+    model = ASRModel.restore_from(str(trained_model_path("trained-streaming"))).eval()
     engine = StreamingEngine(model, num_slots=4, idle_timeout_seconds=30.0)
     engine.warm_up()  # captures the CUDA graphs now (on a GPU), not during the first steps
-    pcm = (synthetic_audio([2.0])[0] * 32768).astype(np.int16)  # 2 s of 16 kHz mono int16
+    example = example_entries()[0]
+    pcm, _ = sf.read(example["audio_filepath"], dtype="int16")  # 4.3 s of 16 kHz mono int16
     stream = engine.open()
-    for piece in np.array_split(pcm, 25):  # as it arrives, e.g. 80 ms per network message
+    for piece in np.array_split(pcm, len(pcm) // 1280):  # as it arrives: about 80 ms per network message
         engine.push(stream, piece.tobytes())
         for event in engine.poll():  # the serving loop: one cycle for every stream
             print(event.stream_id, event.text)
     final = engine.close(stream)  # the rest of its audio, now; frees the slot
     print(final.text, final.words)
+    print("reference:", example["text"])
 
 Exactness: in fp32 every stream's tokens, text and word timestamps equal NeMo's cache-aware streaming of that
 stream alone (``CacheAwareStreamingAudioBuffer`` over the preprocessor's features of the whole file, then

@@ -136,11 +136,16 @@ class StreamingConfig:
     """``scripts/streaming.py``: simulated real-time cache-aware streaming of many concurrent streams.
 
     Attributes:
-        model: a synthetic cache-aware preset (``tiny-streaming``, ``hybrid-17x512-streaming``,
-            ``rnnt-0.6b-streaming``; random weights), a ``.nemo`` checkpoint or a pretrained model name.
+        model: the shipped trained cache-aware model (``trained-streaming``, the default; a small hybrid trained on
+            synthesised English speech), a synthetic cache-aware preset (``tiny-streaming``,
+            ``hybrid-17x512-streaming``, ``rnnt-0.6b-streaming``; random weights), a ``.nemo`` checkpoint or a
+            pretrained model name.
         audio_dir: every ``.wav`` / ``.flac`` file in this folder, or
-        dataset_manifest: every entry of this JSON-lines manifest. Neither: synthetic demo utterances.
-        num_streams: concurrent streams; stream ``i`` plays input ``i mod (number of inputs)``.
+        dataset_manifest: every entry of this JSON-lines manifest (``audio_filepath``, optional ``text``: each
+            stream's reference and final transcript are then printed with the WER). Neither: the shipped example
+            utterances, with their reference texts (synthetic demo utterances for a synthetic preset).
+        num_streams: concurrent streams; stream ``i`` plays input ``i mod (number of inputs)`` (the default plays
+            each example utterance once).
         num_slots: slots (pre-allocated caches); ``None``: ``num_streams``.
         att_context_size: ``[left, lookahead]`` among the encoder's look-aheads; ``None``: its default.
         stagger_seconds: stream starts are drawn uniformly in ``[0, stagger_seconds)``; 0 starts all
@@ -168,10 +173,10 @@ class StreamingConfig:
         latency_target_ms: a sweep's real-time criterion: p95 chunk latency at most this, busy share below 1.
     """
 
-    model: str = "tiny-streaming"
+    model: str = "trained-streaming"
     audio_dir: str | None = None
     dataset_manifest: str | None = None
-    num_streams: int = 4
+    num_streams: int = 6
     num_slots: int | None = None
     att_context_size: list[int] | None = None
     stagger_seconds: float = 1.0
@@ -370,12 +375,14 @@ class LoadtestConfig:
     Attributes:
         url: the server's WebSocket (loopback only: ``127.0.0.1``, ``localhost`` or ``[::1]``).
         api_key: sent as ``Authorization: Bearer``.
-        clients: concurrent clients (client ``i`` streams input ``i mod inputs``).
+        clients: concurrent clients (client ``i`` streams input ``i mod inputs``; the default streams each example
+            utterance once).
         clients_sweep: run at each of these counts instead (latency vs clients: table, JSON and plot).
         audio_files: WAV/FLAC files to stream, or
-        dataset_manifest: a JSON-lines manifest (``audio_filepath``). Neither: synthetic speech-like audio of
-            ``synthetic_seconds`` (the server's default model then matches the reference below).
-        synthetic_seconds: durations of the synthetic inputs.
+        dataset_manifest: a JSON-lines manifest (``audio_filepath``, optional ``text``: the finals' WER against it
+            is reported). Neither: the shipped example utterances and their reference texts; for a synthetic
+            ``model``, synthetic speech-like audio of ``synthetic_seconds``.
+        synthetic_seconds: durations of the synthetic inputs (a synthetic ``model`` with no audio given).
         max_audio_seconds: cut each input to this (``None``: whole files).
         chunk_ms: audio per message.
         realtime: pace each client's audio in real time (``False``: as fast as the server reads).
@@ -384,7 +391,8 @@ class LoadtestConfig:
         processes: client processes (one asyncio loop each) when one cannot keep up.
         timeout_seconds: most time one client may take; the run is bounded by it plus the stagger.
         check: compare each final with NeMo's cache-aware streaming of that input alone (needs ``model``).
-        model: the model the server runs (a synthetic preset with ``seed``, a ``.nemo`` or a pretrained name).
+        model: the model the server runs (the shipped ``trained-streaming``, the default; a synthetic preset with
+            ``seed``, a ``.nemo`` or a pretrained name).
         seed: synthetic model weights and audio, client start times.
         att_context_size: the server's look-ahead (``None``: the model's default).
         cuda: where the reference runs (NeMo's convention; ``None``: GPU 0 if any).
@@ -395,7 +403,7 @@ class LoadtestConfig:
 
     url: str = "ws://127.0.0.1:8000/v1/realtime"
     api_key: str | None = None
-    clients: int = 4
+    clients: int = 6
     clients_sweep: list[int] | None = None
     audio_files: list[str] | None = None
     dataset_manifest: str | None = None
@@ -408,7 +416,7 @@ class LoadtestConfig:
     processes: int = 1
     timeout_seconds: float = 120.0
     check: bool = True
-    model: str = "tiny-streaming"
+    model: str = "trained-streaming"
     seed: int = 0
     att_context_size: list[int] | None = None
     cuda: int | None = None

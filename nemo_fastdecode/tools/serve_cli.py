@@ -1,7 +1,8 @@
 """``nemo-fastdecode serve`` / ``python -m nemo_fastdecode.serve``: load the model, build the engine, serve.
 
-The model: a ``.nemo`` checkpoint, a pretrained name, or a synthetic preset (``tiny-streaming``, the default: random
-weights, so its transcripts are gibberish; a banner says so). Everything else: :class:`~nemo_fastdecode.serve.ServeConfig`.
+The model: the shipped trained model (``trained-streaming``, the default; English), a ``.nemo`` checkpoint, a pretrained
+name, or a synthetic preset (``tiny-streaming``: random weights, so its transcripts are gibberish; a banner says so).
+Everything else: :class:`~nemo_fastdecode.serve.ServeConfig`.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ from nemo_fastdecode.tools.models import (
 from nemo_fastdecode.tools.nemo_context import quiet_nemo
 from nemo_fastdecode.tools.timing import best_time
 from nemo_fastdecode.tools.trained_models import EXAMPLES_MANIFEST
+from nemo_fastdecode.tools.wer import report_wer
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
@@ -388,25 +389,6 @@ class TranscribeResult:
     demo: bool
     model: Any
     wer: float | None = None
-
-
-def report_wer(records: Sequence[dict[str, Any]], log: Callable[[str], None], show: int) -> float | None:
-    """Print the reference and hypothesis of the first ``show`` transcribed records that have a reference ``text``,
-    and NeMo's WER over all of them; returns the WER (``None`` when no record has both)."""
-    from nemo.collections.asr.metrics.wer import word_error_rate
-
-    scored = [r for r in records if isinstance(r.get("text"), str) and r.get("pred_text") is not None]
-    if not scored:
-        return None
-    for record in scored[:show]:
-        log(
-            f"{Path(record['audio_filepath']).name}\n  reference:  {record['text']}\n  hypothesis: {record['pred_text']}"
-        )
-    if len(scored) > show:
-        log(f"... and {len(scored) - show} more")
-    wer = float(word_error_rate(hypotheses=[r["pred_text"] for r in scored], references=[r["text"] for r in scored]))
-    log(f"WER {100 * wer:.2f}% over {len(scored)} utterance(s) with a reference text")
-    return wer
 
 
 def run(

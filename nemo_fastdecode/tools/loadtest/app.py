@@ -1,6 +1,6 @@
 """``nemo-fastdecode loadtest``: clients on this machine stream audio to a server; latency, throughput, exactness.
 
-nemo-fastdecode loadtest                                         # 4 clients, synthetic audio, ws://127.0.0.1:8000
+nemo-fastdecode loadtest                                         # 6 clients, the example utterances, ws://127.0.0.1:8000
 nemo-fastdecode loadtest clients=1 audio_files=[speech.wav] check=false model=/path/model.nemo
 nemo-fastdecode loadtest clients_sweep=[250,500,1000,2000] processes=8 model=/path/model.nemo  # a GPU server
 """
@@ -29,19 +29,30 @@ __all__ = ["load_inputs", "main", "references", "run", "run_point"]
 SAMPLE_RATE = 16000
 
 
-def load_inputs(config: LoadtestConfig) -> list[np.ndarray]:
-    """int16 PCM ``[T]`` per input at 16 kHz (files resampled as NeMo reads them; synthetic by default), cut."""
+def load_inputs(config: LoadtestConfig) -> tuple[list[np.ndarray], list[str | None]]:
+    """int16 PCM ``[T]`` per input at 16 kHz (files resampled as NeMo reads them), cut to ``max_audio_seconds``; and
+    each input's reference text (``None`` where it has none, or where the cut shortened it).
+
+    With no audio given: the shipped example utterances and their texts, or synthetic audio for a synthetic model.
+    """
     from nemo_fastdecode.tools import synthetic
     from nemo_fastdecode.tools.manifests import load_audio, read_inputs
+    from nemo_fastdecode.tools.models import is_synthetic
+    from nemo_fastdecode.tools.trained_models import EXAMPLES_MANIFEST
 
     if config.audio_files is not None:
         floats = load_audio(config.audio_files, SAMPLE_RATE)
-    elif config.dataset_manifest is not None:
-        floats = load_audio([u.audio_path for u in read_inputs(dataset_manifest=config.dataset_manifest)], SAMPLE_RATE)
+        texts: list[str | None] = [None] * len(floats)
+    elif config.dataset_manifest is not None or not is_synthetic(config.model):
+        utterances = read_inputs(dataset_manifest=config.dataset_manifest or EXAMPLES_MANIFEST)
+        floats = load_audio([u.audio_path for u in utterances], SAMPLE_RATE)
+        texts = [u.entry.get("text") if isinstance(u.entry.get("text"), str) else None for u in utterances]
     else:
         floats = synthetic.synthetic_audio(config.synthetic_seconds, seed=config.seed)
+        texts = [None] * len(floats)
     cut = None if config.max_audio_seconds is None else round(config.max_audio_seconds * SAMPLE_RATE)
-    return [np.clip(np.round(f[:cut] * 32768), -32768, 32767).astype(np.int16) for f in floats]
+    texts = [None if cut is not None and len(f) > cut else text for f, text in zip(floats, texts, strict=True)]
+    return [np.clip(np.round(f[:cut] * 32768), -32768, 32767).astype(np.int16) for f in floats], texts
 
 
 def references(config: LoadtestConfig, inputs: Sequence[np.ndarray]) -> list[Reference]:
@@ -80,10 +91,15 @@ def _run_group_in_process(args: tuple) -> list[ClientResult]:
 
 
 def run_point(
-    config: LoadtestConfig, inputs: Sequence[np.ndarray], clients: int, refs: list[Reference] | None
+    config: LoadtestConfig,
+    inputs: Sequence[np.ndarray],
+    clients: int,
+    refs: list[Reference] | None,
+    texts: Sequence[str | None] | None = None,
 ) -> LoadPoint:
     """``clients`` clients, staggered, over ``config.processes`` processes (one asyncio loop each); with the
-    server's own cycle and chunk-latency quantiles over the point where its ``/metrics`` answer."""
+    server's own cycle and chunk-latency quantiles over the point where its ``/metrics`` answer, and the finals'
+    WER against ``texts`` (each input's reference text or ``None``) where there are any."""
     scrape_at = metrics_url(config.url)
     before = scrape_histograms(scrape_at)
     rng = np.random.default_rng(config.seed)
@@ -98,7 +114,7 @@ def run_point(
         with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
             results = [r for part in pool.map(_run_group_in_process, jobs) for r in part]
     wall = max((r.finished for r in results), default=t0) - t0
-    point = summarize(clients, sorted(results, key=lambda r: r.index), wall, refs)
+    point = summarize(clients, sorted(results, key=lambda r: r.index), wall, refs, texts)
     after = scrape_histograms(scrape_at) if before is not None else None
     if after is not None:
         point.server_ms = histogram_quantiles_ms(before, after)
@@ -109,9 +125,9 @@ def run(config: LoadtestConfig) -> LoadtestResult:
     """The load test (one point, or a sweep over ``clients_sweep``); writes JSON, Markdown and a sweep's plot."""
     from nemo_fastdecode.tools.environment import environment
 
-    inputs = load_inputs(config)
+    inputs, texts = load_inputs(config)
     refs = references(config, inputs) if config.check else None
-    points = [run_point(config, inputs, int(n), refs) for n in (config.clients_sweep or [config.clients])]
+    points = [run_point(config, inputs, int(n), refs, texts) for n in (config.clients_sweep or [config.clients])]
     result = LoadtestResult(config=dataclasses.asdict(config), environment=environment(), points=points)
     write_result(result, Path(config.output_dir), config.tag)
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from nemo_fastdecode.tools.loadtest.client import ClientResult, percentiles
 from nemo_fastdecode.tools.streaming_reference import Reference
 from nemo_fastdecode.tools.streaming_sim.plot import Series, plot_latency
+from nemo_fastdecode.tools.wer import scored_records, word_error_rate_of
 
 __all__ = ["LoadPoint", "LoadtestResult", "format_markdown", "summarize", "write_result"]
 
@@ -28,6 +30,8 @@ class LoadPoint:
         rtf_mean: mean over clients of (first audio sent -> last final) / audio seconds (real-time pacing: >= 1).
         throughput_x_realtime: audio seconds transcribed / wall seconds of the run.
         exact / checked: finals equal to NeMo's streaming of the input alone (text and word timestamps).
+        wer / scored: NeMo's WER of the finals against their inputs' reference texts, over the ``scored`` clients
+            whose input has one (``None`` / 0: no input has a reference text).
         server_ms: the server's own p50 / p95 over the point from its ``/metrics`` (``cycle``: engine cycle time;
             ``chunk``: chunk audio received -> partial built; bucket upper bounds); ``None`` where not read.
     """
@@ -46,6 +50,8 @@ class LoadPoint:
     checked: int = 0
     exact: int = 0
     mismatches: list[dict[str, Any]] = field(default_factory=list)
+    wer: float | None = None
+    scored: int = 0
     server_ms: dict[str, dict[int, float] | None] | None = None
 
 
@@ -63,9 +69,14 @@ class LoadtestResult:
 
 
 def summarize(
-    clients: int, results: list[ClientResult], wall_seconds: float, references: list[Reference] | None
+    clients: int,
+    results: list[ClientResult],
+    wall_seconds: float,
+    references: list[Reference] | None,
+    texts: Sequence[str | None] | None = None,
 ) -> LoadPoint:
-    """Pool the clients' timings; check each final against its input's reference."""
+    """Pool the clients' timings; check each final against its input's reference (NeMo's streaming of it alone) and,
+    where ``texts`` has the input's reference text, score the finals' WER against it."""
     refused: dict[str, int] = {}
     for r in results:
         if r.refused is not None:
@@ -100,6 +111,9 @@ def summarize(
                 point.mismatches.append(
                     {"client": r.index, "input": r.audio_index, "got": r.transcripts, "want": ref.text}
                 )
+    if texts is not None:
+        records = [{"text": texts[r.audio_index], "pred_text": " ".join(r.transcripts)} for r in finished]
+        point.wer, point.scored = word_error_rate_of(records), len(scored_records(records))
     return point
 
 
@@ -125,6 +139,12 @@ def format_markdown(result: LoadtestResult) -> str:
             f"| {p.clients} | {p.completed} | {refused} | {p.errors} | {chunk} | {final} | {p.rtf_mean:.3f} "
             f"| {p.throughput_x_realtime:.1f} | {exact} |"
         )
+    for p in result.points:
+        if p.wer is not None:
+            lines.append(
+                f"\n- {p.clients} clients: WER {100 * p.wer:.2f}% of the finals against the reference texts "
+                f"({p.scored} finals)"
+            )
     for p in result.points:
         if p.server_ms:
             parts = [f"{name} p50 / p95 {q[50]:g} / {q[95]:g} ms" for name, q in p.server_ms.items() if q is not None]

@@ -5,7 +5,9 @@ Mirrors NeMo's ``examples/asr/asr_cache_aware_streaming/speech_to_text_cache_awa
 streams that start at staggered times (:mod:`.schedule`). The same schedule runs through ours
 (:class:`~nemo_fastdecode.streaming.transcriber.StreamingTranscriber`) and, for comparison, NeMo's path
 (:class:`~nemo_fastdecode.tools.streaming_sim.nemo_path.NemoSlotStreamer`); the transcripts are compared
-stream by stream.
+stream by stream. With no input given, the streams play the shipped example utterances (synthetic audio for a
+synthetic preset); where the inputs have reference texts, each stream's reference and final transcript are printed
+with the WER.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from nemo_fastdecode.tools.streaming_sim.report import (
     write_sweep_result,
 )
 from nemo_fastdecode.tools.streaming_sim.schedule import (
+    FRAME_SECONDS,
     PathStats,
     StreamingPath,
     StreamPlan,
@@ -45,6 +48,8 @@ from nemo_fastdecode.tools.streaming_sim.schedule import (
     simulate,
     time_fixed_steps,
 )
+from nemo_fastdecode.tools.trained_models import EXAMPLES_MANIFEST
+from nemo_fastdecode.tools.wer import report_wer, word_error_rate_of
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
@@ -74,7 +79,10 @@ def resolve_config(cfg: StreamingConfig | DictConfig | dict[str, Any] | None = N
 
 @dataclass
 class _Setup:
-    """The model and the input features shared by every run of one invocation."""
+    """The model and the input features shared by every run of one invocation.
+
+    ``texts``: each input's reference text, ``None`` where it has none or ``max_stream_seconds`` cuts it.
+    """
 
     model: Any
     device: torch.device
@@ -83,6 +91,7 @@ class _Setup:
     features: list[torch.Tensor]
     names: list[str]
     demo: bool
+    texts: list[str | None]
 
 
 def whole_features(model: ASRModel, audios: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
@@ -109,15 +118,36 @@ def _setup(cfg: DictConfig, log: Callable[[str], None]) -> _Setup:
         set_att_context_size(model.encoder, list(cfg.att_context_size))
     geometry = StreamingGeometry.from_encoder(model.encoder)
     sample_rate = int(model.cfg.get("sample_rate", synthetic.SAMPLE_RATE))
-    if demo:
+    if demo and models.is_synthetic(cfg.model):
         names = [f"demo_{i}" for i in range(len(models.DEMO_DURATIONS))]
         audios = models.demo_audio(cfg.seed)
+        texts: list[str | None] = [None] * len(audios)
         log(f"No audio_dir or dataset_manifest: {len(audios)} synthetic utterances ({models.DEMO_DURATIONS} s).")
     else:
-        utterances = read_inputs(cfg.audio_dir, cfg.dataset_manifest)
+        if demo:
+            utterances = read_inputs(dataset_manifest=EXAMPLES_MANIFEST)
+            log(
+                f"No audio_dir or dataset_manifest: the {len(utterances)} example utterances (English speech "
+                "synthesised by eSpeak NG, voices the shipped models never heard in training)."
+            )
+        else:
+            utterances = read_inputs(cfg.audio_dir, cfg.dataset_manifest)
         names = [str(u.entry["audio_filepath"]) for u in utterances]
         audios = load_audio([u.audio_path for u in utterances], sample_rate)
-    return _Setup(model, device, dtype, geometry, whole_features(model, audios, device), names, demo)
+        texts = [
+            _reference_text(u.entry, len(a) / sample_rate, cfg.max_stream_seconds)
+            for u, a in zip(utterances, audios, strict=True)
+        ]
+    features = whole_features(model, audios, device)
+    return _Setup(model, device, dtype, geometry, features, names, demo, texts)
+
+
+def _reference_text(entry: dict[str, Any], seconds: float, max_stream_seconds: float | None) -> str | None:
+    """The entry's ``text``, unless the stream is cut before the audio ends (then the text no longer matches)."""
+    text = entry.get("text")
+    if not isinstance(text, str) or (max_stream_seconds is not None and seconds > max_stream_seconds + FRAME_SECONDS):
+        return None
+    return text
 
 
 def compose_streams(
@@ -243,6 +273,9 @@ def run(
         if cfg.compare_nemo:
             record["nemo_pred_text"] = to_text(tokens[1][i])
             record["identical"] = tokens[0][i] == tokens[1][i]
+        text = setup.texts[i % len(setup.texts)]
+        if text is not None:
+            record["text"] = text
         transcripts.append(record)
 
     result = StreamingRunResult(
@@ -252,6 +285,7 @@ def run(
         paths=stats,
         transcripts=transcripts,
         identical_streams=_agreement(tokens),
+        wer=word_error_rate_of(transcripts),
     )
     # the simulated run's results are on disk before the fixed-batch step runs: a failure there keeps them
     write_run_result(result, Path(cfg.output_dir), cfg.tag)
@@ -259,8 +293,10 @@ def run(
         log(f"Simulated run written ({', '.join(result.files.values())}); now the fixed-batch step.")
         result.fixed_step = _fixed_step(cfg, setup, paths, plans, num_slots)
         write_run_result(result, Path(cfg.output_dir), cfg.tag)
-    for record in transcripts[: 4 if not setup.demo else len(transcripts)]:
-        log(f"stream {record['stream']} ({Path(record['audio']).name}): {record['pred_text']!r}")
+    show = len(transcripts) if setup.demo else 4
+    if report_wer(transcripts, log, show, label=lambda r: f"stream {r['stream']} ({Path(r['audio']).name})") is None:
+        for record in transcripts[:show]:
+            log(f"stream {record['stream']} ({Path(record['audio']).name}): {record['pred_text']!r}")
     log(format_markdown(result))
     log("Wrote " + ", ".join(result.files.values()))
     return result

@@ -48,6 +48,7 @@ class StreamingRunResult:
     paths: list[PathStats]
     transcripts: list[dict[str, Any]]
     identical_streams: float | None  # share of streams whose tokens equal NeMo's path (None: not compared)
+    wer: float | None = None  # our finals against the inputs' reference texts (None: no input has one)
     fixed_step: FixedStep | None = None
     files: dict[str, str] = field(default_factory=dict)
 
@@ -126,6 +127,11 @@ def format_markdown(result: StreamingRunResult) -> str:
         ratio = nemo.compute_seconds / ours.compute_seconds if ours.compute_seconds else float("nan")
         lines.append(f"Compute time: NeMo / ours = {ratio:.2f}x over the same chunks.")
         lines.append(f"Streams with identical tokens (ours vs NeMo's path): {100 * result.identical_streams:.1f}%")
+    if result.wer is not None:
+        scored = sum(1 for r in result.transcripts if "text" in r)
+        lines.append(
+            f"WER of our final transcripts against the reference texts: {100 * result.wer:.2f}% ({scored} streams)"
+        )
     lines += _fixed_step_line(result.fixed_step)
     lines += ["", "Median step time by batch size (ms):", ""]
     lines += [f"- {p.name}: {p.step_ms_by_batch}" for p in result.paths]
