@@ -183,3 +183,22 @@ def test_decoding_option_routes_transcribe_and_override_config(model_and_files, 
     model.transcribe(paths[:2], batch_size=2, verbose=False)
     model.eval()
     assert len(calls) == 2  # the option off: NeMo's transcribe again
+
+
+@pytest.mark.gpu
+def test_thirty_minutes_of_audio_in_one_file_on_the_gpu(tmp_path):
+    """A 30-minute file beside a 50 ms one, through the offline path on a GPU: the same tokens as NeMo's transcribe
+    (fp32, full attention of the tiny model), and no out-of-memory failure."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = synthetic.build_synthetic_model("tiny-rnnt", seed=0, device="cuda").eval()
+    audio = synthetic.synthetic_audio([1800.0, 0.05], seed=4)
+    encoded, lengths = synthetic.encode(model, synthetic.synthetic_audio([5.0, 3.0]), batch_size=2, device="cuda")
+    synthetic.calibrate_blank_bias(model, encoded, lengths, 0.3, iterations=4, tolerance=0.05)
+    apply_decoding(model, {"strategy": "fast_greedy"})
+    paths = [str(p) for p in synthetic.write_wavs(audio, tmp_path)]
+    ours = fast_transcribe(model, paths, 2, return_hypotheses=True)
+    nemo = _nemo(model, paths)
+    assert len(nemo[0].y_sequence) > 1000  # 30 minutes of emissions to compare
+    for a, b in zip(ours, nemo, strict=True):
+        assert a.y_sequence.tolist() == b.y_sequence.tolist() and a.text == b.text
