@@ -73,6 +73,7 @@ import torch
 from nemo_fastdecode.streaming.chunking import ChunkSchedule, FeatureQueue
 from nemo_fastdecode.streaming.endpointing import BlankRunEndpointer
 from nemo_fastdecode.streaming.events import (
+    BoostingOptions,
     CapacityError,
     EndpointingOptions,
     EndReason,
@@ -204,9 +205,13 @@ class StreamingEngine:
     def open(self, options: StreamOptions | None = None) -> int:
         """Start a stream; returns its id (never reused).
 
+        ``options.boosting``: the stream's own phrases to boost (NeMo's per-stream boosting tree fused into its greedy
+        decoding); a cycle in which no stream with phrases steps runs the plain decoder.
+
         Raises:
             CapacityError: every slot holds a stream.
-            ValueError: options the front end cannot take (rate, channels, sample format), naming the value.
+            ValueError: options the front end cannot take (rate, channels, sample format), or phrases the model cannot
+                boost, naming the value.
         """
         options = StreamOptions() if options is None else options
         if not isinstance(options, StreamOptions):
@@ -216,12 +221,16 @@ class StreamingEngine:
         if free.size == 0:
             raise CapacityError(self.num_slots)
         slot = int(free[0])
+        if options.boosting is not None:
+            if not isinstance(options.boosting, BoostingOptions):
+                raise TypeError(f"boosting must be a BoostingOptions, got {type(options.boosting).__name__}")
+            self.transcriber.check_boosting(options.boosting)  # the tree is built before anything changes
         if endpointing.vad and self._vad is None:  # the first stream that asks for it loads it
             self._vad = BatchedVAD(self.front)
         self.front.open(
             slot, sample_rate=options.sample_rate, channels=options.channels, sample_format=options.sample_format
         )  # checks the options before anything changes
-        transcriber_slot = self.transcriber.open()
+        transcriber_slot = self.transcriber.open(boosting=options.boosting)
         assert transcriber_slot == slot, "the engine and its transcriber take the lowest free slot alike"
         stream_id, self._next_id = self._next_id, self._next_id + 1
         self._slot_of[stream_id] = slot

@@ -32,6 +32,7 @@ from nemo_fastdecode.decode_call import true_fp32
 from nemo_fastdecode.streaming.buckets import BucketedStep
 from nemo_fastdecode.streaming.decoding import SlotDecoder
 from nemo_fastdecode.streaming.encoder import StreamingEncoderStep, check_streaming_encoder
+from nemo_fastdecode.streaming.events import BoostingOptions
 from nemo_fastdecode.streaming.geometry import StreamingGeometry
 from nemo_fastdecode.streaming.slots import SlotState
 
@@ -177,21 +178,42 @@ class StreamingTranscriber:
         """Slots that hold a stream now."""
         return [slot for slot, is_open in enumerate(self._open) if is_open]
 
-    def open(self) -> int:
-        """Start a stream in the lowest free slot (emptied); returns the slot id."""
+    def open(self, boosting: BoostingOptions | None = None) -> int:
+        """Start a stream in the lowest free slot (emptied); returns the slot id.
+
+        ``boosting``: the stream's phrases to boost (NeMo's per-stream boosting tree, label looping only); ``None``:
+        plain greedy decoding. Raises ``ValueError`` (before any slot changes) for phrases the model cannot boost.
+        """
+        if boosting is not None:
+            if self.decoder is None:
+                raise ValueError("phrase boosting needs the decoder (StreamingTranscriber(decode=True))")
+            self.decoder.boosting_tree(boosting)  # built (and checked) before any slot changes
         for slot, is_open in enumerate(self._open):
             if not is_open:
                 self.slots.reset_(slot)
                 if self.decoder is not None:
                     self.decoder.reset(slot)
+                    if boosting is not None:
+                        self.decoder.set_boosting(slot, boosting)
                 self._open[slot], self._started[slot] = True, False
                 return slot
         raise RuntimeError(f"all {self.num_slots} slots are in use; close or flush a stream, or use more num_slots")
 
+    def check_boosting(self, boosting: BoostingOptions) -> None:
+        """Raise ``ValueError`` now if :meth:`open` would refuse ``boosting`` (the tree is built and kept for it)."""
+        if self.decoder is None:
+            raise ValueError("phrase boosting needs the decoder (StreamingTranscriber(decode=True))")
+        self.decoder.boosting_tree(boosting)
+
     def close(self, slot: int) -> None:
         """End a stream without a result and free its slot."""
         self._check_slot(slot, "close")
+        self._release(slot)
+
+    def _release(self, slot: int) -> None:
         self._open[slot] = False
+        if self.decoder is not None:
+            self.decoder.set_boosting(slot, None)  # its tree leaves the multi-model
 
     def flush(self, slot: int) -> StreamResult:
         """End of stream: the final hypothesis and text, and the slot is freed.
@@ -202,7 +224,7 @@ class StreamingTranscriber:
         self._check_slot(slot, "flush")
         hyp = self.hypothesis(slot)
         result = StreamResult(slot=slot, hypothesis=hyp, text=self.decoder.text(slot) if hyp is not None else "")
-        self._open[slot] = False
+        self._release(slot)
         return result
 
     def hypothesis(self, slot: int) -> Hypothesis | None:
