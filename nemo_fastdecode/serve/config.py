@@ -28,6 +28,8 @@ class LimitsConfig:
         max_outgoing_events: server events queued for a client that does not read them; one more is a slow
             reader: an ``error`` event (when it can still be written) and close code 1008.
         write_buffer_bytes: bytes the WebSocket layer buffers per connection before a send waits for the client.
+        max_boost_phrases: most phrases a session's ``transcription.boosting`` may list.
+        max_boost_phrase_chars: longest boosting phrase, in characters.
     """
 
     max_message_bytes: int = 1 << 20
@@ -35,6 +37,8 @@ class LimitsConfig:
     max_audio_burst_seconds: float = 30.0
     max_outgoing_events: int = 256
     write_buffer_bytes: int = 64 * 1024
+    max_boost_phrases: int = 1000
+    max_boost_phrase_chars: int = 200
 
     def __post_init__(self) -> None:
         if self.max_message_bytes < 1024:
@@ -48,6 +52,11 @@ class LimitsConfig:
             raise ValueError(
                 f"limits.max_outgoing_events and limits.write_buffer_bytes must be >= 1, got "
                 f"{self.max_outgoing_events} and {self.write_buffer_bytes}"
+            )
+        if self.max_boost_phrases < 0 or self.max_boost_phrase_chars < 1:
+            raise ValueError(
+                f"limits.max_boost_phrases must be >= 0 (0: no boosting) and limits.max_boost_phrase_chars >= 1, got "
+                f"{self.max_boost_phrases} and {self.max_boost_phrase_chars}"
             )
 
 

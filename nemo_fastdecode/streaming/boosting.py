@@ -27,12 +27,12 @@ from nemo_fastdecode.streaming.events import BoostingOptions
 if TYPE_CHECKING:
     from nemo.collections.asr.parts.context_biasing import GPUBoostingTreeModel
 
-__all__ = ["SlotBoosting", "boosting_options_from_nemo"]
+__all__ = ["NEMO_UNSUPPORTED_OPTIONS", "TREE_OPTIONS", "SlotBoosting", "boosting_options_from_nemo"]
 
 TREE_CACHE_SIZE = 64  # built trees kept for reuse (streams of one client usually share their phrases)
 
 # NeMo's BoostingTreeModelConfig options BoostingOptions takes (by the same name), and the NeMo name of its weight
-_TREE_OPTIONS = (
+TREE_OPTIONS = (
     "context_score",
     "depth_scaling",
     "unk_score",
@@ -41,7 +41,7 @@ _TREE_OPTIONS = (
     "uniform_weights",
 )
 # NeMo's options not taken, with why; only their NeMo defaults are accepted
-_UNSUPPORTED = {
+NEMO_UNSUPPORTED_OPTIONS = {
     "model_path": (None, "a prebuilt tree file; give the phrases"),
     "key_phrases_file": (None, "a phrases file; give the phrases as a list"),
     "key_phrase_items_list": (None, "per-phrase languages (aggregate tokenizers); give the phrases as a list"),
@@ -68,20 +68,20 @@ def boosting_options_from_nemo(config: Any) -> BoostingOptions:
         weight = fields.pop("boosting_model_alpha", 1.0)
         outer = {name: fields.pop(name) for name in list(fields) if name != "boosting_model_cfg"}
         fields = {**outer, **_as_dict(fields.get("boosting_model_cfg") or {})}
-    for name, (default, what) in _UNSUPPORTED.items():
+    for name, (default, what) in NEMO_UNSUPPORTED_OPTIONS.items():
         if name in fields and fields[name] != default:
             raise ValueError(
                 f"NeMo's boosting option {name}={fields[name]!r} ({what}) is not supported by the streaming engine; "
                 f"leave it at {default!r}"
             )
-    known = {"key_phrases_list", *_TREE_OPTIONS, *_UNSUPPORTED, *_IGNORED}
+    known = {"key_phrases_list", *TREE_OPTIONS, *NEMO_UNSUPPORTED_OPTIONS, *_IGNORED}
     unknown = sorted(set(fields) - known)
     if unknown:
         raise ValueError(f"unknown boosting option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
     phrases = fields.get("key_phrases_list")
     if not phrases:
         raise ValueError("the boosting config has no key_phrases_list: give the phrases to boost")
-    tree = {name: fields[name] for name in _TREE_OPTIONS if name in fields}
+    tree = {name: fields[name] for name in TREE_OPTIONS if name in fields}
     return BoostingOptions(phrases=tuple(phrases), weight=weight, **tree)
 
 
@@ -151,7 +151,7 @@ class SlotBoosting:
             if not self.tokenizer.text_to_ids(phrase):
                 raise ValueError(f"boosting phrase {i} ({phrase!r}) has no tokens in this model's vocabulary")
         config = BoostingTreeModelConfig(
-            key_phrases_list=list(options.phrases), **{name: getattr(options, name) for name in _TREE_OPTIONS}
+            key_phrases_list=list(options.phrases), **{name: getattr(options, name) for name in TREE_OPTIONS}
         )
         with torch.inference_mode(False):
             tree = GPUBoostingTreeModel.from_config(config, tokenizer=self.tokenizer)
