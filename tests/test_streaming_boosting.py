@@ -148,6 +148,25 @@ def test_streams_without_phrases_never_touch_the_boosting_path(model, audio, ref
     assert not calls
 
 
+def test_boosting_set_up_front_warms_the_fused_decoder_and_stays_exact(model, audio, refs):
+    """``phrase_boosting=True``: the multi-model exists from the start and the decoder's warm-up runs the fused
+    computers too (on the dummy slot only); a boosted and a plain stream afterwards are still exact."""
+    boosted, plain = refs
+    engine = StreamingEngine(model, num_slots=2, att_context_size=ATT, phrase_boosting=True)
+    decoder = engine.transcriber.decoder
+    assert decoder.boosting is not None and not decoder._boosted_computers
+    decoder.warm_up([1, 2], engine.geometry.out_frames, model.encoder._feat_out)
+    assert decoder._boosted_computers and not decoder.decoded(decoder.dummy_slot)
+    ids = [engine.open(StreamOptions(boosting=options(PHRASES[0]))), engine.open()]
+    for engine_id, stream in zip(ids, (0, 1), strict=True):
+        engine.push(engine_id, audio[stream].tobytes())
+        engine.finish(engine_id)
+    finals = {}
+    while engine.busy:
+        finals.update((e.stream_id, e.token_ids) for e in engine.poll() if e.is_last)
+    assert [finals[i] for i in ids] == [boosted[0][0], plain[1][0]]
+
+
 def test_nemo_configs_convert_and_unsupported_options_are_named():
     cfg = nemo_biasing(("the quick", "brown"))
     assert boosting_options_from_nemo(cfg) == BoostingOptions(phrases=("the quick", "brown"), weight=WEIGHT)
@@ -201,8 +220,9 @@ def test_boosting_on_the_gpu_with_cuda_graphs_gives_nemo_per_stream_boosting_alo
     decoder's graph; against NeMo's per-stream biasing of each stream alone on the same GPU (its eager loop)."""
     model = bpe_streaming_model("cuda")
     boosted = [reference(model, pcm, phrases) for pcm, phrases in zip(audio, PHRASES, strict=True)]
-    engine = StreamingEngine(model, num_slots=3, att_context_size=ATT, use_cuda_graphs=True)
-    engine.warm_up()
+    engine = StreamingEngine(model, num_slots=3, att_context_size=ATT, use_cuda_graphs=True, phrase_boosting=True)
+    engine.warm_up()  # captures the fused decoder's graphs too
+    assert engine.transcriber.decoder._boosted_computers
     driver = BoostedDriver(engine, audio, seed=2)
     driver.run()
     driver.check(boosted)

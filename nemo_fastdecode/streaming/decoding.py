@@ -171,6 +171,11 @@ class SlotDecoder:
         self.set_boosting(slot, None)
 
     # ------------------------------------------------------------------------------------------
+    def enable_boosting(self) -> None:
+        """Set phrase boosting up now (else the first stream with phrases does): :meth:`warm_up` then also runs (and
+        captures) the computers that fuse the slots' trees."""
+        self._setup_boosting()
+
     def boosting_tree(self, options: BoostingOptions) -> None:
         """Build (or find) the boosting tree of ``options`` now: raises ``ValueError`` for phrases the model cannot
         boost, before any slot changes."""
@@ -379,7 +384,8 @@ class SlotDecoder:
         """Run (and, with CUDA graphs, capture) the decoder at every batch size now, on the dummy slot only.
 
         Every row is the dummy slot with ``frames`` frames of zeros (the longest chunk), so each computer sizes
-        its buffers for the largest input it will see; the dummy slot is emptied afterwards.
+        its buffers for the largest input it will see; the dummy slot is emptied afterwards. With phrase boosting
+        set up (:meth:`enable_boosting`), the fused computers too.
         """
         sizes = sorted(set(batch_sizes)) if self.per_batch_size else [max(batch_sizes)]
         with torch.inference_mode():
@@ -388,6 +394,8 @@ class SlotDecoder:
                 lengths = torch.full([size], frames, dtype=torch.long, device=self.device)
                 slot_ids = torch.full([size], self.dummy_slot, dtype=torch.long, device=self.device)
                 self.decode([], encoded, lengths, slot_ids)
+                if self.boosting is not None:
+                    self._decode_boosted(encoded, lengths, slot_ids)  # every row without a tree
         self.reset(self.dummy_slot)
 
     # ------------------------------------------------------------------------------------------

@@ -116,6 +116,9 @@ class StreamingEngine:
         clock: seconds, monotonic (injectable for tests).
         endpointing: when utterances end mid-stream (:class:`EndpointingOptions`; default: never), for every stream
             that does not set its own in :class:`StreamOptions`. Silero VAD is loaded here if it is on.
+        phrase_boosting: set per-stream phrase boosting (``StreamOptions.boosting``) up now, so that :meth:`warm_up`
+            also captures the decoder that fuses the streams' boosting trees (a model with a tokenizer, label
+            looping); ``False``: the first stream with phrases sets it up.
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class StreamingEngine:
         max_cycle_seconds: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         endpointing: EndpointingOptions | None = None,
+        phrase_boosting: bool = False,
     ):
         if idle_timeout_seconds is not None and not idle_timeout_seconds > 0:
             raise ValueError(f"idle_timeout_seconds must be > 0 or None, got {idle_timeout_seconds!r}")
@@ -146,6 +150,7 @@ class StreamingEngine:
             max_symbols=max_symbols,
             fast_math=fast_math,
             encoder_matmul=encoder_matmul,
+            phrase_boosting=phrase_boosting,
         )
         self.model, self.num_slots = model, num_slots
         self.device = self.transcriber.device

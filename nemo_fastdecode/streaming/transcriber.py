@@ -108,6 +108,9 @@ class StreamingTranscriber:
         capture_decoder_step: with CUDA graphs, :meth:`warm_up` also captures the decoder's work around its
             greedy loop per bucket (:meth:`SlotDecoder.capture_step`: on an H200 the decoder went from 1.4 ms to
             0.29 ms of a 256-stream step); ``False`` runs that work eagerly.
+        phrase_boosting: set per-stream phrase boosting up now (:meth:`SlotDecoder.enable_boosting`), so that
+            :meth:`warm_up` captures the decoder that fuses the streams' trees too; ``False``: the first stream that
+            boosts phrases sets it up (its first steps then capture it).
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class StreamingTranscriber:
         fast_math: bool = False,
         encoder_matmul: str = "fp32",
         capture_decoder_step: bool = True,
+        phrase_boosting: bool = False,
     ):
         if not isinstance(num_slots, int) or num_slots < 1:
             raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
@@ -169,6 +173,10 @@ class StreamingTranscriber:
             else None
         )
         self.capture_decoder_step = capture_decoder_step
+        if phrase_boosting:
+            if self.decoder is None:
+                raise ValueError("phrase_boosting needs the decoder (decode=True)")
+            self.decoder.enable_boosting()
         self._open = [False] * num_slots
         self._started = np.zeros(num_slots, dtype=bool)  # host mirror of slots.started: checks without a sync
 
