@@ -46,7 +46,7 @@ def update(boosting, where: str = "audio") -> str:
 def test_a_boosted_item_is_nemo_per_stream_boosting_and_null_turns_it_off(model, pcm):
     boosted, plain = reference(model, pcm, PHRASES), reference(model, pcm, None)
     assert boosted[0] and boosted[0] != plain[0], "boosting changes nothing here: the comparison could not fail"
-    s = ServerThread(model, slots=2)
+    s = ServerThread(model, slots=2, phrase_boosting=True)
     try:
 
         async def scenario():

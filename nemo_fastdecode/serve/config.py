@@ -94,6 +94,9 @@ class ServeConfig:
             gives it up at every GPU synchronisation of a cycle: with 5 ms, each of those may wait up to 5 ms for the
             network thread to hand it back, which stretches cycles under load (measured on an H100 with 256 clients:
             p95 chunk latency 1,338 ms at 5 ms, 56 ms at 0.5 ms).
+        phrase_boosting: set per-stream phrase boosting (a session's ``transcription.boosting``) up at start, so that
+            the warm-up captures the decoder that fuses the streams' trees too (needs a model with a tokenizer);
+            ``false``: the first item with phrases sets it up (its first steps capture it).
         limits: per-connection limits.
     """
 
@@ -116,6 +119,7 @@ class ServeConfig:
     vad_min_silence_ms: float = 500.0
     api_key: str | None = None
     gil_switch_interval_ms: float | None = 0.5
+    phrase_boosting: bool = False
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def __post_init__(self) -> None:
