@@ -236,3 +236,45 @@ def test_strategy_config_fuses_as_greedy_batch(preset, tmp_path, single_thread):
     ours = hyps("fast_greedy", **fused)
     assert model.decoding.decoding.decoding_computer.has_fusion_models()
     assert_same(ours, nemo)
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+@pytest.mark.parametrize("looks_per_iteration", [0, 1])
+def test_per_row_boosting_equals_nemo_per_stream_biasing(kind, looks_per_iteration, single_thread):
+    """NeMo's per-stream biasing (``enable_per_stream_biasing``: its ``GPUBiasingMultiModel``, one tree per row by id,
+    ``-1`` none): our label loop with the same multi-model as ``FusionModels.per_row`` gives NeMo's label-looping
+    computer's tokens, frames and scores for rows with different trees, no tree, and zero frames."""
+    from nemo.collections.asr.parts.utils.rnnt_utils import batched_hyps_to_hypotheses
+
+    from nemo_fastdecode.greedy.fusion import FusionModels
+    from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
+
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=1, blank_bias=BLANK_BIAS[kind])
+    x, lengths = random_encoder_output(5, 24, seed=3, lengths=[24, 20, 0, 24, 13])
+    x = x.transpose(1, 2).contiguous()  # [B, T, D]
+    nemo_kwargs = dict(use_cuda_graph_decoder=False, enable_per_stream_biasing=True, max_symbols_per_step=10)
+    if kind == "tdt":
+        infer = GreedyBatchedTDTInfer(decoder, joint, VOCAB_SIZE, durations=TDT_DURATIONS, **nemo_kwargs)
+    else:
+        infer = GreedyBatchedRNNTInfer(decoder, joint, VOCAB_SIZE, loop_labels=True, **nemo_kwargs)
+    computer = infer.decoding_computer
+    multi = computer.biasing_multi_model
+    first = multi.add_model(boosting_tree(), alpha=2.0)
+    second = multi.add_model(boosting_tree(((4, 4, 6), (2, 8))), alpha=3.5)
+    ids = torch.tensor([first, -1, first, second, second])
+    with torch.inference_mode():
+        plain_hyps, _ = computer(x=x, out_len=lengths, multi_biasing_ids=torch.full([5], -1))
+        nemo_hyps, _ = computer(x=x, out_len=lengths, multi_biasing_ids=ids)
+    nemo, plain = (
+        batched_hyps_to_hypotheses(nemo_hyps, batch_size=5),
+        batched_hyps_to_hypotheses(plain_hyps, batch_size=5),
+    )
+    changed = [row for row in range(5) if tokens(nemo)[row] != tokens(plain)[row]]
+    assert 1 not in changed and {0, 3} & set(changed), "boosting changes nothing here: the comparison could not fail"
+    ours = LabelLoopGreedy(
+        decoder, joint, VOCAB_SIZE, 10, durations=TDT_DURATIONS if kind == "tdt" else None, use_cuda_graphs=False,
+        looks_per_iteration=looks_per_iteration, fusion=FusionModels([], [], per_row=multi),
+    )  # fmt: skip
+    state = ours.initial_state(5, x.device, x.dtype)
+    _, emitted = ours.decode_with_state(x, lengths, state, ids)
+    assert_same(emitted.to_hypotheses(), nemo)

@@ -10,6 +10,7 @@ script's steps also run in a fresh process that imports nothing from ``nemo_fast
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -23,7 +24,9 @@ from conftest import nemo_alone
 from nemo.collections.asr.inference.factory.pipeline_builder import PipelineBuilder
 from nemo.collections.asr.inference.streaming.framing.request_options import ASRRequestOptions
 from nemo.collections.asr.inference.utils.manifest_io import dump_output, prepare_audio_data
-from omegaconf import DictConfig, OmegaConf
+from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
+from nemo.collections.asr.parts.context_biasing.biasing_multi_model import BiasingRequestItemConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_fastdecode import registry
 from nemo_fastdecode.streaming.nemo_pipeline import FastCacheAwarePipeline
@@ -57,7 +60,7 @@ def saved(tmp_path_factory) -> dict:
         _, hyp, _ = nemo_alone(model, feats[0, :, : int(length)])
         alone[wav] = hyp.text
     assert any(alone.values())  # there is something to compare
-    return {"root": root, "wavs": wavs, "alone": alone}
+    return {"root": root, "wavs": wavs, "alone": alone, "model": model, "audio": audio}
 
 
 def nemo_config(saved: dict, *overrides: str) -> DictConfig:
@@ -86,6 +89,49 @@ def test_the_builder_returns_our_pipeline_and_its_transcripts_are_nemo_streaming
         assert text == record["text"] == saved["alone"][record["audio_filepath"]]
         assert all(type(w).__name__ == "Word" and w.start < w.end for w in record["segments"])
     assert pipeline.engine.open_streams == []  # every stream ended in the engine too
+
+
+def biasing(phrases, **tree) -> BiasingRequestItemConfig | None:
+    if phrases is None and not tree:
+        return None
+    cfg = BoostingTreeModelConfig(key_phrases_list=phrases, **tree)
+    return BiasingRequestItemConfig(boosting_model_cfg=cfg, boosting_model_alpha=4.0)
+
+
+def test_per_stream_biasing_requests_are_the_streams_boosting_trees(saved):
+    """``enable_per_stream_biasing: true``: each request's ``biasing_cfg`` is its stream's boosting tree; the
+    transcripts equal NeMo's per-stream biasing of each file alone (``nemo_alone`` with the request's config, NeMo's
+    decoding with ``enable_per_stream_biasing``). Without the flag the requests are ignored with a warning, as NeMo's
+    pipeline ignores them; NeMo's options the engine does not take are refused by name."""
+    phrases = [["the quick", "brown"], None, ["weeneen", "ack"]]
+    model = saved["model"]
+    cfg = copy.deepcopy(model.cfg.decoding)
+    with open_dict(cfg):
+        cfg.strategy = "greedy_batch"
+        cfg.greedy.loop_labels, cfg.greedy.use_cuda_graph_decoder, cfg.greedy.enable_per_stream_biasing = (
+            True,
+            False,
+            True,
+        )
+    model.change_decoding_strategy(cfg, decoder_type="rnnt", verbose=False)
+    boosted = {}
+    for wav, samples, words in zip(saved["wavs"], saved["audio"], phrases, strict=True):
+        signal = torch.from_numpy(samples)[None]
+        with torch.inference_mode():
+            feats, length = model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]]))
+        boosted[wav] = nemo_alone(model, feats[0, :, : int(length)], biasing(words))[1].text
+    assert [w for w in saved["wavs"] if boosted[w] != saved["alone"][w]], "boosting changes nothing: cannot fail"
+    options = [ASRRequestOptions(biasing_cfg=biasing(words)) for words in phrases]
+    on = "asr.decoding.greedy.enable_per_stream_biasing=true"
+    pipeline = PipelineBuilder.build_pipeline(nemo_config(saved, "pipeline_type=fast_cache_aware", on))
+    output = pipeline.run(saved["wavs"], options=options)
+    assert {r["audio_filepath"]: r["text"] for r in output.values()} == boosted
+    with pytest.raises(ValueError, match="key_phrases_file"):
+        pipeline.run(saved["wavs"][:1], options=[ASRRequestOptions(biasing_cfg=biasing(None, key_phrases_file="x"))])
+    off = PipelineBuilder.build_pipeline(nemo_config(saved, "pipeline_type=fast_cache_aware"))
+    with pytest.warns(UserWarning, match="enable_per_stream_biasing is false: ignored"):
+        output = off.run(saved["wavs"], options=[ASRRequestOptions(biasing_cfg=biasing(w)) for w in phrases])
+    assert {r["audio_filepath"]: r["text"] for r in output.values()} == saved["alone"]
 
 
 def test_settings_the_engine_does_not_have_are_refused_by_name(saved):

@@ -358,7 +358,11 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     @torch.inference_mode()
     def decode_with_state(
-        self, encoder_output: torch.Tensor, encoder_lengths: torch.Tensor, state: BatchedGreedyState
+        self,
+        encoder_output: torch.Tensor,
+        encoder_lengths: torch.Tensor,
+        state: BatchedGreedyState,
+        model_ids: torch.Tensor | None = None,
     ) -> tuple[BatchedGreedyState, EmittedTokens]:
         """Continue every row from a batched state: the streaming entry point (no per-row Python work).
 
@@ -366,6 +370,8 @@ class GreedyComputerBase(CapturedLoopOwner):
             encoder_output: ``[B, T, D]`` the chunk's encoder output (time-major per row).
             encoder_lengths: ``[B]`` valid frames per row (0 allowed: the row keeps its state).
             state: ``B`` rows to continue from (fresh rows: :meth:`initial_state`), on the output's device.
+            model_ids: ``[B]`` int64, with per-row boosting (``FusionModels.per_row``): each row's tree (``-1``:
+                none); ``None``: no row has one.
 
         Returns:
             ``(final state, emitted tokens)``, both of ``B`` rows: the state to continue the next chunk from,
@@ -375,7 +381,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         batch_size = encoder_output.shape[0]
         if state.batch_size != batch_size:
             raise ValueError(f"state has {state.batch_size} rows for a batch of {batch_size}")
-        buffers = self._decode(encoder_output, encoder_lengths, state, None)
+        buffers = self._decode(encoder_output, encoder_lengths, state, None, model_ids)
         return self.state_after(buffers, batch_size, encoder_lengths, state)
 
     @property
@@ -385,7 +391,11 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     @torch.inference_mode()
     def load_with_state(
-        self, encoder_output: torch.Tensor, encoder_lengths: torch.Tensor, state: BatchedGreedyState
+        self,
+        encoder_output: torch.Tensor,
+        encoder_lengths: torch.Tensor,
+        state: BatchedGreedyState,
+        model_ids: torch.Tensor | None = None,
     ) -> tuple[LoopBuffers, TwoLevelLoop]:
         """:meth:`decode_with_state` in parts, for callers that capture the parts around the loop in CUDA graphs:
         ``buffers, loop = load_with_state(...)``, ``loop.run()``, ``state_after(buffers, ...)``.
@@ -400,7 +410,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             raise ValueError(f"state has {state.batch_size} rows for a batch of {encoder_output.shape[0]}")
         precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
         with precision:
-            return self._load(self._project(encoder_output), encoder_lengths, state, None)
+            return self._load(self._project(encoder_output), encoder_lengths, state, None, model_ids)
 
     @torch.inference_mode()
     def state_after(
@@ -416,14 +426,18 @@ class GreedyComputerBase(CapturedLoopOwner):
         encoder_lengths: torch.Tensor,
         previous: BatchedGreedyState | None,
         rows: torch.Tensor | None,
+        model_ids: torch.Tensor | None = None,
     ) -> LoopBuffers:
-        """Run the loop over ``[B, T, D]``, rows ``rows`` (all if ``None``) continuing from ``previous``."""
+        """Run the loop over ``[B, T, D]``, rows ``rows`` (all if ``None``) continuing from ``previous``;
+        ``model_ids``: the rows' per-row boosting trees (:meth:`decode_with_state`)."""
         batch_size = encoder_output.shape[0]
         if self.fusion is not None:
             self.fusion.to(encoder_output.device)
         precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
         with precision:
-            return self._decode_loop(self._project(encoder_output), encoder_lengths, previous, rows, batch_size)
+            return self._decode_loop(
+                self._project(encoder_output), encoder_lengths, previous, rows, batch_size, model_ids
+            )
 
     def _decode_loop(
         self,
@@ -432,10 +446,11 @@ class GreedyComputerBase(CapturedLoopOwner):
         previous: BatchedGreedyState | None,
         rows: torch.Tensor | None,
         batch_size: int,
+        model_ids: torch.Tensor | None = None,
     ) -> LoopBuffers:
         """:meth:`_decode` after the projection: the loop, run again with more room if ``max_symbols=None`` ran out."""
         while True:
-            buffers, loop = self._load(projected, encoder_lengths, previous, rows)
+            buffers, loop = self._load(projected, encoder_lengths, previous, rows, model_ids)
             loop.run()
             if self.max_symbols is not None or not buffers.hyps.overflowed(batch_size):
                 break
@@ -464,11 +479,16 @@ class GreedyComputerBase(CapturedLoopOwner):
         encoder_lengths: torch.Tensor,
         previous: BatchedGreedyState | None,
         rows: torch.Tensor | None,
+        model_ids: torch.Tensor | None = None,
     ) -> tuple[LoopBuffers, TwoLevelLoop]:
         """The loop (and its buffers) for ``projected`` ``[B, T, H]``, its inputs loaded."""
         batch_size, max_time, hidden = projected.shape
         buffers, loop = self._prepare(batch_size, max_time, hidden, projected.device, projected.dtype)
         self._load_inputs(buffers, projected, encoder_lengths, previous, rows)
+        if buffers.fusion is not None:
+            self.fusion.load_model_ids(buffers.fusion, model_ids)
+        elif model_ids is not None:
+            raise ValueError("per-row boosting tree ids were given to a decoder that fuses no models")
         return buffers, loop
 
     def _load_inputs(

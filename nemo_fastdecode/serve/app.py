@@ -62,6 +62,7 @@ def build_engine(model: ASRModel, config: ServeConfig) -> StreamingEngine:
         fast_math=config.fast_math,
         max_symbols=config.max_symbols,
         endpointing=config.endpointing,
+        phrase_boosting=config.phrase_boosting,
     )
 
 

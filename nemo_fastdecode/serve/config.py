@@ -28,6 +28,8 @@ class LimitsConfig:
         max_outgoing_events: server events queued for a client that does not read them; one more is a slow
             reader: an ``error`` event (when it can still be written) and close code 1008.
         write_buffer_bytes: bytes the WebSocket layer buffers per connection before a send waits for the client.
+        max_boost_phrases: most phrases a session's ``transcription.boosting`` may list.
+        max_boost_phrase_chars: longest boosting phrase, in characters.
     """
 
     max_message_bytes: int = 1 << 20
@@ -35,6 +37,8 @@ class LimitsConfig:
     max_audio_burst_seconds: float = 30.0
     max_outgoing_events: int = 256
     write_buffer_bytes: int = 64 * 1024
+    max_boost_phrases: int = 1000
+    max_boost_phrase_chars: int = 200
 
     def __post_init__(self) -> None:
         if self.max_message_bytes < 1024:
@@ -48,6 +52,11 @@ class LimitsConfig:
             raise ValueError(
                 f"limits.max_outgoing_events and limits.write_buffer_bytes must be >= 1, got "
                 f"{self.max_outgoing_events} and {self.write_buffer_bytes}"
+            )
+        if self.max_boost_phrases < 0 or self.max_boost_phrase_chars < 1:
+            raise ValueError(
+                f"limits.max_boost_phrases must be >= 0 (0: no boosting) and limits.max_boost_phrase_chars >= 1, got "
+                f"{self.max_boost_phrases} and {self.max_boost_phrase_chars}"
             )
 
 
@@ -86,6 +95,9 @@ class ServeConfig:
             gives it up at every GPU synchronisation of a cycle: with 5 ms, each of those may wait up to 5 ms for the
             network thread to hand it back, which stretches cycles under load (measured on an H100 with 256 clients:
             p95 chunk latency 1,338 ms at 5 ms, 56 ms at 0.5 ms).
+        phrase_boosting: set per-stream phrase boosting (a session's ``transcription.boosting``) up at start, so that
+            the warm-up captures the decoder that fuses the streams' trees too (needs a model with a tokenizer);
+            ``false``: the first item with phrases sets it up (its first steps capture it).
         limits: per-connection limits.
     """
 
@@ -108,6 +120,7 @@ class ServeConfig:
     vad_min_silence_ms: float = 500.0
     api_key: str | None = None
     gil_switch_interval_ms: float | None = 0.5
+    phrase_boosting: bool = False
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def __post_init__(self) -> None:

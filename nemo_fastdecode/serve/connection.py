@@ -36,6 +36,7 @@ from nemo_fastdecode.serve.protocol import (
     AudioAppend,
     AudioClear,
     AudioCommit,
+    Boosting,
     Cleared,
     CloseCode,
     Committed,
@@ -62,7 +63,8 @@ from nemo_fastdecode.serve.protocol import (
     decode_audio,
     parse_client_event,
 )
-from nemo_fastdecode.streaming import EndpointingOptions, SpeechEvent, StreamEvent, StreamOptions
+from nemo_fastdecode.streaming import BoostingOptions, EndpointingOptions, SpeechEvent, StreamEvent, StreamOptions
+from nemo_fastdecode.streaming.boosting import NEMO_UNSUPPORTED_OPTIONS, TREE_OPTIONS
 
 if TYPE_CHECKING:
     from websockets.asyncio.server import ServerConnection
@@ -85,6 +87,7 @@ class SessionState:
     language: str | None = None
     prompt: str | None = None
     endpointing: EndpointingOptions | None = None  # the VAD settings ``turn_detection`` asks for (engine VAD only)
+    boosting: BoostingOptions | None = None  # the phrases to boost in the next items
 
     def describe(self, session_id: str) -> Session:
         return Session(
@@ -92,11 +95,20 @@ class SessionState:
             audio=SessionAudio(
                 input=SessionAudioInput(
                     format=SessionFormat(rate=self.rate),
-                    transcription=SessionTranscription(model=self.model, language=self.language, prompt=self.prompt),
+                    transcription=SessionTranscription(
+                        model=self.model, language=self.language, prompt=self.prompt, boosting=_reported(self.boosting)
+                    ),
                     turn_detection=self.turn_detection,
                 )
             ),
         )
+
+
+def _reported(options: BoostingOptions | None) -> Boosting | None:
+    """The session's boosting as ``session.updated`` reports it: every option, NeMo's defaults filled in."""
+    if options is None:
+        return None
+    return Boosting(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
 
 
 @dataclasses.dataclass
@@ -326,9 +338,14 @@ class Connection:
         """The engine stream's options for the session as it is now (built again only when the session changed)."""
         # with an engine VAD, a session without turn detection opens its stream with endpointing off
         endpointing = (self.session.endpointing or EndpointingOptions()) if self.vad is not None else None
-        key = (self.session.rate, endpointing)
+        key = (self.session.rate, endpointing, self.session.boosting)
         if self._options is None or self._options[0] != key:
-            options = StreamOptions(sample_rate=self.session.rate, sample_format="int16", endpointing=endpointing)
+            options = StreamOptions(
+                sample_rate=self.session.rate,
+                sample_format="int16",
+                endpointing=endpointing,
+                boosting=self.session.boosting,
+            )
             self._options = (key, options)
         return self._options[1]
 
@@ -377,9 +394,13 @@ class Connection:
             new.rate = fmt.rate or new.rate
         if update.input_audio_format is not None:
             self._check_format(update.input_audio_format, None, "session.input_audio_format", event_id)
-        transcription = update.input_audio_transcription or (audio_input.transcription if audio_input else None)
+        transcription, param = update.input_audio_transcription, "session.input_audio_transcription"
+        if transcription is None and audio_input is not None and audio_input.transcription is not None:
+            transcription, param = audio_input.transcription, "session.audio.input.transcription"
         if transcription is not None:
             new.language, new.prompt = transcription.language, transcription.prompt
+            if "boosting" in transcription.model_fields_set:  # absent: unchanged; null: off
+                new.boosting = self._boosting(transcription.boosting, f"{param}.boosting", event_id)
         for present, value, param in (
             ("turn_detection" in fields, audio_input.turn_detection if audio_input else None, "audio.input"),
             ("turn_detection" in update.model_fields_set, update.turn_detection, "session"),
@@ -419,6 +440,39 @@ class Connection:
                 param=param + ".rate",
                 event_id=event_id,
             )
+
+    def _boosting(self, value: Boosting | None, param: str, event_id: str | None) -> BoostingOptions | None:
+        """The engine's boosting options of a session's ``transcription.boosting``, checked against the limits."""
+        if value is None:
+            return None
+
+        def refuse(message: str, where: str = "") -> ProtocolError:
+            return ProtocolError(ErrorCode.INVALID_VALUE, message, param=param + where, event_id=event_id)
+
+        for name in value.model_extra or {}:
+            if name in NEMO_UNSUPPORTED_OPTIONS:
+                why = NEMO_UNSUPPORTED_OPTIONS[name][1]
+                raise refuse(f"boosting option {name!r} ({why}) is not supported; leave it out", f".{name}")
+            valid = ", ".join(["phrases", "weight", *TREE_OPTIONS])
+            raise refuse(f"unknown boosting option {name!r}; valid: {valid}", f".{name}")
+        phrases, limit, longest = value.phrases, self.limits.max_boost_phrases, self.limits.max_boost_phrase_chars
+        if not 1 <= len(phrases) <= limit:
+            valid = f"1 to {limit} phrases" if limit else "none: this server does not boost phrases"
+            raise refuse(f"boosting.phrases has {len(phrases)} phrases; valid: {valid}", ".phrases")
+        for i, phrase in enumerate(phrases):
+            shown = repr(phrase if len(phrase) <= 40 else phrase[:40] + "...")
+            if not phrase.strip():
+                raise refuse(f"boosting.phrases[{i}]={shown} is empty; valid: a non-empty phrase", f".phrases.{i}")
+            if len(phrase) > longest:
+                raise refuse(
+                    f"boosting.phrases[{i}]={shown} has {len(phrase)} characters; valid: at most {longest}",
+                    f".phrases.{i}",
+                )
+        given = {name: v for name, v in value.model_dump(exclude={"phrases"}).items() if v is not None}
+        try:
+            return BoostingOptions(phrases=tuple(phrases), **given)
+        except (TypeError, ValueError) as error:
+            raise refuse(str(error)) from None
 
     def _check_turn_detection(
         self, value: TurnDetection | None, param: str, event_id: str | None

@@ -4,7 +4,9 @@ Client events (JSON text messages; raw binary messages are PCM16 audio, as ``inp
 
 * ``session.update`` / ``transcription_session.update`` -- the audio format (``audio/pcm`` at the model's rate,
   or ``input_audio_format: pcm16``) and ``turn_detection`` (``null``, or ``server_vad`` where the engine runs VAD or
-  the server has an endpointer); only the fields present change.
+  the server has an endpointer), and (an extension) phrase boosting for the session's next items:
+  ``transcription.boosting`` ``{"phrases": [...], "weight": 1.0, ...}`` (NeMo's per-stream boosting tree; ``null``
+  turns it off); only the fields present change.
 * ``input_audio_buffer.append`` -- base64 PCM16 audio.
 * ``input_audio_buffer.commit`` -- the buffer's audio is one item: its ``completed`` event follows.
 * ``input_audio_buffer.clear`` -- drop the audio appended since the last commit.
@@ -30,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 __all__ = [
     "AudioAppend",
+    "Boosting",
     "AudioClear",
     "AudioCommit",
     "ClientEvent",
@@ -109,13 +112,31 @@ class TurnDetection(BaseModel):
     silence_duration_ms: int | None = None
 
 
+class Boosting(BaseModel):
+    """Phrase boosting (an extension): NeMo's per-stream boosting tree of ``phrases`` fused into the greedy decoding
+    with ``weight`` (NeMo's ``boosting_model_alpha``); the other fields are NeMo's ``BoostingTreeModelConfig`` options
+    of the same names (``None``: NeMo's default). Other keys are kept for the connection to refuse by name."""
+
+    model_config = ConfigDict(extra="allow")
+    phrases: list[str]
+    weight: float | None = Field(default=None, allow_inf_nan=False)
+    context_score: float | None = Field(default=None, allow_inf_nan=False)
+    depth_scaling: float | None = Field(default=None, allow_inf_nan=False)
+    unk_score: float | None = Field(default=None, allow_inf_nan=False)
+    final_eos_score: float | None = Field(default=None, allow_inf_nan=False)
+    score_per_phrase: float | None = Field(default=None, allow_inf_nan=False)
+    uniform_weights: bool | None = None
+
+
 class Transcription(BaseModel):
-    """``model`` / ``language`` / ``prompt``: accepted and ignored (the served model is language-free here)."""
+    """``model`` / ``language`` / ``prompt``: accepted and ignored (the served model is language-free here);
+    ``boosting`` (extension): the phrases to boost in the session's next items, ``null``: none."""
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
+    boosting: Boosting | None = None
 
 
 class AudioInput(_Strict):
@@ -265,6 +286,7 @@ class SessionTranscription(BaseModel):
     model: str
     language: str | None = None
     prompt: str | None = None
+    boosting: Boosting | None = None
 
 
 class SessionAudioInput(BaseModel):

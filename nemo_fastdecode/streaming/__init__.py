@@ -6,6 +6,7 @@
 * :mod:`~nemo_fastdecode.streaming.subsampling` -- NeMo's causal subsampling convolutions, fewer passes (tf32x3).
 * :mod:`~nemo_fastdecode.streaming.buckets` -- batch-size buckets, one CUDA graph replay per step.
 * :mod:`~nemo_fastdecode.streaming.decoding` -- per-slot greedy decoding state (``fast_greedy``).
+* :mod:`~nemo_fastdecode.streaming.boosting` -- per-slot phrase boosting trees (NeMo's per-stream biasing).
 * :mod:`~nemo_fastdecode.streaming.transcriber` -- ``open`` / ``step`` / ``flush`` / ``close``.
 * :mod:`~nemo_fastdecode.streaming.frontend` -- every stream's PCM in one copy, NeMo's whole-file mel features out.
 * :mod:`~nemo_fastdecode.streaming.chunking` -- NeMo's chunk schedule as frames arrive, the frames waiting per slot.
@@ -20,6 +21,7 @@
 
 from nemo_fastdecode.streaming.engine import StreamingEngine
 from nemo_fastdecode.streaming.events import (
+    BoostingOptions,
     CapacityError,
     EndpointingOptions,
     EndReason,
@@ -35,6 +37,7 @@ from nemo_fastdecode.streaming.geometry import StreamingGeometry, split_features
 from nemo_fastdecode.streaming.transcriber import StepResult, StreamingTranscriber, StreamResult
 
 __all__ = [
+    "BoostingOptions",
     "CapacityError",
     "EndReason",
     "EndpointingOptions",

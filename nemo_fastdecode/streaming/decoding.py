@@ -14,10 +14,17 @@ With CUDA graphs the batch sizes are the encoder's buckets and each bucket has i
 not run the decoder at the largest bucket. :meth:`SlotDecoder.capture_step` (the streaming transcriber's
 default with graphs) also captures the gather, loading, scatter and token append around that graph, for a
 bucket's static input tensors.
+
+Phrase boosting (:meth:`SlotDecoder.set_boosting`): slots may have their own boosting tree
+(:class:`~nemo_fastdecode.streaming.boosting.SlotBoosting`, NeMo's per-stream biasing). A step in which any slot has
+one runs a second set of greedy computers that fuse NeMo's multi-model (every row against its own tree, rows without
+one score 0 and decode as without fusion), each slot's tree state kept in ``boost_states [S + 1]``; steps of slots
+without trees run the plain computers and graphs as before, at no extra cost.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Sequence
@@ -33,12 +40,16 @@ from nemo_fastdecode.graphs import TwoLevelLoop
 from nemo_fastdecode.graphs.capture import capture_graph
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
+from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
 from nemo_fastdecode.greedy.state import BatchedGreedyState, LoopBuffers
+from nemo_fastdecode.streaming.boosting import SlotBoosting
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
+
+    from nemo_fastdecode.streaming.events import BoostingOptions
 
 __all__ = ["SlotDecoder"]
 
@@ -111,6 +122,11 @@ class SlotDecoder:
         self._arange: torch.Tensor | None = None
         # per batch size: the CUDA graphs around the greedy loop (capture_step), None where capturing failed
         self._step_graphs: dict[int, _StepGraphs | None] = {}
+        # phrase boosting, set up by the first slot that asks for it: the slots' trees, their states, the computers
+        # that fuse them (one per batch size, as the plain ones)
+        self.boosting: SlotBoosting | None = None
+        self.boost_states: torch.Tensor | None = None  # [S + 1] int64: each slot's state in its tree
+        self._boosted_computers: dict[int, GreedyComputerBase] = {}
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -144,7 +160,7 @@ class SlotDecoder:
         return computer
 
     def reset(self, slot: int) -> None:
-        """Start a slot afresh (a new stream): the state after ``<SOS>``, no tokens."""
+        """Start a slot afresh (a new stream): the state after ``<SOS>``, no tokens, no boosting tree."""
         with torch.inference_mode():
             rows = torch.tensor([slot], dtype=torch.long, device=self.device)
             self.state.index_copy_(rows, self._fresh)
@@ -152,6 +168,64 @@ class SlotDecoder:
             self.scores[slot] = 0
         self._bound[slot] = 0
         self._decoded[slot] = False
+        self.set_boosting(slot, None)
+
+    # ------------------------------------------------------------------------------------------
+    def enable_boosting(self) -> None:
+        """Set phrase boosting up now (else the first stream with phrases does): :meth:`warm_up` then also runs (and
+        captures) the computers that fuse the slots' trees."""
+        self._setup_boosting()
+
+    def boosting_tree(self, options: BoostingOptions) -> None:
+        """Build (or find) the boosting tree of ``options`` now: raises ``ValueError`` for phrases the model cannot
+        boost, before any slot changes."""
+        self._setup_boosting().tree(options)
+
+    def set_boosting(self, slot: int, options: BoostingOptions | None) -> None:
+        """The slot's boosting tree from now on (``None``: none); the slot's tree state starts after ``<BOS>``."""
+        if options is None:
+            if self.boosting is not None:
+                self.boosting.detach(slot)
+            return
+        boosting = self._setup_boosting()
+        boosting.attach(slot, options)
+        with torch.inference_mode():
+            self.boost_states[slot] = int(boosting.multi_model.get_init_states(1, bos=True)[0])
+
+    def _setup_boosting(self) -> SlotBoosting:
+        if self.boosting is None:
+            if self._computer_class is not LabelLoopGreedy:
+                raise ValueError("phrase boosting needs the label-looping decoder (loop_labels=True), as NeMo's")
+            blank = int(self._computer_args["blank_index"])
+            self.boosting = SlotBoosting(self.model, self.num_slots, blank, self.device, self._boosting_reallocated)
+            with torch.inference_mode():
+                self.boost_states = self.boosting.multi_model.get_init_states(self.num_slots + 1, bos=True).clone()
+        return self.boosting
+
+    def _boosting_reallocated(self) -> None:
+        """The multi-model's storage moved: graphs captured on it would read freed memory."""
+        for computer in self._boosted_computers.values():
+            computer.reset_graphs()
+
+    def _boosted_computer(self, batch_size: int) -> GreedyComputerBase:
+        key = batch_size if self.per_batch_size else 0
+        computer = self._boosted_computers.get(key)
+        if computer is None:
+            fusion = FusionModels([], [], per_row=self.boosting.multi_model)
+            computer = self._boosted_computers[key] = self._computer_class(**self._computer_args, fusion=fusion)
+        return computer
+
+    def _decode_boosted(self, encoded: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor) -> EmittedTokens:
+        """A step with boosting trees: every row fuses its slot's tree (rows without one: id -1, no change)."""
+        computer = self._boosted_computer(encoded.shape[0])
+        state = self.state.index_select(slot_ids)
+        state.fusion_states_list = [self.boost_states.index_select(0, slot_ids)]
+        model_ids = self.boosting.model_ids.index_select(0, slot_ids)
+        final, emitted = computer.decode_with_state(encoded.to(self.dtype), lengths, state, model_ids)
+        (tree_states,) = final.fusion_states_list
+        self.boost_states.index_copy_(0, slot_ids, tree_states)
+        self.state.index_copy_(slot_ids, dataclasses.replace(final, fusion_states_list=[]))
+        return emitted
 
     # ------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -175,8 +249,14 @@ class SlotDecoder:
         if slot_ids is None:
             padded = list(slots) + [self.dummy_slot] * (batch_size - len(slots))
             slot_ids = torch.tensor(padded, dtype=torch.long).to(self.device, non_blocking=True)
-        computer = self._computer(batch_size)
         host_slots = np.asarray(slots, dtype=np.int64)
+        if self.boosting is not None and self.boosting.boosted(host_slots):
+            emitted = self._decode_boosted(encoded, lengths, slot_ids)
+            self._reserve(host_slots, emitted.labels.shape[1])
+            self._append(slot_ids, emitted)
+            self._decoded[host_slots] = True
+            return
+        computer = self._computer(batch_size)
         graphs = self._step_graphs.get(batch_size)
         reserved = False
         if graphs is not None and graphs.reads(encoded, lengths, slot_ids) and graphs.current(computer, self.labels):
@@ -304,7 +384,8 @@ class SlotDecoder:
         """Run (and, with CUDA graphs, capture) the decoder at every batch size now, on the dummy slot only.
 
         Every row is the dummy slot with ``frames`` frames of zeros (the longest chunk), so each computer sizes
-        its buffers for the largest input it will see; the dummy slot is emptied afterwards.
+        its buffers for the largest input it will see; the dummy slot is emptied afterwards. With phrase boosting
+        set up (:meth:`enable_boosting`), the fused computers too.
         """
         sizes = sorted(set(batch_sizes)) if self.per_batch_size else [max(batch_sizes)]
         with torch.inference_mode():
@@ -313,6 +394,8 @@ class SlotDecoder:
                 lengths = torch.full([size], frames, dtype=torch.long, device=self.device)
                 slot_ids = torch.full([size], self.dummy_slot, dtype=torch.long, device=self.device)
                 self.decode([], encoded, lengths, slot_ids)
+                if self.boosting is not None:
+                    self._decode_boosted(encoded, lengths, slot_ids)  # every row without a tree
         self.reset(self.dummy_slot)
 
     # ------------------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ import torch
 from nemo_fastdecode.streaming.chunking import ChunkSchedule, FeatureQueue
 from nemo_fastdecode.streaming.endpointing import BlankRunEndpointer
 from nemo_fastdecode.streaming.events import (
+    BoostingOptions,
     CapacityError,
     EndpointingOptions,
     EndReason,
@@ -120,6 +121,9 @@ class StreamingEngine:
         clock: seconds, monotonic (injectable for tests).
         endpointing: when utterances end mid-stream (:class:`EndpointingOptions`; default: never), for every stream
             that does not set its own in :class:`StreamOptions`. Silero VAD is loaded here if it is on.
+        phrase_boosting: set per-stream phrase boosting (``StreamOptions.boosting``) up now, so that :meth:`warm_up`
+            also captures the decoder that fuses the streams' boosting trees (a model with a tokenizer, label
+            looping); ``False``: the first stream with phrases sets it up.
     """
 
     def __init__(
@@ -137,6 +141,7 @@ class StreamingEngine:
         max_cycle_seconds: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         endpointing: EndpointingOptions | None = None,
+        phrase_boosting: bool = False,
     ):
         if idle_timeout_seconds is not None and not idle_timeout_seconds > 0:
             raise ValueError(f"idle_timeout_seconds must be > 0 or None, got {idle_timeout_seconds!r}")
@@ -150,6 +155,7 @@ class StreamingEngine:
             max_symbols=max_symbols,
             fast_math=fast_math,
             encoder_matmul=encoder_matmul,
+            phrase_boosting=phrase_boosting,
         )
         self.model, self.num_slots = model, num_slots
         self.device = self.transcriber.device
@@ -209,9 +215,13 @@ class StreamingEngine:
     def open(self, options: StreamOptions | None = None) -> int:
         """Start a stream; returns its id (never reused).
 
+        ``options.boosting``: the stream's own phrases to boost (NeMo's per-stream boosting tree fused into its greedy
+        decoding); a cycle in which no stream with phrases steps runs the plain decoder.
+
         Raises:
             CapacityError: every slot holds a stream.
-            ValueError: options the front end cannot take (rate, channels, sample format), naming the value.
+            ValueError: options the front end cannot take (rate, channels, sample format), or phrases the model cannot
+                boost, naming the value.
         """
         options = StreamOptions() if options is None else options
         if not isinstance(options, StreamOptions):
@@ -221,12 +231,16 @@ class StreamingEngine:
         if free.size == 0:
             raise CapacityError(self.num_slots)
         slot = int(free[0])
+        if options.boosting is not None:
+            if not isinstance(options.boosting, BoostingOptions):
+                raise TypeError(f"boosting must be a BoostingOptions, got {type(options.boosting).__name__}")
+            self.transcriber.check_boosting(options.boosting)  # the tree is built before anything changes
         if endpointing.vad and self._vad is None:  # the first stream that asks for it loads it
             self._vad = BatchedVAD(self.front)
         self.front.open(
             slot, sample_rate=options.sample_rate, channels=options.channels, sample_format=options.sample_format
         )  # checks the options before anything changes
-        transcriber_slot = self.transcriber.open()
+        transcriber_slot = self.transcriber.open(boosting=options.boosting)
         assert transcriber_slot == slot, "the engine and its transcriber take the lowest free slot alike"
         stream_id, self._next_id = self._next_id, self._next_id + 1
         self._slot_of[stream_id] = slot

@@ -3,6 +3,7 @@ events out, and the errors a server catches per request.
 
 * :class:`StreamOptions` -- how a stream's audio is encoded (and, per stream, what its events carry).
 * :class:`EndpointingOptions` -- when an utterance ends mid-stream (Silero VAD, NeMo's runs of blanks); off by default.
+* :class:`BoostingOptions` -- a stream's own phrases to boost (NeMo's per-stream boosting tree); none by default.
 * :class:`SpeechEvent` -- Silero VAD heard speech start or stop in a stream (streams with ``vad`` on).
 * :class:`StreamEvent` -- a partial or final transcript of one stream, with word timestamps and the audio it covers.
 * :class:`CapacityError` -- every slot holds a stream: refuse the new one (or queue it), nothing else is affected.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "BoostingOptions",
     "CapacityError",
     "EndReason",
     "EndpointingOptions",
@@ -111,6 +113,53 @@ def _is_number(value: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class BoostingOptions:
+    """A stream's phrase boosting: NeMo's per-stream boosting tree (``BiasingRequestItemConfig`` of NeMo's streaming
+    pipelines, its ``BoostingTreeModelConfig`` built from ``key_phrases_list``), fused into the stream's greedy decoding
+    as NeMo's label-looping decoder fuses it (``greedy.enable_per_stream_biasing``). Defaults are NeMo's.
+
+    Attributes:
+        phrases: the phrases to boost (NeMo's ``key_phrases_list``), tokenised by the model's tokenizer; at least one,
+            none empty.
+        weight: the tree's weight in the fusion (NeMo's ``boosting_model_alpha``).
+        context_score: NeMo's ``context_score``: the score of each arc into a phrase.
+        depth_scaling: NeMo's ``depth_scaling`` (2.0 for RNN-T and TDT).
+        unk_score: NeMo's ``unk_score``: the score of tokens that start no phrase.
+        final_eos_score: NeMo's ``final_eos_score`` (read by attention decoders only; kept for the tree's equality).
+        score_per_phrase: NeMo's ``score_per_phrase``.
+        uniform_weights: NeMo's ``uniform_weights``.
+    """
+
+    phrases: tuple[str, ...]
+    weight: float = 1.0
+    context_score: float = 1.0
+    depth_scaling: float = 2.0
+    unk_score: float = 0.0
+    final_eos_score: float = 1.0
+    score_per_phrase: float = 0.0
+    uniform_weights: bool = False
+
+    def __post_init__(self):
+        phrases = self.phrases
+        if isinstance(phrases, str) or not isinstance(phrases, (list, tuple)):
+            raise TypeError(f"BoostingOptions.phrases must be a list of strings, got {type(phrases).__name__}")
+        if not phrases:
+            raise ValueError("BoostingOptions.phrases is empty; give at least one phrase (or no BoostingOptions)")
+        for i, phrase in enumerate(phrases):
+            if not isinstance(phrase, str):
+                raise TypeError(f"BoostingOptions.phrases[{i}] must be a string, got {type(phrase).__name__}")
+            if not phrase.strip():
+                raise ValueError(f"BoostingOptions.phrases[{i}]={phrase!r} is empty; valid: a non-empty phrase")
+        object.__setattr__(self, "phrases", tuple(phrases))  # hashable: equal options share one built tree
+        for name in ("weight", "context_score", "depth_scaling", "unk_score", "final_eos_score", "score_per_phrase"):
+            value = getattr(self, name)
+            if not (_is_number(value) and math.isfinite(value)):
+                raise ValueError(f"BoostingOptions.{name}={value!r}; valid: a finite number")
+        if not isinstance(self.uniform_weights, bool):
+            raise TypeError(f"BoostingOptions.uniform_weights={self.uniform_weights!r}; valid: True or False")
+
+
+@dataclass(frozen=True)
 class StreamOptions:
     """How a stream's audio arrives, and what its events carry.
 
@@ -121,6 +170,7 @@ class StreamOptions:
         channels: must be 1 (mono).
         partial_words: word timestamps on partial events too (host work per event; final events always have them).
         endpointing: this stream's end-of-utterance rules; ``None``: the engine's (``StreamingEngine(endpointing=)``).
+        boosting: this stream's phrases to boost (:class:`BoostingOptions`); ``None``: none (plain greedy decoding).
     """
 
     sample_rate: int | None = None
@@ -128,6 +178,7 @@ class StreamOptions:
     channels: int = 1
     partial_words: bool = False
     endpointing: EndpointingOptions | None = None
+    boosting: BoostingOptions | None = None
 
 
 class EndReason(str, enum.Enum):

@@ -27,6 +27,11 @@ as NeMo's builder sets them). Each stream gets one final transcript, at its end:
 (``endpointing.stop_history_eou``) is not applied, and segments carry confidence 0.0 (as NeMo's without
 ``preserve_frame_confidence``). Refused with an error naming the setting: CTC decoding, beam strategies, ITN, NMT,
 feature-buffer requests, ``use_cache: false``.
+
+Per-stream biasing: with ``asr.decoding.greedy.enable_per_stream_biasing: true`` a request's ``biasing_cfg`` (NeMo's
+``BiasingRequestItemConfig``) becomes its engine stream's boosting tree (``StreamOptions.boosting``; NeMo's options the
+engine does not take are refused by name); without it such requests are ignored with a warning, as NeMo's pipeline
+ignores them.
 """
 
 from __future__ import annotations
@@ -51,8 +56,9 @@ from nemo.collections.asr.inference.utils.pipeline_utils import (
 from nemo.collections.asr.inference.utils.text_segment import TextSegment, Word
 
 from nemo_fastdecode.registry import FAST_PIPELINE_TYPE as PIPELINE_TYPE
+from nemo_fastdecode.streaming.boosting import boosting_options_from_nemo
 from nemo_fastdecode.streaming.engine import StreamingEngine
-from nemo_fastdecode.streaming.events import StreamEvent, StreamOptions
+from nemo_fastdecode.streaming.events import BoostingOptions, StreamEvent, StreamOptions
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -103,6 +109,7 @@ class FastCacheAwarePipeline(BasePipeline):
             max_symbols=greedy.get("max_symbols", None),
         )
         self.engine.warm_up()
+        self.per_stream_biasing = bool(greedy.get("enable_per_stream_biasing", False))
         self.model = model
         self.tokenizer = model.tokenizer
         self.sep = str(cfg.asr.decoding.get("word_seperator", " "))  # NeMo's key, spelled as NeMo spells it
@@ -149,7 +156,14 @@ class FastCacheAwarePipeline(BasePipeline):
                 f"fast_cache_aware does not support request option {what}=True; use pipeline_type: cache_aware"
             )
         if options.has_biasing_request():
-            self._warn_once("biasing", "fast_cache_aware: per-stream biasing requests are ignored")
+            if self.per_stream_biasing:
+                self._boosting(options)  # NeMo's options the engine does not take are refused now, by name
+            else:
+                self._warn_once(
+                    "biasing",
+                    "fast_cache_aware: a request asks for biasing and asr.decoding.greedy.enable_per_stream_biasing is "
+                    "false: ignored (as NeMo's pipeline ignores it)",
+                )
         state = StreamingState()
         state.set_options(options)
         return state
@@ -186,7 +200,8 @@ class FastCacheAwarePipeline(BasePipeline):
         """
         for frame in frames:
             if frame.is_first:
-                options = StreamOptions(sample_rate=self.sample_rate, sample_format="float32")
+                boosting = self._boosting(self.get_state(frame.stream_id).options)
+                options = StreamOptions(sample_rate=self.sample_rate, sample_format="float32", boosting=boosting)
                 self._engine_id[frame.stream_id] = self.engine.open(options)
                 self._reported[frame.stream_id] = 0
             stream = self._engine_id[frame.stream_id]
@@ -241,6 +256,12 @@ class FastCacheAwarePipeline(BasePipeline):
     def _times(self, start: float, end: float) -> tuple[float, float]:
         start, end = float(start), float(end)
         return start, end if end > start else start + self._frame_seconds
+
+    def _boosting(self, options: ASRRequestOptions | None) -> BoostingOptions | None:
+        """The stream's boosting tree options from its request's ``biasing_cfg`` (``None``: none, or biasing off)."""
+        if not self.per_stream_biasing or options is None or not options.has_biasing_request():
+            return None
+        return boosting_options_from_nemo(options.biasing_cfg)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

@@ -32,6 +32,7 @@ from nemo_fastdecode.decode_call import true_fp32
 from nemo_fastdecode.streaming.buckets import BucketedStep
 from nemo_fastdecode.streaming.decoding import SlotDecoder
 from nemo_fastdecode.streaming.encoder import StreamingEncoderStep, check_streaming_encoder
+from nemo_fastdecode.streaming.events import BoostingOptions
 from nemo_fastdecode.streaming.geometry import StreamingGeometry
 from nemo_fastdecode.streaming.slots import SlotState
 
@@ -107,6 +108,9 @@ class StreamingTranscriber:
         capture_decoder_step: with CUDA graphs, :meth:`warm_up` also captures the decoder's work around its
             greedy loop per bucket (:meth:`SlotDecoder.capture_step`: on an H200 the decoder went from 1.4 ms to
             0.29 ms of a 256-stream step); ``False`` runs that work eagerly.
+        phrase_boosting: set per-stream phrase boosting up now (:meth:`SlotDecoder.enable_boosting`), so that
+            :meth:`warm_up` captures the decoder that fuses the streams' trees too; ``False``: the first stream that
+            boosts phrases sets it up (its first steps then capture it).
     """
 
     def __init__(
@@ -124,6 +128,7 @@ class StreamingTranscriber:
         fast_math: bool = False,
         encoder_matmul: str = "fp32",
         capture_decoder_step: bool = True,
+        phrase_boosting: bool = False,
     ):
         if not isinstance(num_slots, int) or num_slots < 1:
             raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
@@ -168,6 +173,10 @@ class StreamingTranscriber:
             else None
         )
         self.capture_decoder_step = capture_decoder_step
+        if phrase_boosting:
+            if self.decoder is None:
+                raise ValueError("phrase_boosting needs the decoder (decode=True)")
+            self.decoder.enable_boosting()
         self._open = [False] * num_slots
         self._started = np.zeros(num_slots, dtype=bool)  # host mirror of slots.started: checks without a sync
 
@@ -177,21 +186,42 @@ class StreamingTranscriber:
         """Slots that hold a stream now."""
         return [slot for slot, is_open in enumerate(self._open) if is_open]
 
-    def open(self) -> int:
-        """Start a stream in the lowest free slot (emptied); returns the slot id."""
+    def open(self, boosting: BoostingOptions | None = None) -> int:
+        """Start a stream in the lowest free slot (emptied); returns the slot id.
+
+        ``boosting``: the stream's phrases to boost (NeMo's per-stream boosting tree, label looping only); ``None``:
+        plain greedy decoding. Raises ``ValueError`` (before any slot changes) for phrases the model cannot boost.
+        """
+        if boosting is not None:
+            if self.decoder is None:
+                raise ValueError("phrase boosting needs the decoder (StreamingTranscriber(decode=True))")
+            self.decoder.boosting_tree(boosting)  # built (and checked) before any slot changes
         for slot, is_open in enumerate(self._open):
             if not is_open:
                 self.slots.reset_(slot)
                 if self.decoder is not None:
                     self.decoder.reset(slot)
+                    if boosting is not None:
+                        self.decoder.set_boosting(slot, boosting)
                 self._open[slot], self._started[slot] = True, False
                 return slot
         raise RuntimeError(f"all {self.num_slots} slots are in use; close or flush a stream, or use more num_slots")
 
+    def check_boosting(self, boosting: BoostingOptions) -> None:
+        """Raise ``ValueError`` now if :meth:`open` would refuse ``boosting`` (the tree is built and kept for it)."""
+        if self.decoder is None:
+            raise ValueError("phrase boosting needs the decoder (StreamingTranscriber(decode=True))")
+        self.decoder.boosting_tree(boosting)
+
     def close(self, slot: int) -> None:
         """End a stream without a result and free its slot."""
         self._check_slot(slot, "close")
+        self._release(slot)
+
+    def _release(self, slot: int) -> None:
         self._open[slot] = False
+        if self.decoder is not None:
+            self.decoder.set_boosting(slot, None)  # its tree leaves the multi-model
 
     def flush(self, slot: int) -> StreamResult:
         """End of stream: the final hypothesis and text, and the slot is freed.
@@ -202,7 +232,7 @@ class StreamingTranscriber:
         self._check_slot(slot, "flush")
         hyp = self.hypothesis(slot)
         result = StreamResult(slot=slot, hypothesis=hyp, text=self.decoder.text(slot) if hyp is not None else "")
-        self._open[slot] = False
+        self._release(slot)
         return result
 
     def hypothesis(self, slot: int) -> Hypothesis | None:

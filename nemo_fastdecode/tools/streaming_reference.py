@@ -33,9 +33,14 @@ class Reference:
 
 
 def nemo_alone(
-    model: ASRModel, feats: torch.Tensor
+    model: ASRModel, feats: torch.Tensor, biasing: Any = None
 ) -> tuple[list[torch.Tensor], Hypothesis | None, list[torch.Tensor]]:
     """NeMo's cache-aware streaming of one stream ``[feat_in, T]``.
+
+    ``biasing``: NeMo's ``BiasingRequestItemConfig``, the stream's own boosting tree, handled as NeMo's
+    ``CacheAwareRNNTPipeline`` handles a request's ``biasing_cfg``: added to the decoding computer's multi-model (the
+    model's decoding needs ``greedy.enable_per_stream_biasing``), the stream's first partial hypothesis
+    ``Hypothesis.empty_with_biasing_cfg``, the tree removed at the stream's end.
 
     Returns:
         Each chunk's encoder output ``[T_i, D]``, the final hypothesis (``None`` without a chunk), NeMo's chunks.
@@ -47,6 +52,13 @@ def nemo_alone(
     channel, time, channel_len = model.encoder.get_initial_cache_state(batch_size=1, device=feats.device)
     drop = model.encoder.streaming_cfg.drop_extra_pre_encoded
     outputs, hyps, chunks = [], None, []
+    multi_model = None
+    if biasing is not None:
+        multi_model = model.decoding.decoding.decoding_computer.biasing_multi_model
+        if multi_model is None:
+            raise ValueError("per-stream biasing needs the model's decoding with greedy.enable_per_stream_biasing=true")
+        biasing.add_to_multi_model(tokenizer=model.tokenizer, biasing_multi_model=multi_model)
+        hyps = [Hypothesis.empty_with_biasing_cfg(biasing)]
     with torch.inference_mode(), true_fp32():  # the reference is fp32: no TF32 in cuDNN's convolutions either
         for step, (chunk, chunk_len) in enumerate(buffer):
             chunks.append(chunk[0])
@@ -63,6 +75,10 @@ def nemo_alone(
             hyps = model.decoding.rnnt_decoder_predictions_tensor(
                 encoder_output=encoded, encoded_lengths=encoded_len, return_hypotheses=True, partial_hypotheses=hyps
             )
+    if multi_model is not None:
+        biasing.remove_from_multi_model(biasing_multi_model=multi_model)
+        if not chunks:
+            hyps = None
     return outputs, hyps[0] if hyps else None, chunks
 
 
