@@ -92,16 +92,41 @@ def true_fp32(enabled: bool = True) -> Iterator[None]:
     PyTorch lets cuDNN convolutions and RNNs use TF32 by default (``torch.backends.cudnn.allow_tf32``), and NeMo's
     streaming scripts turn TF32 matmuls on; the exact fp32 paths need neither. Kernels chosen while a CUDA graph is
     captured inside stay in the graph. ``enabled=False``: nothing changes.
+
+    PyTorch has two APIs for these flags, and once a process has set one, reading the other raises. This uses the
+    legacy flags (``allow_tf32``), as NeMo does, unless the process set the newer ``fp32_precision`` ones.
     """
     if not enabled:
         yield
         return
-    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    flags = _legacy_tf32_flags() or _fp32_precision_flags()
+    previous = [(owner, name, getattr(owner, name)) for owner, name, _ in flags]
+    for owner, name, exact in flags:
+        setattr(owner, name, exact)
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+        for owner, name, value in previous:
+            setattr(owner, name, value)
+
+
+def _legacy_tf32_flags() -> list[tuple[Any, str, Any]]:
+    """``(owner, attribute, exact value)`` of the legacy TF32 flags; empty when the process uses the newer API."""
+    try:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # noqa: B018  (reading raises)
+    except RuntimeError:
+        return []
+    return [(torch.backends.cuda.matmul, "allow_tf32", False), (torch.backends.cudnn, "allow_tf32", False)]
+
+
+def _fp32_precision_flags() -> list[tuple[Any, str, Any]]:
+    """``(owner, attribute, exact value)`` of the newer per-backend fp32 precision flags."""
+    cudnn = torch.backends.cudnn
+    return [
+        (torch.backends.cuda.matmul, "fp32_precision", "ieee"),
+        (cudnn.conv, "fp32_precision", "ieee"),
+        (cudnn.rnn, "fp32_precision", "ieee"),
+    ]
 
 
 @contextmanager
