@@ -186,9 +186,11 @@ def test_decoding_option_routes_transcribe_and_override_config(model_and_files, 
 
 
 @pytest.mark.gpu
-def test_thirty_minutes_of_audio_in_one_file_on_the_gpu(tmp_path):
+def test_thirty_minutes_of_audio_in_one_file_on_the_gpu(tmp_path, exact_fp32):
     """A 30-minute file beside a 50 ms one, through the offline path on a GPU: the same tokens as NeMo's transcribe
-    (fp32, full attention of the tiny model), and no out-of-memory failure."""
+    of each file alone (fp32, full attention of the tiny model), and no out-of-memory failure. The 30-minute file is
+    over the padded-audio budget, so the plan gives it a batch of its own; NeMo batching it with the short file would
+    pad it and round differently, which over 22,500 frames of a random model's near-ties moves a few tokens."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     model = synthetic.build_synthetic_model("tiny-rnnt", seed=0, device="cuda").eval()
@@ -198,7 +200,7 @@ def test_thirty_minutes_of_audio_in_one_file_on_the_gpu(tmp_path):
     apply_decoding(model, {"strategy": "fast_greedy"})
     paths = [str(p) for p in synthetic.write_wavs(audio, tmp_path)]
     ours = fast_transcribe(model, paths, 2, return_hypotheses=True)
-    nemo = _nemo(model, paths)
+    nemo = [_nemo(model, [path])[0] for path in paths]
     assert len(nemo[0].y_sequence) > 1000  # 30 minutes of emissions to compare
     for a, b in zip(ours, nemo, strict=True):
         assert a.y_sequence.tolist() == b.y_sequence.tolist() and a.text == b.text
