@@ -72,6 +72,7 @@ def test_cpu_smoke_run_every_row_equals_nemo(preset, tmp_path, single_thread):
         assert nemo.tokens > 0, f"{family} {variant}: nothing emitted, nothing compared"
         assert row.identical_to_nemo == 1.0 and row.tokens == nemo.tokens, (family, variant, ours)
         assert row.seconds == min(row.pass_seconds) > 0
+        assert row.graph_mode == ("eager" if ours else "no_graphs")  # the CPU: no graphs
         if ours:
             assert row.ours_over_nemo == pytest.approx(row.seconds / nemo.seconds)
             assert row.over_our_greedy_plain == pytest.approx(row.seconds / rows[("greedy", "plain", True)].seconds)

@@ -103,7 +103,7 @@ class FusionRow:
     tokens: int
     identical_to_nemo: float  # share of utterances with NeMo's tokens and frames (1.0 on NeMo's own row)
     max_score_difference: float
-    graph_mode: str | None = None
+    graph_mode: str | None = None  # ours: full_graph / no_while_graph / eager; NeMo's: its cuda_graphs_mode
     ours_over_nemo: float | None = None  # our seconds / NeMo's for the same family and variant
     over_our_greedy_plain: float | None = None  # our seconds / our plain greedy seconds
 
@@ -162,14 +162,18 @@ def decoder_factory(model, family: str, ours: bool, max_symbols: int, beam_size:
     return make
 
 
-def graph_mode(decoder: torch.nn.Module, device: torch.device) -> str | None:
-    """The graph mode our decoder runs in (``None`` for NeMo's): the greedy computer's, or the one the beam
-    computer chooses on ``device``."""
+def graph_mode(decoder: torch.nn.Module, device: torch.device) -> str:
+    """The graph mode a decoder ran in: ours (the greedy computer's, or the one the beam computer chooses on
+    ``device``), or NeMo's computer's ``cuda_graphs_mode`` (NeMo switches graphs off for fusion models without
+    Triton, and runs eagerly on the CPU)."""
     computer = getattr(decoder, "computer", None)
-    mode = getattr(computer, "graph_mode", None)
-    if mode is None and hasattr(computer, "forced_mode"):
-        mode = choose_graph_mode(device, computer.use_cuda_graphs, computer.forced_mode)
-    return mode.value if mode is not None else None
+    if computer is not None:
+        mode = getattr(computer, "graph_mode", None)
+        if mode is None:
+            mode = choose_graph_mode(device, computer.use_cuda_graphs, computer.forced_mode)
+        return mode.value
+    mode = getattr(getattr(decoder, "decoding_computer", None), "cuda_graphs_mode", None)
+    return mode.value if mode is not None and device.type == "cuda" else "no_graphs"
 
 
 def lm_options(vocab_size: int, order: int | None, shares: list[float] | None) -> tuple[int, list[float]]:
@@ -334,7 +338,7 @@ def write_fusion_reports(reports: list[FusionModelReport], command: str, json_pa
             f"size {report.beam_size}.",
             "",
             "| family | variant | NeMo s | ours s | ours / NeMo | ours / our plain greedy | NeMo tokens | our tokens "
-            "| identical | max score diff | our graph mode |",
+            "| identical | max score diff | graph modes (NeMo / ours) |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         nemo = {(r.family, r.variant): r for r in report.rows if not r.ours}
@@ -343,7 +347,7 @@ def write_fusion_reports(reports: list[FusionModelReport], command: str, json_pa
             lines.append(
                 f"| {r.family} | {r.variant} | {n.seconds:.3f} | {r.seconds:.3f} | {r.ours_over_nemo or 0:.2f} | "
                 f"{r.over_our_greedy_plain or 0:.2f} | {n.tokens} | {r.tokens} | {r.identical_to_nemo:.1%} | "
-                f"{r.max_score_difference:.2e} | {r.graph_mode or ''} |"
+                f"{r.max_score_difference:.2e} | {n.graph_mode} / {r.graph_mode} |"
             )
         lines += ["", *(f"- {t}" for t in targets(report)), ""]
     text = "\n".join(lines)
