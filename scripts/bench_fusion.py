@@ -39,7 +39,8 @@ def main(cfg: DictConfig) -> None:
     os.makedirs(cfg.out_dir, exist_ok=True)
     command = "python " + " ".join(sys.argv)
     gpu = torch.cuda.get_device_name(0).replace(" ", "-") if cuda else "cpu"
-    stem = os.path.join(cfg.out_dir, f"fusion_{gpu}_{cfg.date}" if cfg.date else f"fusion_{gpu}")
+    name = f"fusion_{'-'.join(models)}_{gpu}"
+    stem = os.path.join(cfg.out_dir, f"{name}_{cfg.date}" if cfg.date else name)
     print(write_fusion_reports(reports, command, stem + ".json", stem + ".md"))
 
 

@@ -68,7 +68,7 @@ class FusionBenchmarkConfig:
         boosting_alpha: the tree's weight (``boosting_tree_alpha``).
         target_tokens_per_frame: blank-bias calibration of plain greedy decoding.
         seed: synthetic weights, audio, LM and phrases.
-        out_dir: where ``fusion_<GPU>[_<date>].json`` / ``.md`` go.
+        out_dir: where ``fusion_<models>_<GPU>[_<date>].json`` / ``.md`` go.
         date: added to the output file names (e.g. 2026-11-24).
     """
 
