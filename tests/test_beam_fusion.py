@@ -14,9 +14,10 @@ import torch
 from conftest import VOCAB_SIZE, make_networks, random_encoder_output
 from test_beam_chunks import MAX_TIME, assert_same_states, bounds_of, decode_in_chunks, emitted
 from test_beam_exactness import as_tuples, fast_beam, nemo_malsd
-from test_greedy_fusion import fusion, write_arpa
+from test_greedy_fusion import fusion
 
 from nemo_fastdecode.beam import FastBeamBatchedInfer
+from nemo_fastdecode.tools.fusion_models import write_arpa
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -30,7 +31,7 @@ LATE = {"pruning_mode": "late", "blank_lm_score_mode": "lm_weighted_full"}
 @pytest.fixture(scope="module")
 def arpa_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("lm") / "tiny.arpa"
-    write_arpa(path)
+    write_arpa(path, VOCAB_SIZE)
     return path
 
 

@@ -1,6 +1,6 @@
 """fast_greedy with n-gram LM and boosting-tree fusion returns NeMo 3.0's label-looping ``greedy_batch`` hypotheses.
 
-The fusion models are NeMo's own (``NGramGPULanguageModel`` from a tiny ARPA file written here,
+The fusion models are NeMo's own (``NGramGPULanguageModel`` from a tiny random ARPA file,
 ``GPUBoostingTreeModel`` from a few token phrases); the baseline is NeMo's label loop without CUDA graphs with the
 same models and weights. Every comparison first checks that the fusion changes the hypotheses (else it could not
 fail) and that tokens were emitted.
@@ -8,54 +8,26 @@ fail) and that tokens were emitted.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 from conftest import TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
 from nemo.collections.asr.parts.context_biasing import GPUBoostingTreeModel
 from nemo.collections.asr.parts.context_biasing.context_graph_universal import ContextGraph
-from nemo.collections.asr.parts.submodules.ngram_lm import DEFAULT_TOKEN_OFFSET, NGramGPULanguageModel
+from nemo.collections.asr.parts.submodules.ngram_lm import NGramGPULanguageModel
 from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import GreedyBatchedRNNTInfer, GreedyBatchedTDTInfer
 
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
+from nemo_fastdecode.tools.fusion_models import write_arpa
 
 BLANK_BIAS = {"rnnt": 0.9, "tdt": 0.5}  # about 0.3 labels per frame
 LM_ALPHA, TREE_ALPHA = 0.8, 1.0
 SCORE_RTOL = 1e-5
 
 
-def write_arpa(path, vocab_size: int = VOCAB_SIZE, seed: int = 0) -> None:
-    """A random trigram ARPA LM over token ids (NeMo's encoding: ``chr(id + DEFAULT_TOKEN_OFFSET)``)."""
-    rng = random.Random(seed)
-    words = [chr(i + DEFAULT_TOKEN_OFFSET) for i in range(vocab_size)]
-
-    def logprob() -> str:
-        return f"{-rng.uniform(0.2, 2.5):.4f}"
-
-    unigrams = [("<unk>",), ("<s>",), ("</s>",), *((w,) for w in words)]
-    bigrams = [(a, b) for a in ["<s>", *words] for b in [*words, "</s>"] if rng.random() < 0.4]
-    # an n-gram's suffix is an n-gram too (ARPA)
-    known = set(bigrams)
-    trigrams = [(a, b, c) for a, b in bigrams if b != "</s>" for c in words if (b, c) in known and rng.random() < 0.3]
-    prefixes = {t[:2] for t in trigrams}
-
-    def line(ngram: tuple[str, ...], with_backoff: bool) -> str:
-        weight = "-99" if ngram == ("<s>",) else logprob()
-        backoff = f"\t{-rng.uniform(0.0, 1.0):.4f}" if with_backoff else ""
-        return f"{weight}\t{' '.join(ngram)}{backoff}"
-
-    lines = ["\\data\\", f"ngram 1={len(unigrams)}", f"ngram 2={len(bigrams)}", f"ngram 3={len(trigrams)}", ""]
-    lines += ["\\1-grams:", *(line(u, u != ("</s>",)) for u in unigrams), ""]
-    lines += ["\\2-grams:", *(line(b, b in prefixes) for b in bigrams), ""]
-    lines += ["\\3-grams:", *(line(t, False) for t in trigrams), "", "\\end\\", ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
-
-
 @pytest.fixture(scope="module")
 def arpa_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("lm") / "tiny.arpa"
-    write_arpa(path)
+    write_arpa(path, VOCAB_SIZE)
     return path
 
 
