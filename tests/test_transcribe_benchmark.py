@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nemo_fastdecode.tools.configs import TranscribeBenchmarkConfig
-from nemo_fastdecode.tools.transcribe_benchmark import benchmark_transcribe, emission_stats, write_transcribe_reports
+from nemo_fastdecode.tools.transcribe_benchmark import benchmark_transcribe, write_transcribe_reports
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -17,18 +17,6 @@ def test_yaml_mirrors_the_dataclass():
     schema = OmegaConf.structured(TranscribeBenchmarkConfig)
     assert OmegaConf.merge(schema, yaml) == schema
     assert set(yaml.keys()) == set(schema.keys())
-
-
-def test_emission_stats_count_bursts_and_blank_runs():
-    class Hyp:
-        def __init__(self, timestamp, length):
-            self.timestamp, self.length = timestamp, length
-
-    # frames 0..9: tokens at frames 2, 2, 5; blank runs 0-1 (2), 3-4 (2), 6-9 (4)
-    stats = emission_stats([Hyp([2, 2, 5], 10)])
-    assert stats.tokens_per_frame == pytest.approx(0.3)
-    assert stats.tokens_per_emitting_frame == pytest.approx(1.5)
-    assert stats.mean_blank_run == pytest.approx(8 / 3)
 
 
 @pytest.mark.slow

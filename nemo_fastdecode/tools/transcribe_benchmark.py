@@ -27,11 +27,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from nemo_fastdecode.offline import disable_fast_transcribe, enable_fast_transcribe
 from nemo_fastdecode.tools import synthetic
+from nemo_fastdecode.tools.emissions import EmissionStats, emission_stats
 from nemo_fastdecode.tools.environment import environment
 from nemo_fastdecode.tools.models import apply_decoding
 from nemo_fastdecode.tools.timing import synchronize
@@ -43,13 +43,6 @@ ROWS: dict[str, tuple[str, bool]] = {
     "fast_greedy+offline": ("fast_greedy", True),
     "nemo+offline": ("greedy_batch", True),
 }
-
-
-@dataclass
-class EmissionStats:
-    tokens_per_frame: float
-    tokens_per_emitting_frame: float  # burst length
-    mean_blank_run: float  # frames between emitting frames
 
 
 @dataclass
@@ -74,24 +67,6 @@ class TranscribeReport:
     precision: str
     emissions: EmissionStats | None = None
     rows: list[TranscribeRow] = field(default_factory=list)
-
-
-def emission_stats(hyps: list[Any]) -> EmissionStats:
-    """From hypotheses with per-token frame indices (``Hypothesis.timestamp``) and encoded lengths."""
-    tokens = frames = emitting = 0
-    runs: list[int] = []
-    for hyp in hyps:
-        steps = [int(t) for t in (hyp.timestamp if not isinstance(hyp.timestamp, dict) else hyp.timestamp["timestep"])]
-        length = int(hyp.length) if hyp.length is not None else (max(steps) + 1 if steps else 0)
-        tokens, frames = tokens + len(steps), frames + length
-        distinct = sorted(set(steps))
-        emitting += len(distinct)
-        runs += [b - a - 1 for a, b in zip([-1, *distinct], [*distinct, length], strict=True) if b - a - 1 > 0]
-    return EmissionStats(
-        tokens_per_frame=tokens / max(frames, 1),
-        tokens_per_emitting_frame=tokens / max(emitting, 1),
-        mean_blank_run=float(np.mean(runs)) if runs else 0.0,
-    )
 
 
 @contextlib.contextmanager
