@@ -230,3 +230,22 @@ def trained_emission_stats(kind: str, path: str | Path = EMISSION_STATISTICS_PAT
         )
     with open(path, encoding="utf8") as f:
         return EmissionStats.from_dict(json.load(f)[kind]["statistics"])
+
+
+def trained_emission_stats_for(model: ASRModel) -> EmissionStats | None:
+    """The shipped statistics of the trained model of ``model``'s kind (TDT if its joint has duration outputs, else
+    RNN-T); ``None`` where the JSON is missing."""
+    kind = "tdt" if int(getattr(model.joint, "num_extra_outputs", 0) or 0) > 0 else "rnnt"
+    try:
+        return trained_emission_stats(kind)
+    except FileNotFoundError:
+        return None
+
+
+def emission_report_lines(achieved: EmissionStats | None, trained: EmissionStats | None, source: str) -> list[str]:
+    """Markdown lines for a benchmark report: a test set's statistics (measured on ``source``'s hypotheses) next to
+    the trained model's, each followed by a blank line."""
+    lines = [f"Emissions ({source}): {achieved.summary()}.", ""] if achieved else []
+    if trained:
+        lines += [f"Trained model of the same kind, held-out test set: {trained.summary()}.", ""]
+    return lines

@@ -35,17 +35,26 @@ from nemo_fastdecode.tools.synthetic.model import (
     transducer_spec,
 )
 from nemo_fastdecode.tools.synthetic.presets import PRESETS, SAMPLE_RATE, char_vocabulary, make_synthetic_config
-from nemo_fastdecode.tools.synthetic.trained_like import TrainedLikeCalibration, calibrate_trained_like
+from nemo_fastdecode.tools.synthetic.trained_like import (
+    TRAINED_CALIBRATION,
+    TrainedLikeCalibration,
+    apply_calibration,
+    calibrate_trained_like,
+    check_calibration,
+)
 
 __all__ = [
     "PRESETS",
     "SAMPLE_RATE",
+    "TRAINED_CALIBRATION",
     "TrainedLikeCalibration",
     "TransducerSpec",
+    "apply_calibration",
     "build_synthetic_model",
     "calibrate_blank_bias",
     "calibrate_trained_like",
     "char_vocabulary",
+    "check_calibration",
     "encode",
     "librispeech_like_durations",
     "make_synthetic_config",

@@ -296,3 +296,45 @@ def calibrate_trained_like(
     with torch.no_grad():
         bias.copy_(biases)
     return TrainedLikeCalibration(gate=gate, target=target, achieved=stats)
+
+
+#: the benchmarks' ``calibrations`` entry that stands for the trained models' emission pattern
+TRAINED_CALIBRATION = "trained"
+
+
+def check_calibration(value: float | int | str) -> float | str:
+    """A benchmark calibration: a target tokens per frame (a number > 0: the blank bias alone) or ``"trained"``.
+
+    Raises:
+        ValueError: anything else (the message names the valid choices).
+    """
+    if isinstance(value, str) and value.strip().lower() == TRAINED_CALIBRATION:
+        return TRAINED_CALIBRATION
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        rate = 0.0
+    if isinstance(value, bool) or not rate > 0:
+        raise ValueError(
+            f"calibration {value!r} is not valid; use a target tokens per frame > 0 (e.g. 0.3) or "
+            f"{TRAINED_CALIBRATION!r} (the trained models' rate and burst length)"
+        )
+    return rate
+
+
+def apply_calibration(
+    model,
+    encoder_output: torch.Tensor | Sequence[torch.Tensor],
+    encoded_lengths: torch.Tensor | Sequence[torch.Tensor],
+    calibration: float | str,
+    *,
+    max_symbols: int | None = None,
+    seed: int = 0,
+) -> float:
+    """Calibrate a synthetic model for a benchmark: :func:`calibrate_blank_bias` to a number (tokens per frame), or
+    :func:`calibrate_trained_like` for ``"trained"``. Returns the tokens per frame reached on ``encoder_output``."""
+    calibration = check_calibration(calibration)
+    if calibration == TRAINED_CALIBRATION:
+        result = calibrate_trained_like(model, encoder_output, encoded_lengths, max_symbols=max_symbols, seed=seed)
+        return result.achieved.tokens_per_frame
+    return calibrate_blank_bias(model, encoder_output, encoded_lengths, calibration, max_symbols=max_symbols)
