@@ -61,9 +61,10 @@ def test_on_the_cpu_rows_that_need_cuda_are_skipped_and_said_so(tmp_path):
     assert "do not represent GPU decoding" in text and f"{report.encoder_dtype} encoder outputs" in text
 
 
-def test_trained_calibration_decodes_exactly_and_reports_emissions(tmp_path):
+@pytest.mark.slow
+def test_trained_calibration_decodes_exactly_and_reports_emissions(tmp_path, single_thread):
     report = benchmark_model(
-        "tiny-rnnt", total_seconds=20, batch_size=4, repeats=1, calibration="trained",
+        "tiny-rnnt", total_seconds=12, batch_size=4, repeats=1, calibration="trained",
         strategies=["fast_greedy_label_loop[eager]", "nemo_label_loop"], device="cpu", log=lambda _: None,
     )  # fmt: skip
     assert report.calibration == "trained" and report.emissions.tokens > 0
