@@ -4,6 +4,7 @@ Options: ``configs/bench_transcribe.yaml`` (``nemo_fastdecode.tools.configs.Tran
 
     python scripts/bench_transcribe.py                          # GPU: rnnt-0.6b and tdt-0.6b, 0.5 h of files
     python scripts/bench_transcribe.py models=[tdt-0.6b] calibrations=[0.3] out_dir=/tmp/bench
+    python scripts/bench_transcribe.py calibrations=[trained]   # synthetic models that emit like the trained ones
     python scripts/bench_transcribe.py                          # CPU: tiny-rnnt, 10 s (a smoke test)
 """
 

@@ -4,6 +4,7 @@ Options: ``configs/benchmark.yaml`` (``nemo_fastdecode.tools.configs.BenchmarkCo
 
     python scripts/benchmark.py                               # GPU: rnnt-0.6b and tdt-0.6b, 1 hour, batch 32
     python scripts/benchmark.py models=[tdt-0.6b] total_seconds=600 out_dir=/tmp/bench
+    python scripts/benchmark.py calibrations=[trained]        # synthetic models that emit like the trained ones
     python scripts/benchmark.py 'strategies=["nemo_malsd_batch+graphs","fast_beam[full_graph]"]' beam_size=4
     python scripts/benchmark.py                               # CPU: tiny models, eager rows (a smoke test)
 """
@@ -48,8 +49,10 @@ def main(cfg: DictConfig) -> None:
             experimental=cfg.experimental,
             beam_size=cfg.beam_size,
             encoder_dtype=torch.bfloat16 if cuda else None,
+            calibration=calibration,
         )
         for preset in models
+        for calibration in cfg.calibrations
     ]
     os.makedirs(cfg.out_dir, exist_ok=True)
     command = "python " + " ".join(sys.argv)

@@ -59,3 +59,18 @@ def test_on_the_cpu_rows_that_need_cuda_are_skipped_and_said_so(tmp_path):
     assert all(r.identical_utterances == 1.0 and r.tokens > 0 for r in report.results)
     text = write_reports([report], "pytest", str(tmp_path / "r.json"), str(tmp_path / "r.md"))
     assert "do not represent GPU decoding" in text and f"{report.encoder_dtype} encoder outputs" in text
+
+
+@pytest.mark.slow
+def test_trained_calibration_decodes_exactly_and_reports_emissions(tmp_path, single_thread):
+    report = benchmark_model(
+        "tiny-rnnt", total_seconds=12, batch_size=4, repeats=1, calibration="trained",
+        strategies=["fast_greedy_label_loop[eager]", "nemo_label_loop"], device="cpu", log=lambda _: None,
+    )  # fmt: skip
+    assert report.calibration == "trained" and report.emissions.tokens > 0
+    assert all(r.identical_utterances == 1.0 and r.tokens == report.emissions.tokens for r in report.results)
+    trained = report.trained_emissions
+    assert report.emissions.tokens_per_emitting_frame < 1.5 * trained.tokens_per_emitting_frame
+    text = write_reports([report], "pytest", str(tmp_path / "r.json"), str(tmp_path / "r.md"))
+    assert "calibration trained" in text and "Emissions (nemo_baseline)" in text
+    assert json.loads((tmp_path / "r.json").read_text())["models"][0]["trained_emissions"]["tokens"] == trained.tokens

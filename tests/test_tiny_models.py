@@ -407,3 +407,5 @@ def test_ship_stage_copies_models_evaluations_and_examples(toy_recipe, tmp_path)
         source = layout.manifest("test").parent / entry["audio_filepath"]
         assert Path(example["audio_filepath"]).read_bytes() == source.read_bytes()
     assert any("examples: 2 test utterances" in line for line in lines)
+    statistics = json.loads((target / "emission_statistics.json").read_text())
+    assert set(statistics) == {"rnnt", "tdt"} and all(s["utterances"] == len(test_entries) for s in statistics.values())

@@ -6,29 +6,27 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from nemo_fastdecode.tools.configs import TranscribeBenchmarkConfig
-from nemo_fastdecode.tools.transcribe_benchmark import benchmark_transcribe, emission_stats, write_transcribe_reports
+from nemo_fastdecode.tools.configs import BenchmarkConfig, TranscribeBenchmarkConfig
+from nemo_fastdecode.tools.transcribe_benchmark import benchmark_transcribe, write_transcribe_reports
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def test_yaml_mirrors_the_dataclass():
-    yaml = OmegaConf.load(CONFIGS / "bench_transcribe.yaml")
-    schema = OmegaConf.structured(TranscribeBenchmarkConfig)
+@pytest.mark.parametrize(
+    ("name", "config"), [("bench_transcribe.yaml", TranscribeBenchmarkConfig), ("benchmark.yaml", BenchmarkConfig)]
+)
+def test_yaml_mirrors_the_dataclass_and_calibrations_accept_trained(name, config):
+    yaml = OmegaConf.load(CONFIGS / name)
+    schema = OmegaConf.structured(config)
     assert OmegaConf.merge(schema, yaml) == schema
     assert set(yaml.keys()) == set(schema.keys())
-
-
-def test_emission_stats_count_bursts_and_blank_runs():
-    class Hyp:
-        def __init__(self, timestamp, length):
-            self.timestamp, self.length = timestamp, length
-
-    # frames 0..9: tokens at frames 2, 2, 5; blank runs 0-1 (2), 3-4 (2), 6-9 (4)
-    stats = emission_stats([Hyp([2, 2, 5], 10)])
-    assert stats.tokens_per_frame == pytest.approx(0.3)
-    assert stats.tokens_per_emitting_frame == pytest.approx(1.5)
-    assert stats.mean_blank_run == pytest.approx(8 / 3)
+    assert "trained" in yaml.calibrations
+    # as the scripts build it, with a command-line override
+    merged = OmegaConf.merge(schema, yaml, OmegaConf.from_dotlist(["calibrations=[0.2,trained]"]))
+    assert config(**OmegaConf.to_container(merged)).calibrations == [0.2, "trained"]
+    for bad in (["fast"], [0], []):
+        with pytest.raises(ValueError, match="trained"):
+            config(calibrations=bad)
 
 
 @pytest.mark.slow
@@ -51,3 +49,19 @@ def test_cpu_smoke_run_reports_every_row(tmp_path, single_thread):
     assert "fast_greedy+offline" in markdown and (tmp_path / "r.json").exists()
     with pytest.raises(ValueError, match="valid rows"):
         benchmark_transcribe("tiny-rnnt", 1.0, rows=["nope"], device="cpu")
+
+
+@pytest.mark.slow
+def test_trained_calibration_reports_emissions_next_to_the_trained_ones(tmp_path, single_thread):
+    report = benchmark_transcribe(
+        "tiny-rnnt", 20.0, batch_size=4, repeats=1, calibration="trained", rows=["nemo", "fast_greedy"],
+        device="cpu", log=lambda _: None,
+    )  # fmt: skip
+    assert report.calibration == "trained" and report.trained_emissions is not None
+    assert report.rows[0].tokens > 0 and report.rows[1].identical_to_nemo == 1.0
+    # calibrated on the first two batches, measured on the whole set: bursts near the trained model's
+    assert report.emissions.tokens_per_emitting_frame < 1.5 * report.trained_emissions.tokens_per_emitting_frame
+    markdown = write_transcribe_reports([report], "test", str(tmp_path / "r.json"), str(tmp_path / "r.md"))
+    assert "calibration trained" in markdown and "Trained model of the same kind" in markdown
+    with pytest.raises(ValueError, match="calibration 'fast' is not valid"):
+        benchmark_transcribe("tiny-rnnt", 1.0, calibration="fast", device="cpu")

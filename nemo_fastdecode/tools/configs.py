@@ -205,6 +205,15 @@ class StreamingConfig:
             raise ValueError(f"num_streams_sweep must be a non-empty list of counts >= 1, got {self.num_streams_sweep}")
 
 
+def check_calibrations(calibrations: list[Any]) -> list[float | str]:
+    """The benchmarks' ``calibrations``: a non-empty list of target tokens per frame (> 0) and/or ``trained``."""
+    from nemo_fastdecode.tools.synthetic import check_calibration
+
+    if not calibrations:
+        raise ValueError(f"calibrations must be a non-empty list of numbers > 0 and/or 'trained', got {calibrations}")
+    return [check_calibration(c) for c in calibrations]
+
+
 @dataclass
 class TranscribeBenchmarkConfig:
     """``scripts/bench_transcribe.py``: ``model.transcribe`` end to end, NeMo's default against ours on the same files.
@@ -215,7 +224,9 @@ class TranscribeBenchmarkConfig:
         total_seconds: audio per model (LibriSpeech test-other-like durations); ``None``: 1800 on a GPU, 10 on the CPU.
         batch_size: NeMo's ``transcribe`` batch size (the offline path's default budget follows it).
         repeats: timed calls per row after the first call (the best is reported).
-        calibrations: blank-bias calibrations, target tokens per frame; each is a separate test set.
+        calibrations: each a separate test set: a number is the target tokens per frame of the blank-bias
+            calibration; ``trained`` makes the synthetic model emit at the trained models' rate and burst length
+            (:func:`~nemo_fastdecode.tools.synthetic.calibrate_trained_like`).
         rows: names from :data:`~nemo_fastdecode.tools.transcribe_benchmark.ROWS`; ``None``: all.
         bf16: bf16 autocast on a GPU, as NeMo's ``transcribe_speech.py`` runs it.
         seed: synthetic weights and audio.
@@ -227,12 +238,15 @@ class TranscribeBenchmarkConfig:
     total_seconds: float | None = None
     batch_size: int = 32
     repeats: int = 3
-    calibrations: list[float] = field(default_factory=lambda: [0.3, 0.1])
+    calibrations: list[Any] = field(default_factory=lambda: [0.3, 0.1, "trained"])
     rows: list[str] | None = None
     bf16: bool = True
     seed: int = 0
     out_dir: str = "outputs/benchmarks"
     date: str | None = None
+
+    def __post_init__(self) -> None:
+        self.calibrations = check_calibrations(self.calibrations)
 
 
 @dataclass
@@ -247,6 +261,9 @@ class BenchmarkConfig:
         batch_size: utterances per batch.
         repeats: timed passes per strategy (the best is reported).
         max_symbols: most tokens per frame for every decoder.
+        calibrations: each a separate test set: a number is the target tokens per frame of the blank-bias
+            calibration; ``trained`` makes the synthetic model emit at the trained models' rate and burst length
+            (:func:`~nemo_fastdecode.tools.synthetic.calibrate_trained_like`).
         strategies: rows to time (names from :func:`~nemo_fastdecode.tools.decoder_benchmark.decoder_factories`);
             ``None``: every greedy row. Beam rows run only when named. Rows that need CUDA (graph modes,
             NeMo's graph decoders, compiled steps) are skipped on the CPU, with a note.
@@ -263,6 +280,7 @@ class BenchmarkConfig:
     batch_size: int = 32
     repeats: int = 3
     max_symbols: int = 10
+    calibrations: list[Any] = field(default_factory=lambda: [0.3, "trained"])
     strategies: list[str] | None = None
     beam_size: int = 4
     seed: int = 0
@@ -276,6 +294,7 @@ class BenchmarkConfig:
             raise ValueError(f"total_seconds must be > 0 or null, got {self.total_seconds}")
         if self.batch_size < 1 or self.repeats < 1:
             raise ValueError(f"batch_size and repeats must be >= 1, got {self.batch_size} and {self.repeats}")
+        self.calibrations = check_calibrations(self.calibrations)
 
 
 @dataclass

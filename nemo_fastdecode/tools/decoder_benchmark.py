@@ -6,6 +6,11 @@ visible, and every strategy's hypotheses are compared with NeMo's baseline (fram
 label loop without graphs for TDT). Beam search rows (:data:`BEAM_STRATEGIES`: NeMo's ``malsd_batch``
 with and without graphs, ``fast_beam``) are opt-in through ``strategies`` and are compared with
 ``malsd_batch`` without graphs. Without a GPU everything runs on the CPU (a smoke test, not timings).
+
+Each calibration is a separate test set: a number is the target tokens per frame of the blank-bias calibration,
+``trained`` the trained models' rate and burst length (:func:`~nemo_fastdecode.tools.synthetic.calibrate_trained_like`);
+the emission statistics of NeMo's baseline (:mod:`nemo_fastdecode.tools.emissions`) are reported next to the
+trained models' ones.
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ from nemo_fastdecode.beam.infer import FastBeamBatchedInfer
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 from nemo_fastdecode.tools import synthetic
 from nemo_fastdecode.tools.comparison import agreement, decode_all
+from nemo_fastdecode.tools.emissions import (
+    EmissionStats,
+    emission_report_lines,
+    emission_stats,
+    trained_emission_stats_for,
+)
 from nemo_fastdecode.tools.environment import environment
 from nemo_fastdecode.tools.profiling import profile_pass
 from nemo_fastdecode.tools.timing import synchronize, timed_passes
@@ -56,6 +67,9 @@ class ModelReport:
     tokens_per_frame: float
     encoder_dtype: str = "float32"  # decoding runs in fp32 on the encoder outputs of this dtype
     results: list[StrategyResult] = field(default_factory=list)
+    calibration: float | str = 0.3  # target tokens per frame of the blank-bias calibration, or "trained"
+    emissions: EmissionStats | None = None  # of the nemo_baseline row, on the whole test set
+    trained_emissions: EmissionStats | None = None  # the trained model's of the same kind (RNN-T or TDT)
 
 
 # beam search rows (opt-in: run only when named in `strategies`); the first is their reference
@@ -217,12 +231,13 @@ def prepare_synthetic_set(
     batch_size: int,
     max_symbols: int = 10,
     encoder_dtype: torch.dtype = torch.bfloat16,
-    target_tokens_per_frame: float = 0.3,
+    calibration: float | str = 0.3,
     seed: int = 0,
     device: torch.device | str | None = None,
 ):
     """A synthetic model on ``device`` (``None``: the GPU, else the CPU) and its encoded test-other-like set,
-    blank bias calibrated.
+    calibrated on its first four batches (``calibration``: target tokens per frame of the blank bias, or
+    ``"trained"``, see :func:`~nemo_fastdecode.tools.synthetic.apply_calibration`).
 
     Returns ``(model, durations, batches, encoder_seconds, tokens_per_frame)``; ``batches`` holds
     fp32 ``(encoder_output [B, D, T], lengths [B])`` pairs (decoding runs in fp32 on bf16 encoder outputs).
@@ -238,12 +253,8 @@ def prepare_synthetic_set(
     encoder_seconds = time.perf_counter() - start
     # decoding runs in fp32 on the (bf16) encoder outputs
     batches = [(e.float(), n) for e, n in zip(encoded, lengths, strict=True)]
-    rate = synthetic.calibrate_blank_bias(
-        model,
-        [b[0] for b in batches[:4]],
-        [b[1] for b in batches[:4]],
-        target_tokens_per_frame,
-        max_symbols=max_symbols,
+    rate = synthetic.apply_calibration(
+        model, [b[0] for b in batches[:4]], [b[1] for b in batches[:4]], calibration, max_symbols=max_symbols, seed=seed
     )
     return model, durations, batches, encoder_seconds, rate
 
@@ -255,7 +266,7 @@ def benchmark_model(
     repeats: int = 3,
     max_symbols: int = 10,
     encoder_dtype: torch.dtype = torch.bfloat16,
-    target_tokens_per_frame: float = 0.3,
+    calibration: float | str = 0.3,
     strategies: list[str] | None = None,
     seed: int = 0,
     profile_busy: bool = False,
@@ -265,14 +276,17 @@ def benchmark_model(
     log: Callable[[str], None] = print,
 ) -> ModelReport:
     model, durations, batches, encoder_seconds, rate = prepare_synthetic_set(
-        preset, total_seconds, batch_size, max_symbols, encoder_dtype, target_tokens_per_frame, seed, device
+        preset, total_seconds, batch_size, max_symbols, encoder_dtype, calibration, seed, device
     )
     lengths = [n for _, n in batches]
     frames = int(sum(int(n.sum()) for n in lengths))
     dtype_name = str(encoder_dtype or torch.float32).removeprefix("torch.")
     report = ModelReport(preset, sum(durations), len(durations), frames, encoder_seconds, rate, dtype_name)
+    report.calibration = synthetic.check_calibration(calibration)
+    report.trained_emissions = trained_emission_stats_for(model)
     log(
-        f"{preset}: {len(durations)} utterances, {sum(durations):.0f} s, {frames} frames, encoder {encoder_seconds:.2f} s, calibrated {rate:.3f} tokens/frame"
+        f"{preset} (calibration {report.calibration}): {len(durations)} utterances, {sum(durations):.0f} s, "
+        f"{frames} frames, encoder {encoder_seconds:.2f} s, calibrated {rate:.3f} tokens/frame"
     )
     beam_selected = any(name in BEAM_STRATEGIES for name in strategies or ())
     references: dict[bool, list] = {}  # beam row? -> the first hypotheses of that family
@@ -296,6 +310,9 @@ def benchmark_model(
         pass_seconds, hyps = timed_passes(decoder, batches, repeats)
         seconds = min(pass_seconds)
         identical, score_diff = agreement(references.setdefault(is_beam, hyps), hyps)
+        if name == "nemo_baseline":
+            report.emissions = emission_stats(hyps, [int(n) for lens in lengths for n in lens])
+            log(f"  emissions of nemo_baseline: {report.emissions.summary()}")
         busy = (
             _gpu_busy_share(decoder, batches)
             if profile_busy and name.startswith(("fast_", "nemo_label_loop+", "nemo_frame_loop+", "nemo_malsd_batch+"))
@@ -353,10 +370,13 @@ def write_reports(reports: list[ModelReport], command: str, json_path: str, mark
     if env["gpu"] == "cpu":
         lines += ["**CPU run: a smoke test of the set-up; these timings do not represent GPU decoding.**", ""]
     for report in reports:
+        calibration = report.calibration if report.calibration == "trained" else f"{report.calibration} tokens/frame"
         lines += [
-            f"## {report.model}: {report.utterances} utterances, {report.audio_seconds:.0f} s audio, "
-            f"{report.frames} frames, {report.tokens_per_frame:.3f} tokens/frame, encoder {report.encoder_seconds:.2f} s",
+            f"## {report.model}, calibration {calibration}: {report.utterances} utterances, "
+            f"{report.audio_seconds:.0f} s audio, {report.frames} frames, {report.tokens_per_frame:.3f} tokens/frame "
+            f"(calibration batches), encoder {report.encoder_seconds:.2f} s",
             "",
+            *emission_report_lines(report.emissions, report.trained_emissions, "nemo_baseline"),
             "| strategy | graph mode | decoder s | x fastest NeMo | tokens | identical to baseline | max score diff | GPU busy | RTFx | decoder share |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]

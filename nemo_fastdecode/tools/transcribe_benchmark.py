@@ -12,8 +12,10 @@ WAV files, in shuffled order as a manifest would list them), under bf16 autocast
 For each row: the first call (after the model and CUDA are initialised by a short call on other audio) and the
 best of ``repeats`` later calls, tokens, agreement with the ``nemo`` row, and one extra call timed per stage
 (preprocessor, encoder, decoder; the rest is reading audio and host work) with the GPU synchronised around each.
-The test set's emission statistics (tokens per frame, tokens per emitting frame, blank-run length) are measured
-on the ``nemo`` row's hypotheses, for each blank-bias calibration.
+Each calibration is a separate test set: a number is the target tokens per frame of the blank-bias calibration,
+``trained`` the trained models' rate and burst length (:func:`~nemo_fastdecode.tools.synthetic.calibrate_trained_like`).
+The test set's emission statistics (:mod:`nemo_fastdecode.tools.emissions`) are measured on the ``nemo`` row's
+hypotheses and reported next to the trained models' ones.
 """
 
 from __future__ import annotations
@@ -27,11 +29,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from nemo_fastdecode.offline import disable_fast_transcribe, enable_fast_transcribe
 from nemo_fastdecode.tools import synthetic
+from nemo_fastdecode.tools.emissions import (
+    EmissionStats,
+    emission_report_lines,
+    emission_stats,
+    trained_emission_stats_for,
+)
 from nemo_fastdecode.tools.environment import environment
 from nemo_fastdecode.tools.models import apply_decoding
 from nemo_fastdecode.tools.timing import synchronize
@@ -43,13 +50,6 @@ ROWS: dict[str, tuple[str, bool]] = {
     "fast_greedy+offline": ("fast_greedy", True),
     "nemo+offline": ("greedy_batch", True),
 }
-
-
-@dataclass
-class EmissionStats:
-    tokens_per_frame: float
-    tokens_per_emitting_frame: float  # burst length
-    mean_blank_run: float  # frames between emitting frames
 
 
 @dataclass
@@ -67,31 +67,14 @@ class TranscribeRow:
 @dataclass
 class TranscribeReport:
     model: str
-    calibration: float  # target tokens per frame of the blank-bias calibration
+    calibration: float | str  # target tokens per frame of the blank-bias calibration, or "trained"
     utterances: int
     audio_seconds: float
     batch_size: int
     precision: str
     emissions: EmissionStats | None = None
+    trained_emissions: EmissionStats | None = None  # the trained model's of the same kind (RNN-T or TDT)
     rows: list[TranscribeRow] = field(default_factory=list)
-
-
-def emission_stats(hyps: list[Any]) -> EmissionStats:
-    """From hypotheses with per-token frame indices (``Hypothesis.timestamp``) and encoded lengths."""
-    tokens = frames = emitting = 0
-    runs: list[int] = []
-    for hyp in hyps:
-        steps = [int(t) for t in (hyp.timestamp if not isinstance(hyp.timestamp, dict) else hyp.timestamp["timestep"])]
-        length = int(hyp.length) if hyp.length is not None else (max(steps) + 1 if steps else 0)
-        tokens, frames = tokens + len(steps), frames + length
-        distinct = sorted(set(steps))
-        emitting += len(distinct)
-        runs += [b - a - 1 for a, b in zip([-1, *distinct], [*distinct, length], strict=True) if b - a - 1 > 0]
-    return EmissionStats(
-        tokens_per_frame=tokens / max(frames, 1),
-        tokens_per_emitting_frame=tokens / max(emitting, 1),
-        mean_blank_run=float(np.mean(runs)) if runs else 0.0,
-    )
 
 
 @contextlib.contextmanager
@@ -146,7 +129,7 @@ def benchmark_transcribe(
     total_seconds: float,
     batch_size: int = 32,
     repeats: int = 3,
-    calibration: float = 0.3,
+    calibration: float | str = 0.3,
     bf16: bool = True,
     rows: list[str] | None = None,
     max_symbols: int = 10,
@@ -154,8 +137,12 @@ def benchmark_transcribe(
     device: torch.device | str | None = None,
     log: Callable[[str], None] = print,
 ) -> TranscribeReport:
-    """Time ``model.transcribe`` for each row of :data:`ROWS` (or ``rows``) on one synthetic model and test set."""
+    """Time ``model.transcribe`` for each row of :data:`ROWS` (or ``rows``) on one synthetic model and test set.
+
+    ``calibration``: the target tokens per frame of the blank-bias calibration, or ``"trained"`` (see the module
+    docstring); calibrated on the first two batches' encoder outputs."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    calibration = synthetic.check_calibration(calibration)
     names = rows or list(ROWS)
     unknown = [n for n in names if n not in ROWS]
     if unknown:
@@ -168,13 +155,14 @@ def benchmark_transcribe(
     encoded, lengths = synthetic.encode(
         model, audio[: 2 * batch_size], batch_size=batch_size, device=device, dtype=dtype
     )
-    synthetic.calibrate_blank_bias(
-        model, [e.float() for e in encoded[:2]], lengths[:2], calibration, max_symbols=max_symbols
+    synthetic.apply_calibration(
+        model, [e.float() for e in encoded[:2]], lengths[:2], calibration, max_symbols=max_symbols, seed=seed
     )
     warm_up_audio = synthetic.synthetic_audio([1.0, 2.0], seed=seed + 1)
     report = TranscribeReport(
         preset, calibration, len(durations), sum(durations), batch_size, "bf16 autocast" if dtype else "fp32"
     )
+    report.trained_emissions = trained_emission_stats_for(model)
     with tempfile.TemporaryDirectory() as folder:
         paths = [str(p) for p in synthetic.write_wavs(audio, folder)]
         random.Random(seed).shuffle(paths)  # a manifest is not sorted by length
@@ -243,18 +231,12 @@ def write_transcribe_reports(reports: list[TranscribeReport], command: str, json
     ]
     for r in reports:
         nemo = next((row for row in r.rows if row.name == "nemo"), None)
-        e = r.emissions
+        calibration = "trained (rate and bursts)" if r.calibration == "trained" else f"{r.calibration} tokens/frame"
         lines += [
-            f"## {r.model}, calibration {r.calibration} tokens/frame: {r.utterances} files, {r.audio_seconds:.0f} s, "
+            f"## {r.model}, calibration {calibration}: {r.utterances} files, {r.audio_seconds:.0f} s, "
             f"batch_size {r.batch_size}, {r.precision}",
             "",
-            (
-                f"Emissions (nemo row): {e.tokens_per_frame:.3f} tokens/frame, {e.tokens_per_emitting_frame:.2f} "
-                f"tokens per emitting frame, mean blank run {e.mean_blank_run:.1f} frames."
-                if e
-                else ""
-            ),
-            "",
+            *emission_report_lines(r.emissions, r.trained_emissions, "nemo row"),
             "| row | first call s | best s | RTFx | vs nemo | tokens | same tokens as nemo | preproc s | encoder s "
             "| decoder s | other s |",
             "|---|---|---|---|---|---|---|---|---|---|---|",

@@ -3,6 +3,8 @@
 * :mod:`.presets` -- the architectures at real sizes and their NeMo configs (``make_synthetic_config``).
 * :mod:`.model` -- models with random weights (``build_synthetic_model``), the blank-bias calibration that sets
   how often they emit, the encoder run (``encode``) and NeMo's baseline greedy decoder.
+* :mod:`.trained_like` -- the ``trained`` calibration (``calibrate_trained_like``): a trained model's rate and
+  burst length (tokens per emitting frame), through a blank gate in the joint.
 * :mod:`.audio` -- speech-like synthetic audio with LibriSpeech test-other-like durations, voiced utterances that a
   VAD takes for speech, WAV and manifest writers (a whole synthetic data set: ``write_synthetic_dataset``).
 
@@ -33,14 +35,26 @@ from nemo_fastdecode.tools.synthetic.model import (
     transducer_spec,
 )
 from nemo_fastdecode.tools.synthetic.presets import PRESETS, SAMPLE_RATE, char_vocabulary, make_synthetic_config
+from nemo_fastdecode.tools.synthetic.trained_like import (
+    TRAINED_CALIBRATION,
+    TrainedLikeCalibration,
+    apply_calibration,
+    calibrate_trained_like,
+    check_calibration,
+)
 
 __all__ = [
     "PRESETS",
     "SAMPLE_RATE",
+    "TRAINED_CALIBRATION",
+    "TrainedLikeCalibration",
     "TransducerSpec",
+    "apply_calibration",
     "build_synthetic_model",
     "calibrate_blank_bias",
+    "calibrate_trained_like",
     "char_vocabulary",
+    "check_calibration",
     "encode",
     "librispeech_like_durations",
     "make_synthetic_config",

@@ -78,9 +78,15 @@ def build_synthetic_model(
     decoder state. Blank is left at parity with each token, so an uncalibrated model emits at almost
     every step: call :func:`calibrate_blank_bias` to set the emission rate.
 
-    Limits of a random model, to keep in mind when reading benchmark numbers: only the overall rate
-    is calibrated; RNN-T emissions come in bursts (some frames reach ``max_symbols``, some
-    utterances emit little) rather than spread as in a trained model. In NeMo 3.0, the text (not the
+    Limits of a random model, to keep in mind when reading benchmark numbers: :func:`calibrate_blank_bias`
+    sets only the overall rate, and a random joint's blank margin depends mostly on the frame, so RNN-T
+    emissions come in bursts (6-7 tokens per emitting frame on ``rnnt-0.6b``, many frames reach
+    ``max_symbols``; TDT about 1.5) separated by long blank runs, where a trained model emits mostly one token
+    per emitting frame. Decoder speed depends on that pattern, not only on the rate.
+    :func:`~nemo_fastdecode.tools.synthetic.calibrate_trained_like` (the benchmarks' ``trained`` calibration)
+    reshapes the joint so that the rate *and* the burst length match a trained model's
+    (:mod:`nemo_fastdecode.tools.emissions`); the blank runs then come close but are not calibrated, and the
+    tokens themselves stay meaningless. In NeMo 3.0, the text (not the
     token ids) of a *char* TDT model drops the last ``len(durations)`` labels (``RNNTDecoding``
     filters ids below ``blank_id - num_extra_outputs``); BPE TDT models are not affected. NeMo's
     ``transcribe()`` leaves the encoder, decoder and joint in train mode (dropout on) when it
@@ -203,7 +209,7 @@ def transducer_spec(model: ASRModel) -> TransducerSpec:
 
 
 def nemo_baseline_greedy(
-    model: ASRModel, *, loop_labels: bool = False, max_symbols: int | None = None
+    model: ASRModel, *, loop_labels: bool = False, max_symbols: int | None = None, include_duration: bool = False
 ) -> torch.nn.Module:
     """NeMo's own batched greedy decoder for ``model``, configured as the exactness baseline.
 
@@ -211,7 +217,8 @@ def nemo_baseline_greedy(
     algorithm); TDT: ``GreedyBatchedTDTInfer`` (label looping, NeMo's only batched TDT algorithm).
     CUDA graphs are off. Call it as ``decoder(encoder_output=enc [B, D, T], encoded_lengths=len [B])``;
     it returns a 1-tuple holding a list of ``Hypothesis`` whose ``y_sequence`` holds the emitted
-    token ids (no blanks). It shares (does not copy) the model's decoder and joint.
+    token ids (no blanks), and for TDT with ``include_duration`` whose ``token_duration`` holds each token's
+    duration. It shares (does not copy) the model's decoder and joint.
     """
     from nemo.collections.asr.parts.submodules import rnnt_greedy_decoding as greedy
 
@@ -226,7 +233,7 @@ def nemo_baseline_greedy(
         "use_cuda_graph_decoder": False,
     }
     if spec.is_tdt:
-        return greedy.GreedyBatchedTDTInfer(durations=spec.durations, **common)
+        return greedy.GreedyBatchedTDTInfer(durations=spec.durations, include_duration=include_duration, **common)
     return greedy.GreedyBatchedRNNTInfer(loop_labels=loop_labels, **common)
 
 
@@ -305,6 +312,10 @@ def calibrate_blank_bias(
     Returns:
         The tokens per frame achieved with the bias that was kept. For TDT models the reachable
         rate is bounded by the random duration predictions; the closest achievable rate is returned.
+
+    Only the rate is calibrated: on a random model the tokens come in bursts at few frames (see
+    :func:`build_synthetic_model`); :func:`~nemo_fastdecode.tools.synthetic.calibrate_trained_like` matches
+    the burst length as well.
     """
     if target_tokens_per_frame <= 0:
         raise ValueError(f"target_tokens_per_frame must be > 0, got {target_tokens_per_frame}")

@@ -6,7 +6,8 @@
 * ``export`` -- a ``.nemo`` of the last checkpoint where there is none yet;
 * ``evaluate`` -- held-out WER (:mod:`.evaluation`);
 * ``ship`` -- the models, their evaluations and a few test utterances copied to the package's assets, where the
-  demos find them (:mod:`nemo_fastdecode.tools.trained_models`).
+  demos find them (:mod:`nemo_fastdecode.tools.trained_models`), and the shipped models' emission statistics on the
+  test split (:mod:`nemo_fastdecode.tools.emissions`), which the benchmarks' ``trained`` calibration aims at.
 
 Every stage skips what is already done, so the same command run again after an interruption carries on.
 """
@@ -24,6 +25,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from nemo_fastdecode.tools.bpe_tokenizer import write_bpe_tokenizer
 from nemo_fastdecode.tools.configs import TinyModelsConfig
+from nemo_fastdecode.tools.emissions import (
+    EMISSION_STATISTICS_PATH,
+    TRAINED_REFERENCE_MODELS,
+    write_trained_emission_stats,
+)
 from nemo_fastdecode.tools.tiny_models import corpus, speech
 from nemo_fastdecode.tools.tiny_models.evaluation import evaluate
 from nemo_fastdecode.tools.tiny_models.layout import RecipeLayout
@@ -82,7 +88,8 @@ def prepare_data(cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable[[str
 
 def ship(cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable[[str], None] = print) -> Path:
     """The ``ship`` stage: each model's ``.nemo`` and evaluation as ``{ship_dir}/{shipped name}[_eval].{nemo,json}``,
-    and the first ``num_examples`` test utterances as ``{ship_dir}/examples/`` (WAV files and a manifest)."""
+    the first ``num_examples`` test utterances as ``{ship_dir}/examples/`` (WAV files and a manifest), and, once both
+    shipped models are there, their emission statistics on the test split as ``{ship_dir}/emission_statistics.json``."""
     target = Path(cfg.ship_dir) if cfg.ship_dir is not None else ASSETS_DIR
     target.mkdir(parents=True, exist_ok=True)
     for model in cfg.models:
@@ -106,6 +113,10 @@ def ship(cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable[[str], None]
             shutil.copyfile(manifest.parent / entry["audio_filepath"], examples / wav)
             out.write(json.dumps({**entry, "audio_filepath": wav}) + "\n")
     log(f"examples: {len(entries)} test utterances -> {examples}")
+    if all((target / f"{name}.nemo").is_file() for name in TRAINED_REFERENCE_MODELS.values()):
+        statistics = target / EMISSION_STATISTICS_PATH.name
+        write_trained_emission_stats(manifest, statistics, assets_dir=target, batch_size=cfg.eval_batch_size)
+        log(f"emission statistics of {', '.join(TRAINED_REFERENCE_MODELS.values())} -> {statistics}")
     return target
 
 
