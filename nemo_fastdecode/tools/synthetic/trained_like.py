@@ -73,7 +73,7 @@ def _frame_sign_direction(frames: list[torch.Tensor]) -> tuple[torch.Tensor, flo
     stacked = torch.cat(frames)  # [M, D]
     cov = torch.cov(stacked.T.double())
     # shrunk towards its mean variance: a stable direction also where there are few frames for many dimensions
-    cov = 0.9 * cov + 0.1 * cov.diagonal().mean() * torch.eye(cov.shape[0], dtype=torch.float64)
+    cov = 0.9 * cov + 0.1 * cov.diagonal().mean() * torch.eye(cov.shape[0], dtype=torch.float64, device=cov.device)
     cov_diff = torch.cov(diffs.T.double())
     # generalised eigenproblem cov_diff w = l cov w, through the Cholesky factor of cov
     chol = torch.linalg.cholesky(cov)
