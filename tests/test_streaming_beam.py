@@ -12,6 +12,9 @@ hypotheses (checked below), so that computer-level continuation is NeMo's only b
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -138,7 +141,9 @@ def test_beam_refuses_what_it_does_not_support(beam_cases):
     with pytest.raises(ValueError, match=r"per-stream phrase boosting .* needs greedy decoding"):
         engine.open(StreamOptions(boosting=BoostingOptions(phrases=["hello"])))
     assert engine.open_streams == []  # nothing was opened by the refusals
-    engine.open()
+    stream = engine.open()
+    with pytest.raises(ValueError, match=rf"stream {stream}: end_segment needs decoding='greedy'"):
+        engine.end_segment(stream)
 
 
 def test_nemo_streaming_paths_refuse_malsd_batch_with_partial_hypotheses(beam_cases, audio):  # noqa: F811
@@ -178,3 +183,49 @@ def test_beam_on_cuda_with_graphs_gives_nemo_beam_search_alone(audio, preset):  
     mismatched = [s for s, (ids, _, _) in enumerate(refs) if driver.finals[s].token_ids != ids]
     assert not mismatched, f"streams {mismatched} differ from NeMo's beam search on this GPU"
     assert np.all([driver.finals[s].text == refs[s][1] for s in range(len(refs))])
+
+
+# ----------------------------------------------------------------------------------------------
+# through the server: ServeConfig(decoding="beam")
+
+
+def test_server_with_beam_search_gives_nemo_beam_search_alone(beam_cases, audio):  # noqa: F811
+    """Two clients at once on 127.0.0.1, one item each: each completed transcript and its words are NeMo's beam search
+    across chunks of that audio alone."""
+    from test_serve import ServerThread, run, words_of
+
+    from nemo_fastdecode.serve.config import ServeConfig
+    from nemo_fastdecode.tools.loadtest.client import COMPLETED, connect_session, receive_until
+
+    preset, att = CASES[0]
+    model, _, refs, greedy = beam_cases[preset]
+    streams = [6, 4]
+    assert all(refs[i][0] for i in streams) and any(refs[i][0] != greedy[i] for i in streams)
+    server = ServerThread(model, slots=2, att_context_size=att, decoding="beam", beam_size=BEAM)
+    try:
+
+        async def client(pcm):
+            ws, _ = await connect_session(server.url)
+            async with ws:
+                for start in range(0, len(pcm), 3200):
+                    await ws.send(pcm[start : start + 3200].tobytes())
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                return await receive_until(ws, lambda e: e["type"] == COMPLETED, 60)
+
+        async def clients():
+            return await asyncio.gather(*(client(audio[i]) for i in streams))
+
+        results = run(clients(), 120)
+    finally:
+        server.stop()
+    for i, events in zip(streams, results, strict=True):
+        assert not [e for e in events if e["type"] == "error"], events
+        final = events[-1]
+        assert final["transcript"] == refs[i][1]
+        assert words_of(final["words"]) == words_of(refs[i][2])
+        deltas = [e for e in events if e["type"].endswith(".delta")]
+        assert deltas and all(e["text"] for e in deltas)  # partials: the best beam's text so far
+    with pytest.raises(ValueError, match=r"vad: true needs decoding: greedy"):
+        ServeConfig(decoding="beam", vad=True)
+    with pytest.raises(ValueError, match=r"decoding='nbest' is not supported; valid: 'greedy', 'beam'"):
+        ServeConfig(decoding="nbest")

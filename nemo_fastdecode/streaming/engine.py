@@ -347,6 +347,11 @@ class StreamingEngine:
         segment's tokens only, and its index. Audio pushed but not yet stepped belongs to the next segment.
         """
         slot = self._live_slot(stream_id, "end a segment of")
+        if self._beam:
+            raise ValueError(
+                f"stream {stream_id}: end_segment needs decoding='greedy' (a beam search may still replace the "
+                "tokens a segment would keep); with decoding='beam' a stream has one segment"
+            )
         (event,) = self._end_segments([slot])
         return event
 
