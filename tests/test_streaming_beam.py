@@ -121,6 +121,46 @@ def test_partial_events_are_the_best_beam_so_far(beam_cases, audio):  # noqa: F8
     assert checked >= 2
 
 
+def test_tdt_streams_in_few_slots_give_nemo_beam_search_alone(audio):  # noqa: F811
+    """TDT (``ModifiedALSDBatchedTDTComputer``, beams jumping past a chunk's end): streams stepped in turn through two
+    slots of the transcriber, at different positions, each slot reused; tokens, timestamps and durations of each
+    stream's best beam equal NeMo's beam search across chunks of that stream alone."""
+    from conftest import tiny_streaming_model
+
+    from nemo_fastdecode.streaming import StreamingTranscriber, split_features
+
+    model = tiny_streaming_model("tiny-tdt-streaming")
+    att = [16, 1]
+    model.encoder.set_default_att_context_size(att)
+    streams = [i for i, pcm in enumerate(audio) if len(pcm) >= 4000]
+    feats = {i: whole_file_features(model, audio[i]) for i in streams}
+    expected, greedy = {}, {}
+    for i in streams:
+        hyp = nemo_alone_beam(model, feats[i], BEAM)
+        expected[i] = (as_int_list(hyp.y_sequence), as_int_list(hyp.timestamp), as_int_list(hyp.token_duration))
+        greedy[i] = as_int_list(nemo_alone(model, feats[i])[1].y_sequence)
+    assert sum(len(e[0]) for e in expected.values()) > 0
+    assert any(expected[i][0] != greedy[i] for i in streams), "setup: beam should differ from greedy"
+    transcriber = StreamingTranscriber(model, 2, att_context_size=att, decoding="beam", beam_size=BEAM)
+    waiting = list(streams)
+    live: dict[int, tuple[int, list]] = {}  # slot -> (stream, chunks left)
+    got = {}
+    rng = np.random.default_rng(3)
+    while waiting or live:
+        while waiting and len(live) < 2:
+            stream = waiting.pop(0)
+            live[transcriber.open()] = (stream, list(split_features(feats[stream], transcriber.geometry)))
+        slots = [slot for slot in live if rng.random() < 0.7] or list(live)[:1]
+        transcriber.step(slots, [live[slot][1].pop(0) for slot in slots])
+        for slot in slots:
+            stream, left = live[slot]
+            if not left:
+                hyp = transcriber.flush(slot).hypothesis
+                got[stream] = (as_int_list(hyp.y_sequence), as_int_list(hyp.timestamp), as_int_list(hyp.token_duration))
+                del live[slot]
+    assert got == expected
+
+
 def test_beam_refuses_what_it_does_not_support(beam_cases):
     model, att, _, _ = beam_cases[CASES[1][0]]
     with pytest.raises(ValueError, match=r"decoding='nbest' is not supported; valid: 'greedy', 'beam'"):
