@@ -269,3 +269,37 @@ def test_server_with_beam_search_gives_nemo_beam_search_alone(beam_cases, audio)
         ServeConfig(decoding="beam", vad=True)
     with pytest.raises(ValueError, match=r"decoding='nbest' is not supported; valid: 'greedy', 'beam'"):
         ServeConfig(decoding="nbest")
+
+
+# ----------------------------------------------------------------------------------------------
+# scripts/streaming.py: StreamingConfig(decoding="beam")
+
+
+def test_streaming_script_runs_our_path_with_beam_search(tmp_path):
+    from nemo_fastdecode.tools import streaming_sim as sim
+
+    lines: list[str] = []
+    result = sim.run(
+        {
+            "model": "tiny-streaming",
+            "num_streams": 4,
+            "num_slots": 2,
+            "max_stream_seconds": 1.6,
+            "stagger_seconds": 0.5,
+            "output_dir": str(tmp_path),
+            "cuda": -1,
+            "att_context_size": [16, 1],
+            "decoding": "beam",
+            "beam_size": BEAM,
+            "compare_nemo": False,
+            "fixed_step_repeats": 0,
+        },
+        log=lines.append,
+    )
+    (ours,) = result.paths
+    assert ours.name == f"nemo_fastdecode (eager, beam search ({BEAM} beams))"
+    assert ours.chunks > 0 and sum(len(r["pred_text"]) for r in result.transcripts) > 0
+    with pytest.raises(ValueError, match=r"compare_nemo: true needs decoding: greedy"):
+        sim.resolve_config({"decoding": "beam"})
+    with pytest.raises(ValueError, match=r"fast_math=True needs decoding='greedy'"):
+        sim.resolve_config({"decoding": "beam", "compare_nemo": False, "fast_math": True})
