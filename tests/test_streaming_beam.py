@@ -22,7 +22,7 @@ from conftest import nemo_alone, whole_file_features
 from omegaconf import open_dict
 from test_streaming_engine import CASES, Driver, audio, models, nemo_words  # noqa: F401 (fixtures)
 
-from nemo_fastdecode.streaming import EndpointingOptions, StreamingEngine, StreamOptions
+from nemo_fastdecode.streaming import EndpointingOptions, StreamingEngine, StreamOptions, beam_decoding
 from nemo_fastdecode.streaming.events import BoostingOptions
 from nemo_fastdecode.tools.comparison import as_int_list
 from nemo_fastdecode.tools.streaming_reference import nemo_alone_beam
@@ -121,10 +121,12 @@ def test_partial_events_are_the_best_beam_so_far(beam_cases, audio):  # noqa: F8
     assert checked >= 2
 
 
-def test_tdt_streams_in_few_slots_give_nemo_beam_search_alone(audio):  # noqa: F811
+def test_tdt_streams_in_few_slots_give_nemo_beam_search_alone(audio, monkeypatch):  # noqa: F811
     """TDT (``ModifiedALSDBatchedTDTComputer``, beams jumping past a chunk's end): streams stepped in turn through two
     slots of the transcriber, at different positions, each slot reused; tokens, timestamps and durations of each
-    stream's best beam equal NeMo's beam search across chunks of that stream alone."""
+    stream's best beam equal NeMo's beam search across chunks of that stream alone. The transcripts' storage starts
+    at one label per beam, so it grows (doubling) while streams hold beams."""
+    monkeypatch.setattr(beam_decoding, "INITIAL_TOKEN_CAPACITY", 1)
     from conftest import tiny_streaming_model
 
     from nemo_fastdecode.streaming import StreamingTranscriber, split_features
@@ -159,6 +161,7 @@ def test_tdt_streams_in_few_slots_give_nemo_beam_search_alone(audio):  # noqa: F
                 got[stream] = (as_int_list(hyp.y_sequence), as_int_list(hyp.timestamp), as_int_list(hyp.token_duration))
                 del live[slot]
     assert got == expected
+    assert transcriber.decoder._capacity >= max(len(e[0]) for e in expected.values()) > 1
 
 
 def test_beam_refuses_what_it_does_not_support(beam_cases):

@@ -3,10 +3,14 @@
 Every slot's beams between chunks (NeMo's ``BatchedBeamState``: per beam the prediction network's state and output,
 scores, transcript hashes, last labels, ...) live in batched device tensors of ``S + 1`` rows (``K`` beams per row); a
 step gathers the stepping slots' rows, runs :meth:`~nemo_fastdecode.beam.malsd.MALSDBeamComputer.search_chunk` on
-the whole batch (one call for the streams' first chunks, one for the others) and scatters the state back. The chunks'
-prefix trees are joined per slot as NeMo joins them (``BatchedBeamHyps.flatten_`` then ``merge_(...,
-is_chunk_continuation=True, boundary_prev_ptr=...)``); the best beam (``to_hyps_list(score_norm)``) is the stream's
-transcript so far, and its final transcript when it ends.
+the whole batch (one call for the streams' first chunks, one for the others) and scatters the state back.
+
+Each beam's transcript so far is kept flat on the device (``[S + 1, K, capacity]`` labels, timestamps, TDT durations):
+after a chunk, beam ``k``'s transcript is that of the beam it descends from at the chunk's start (the root NeMo's
+``BatchedBeamHyps.flatten_`` returns) followed by its non-blank labels of the chunk, for every stepping slot at once.
+That is what NeMo's ``merge_(..., is_chunk_continuation=True, boundary_prev_ptr=roots)`` of the chunks' prefix trees
+followed by ``to_hyps_list(score_norm)`` reads back; the best beam is the first of NeMo's sort of the normalised
+scores. Host work per step does not grow with the number of streams.
 
 The same interface as :class:`~nemo_fastdecode.streaming.decoding.SlotDecoder` where the transcriber and the engine
 use it; phrase boosting is not supported with beam search here.
@@ -32,6 +36,8 @@ if TYPE_CHECKING:
     from nemo_fastdecode.streaming.events import BoostingOptions
 
 __all__ = ["SlotBeamDecoder"]
+
+INITIAL_TOKEN_CAPACITY = 64  # labels per beam before the transcript storage grows (doubling)
 
 # BatchedBeamState fields stored per row ([B, K] or [B]) and per flattened beam ([B * K, ...])
 _PER_ROW = ("labels", "decoded_lengths", "time_jumps", "scores", "transcript_hash", "current_lengths_nb",
@@ -78,7 +84,15 @@ class SlotBeamDecoder:
         self.beam_size = beam_size
         rows = num_slots + 1
         self._state: BatchedBeamState | None = None  # [S + 1] rows, allocated by the first chunk
-        self._joined: list[BatchedBeamHyps | None] = [None] * rows  # each slot's chunks joined (one row)
+        # every beam's transcript so far: non-blank labels, their timestamps (frames from the stream's start) and TDT
+        # durations [S + 1, K, capacity + 1] (the last column takes the writes of blank steps), counts [S + 1, K]
+        self.durations_on = self.computer.is_tdt
+        self._labels: torch.Tensor | None = None
+        self._times: torch.Tensor | None = None
+        self._durations: torch.Tensor | None = None
+        self._counts = torch.zeros([rows, beam_size], dtype=torch.long, device=self.device)
+        self._best_beam = torch.zeros([rows], dtype=torch.long, device=self.device)
+        self._capacity = 0
         self._best: list[Hypothesis | None] = [None] * rows  # cache of the best beam, dropped by a step
         self._reported: list[tuple[int, ...] | None] = [None] * rows  # best tokens at the last changed() call
         self._decoded = np.zeros(rows, dtype=bool)
@@ -100,7 +114,7 @@ class SlotBeamDecoder:
 
     def reset(self, slot: int) -> None:
         """Start a slot afresh (a new stream): its next chunk begins from the empty hypotheses after ``<SOS>``."""
-        self._joined[slot] = self._best[slot] = self._reported[slot] = None
+        self._best[slot] = self._reported[slot] = None
         self._decoded[slot] = False
 
     # phrase boosting: not with beam search ------------------------------------------------------
@@ -150,16 +164,57 @@ class SlotBeamDecoder:
         previous = None if first else self._gather(slot_index)
         hyps, state = self.computer.search_chunk(x, x_lengths, previous)
         self._scatter(slot_index, state)
-        roots = hyps.flatten_()
-        for i, slot in enumerate(slots):
-            row = _hyps_row(hyps, i)
-            joined = self._joined[slot]
-            if joined is None:
-                self._joined[slot] = row
-            else:
-                joined.merge_(row, is_chunk_continuation=True, boundary_prev_ptr=roots[i : i + 1])
+        self._append(slot_index, hyps, first)
+        # NeMo's flatten_sort_: beams sorted by score / (non-blank labels + 1), descending; the first is the best
+        normalized = state.scores / (state.current_lengths_nb.to(state.scores.dtype) + 1)
+        _, order = torch.sort(normalized, dim=-1, descending=True)
+        self._best_beam.index_copy_(0, slot_index, order[:, 0])
+        for slot in slots:
             self._best[slot] = None
         self._decoded[np.asarray(slots)] = True
+
+    def _append(self, slots: torch.Tensor, hyps: BatchedBeamHyps, first: bool) -> None:
+        """Each beam's transcript: its root's (the beam it descends from at the chunk's start; none for a first chunk)
+        followed by its non-blank labels of the chunk (``hyps``, ``[N, K, W]`` prefix trees of this chunk)."""
+        roots = hyps.flatten_()  # [N, K]; every beam's labels of the chunk now in its own row
+        width = hyps._max_length
+        labels = hyps.transcript_wb[..., :width]
+        valid = (labels >= 0) & (labels != hyps.blank_index)
+        # labels each beam's root held (none before a first chunk)
+        before = torch.zeros_like(roots) if first else torch.gather(self._counts.index_select(0, slots), 1, roots)
+        counts = before + valid.sum(-1)
+        self._reserve(int(counts.max()))
+        columns = torch.where(valid, before[..., None] + valid.cumsum(-1) - 1, self._capacity)  # spare column
+        sources = [(self._labels, labels), (self._times, hyps.timestamps[..., :width])]
+        if self._durations is not None:
+            sources.append((self._durations, hyps.token_durations[..., :width]))
+        for store, chunk in sources:
+            if first:
+                out = torch.zeros([len(roots), self.beam_size, store.shape[-1]], dtype=store.dtype, device=store.device)
+            else:
+                rows = store.index_select(0, slots)
+                out = torch.gather(rows, 1, roots[..., None].expand(-1, -1, store.shape[-1]))
+            out.scatter_(2, columns, chunk.to(store.dtype))
+            store.index_copy_(0, slots, out)
+        self._counts.index_copy_(0, slots, counts)
+
+    def _reserve(self, needed: int) -> None:
+        """Room for ``needed`` labels per beam (the storage doubles when it is short)."""
+        if needed <= self._capacity:
+            return
+        capacity = max(needed, 2 * self._capacity, INITIAL_TOKEN_CAPACITY)
+        rows, k = self.num_slots + 1, self.beam_size
+
+        def grown(old: torch.Tensor | None) -> torch.Tensor:
+            new = torch.zeros([rows, k, capacity + 1], dtype=torch.long, device=self.device)
+            if old is not None:
+                new[..., : self._capacity].copy_(old[..., : self._capacity])
+            return new
+
+        self._labels, self._times = grown(self._labels), grown(self._times)
+        if self.durations_on:
+            self._durations = grown(self._durations)
+        self._capacity = capacity
 
     def _gather(self, slots: torch.Tensor) -> BatchedBeamState:
         """The slots' saved states as one ``BatchedBeamState`` (rows in the order of ``slots``)."""
@@ -210,23 +265,36 @@ class SlotBeamDecoder:
         return bool(self._decoded[slot])
 
     def hypotheses(self, slots: Sequence[int], with_state: bool = True) -> list[Hypothesis | None]:
-        """Each slot's best beam so far (``None`` for a slot that has not decoded a frame): NeMo's
-        ``to_hyps_list(score_norm)`` of the joined chunks (tokens, timestamps from the stream's start, score);
-        ``dec_state`` is ``None``, ``length`` the frames decoded. ``with_state`` is accepted for the greedy
-        decoder's interface."""
-        out = []
-        for slot in slots:
-            if not self._decoded[slot]:
-                out.append(None)
-                continue
-            if self._best[slot] is None:
-                with torch.inference_mode():
-                    # to_hyps_list sorts the beams in place: on a copy, the next chunk continues the joined beams
-                    (best,) = self._joined[slot].clone().to_hyps_list(score_norm=self.score_norm)
-                    best.length = int(self._state.decoded_lengths[slot])
-                self._best[slot] = best
-            out.append(self._best[slot])
-        return out
+        """Each slot's best beam so far (``None`` for a slot that has not decoded a frame), as NeMo's
+        ``to_hyps_list(score_norm)`` of the joined chunks gives it: tokens, timestamps (frames from the stream's start;
+        TDT: the start frames and ``token_duration``), score; ``dec_state`` is ``None``, ``length`` the frames decoded.
+        Built for all asked slots in one read back; ``with_state`` is accepted for the greedy decoder's interface."""
+        todo = [slot for slot in dict.fromkeys(slots) if self._decoded[slot] and self._best[slot] is None]
+        if todo:
+            with torch.inference_mode():
+                rows = torch.tensor(todo, dtype=torch.long, device=self.device)
+                best = self._best_beam.index_select(0, rows)[:, None]
+                stores = [self._labels, self._times] + ([self._durations] if self._durations is not None else [])
+                picked = [
+                    s.index_select(0, rows)[torch.arange(len(todo), device=self.device), best[:, 0]] for s in stores
+                ]
+                counts = torch.gather(self._counts.index_select(0, rows), 1, best)[:, 0]
+                scores = torch.gather(self._state.scores.index_select(0, rows), 1, best)[:, 0]
+                frames = self._state.decoded_lengths.index_select(0, rows)
+                host = [t.cpu().numpy() for t in (*picked, counts, frames)]
+                host_scores = scores.tolist()
+            labels, times, *rest = host[: len(stores)]
+            durations = rest[0] if rest else None
+            counts, frames = host[len(stores) :]
+            for i, slot in enumerate(todo):
+                n = int(counts[i])
+                hyp = Hypothesis(score=host_scores[i], y_sequence=labels[i, :n].copy(), timestamp=times[i, :n].copy())
+                if durations is not None:  # NeMo's timestamps of TDT tokens: where they start
+                    hyp.token_duration = durations[i, :n].copy()
+                    hyp.timestamp = hyp.timestamp - hyp.token_duration
+                hyp.length = int(frames[i])
+                self._best[slot] = hyp
+        return [self._best[slot] if self._decoded[slot] else None for slot in slots]
 
     def hypothesis(self, slot: int) -> Hypothesis | None:
         """The slot's best beam so far (``None`` before its first frame)."""
@@ -280,27 +348,3 @@ def _allocate(state: BatchedBeamState, rows: int, state_batch_dim: int) -> Batch
         transcript_prefix_hash=None,
         **{name: grown(getattr(state, name), rows) for name in _PER_ROW},
     )
-
-
-def _hyps_row(hyps: BatchedBeamHyps, row: int) -> BatchedBeamHyps:
-    """Row ``row`` of ``hyps`` as its own ``BatchedBeamHyps`` (a copy; NeMo's ``clone`` for one row)."""
-    out = BatchedBeamHyps(
-        batch_size=1,
-        beam_size=hyps.beam_size,
-        init_length=hyps._max_length,
-        blank_index=hyps.blank_index,
-        device=hyps.device,
-        float_dtype=hyps.scores.dtype,
-        store_prefix_hashes=hyps.store_prefix_hashes,
-        model_type=hyps.model_type,
-    )
-    rows = slice(row, row + 1)
-    names = ["current_lengths_nb", "current_lengths_wb", "transcript_wb", "transcript_wb_prev_ptr", "scores",
-             "last_label", "transcript_hash", "timestamps", "next_timestamp", "last_timestamp_lasts"]  # fmt: skip
-    if hyps.store_prefix_hashes:
-        names.append("transcript_prefix_hash")
-    if getattr(hyps, "token_durations", None) is not None:
-        names.append("token_durations")
-    for name in names:
-        getattr(out, name).copy_(getattr(hyps, name)[rows])
-    return out
