@@ -121,17 +121,25 @@ def test_partial_events_are_the_best_beam_so_far(beam_cases, audio):  # noqa: F8
     assert checked >= 2
 
 
-def test_tdt_streams_in_few_slots_give_nemo_beam_search_alone(audio, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")]),
+    ],
+)
+def test_tdt_streams_in_few_slots_give_nemo_beam_search_alone(audio, monkeypatch, device):  # noqa: F811
     """TDT (``ModifiedALSDBatchedTDTComputer``, beams jumping past a chunk's end): streams stepped in turn through two
     slots of the transcriber, at different positions, each slot reused; tokens, timestamps and durations of each
-    stream's best beam equal NeMo's beam search across chunks of that stream alone. The transcripts' storage starts
-    at one label per beam, so it grows (doubling) while streams hold beams."""
+    stream's best beam equal NeMo's beam search across chunks of that stream alone (on CUDA: with CUDA graphs, warmed
+    up, and the Triton beam kernels, against NeMo's torch path on the same GPU). The transcripts' storage starts at
+    one label per beam, so it grows (doubling) while streams hold beams."""
     monkeypatch.setattr(beam_decoding, "INITIAL_TOKEN_CAPACITY", 1)
     from conftest import tiny_streaming_model
 
     from nemo_fastdecode.streaming import StreamingTranscriber, split_features
 
-    model = tiny_streaming_model("tiny-tdt-streaming")
+    model = tiny_streaming_model("tiny-tdt-streaming").to(device)
     att = [16, 1]
     model.encoder.set_default_att_context_size(att)
     streams = [i for i, pcm in enumerate(audio) if len(pcm) >= 4000]
@@ -143,7 +151,11 @@ def test_tdt_streams_in_few_slots_give_nemo_beam_search_alone(audio, monkeypatch
         greedy[i] = as_int_list(nemo_alone(model, feats[i])[1].y_sequence)
     assert sum(len(e[0]) for e in expected.values()) > 0
     assert any(expected[i][0] != greedy[i] for i in streams), "setup: beam should differ from greedy"
-    transcriber = StreamingTranscriber(model, 2, att_context_size=att, decoding="beam", beam_size=BEAM)
+    # padded to the batch-size buckets (padding rows: no frames) and warmed up on the dummy slot, as with CUDA graphs
+    transcriber = StreamingTranscriber(
+        model, 2, att_context_size=att, decoding="beam", beam_size=BEAM, pad_to_bucket=True
+    )
+    assert transcriber.warm_up().decoder_seconds > 0
     waiting = list(streams)
     live: dict[int, tuple[int, list]] = {}  # slot -> (stream, chunks left)
     got = {}

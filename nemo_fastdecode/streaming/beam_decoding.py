@@ -86,7 +86,7 @@ class SlotBeamDecoder:
         self._state: BatchedBeamState | None = None  # [S + 1] rows, allocated by the first chunk
         # every beam's transcript so far: non-blank labels, their timestamps (frames from the stream's start) and TDT
         # durations [S + 1, K, capacity + 1] (the last column takes the writes of blank steps), counts [S + 1, K]
-        self.durations_on = self.computer.is_tdt
+        self._tdt = self.computer.is_tdt
         self._labels: torch.Tensor | None = None
         self._times: torch.Tensor | None = None
         self._durations: torch.Tensor | None = None
@@ -212,7 +212,7 @@ class SlotBeamDecoder:
             return new
 
         self._labels, self._times = grown(self._labels), grown(self._times)
-        if self.durations_on:
+        if self._tdt:
             self._durations = grown(self._durations)
         self._capacity = capacity
 
