@@ -63,6 +63,8 @@ def build_engine(model: ASRModel, config: ServeConfig) -> StreamingEngine:
         max_symbols=config.max_symbols,
         endpointing=config.endpointing,
         phrase_boosting=config.phrase_boosting,
+        decoding=config.decoding,
+        beam_size=config.beam_size,
     )
 
 

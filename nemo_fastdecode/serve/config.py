@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from nemo_fastdecode.streaming.encoder import check_precision
 from nemo_fastdecode.streaming.events import EndpointingOptions
+from nemo_fastdecode.streaming.transcriber import check_decoding
 
 __all__ = ["LimitsConfig", "ServeConfig"]
 
@@ -98,6 +99,10 @@ class ServeConfig:
         phrase_boosting: set per-stream phrase boosting (a session's ``transcription.boosting``) up at start, so that
             the warm-up captures the decoder that fuses the streams' trees too (needs a model with a tokenizer);
             ``false``: the first item with phrases sets it up (its first steps capture it).
+        decoding: ``greedy`` or ``beam``: NeMo's ``malsd_batch`` beam search per stream, continued chunk after chunk
+            (partial transcripts are the best beam so far and may change; not with ``vad``, ``phrase_boosting`` or
+            ``fast_math``).
+        beam_size: beams per stream with ``decoding: beam``.
         limits: per-connection limits.
     """
 
@@ -121,6 +126,8 @@ class ServeConfig:
     api_key: str | None = None
     gil_switch_interval_ms: float | None = 0.5
     phrase_boosting: bool = False
+    decoding: str = "greedy"
+    beam_size: int = 4
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def __post_init__(self) -> None:
@@ -140,6 +147,9 @@ class ServeConfig:
             raise ValueError("api_key must be null or a non-empty string")
         if self.gil_switch_interval_ms is not None and not self.gil_switch_interval_ms > 0:
             raise ValueError(f"gil_switch_interval_ms must be > 0 or null, got {self.gil_switch_interval_ms}")
+        check_decoding(self.decoding, self.beam_size, fast_math=self.fast_math, phrase_boosting=self.phrase_boosting)
+        if self.decoding == "beam" and self.vad:
+            raise ValueError("vad: true needs decoding: greedy; valid with decoding: beam: vad: false")
 
     @property
     def endpointing(self) -> EndpointingOptions | None:

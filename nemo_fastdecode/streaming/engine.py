@@ -124,6 +124,10 @@ class StreamingEngine:
         phrase_boosting: set per-stream phrase boosting (``StreamOptions.boosting``) up now, so that :meth:`warm_up`
             also captures the decoder that fuses the streams' boosting trees (a model with a tokenizer, label
             looping); ``False``: the first stream with phrases sets it up.
+        decoding: ``"greedy"`` or ``"beam"``: NeMo's ``malsd_batch`` beam search, every stream's beams continued chunk
+            after chunk; partial events carry the best beam so far (sent whenever it changes), the final event the
+            best beam at the stream's end. Not with endpointing or phrase boosting.
+        beam_size: beams per stream with ``decoding="beam"``.
     """
 
     def __init__(
@@ -142,10 +146,14 @@ class StreamingEngine:
         clock: Callable[[], float] = time.monotonic,
         endpointing: EndpointingOptions | None = None,
         phrase_boosting: bool = False,
+        decoding: str = "greedy",
+        beam_size: int = 4,
     ):
         if idle_timeout_seconds is not None and not idle_timeout_seconds > 0:
             raise ValueError(f"idle_timeout_seconds must be > 0 or None, got {idle_timeout_seconds!r}")
         self.endpointing = _endpointing_options(EndpointingOptions() if endpointing is None else endpointing)
+        self._beam = decoding == "beam"
+        self._check_endpointing(self.endpointing)
         self.transcriber = StreamingTranscriber(
             model,
             num_slots,
@@ -156,6 +164,8 @@ class StreamingEngine:
             fast_math=fast_math,
             encoder_matmul=encoder_matmul,
             phrase_boosting=phrase_boosting,
+            decoding=decoding,
+            beam_size=beam_size,
         )
         self.model, self.num_slots = model, num_slots
         self.device = self.transcriber.device
@@ -227,6 +237,7 @@ class StreamingEngine:
         if not isinstance(options, StreamOptions):
             raise TypeError(f"options must be a StreamOptions, got {type(options).__name__}")
         endpointing = self.endpointing if options.endpointing is None else _endpointing_options(options.endpointing)
+        self._check_endpointing(endpointing)
         free = np.flatnonzero(self._stream_of < 0)
         if free.size == 0:
             raise CapacityError(self.num_slots)
@@ -336,6 +347,11 @@ class StreamingEngine:
         segment's tokens only, and its index. Audio pushed but not yet stepped belongs to the next segment.
         """
         slot = self._live_slot(stream_id, "end a segment of")
+        if self._beam:
+            raise ValueError(
+                f"stream {stream_id}: end_segment needs decoding='greedy' (a beam search may still replace the "
+                "tokens a segment would keep); with decoding='beam' a stream has one segment"
+            )
         (event,) = self._end_segments([slot])
         return event
 
@@ -520,9 +536,12 @@ class StreamingEngine:
         return taken[0] if len(taken) == 1 else b"".join(taken)
 
     def _grew(self, slots: np.ndarray) -> np.ndarray:
-        """``[N]`` bool: the streams' token counts grew since their last event (one device read)."""
+        """``[N]`` bool: the streams' token counts grew since their last event (one device read); with beam search,
+        the best beam changed."""
         if slots.size == 0:
             return np.zeros(0, dtype=bool)
+        if self._beam:
+            return self.transcriber.decoder.changed(slots)
         counts = self.transcriber.decoder.counts
         now = counts.index_select(0, torch.from_numpy(slots).to(counts.device)).cpu().numpy()
         return now > self._reported[slots]
@@ -660,6 +679,14 @@ class StreamingEngine:
             f"stream {stream_id}: non-finite sample {values[index]} at sample {self._samples[slot] + index}; "
             "audio must be finite",
         )
+
+    def _check_endpointing(self, options: EndpointingOptions) -> None:
+        """Utterance ends cut a stream's tokens where they were decoded; a beam search may still replace them."""
+        if self._beam and options.enabled:
+            raise ValueError(
+                "endpointing (vad or a blank-run rule) needs decoding='greedy'; valid with decoding='beam': "
+                "EndpointingOptions() (no endpointing)"
+            )
 
 
 def _endpointing_options(options: Any) -> EndpointingOptions:

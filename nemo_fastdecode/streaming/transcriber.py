@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.decode_call import true_fp32
+from nemo_fastdecode.streaming.beam_decoding import SlotBeamDecoder
 from nemo_fastdecode.streaming.buckets import BucketedStep
 from nemo_fastdecode.streaming.decoding import SlotDecoder
 from nemo_fastdecode.streaming.encoder import StreamingEncoderStep, check_streaming_encoder
@@ -86,7 +87,7 @@ class StreamResult:
 
 
 class StreamingTranscriber:
-    """Cache-aware streaming encoder + greedy decoder over ``num_slots`` pre-allocated stream slots.
+    """Cache-aware streaming encoder + greedy or beam-search decoder over ``num_slots`` pre-allocated stream slots.
 
     Args:
         model: a NeMo transducer model with a cache-aware streaming FastConformer encoder (e.g. NeMo's
@@ -111,6 +112,10 @@ class StreamingTranscriber:
         phrase_boosting: set per-stream phrase boosting up now (:meth:`SlotDecoder.enable_boosting`), so that
             :meth:`warm_up` captures the decoder that fuses the streams' trees too; ``False``: the first stream that
             boosts phrases sets it up (its first steps then capture it).
+        decoding: ``"greedy"`` (:class:`SlotDecoder`) or ``"beam"``: NeMo's ``malsd_batch`` beam search, each stream's
+            beams continued chunk after chunk (:class:`SlotBeamDecoder`; ``max_symbols`` is then the beam's, default
+            10; no phrase boosting, no ``fast_math``).
+        beam_size: beams per stream with ``decoding="beam"``.
     """
 
     def __init__(
@@ -129,6 +134,8 @@ class StreamingTranscriber:
         encoder_matmul: str = "fp32",
         capture_decoder_step: bool = True,
         phrase_boosting: bool = False,
+        decoding: str = "greedy",
+        beam_size: int = 4,
     ):
         if not isinstance(num_slots, int) or num_slots < 1:
             raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
@@ -167,11 +174,16 @@ class StreamingTranscriber:
             use_cuda_graphs=use_cuda_graphs,
             pad_to_bucket=pad_to_bucket,
         )
-        self.decoder = (
-            SlotDecoder(model, num_slots, max_symbols=max_symbols, use_cuda_graphs=use_cuda_graphs, fast_math=fast_math)
-            if decode
-            else None
-        )
+        self.decoding = check_decoding(decoding, beam_size, fast_math=fast_math, phrase_boosting=phrase_boosting)
+        self.decoder: SlotDecoder | SlotBeamDecoder | None = None
+        if decode and decoding == "beam":
+            self.decoder = SlotBeamDecoder(
+                model, num_slots, beam_size=beam_size, max_symbols=max_symbols, use_cuda_graphs=use_cuda_graphs
+            )
+        elif decode:
+            self.decoder = SlotDecoder(
+                model, num_slots, max_symbols=max_symbols, use_cuda_graphs=use_cuda_graphs, fast_math=fast_math
+            )
         self.capture_decoder_step = capture_decoder_step
         if phrase_boosting:
             if self.decoder is None:
@@ -443,6 +455,25 @@ class StreamingTranscriber:
         ]
         features = torch.stack(rows).to(torch.float32)  # [N, F, Tmax]
         return features, torch.tensor(lengths, dtype=torch.long)
+
+
+DECODINGS = ("greedy", "beam")
+
+
+def check_decoding(decoding: str, beam_size: int, *, fast_math: bool = False, phrase_boosting: bool = False) -> str:
+    """Raise ``ValueError`` naming the option for a decoding the streaming decoder cannot run; returns ``decoding``."""
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding={decoding!r} is not supported; valid: {', '.join(map(repr, DECODINGS))}")
+    if decoding == "beam":
+        if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+            raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+        if fast_math:
+            raise ValueError("fast_math=True needs decoding='greedy'; valid with decoding='beam': fast_math=False")
+        if phrase_boosting:
+            raise ValueError(
+                "phrase_boosting=True needs decoding='greedy'; valid with decoding='beam': phrase_boosting=False"
+            )
+    return decoding
 
 
 def set_att_context_size(encoder: torch.nn.Module, att_context_size: Sequence[int]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from nemo_fastdecode.config import FastGreedyDecodingConfig
 from nemo_fastdecode.streaming.encoder import check_precision
+from nemo_fastdecode.streaming.transcriber import check_decoding
 
 
 @dataclass
@@ -161,6 +162,10 @@ class StreamingConfig:
             (:meth:`~nemo_fastdecode.streaming.decoding.SlotDecoder.capture_step`); ``False``: that work runs eagerly.
         compare_nemo: run the same streams through NeMo's path (slot gather/scatter +
             ``conformer_stream_step``) and compare transcripts and timings.
+        decoding: ``greedy``, or ``beam``: our path decodes with NeMo's ``malsd_batch`` beam search per stream
+            (``StreamingTranscriber(decoding="beam")``); NeMo's ``conformer_stream_step`` refuses ``malsd_batch`` with
+            partial hypotheses, so it needs ``compare_nemo: false`` (and ``fast_math: false``).
+        beam_size: beams per stream with ``decoding: beam``.
         cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.
         seed: synthetic model weights, demo audio and stream start times.
         output_dir: where ``streaming_results.json``, ``streaming_results.md`` and
@@ -187,6 +192,8 @@ class StreamingConfig:
     encoder_matmul: str = "fp32"
     capture_decoder_step: bool = True
     compare_nemo: bool = True
+    decoding: str = "greedy"
+    beam_size: int = 4
     cuda: int | None = None
     seed: int = 0
     output_dir: str = "outputs/streaming"
@@ -203,6 +210,12 @@ class StreamingConfig:
             not self.num_streams_sweep or any(int(n) < 1 for n in self.num_streams_sweep)
         ):
             raise ValueError(f"num_streams_sweep must be a non-empty list of counts >= 1, got {self.num_streams_sweep}")
+        check_decoding(self.decoding, self.beam_size, fast_math=self.fast_math)
+        if self.decoding == "beam" and self.compare_nemo:
+            raise ValueError(
+                "compare_nemo: true needs decoding: greedy (NeMo's conformer_stream_step refuses malsd_batch with "
+                "partial hypotheses); valid with decoding: beam: compare_nemo: false"
+            )
 
 
 def check_calibrations(calibrations: list[Any]) -> list[float | str]:

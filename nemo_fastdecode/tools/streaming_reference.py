@@ -20,7 +20,7 @@ from nemo_fastdecode.decode_call import true_fp32
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
 
-__all__ = ["Reference", "nemo_alone", "reference_transcript"]
+__all__ = ["Reference", "nemo_alone", "nemo_alone_beam", "reference_transcript"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +80,74 @@ def nemo_alone(
         if not chunks:
             hyps = None
     return outputs, hyps[0] if hyps else None, chunks
+
+
+def nemo_alone_beam(
+    model: ASRModel, feats: torch.Tensor, beam_size: int, max_symbols: int = 10, score_norm: bool = True
+) -> Hypothesis | None:
+    """NeMo's cache-aware streaming of one stream ``[feat_in, T]`` with ``malsd_batch`` beam search across chunks.
+
+    NeMo 3.0's streaming paths (``conformer_stream_step``, ``CacheAwareRNNTPipeline``) refuse partial hypotheses with
+    ``malsd_batch`` (``BeamBatchedRNNTInfer.forward`` raises ``NotImplementedError``); NeMo continues a beam search
+    only through its computer. So: the encoder's ``cache_aware_stream_step`` over NeMo's ``CacheAwareStreamingAudioBuffer``
+    chunks (as :func:`nemo_alone`), each chunk's frames into NeMo's ``ModifiedALSDBatchedRNNTComputer`` /
+    ``ModifiedALSDBatchedTDTComputer`` with the previous chunk's ``prev_batched_state`` (torch path, no CUDA graphs),
+    the chunks' hypotheses joined with ``BatchedBeamHyps.flatten_`` and ``merge_(..., is_chunk_continuation=True,
+    boundary_prev_ptr=...)``, the best beam by ``to_hyps_list(score_norm)``. A chunk without frames is not decoded.
+
+    Returns:
+        The best hypothesis (timestamps in encoder frames from the stream's start), ``None`` if no chunk had frames.
+    """
+    from nemo.collections.asr.parts.submodules.rnnt_beam_decoding import BeamBatchedRNNTInfer
+    from nemo.collections.asr.parts.submodules.tdt_beam_decoding import BeamBatchedTDTInfer
+
+    decoding_cfg = model.cfg.get("decoding", {}) or {}
+    durations = decoding_cfg.get("durations", None) or None
+    blank = int(model.decoding.blank_id)
+    common = dict(beam_size=beam_size, max_symbols_per_step=max_symbols, allow_cuda_graphs=False)
+    if durations:
+        infer = BeamBatchedTDTInfer(model.decoder, model.joint, list(durations), blank, **common)
+    else:
+        infer = BeamBatchedRNNTInfer(model.decoder, model.joint, blank, **common)
+    computer = infer.decoding_computer
+    outputs = _encoder_chunks(model, feats)
+    joined, state = None, None
+    with torch.no_grad(), true_fp32():  # outside inference mode: flatten_ and merge_ update the hypotheses in place
+        for encoded in outputs:  # [D, T_i]
+            if encoded.shape[1] == 0:
+                continue
+            x = encoded.T[None].clone()  # [1, T_i, D]
+            hyps, state = computer(x=x, out_len=torch.tensor([x.shape[1]], device=x.device), prev_batched_state=state)
+            roots = hyps.flatten_()
+            if joined is None:
+                joined = hyps
+            else:
+                joined.merge_(hyps, is_chunk_continuation=True, boundary_prev_ptr=roots)
+    return None if joined is None else joined.to_hyps_list(score_norm=score_norm)[0]
+
+
+def _encoder_chunks(model: ASRModel, feats: torch.Tensor) -> list[torch.Tensor]:
+    """Each chunk's encoder output ``[D, T_i]`` of NeMo's cache-aware streaming of ``feats`` (as :func:`nemo_alone`)."""
+    from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
+
+    buffer = CacheAwareStreamingAudioBuffer(model)
+    buffer.append_processed_signal(feats[None])
+    channel, time, channel_len = model.encoder.get_initial_cache_state(batch_size=1, device=feats.device)
+    drop = model.encoder.streaming_cfg.drop_extra_pre_encoded
+    outputs = []
+    with torch.inference_mode(), true_fp32():
+        for step, (chunk, chunk_len) in enumerate(buffer):
+            encoded, encoded_len, channel, time, channel_len = model.encoder.cache_aware_stream_step(
+                processed_signal=chunk,
+                processed_signal_length=chunk_len,
+                cache_last_channel=channel,
+                cache_last_time=time,
+                cache_last_channel_len=channel_len,
+                keep_all_outputs=buffer.is_buffer_empty(),
+                drop_extra_pre_encoded=0 if step == 0 else drop,
+            )
+            outputs.append(encoded[0, :, : int(encoded_len[0])].clone())
+    return outputs
 
 
 def reference_transcript(model: ASRModel, pcm: np.ndarray, att_context_size: list[int] | None = None) -> Reference:

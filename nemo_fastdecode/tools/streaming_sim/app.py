@@ -188,7 +188,7 @@ def _make_paths(cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int) 
     paths = [
         fast_path(
             setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul,
-            cfg.capture_decoder_step,
+            cfg.capture_decoder_step, cfg.decoding, cfg.beam_size,
         )
     ]  # fmt: skip
     if cfg.compare_nemo:

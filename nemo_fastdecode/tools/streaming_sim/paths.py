@@ -37,15 +37,19 @@ def fast_path(
     fast_math: bool = False,
     encoder_matmul: str = "fp32",
     capture_decoder_step: bool = True,
+    decoding: str = "greedy",
+    beam_size: int = 4,
 ) -> StreamingPath:
-    """Ours: slot caches read in place, one graph replay per step (GPU), per-slot state of ``fast_greedy``.
+    """Ours: slot caches read in place, one graph replay per step (GPU), per-slot state of ``fast_greedy`` (or, with
+    ``decoding="beam"``, each slot's beams of NeMo's ``malsd_batch``).
 
     Warmed up before the clock starts: every encoder bucket's graph and the decoder's graph per bucket are
     captured (:meth:`StreamingTranscriber.warm_up`), so no step of the timed run captures.
     """
     streamer = StreamingTranscriber(
         model, num_slots, dtype=dtype, use_cuda_graphs=use_cuda_graphs, fast_math=fast_math,
-        encoder_matmul=encoder_matmul, capture_decoder_step=capture_decoder_step,
+        encoder_matmul=encoder_matmul, capture_decoder_step=capture_decoder_step, decoding=decoding,
+        beam_size=beam_size,
     )  # fmt: skip
     warmup = streamer.warm_up().total_seconds
 
@@ -55,6 +59,7 @@ def fast_path(
         return tokens
 
     mode = "CUDA graph per bucket" if streamer.runner.use_graphs else "eager"
+    mode += f", beam search ({beam_size} beams)" if decoding == "beam" else ""
     mode += (", fast_math" if fast_math else "") + (f", {encoder_matmul} encoder" if encoder_matmul != "fp32" else "")
     # what warm-up captured, not what was asked: no captures on the CPU, and a refused one falls back to eager
     captured = streamer.decoder is not None and streamer.decoder.captured_batch_sizes

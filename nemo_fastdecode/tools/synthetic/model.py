@@ -55,7 +55,7 @@ def build_synthetic_model(
         Cache-aware streaming encoders (causal subsampling and convolutions, ``chunked_limited``
         attention, no feature normalisation; ``att_context_size`` lists the look-aheads, the first is
         the default): ``tiny-streaming`` (tiny hybrid, [[16, 3], [16, 1], [16, 0]]), ``tiny-rnnt-streaming``
-        (the same, pure RNN-T), ``hybrid-17x512-streaming`` (17 x 512, 8 heads, hybrid RNN-T/CTC) and
+        (the same, pure RNN-T), ``tiny-tdt-streaming`` (the same, TDT), ``hybrid-17x512-streaming`` (17 x 512, 8 heads, hybrid RNN-T/CTC) and
         ``rnnt-0.6b-streaming`` (24 x 1024 RNN-T), both [[70, 13], [70, 6], [70, 1], [70, 0]].
 
     Args:

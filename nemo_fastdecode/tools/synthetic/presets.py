@@ -74,6 +74,9 @@ _PRESETS: dict[str, _Preset] = {
     # cache-aware streaming presets: 1 frame = 80 ms; [70, 1] = 5.6 s of left context, 160 ms chunks
     "tiny-streaming": _Preset(**_TINY, **_TINY_DEC, hybrid=True, att_context_size=_TINY_STREAMING_CONTEXTS),
     "tiny-rnnt-streaming": _Preset(**_TINY, **_TINY_DEC, att_context_size=_TINY_STREAMING_CONTEXTS),
+    "tiny-tdt-streaming": _Preset(
+        **_TINY, **_TINY_DEC, durations=_TDT_DURATIONS, att_context_size=_TINY_STREAMING_CONTEXTS
+    ),
     "hybrid-17x512-streaming": _Preset(
         n_layers=17,
         d_model=512,
