@@ -203,7 +203,7 @@ def benchmark_fusion(
         batch_size=cfg.batch_size,
         max_symbols=cfg.max_symbols,
         encoder_dtype=encoder_dtype,
-        target_tokens_per_frame=cfg.target_tokens_per_frame,
+        calibration=cfg.target_tokens_per_frame,
         seed=cfg.seed,
         device=device,
     )
