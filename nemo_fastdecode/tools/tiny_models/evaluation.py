@@ -6,11 +6,16 @@ The ``test`` split holds sentences and voices that training never saw. Every row
   loop for TDT) and our ``fast_greedy``; NeMo's batched beam search ``malsd_batch`` (for a TDT model NeMo's TDT
   variant) and our ``fast_beam`` with the same beam settings; a hybrid's CTC head too. The rows are those of
   :func:`~nemo_fastdecode.tools.transcribe_app.comparison_configs`, NeMo's without CUDA graphs.
-* streaming (a cache-aware encoder), at each look-ahead: NeMo's cache-aware streaming as its streaming script runs
-  it (``CacheAwareStreamingAudioBuffer`` chunks, ``conformer_stream_step`` with the previous hypotheses, a batch of
-  streams at a time), and our :class:`~nemo_fastdecode.streaming.StreamingEngine` on the files' int16 samples.
+* streaming (a cache-aware encoder), at each look-ahead: NeMo's cache-aware streaming of each file alone over the
+  preprocessor's features of the whole file (:func:`~nemo_fastdecode.tools.streaming_reference.reference_transcript`,
+  the reference of every streaming test), our :class:`~nemo_fastdecode.streaming.StreamingEngine` on the files'
+  int16 samples, and NeMo's streaming script's loop (``CacheAwareStreamingAudioBuffer.append_audio_file`` chunks,
+  ``conformer_stream_step`` with the previous hypotheses, a batch of streams at a time). The script's buffer also
+  holds the preprocessor's masked frame past each file's feature length (``append_processed_signal`` takes the
+  padded size as the length), one zero frame more at the end than the reference, which can change the last tokens.
 
-Each of our rows names its NeMo reference row and counts the utterances whose token ids differ from it (0 in fp32).
+Each of our rows names its NeMo reference row and counts the utterances whose token ids differ from it (0 in fp32);
+so does the streaming script's row.
 """
 
 from __future__ import annotations
@@ -167,11 +172,11 @@ def ctc_decoded(model: ASRModel, paths: Sequence[str], batch_size: int) -> Decod
 
 
 # ---- streaming -------------------------------------------------------------------------------------------------
-def nemo_streaming(
-    model: ASRModel, audio_paths: Sequence[str], batch_size: int, name: str = "NeMo streaming"
+def nemo_streaming_script(
+    model: ASRModel, audio_paths: Sequence[str], batch_size: int, name: str = "NeMo streaming script"
 ) -> Decoded:
-    """NeMo's cache-aware streaming of the files, ``batch_size`` streams at a time, at the encoder's current
-    look-ahead, as NeMo's streaming script runs it; the final transcripts."""
+    """NeMo's cache-aware streaming of the files as NeMo's streaming script runs it, ``batch_size`` streams at a
+    time, at the encoder's current look-ahead; the final transcripts."""
     from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
 
     start = time.perf_counter()
@@ -200,6 +205,18 @@ def nemo_streaming(
         texts += [t.text for t in transcribed]
         ids += [as_int_list(t.y_sequence) for t in transcribed]
     return Decoded(name, texts, ids, time.perf_counter() - start)
+
+
+def nemo_streaming_alone(
+    model: ASRModel, pcm: Sequence[np.ndarray], att_context_size: Sequence[int], name: str = "NeMo streaming"
+) -> Decoded:
+    """NeMo's cache-aware streaming of each int16 PCM ``[T]`` alone over its whole-file features
+    (:func:`~nemo_fastdecode.tools.streaming_reference.reference_transcript`); sets the look-ahead on the model."""
+    from nemo_fastdecode.tools.streaming_reference import reference_transcript
+
+    start = time.perf_counter()
+    refs = [reference_transcript(model, samples, list(att_context_size)) for samples in pcm]
+    return Decoded(name, [r.text for r in refs], [r.token_ids for r in refs], time.perf_counter() - start)
 
 
 def read_pcm16(paths: Sequence[str]) -> list[np.ndarray]:
@@ -246,10 +263,17 @@ def engine_decoded(
     return Decoded(name, texts, ids, time.perf_counter() - start)
 
 
-def streaming_rows(model: ASRModel, entries: Sequence[dict[str, Any]], batch_size: int) -> list[WerResult]:
-    """At each of the encoder's look-aheads: NeMo's cache-aware streaming (:func:`nemo_streaming`), then our
-    engine (:func:`engine_decoded`, ``batch_size`` slots) against it. The default look-ahead is restored."""
-    contexts = [list(c) for c in model.encoder.att_context_size_all]
+def streaming_rows(
+    model: ASRModel,
+    entries: Sequence[dict[str, Any]],
+    batch_size: int,
+    contexts: Sequence[Sequence[int]] | None = None,
+) -> list[WerResult]:
+    """At each of the encoder's look-aheads: NeMo's cache-aware streaming of each file alone
+    (:func:`nemo_streaming_alone`), then our engine (:func:`engine_decoded`, ``batch_size`` slots) and NeMo's
+    streaming script (:func:`nemo_streaming_script`, ``batch_size`` streams per batch) against it. ``contexts``: the
+    look-aheads (``None``: all of the encoder's); the default look-ahead is restored."""
+    contexts = [list(c) for c in (model.encoder.att_context_size_all if contexts is None else contexts)]
     default = list(model.encoder.att_context_size)
     paths = [e["audio_filepath"] for e in entries]
     references = [e["text"] for e in entries]
@@ -257,10 +281,11 @@ def streaming_rows(model: ASRModel, entries: Sequence[dict[str, Any]], batch_siz
     results = []
     try:
         for context in contexts:
-            model.encoder.set_default_att_context_size(context)
-            nemo = nemo_streaming(model, paths, batch_size, name=f"NeMo streaming {context}")
+            nemo = nemo_streaming_alone(model, pcm, context, name=f"NeMo streaming {context}")
             ours = engine_decoded(model, pcm, context, batch_size, name=f"StreamingEngine {context}")
-            results += [wer_result(nemo, references), wer_result(ours, references, nemo)]
+            model.encoder.set_default_att_context_size(context)
+            script = nemo_streaming_script(model, paths, batch_size, name=f"NeMo streaming script {context}")
+            results += [wer_result(d, references, None if d is nemo else nemo) for d in (nemo, ours, script)]
     finally:
         model.encoder.set_default_att_context_size(default)
     return results
