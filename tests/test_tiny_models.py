@@ -48,6 +48,9 @@ def test_tiny_models_config_rejects_bad_values():
         TinyModelsConfig(models=["rnnt"])
     with pytest.raises(ValueError, match="loss='numba' is not valid; valid values: torch, nemo"):
         TinyModelsConfig(loss="numba")
+    with pytest.raises(ValueError, match="eval_beam_size must be >= 1 or null .no beam rows., got 0"):
+        TinyModelsConfig(eval_beam_size=0)
+    assert TinyModelsConfig(eval_beam_size=None).eval_beam_size is None
 
 
 @pytest.mark.parametrize("model", ["tdt", "streaming_hybrid"])
