@@ -48,6 +48,9 @@ def test_tiny_models_config_rejects_bad_values():
         TinyModelsConfig(models=["rnnt"])
     with pytest.raises(ValueError, match="loss='numba' is not valid; valid values: torch, nemo"):
         TinyModelsConfig(loss="numba")
+    with pytest.raises(ValueError, match="eval_beam_size must be >= 1 or null .no beam rows., got 0"):
+        TinyModelsConfig(eval_beam_size=0)
+    assert TinyModelsConfig(eval_beam_size=None).eval_beam_size is None
 
 
 @pytest.mark.parametrize("model", ["tdt", "streaming_hybrid"])
@@ -347,6 +350,10 @@ def test_recipe_resumes_training_from_the_checkpoint(toy_recipe):
         }
 
 
+#: the first word of the evaluation rows that decode with nemo_fastdecode
+OURS = ("fast_greedy", "fast_beam", "StreamingEngine")
+
+
 @pytest.mark.slow
 def test_exported_models_restore_transcribe_and_are_evaluated(toy_recipe):
     from nemo_fastdecode.tools.tiny_models.training import restore
@@ -354,13 +361,14 @@ def test_exported_models_restore_transcribe_and_are_evaluated(toy_recipe):
     layout, _ = toy_recipe
     first = json.loads(layout.manifest("test").read_text().splitlines()[0])
     test_audio = [str(layout.manifest("test").parent / first["audio_filepath"])]
+    beam = ["malsd_batch (beam 4)", "fast_beam (beam 4)"]
+    rnnt_greedy = [f"{s} ({a} loop)" for s, a in [("greedy_batch", "frame"), ("greedy_batch", "label")]]
+    rnnt_greedy += [f"fast_greedy ({a} loop)" for a in ("label", "frame")]
+    sides = ("NeMo streaming", "StreamingEngine", "NeMo streaming script")
+    streamed = [f"{side} [70, {r}]" for r in (13, 6, 1, 0) for side in sides]
     for model, cls, decodings in (
-        ("tdt", "EncDecHybridRNNTCTCBPEModel", ["greedy", "ctc"]),
-        (
-            "streaming_hybrid",
-            "EncDecHybridRNNTCTCBPEModel",
-            ["greedy", "ctc"] + [f"streaming [70, {r}]" for r in (13, 6, 1, 0)],
-        ),
+        ("tdt", "EncDecHybridRNNTCTCBPEModel", ["greedy_batch (label loop)", "fast_greedy (label loop)", *beam, "ctc"]),
+        ("streaming_hybrid", "EncDecHybridRNNTCTCBPEModel", [*rnnt_greedy, *beam, "ctc", *streamed]),
     ):
         restored = restore(layout.nemo(model))
         assert type(restored).__name__ == cls
@@ -370,6 +378,13 @@ def test_exported_models_restore_transcribe_and_are_evaluated(toy_recipe):
         report = json.loads(layout.evaluation(model).read_text())
         assert [r["decoding"] for r in report["results"]] == decodings
         assert all(r["wer"] >= 0 for r in report["results"]) and report["test_utterances"] == 3
+        # each of our rows names NeMo's row before it and has its token ids (fp32)
+        names = [r["decoding"] for r in report["results"]]
+        ours = [(i, r) for i, r in enumerate(report["results"]) if r["decoding"].split(" ")[0] in OURS]
+        assert len(ours) == (3 + 4 if model == "streaming_hybrid" else 2)
+        for i, r in ours:
+            assert r["reference"] in names[:i] and r["differing"] == 0, r
+        assert report["environment"]["torch"] == torch.__version__
 
 
 @pytest.mark.slow

@@ -515,8 +515,11 @@ class TinyModelsConfig:
         checkpoint_every_n_steps: how often ``last.ckpt`` is written (and at the end of every run).
         loss: ``torch`` (:mod:`nemo_fastdecode.tools.tiny_models.transducer_loss`, any device, equal to NeMo's
             loss) or ``nemo`` (NeMo's Numba CUDA kernels; GPU only for TDT).
-        eval_batch_size: utterances per batch in ``evaluate``.
-        eval_streaming: ``evaluate`` also runs the streaming model cache-aware, chunk by chunk, at each look-ahead.
+        eval_batch_size: utterances per batch in ``evaluate`` (streams per batch and engine slots when streaming).
+        eval_beam_size: beams of ``evaluate``'s beam rows (NeMo's ``malsd_batch`` and our ``fast_beam``); ``None``:
+            no beam rows (greedy rows always run: NeMo's ``greedy_batch`` and our ``fast_greedy``).
+        eval_streaming: ``evaluate`` also streams the streaming model, chunk by chunk, at each look-ahead: NeMo's
+            cache-aware streaming and our ``StreamingEngine``.
         eval_streaming_utterances: test utterances for the streaming evaluation; ``None``: all.
         ship_dir: where ``ship`` copies the models; ``None``: the package's assets
             (:data:`nemo_fastdecode.tools.trained_models.ASSETS_DIR`), the embedded defaults of the demos.
@@ -546,6 +549,7 @@ class TinyModelsConfig:
     checkpoint_every_n_steps: int = 500
     loss: str = "torch"
     eval_batch_size: int = 64
+    eval_beam_size: int | None = 4
     eval_streaming: bool = True
     eval_streaming_utterances: int | None = 300
     ship_dir: str | None = None
@@ -561,5 +565,7 @@ class TinyModelsConfig:
         for name in ("num_train", "vocab_size", "batch_size", "max_steps", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_beam_size is not None and self.eval_beam_size < 1:
+            raise ValueError(f"eval_beam_size must be >= 1 or null (no beam rows), got {self.eval_beam_size}")
         if self.num_dev < 1 or self.num_test < 1:
             raise ValueError(f"num_dev and num_test must be >= 1, got {self.num_dev} and {self.num_test}")

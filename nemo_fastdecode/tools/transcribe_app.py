@@ -68,6 +68,7 @@ __all__ = [
     "apply_transcribe_decoding",
     "TranscribeResult",
     "compare_strategies",
+    "comparison_configs",
     "format_comparison",
     "resolve_config",
     "run",
@@ -227,10 +228,11 @@ def comparison_kind(decoding: DictConfig | dict[str, Any] | None) -> str:
     return "beam" if strategy in BEAM_COMPARISON_STRATEGIES else "greedy"
 
 
-def _comparison_configs(
+def comparison_configs(
     model: ASRModel, decoding: DictConfig | dict[str, Any] | None
 ) -> list[tuple[str, dict[str, Any]]]:
-    """NeMo's reference (no CUDA graphs) first, then ours with the user's options: greedy or beam rows."""
+    """``(row name, decoding section)`` of each row :func:`compare_strategies` runs: NeMo's reference (no CUDA
+    graphs) first, then ours with the user's options; greedy or beam rows (:func:`comparison_kind`)."""
     user = OmegaConf.to_container(decoding, resolve=True) if isinstance(decoding, DictConfig) else dict(decoding or {})
     if comparison_kind(user) == "beam":
         user_beam = dict(user.get("beam") or {})
@@ -297,7 +299,7 @@ def compare_strategies(
     rows: list[StrategyRun] = []
     reference: list[Hypothesis] | None = None
     try:
-        for name, config in _comparison_configs(model, decoding):
+        for name, config in comparison_configs(model, decoding):
             with quiet_nemo():
                 apply_decoding(model, config)
             infer = model.decoding.decoding

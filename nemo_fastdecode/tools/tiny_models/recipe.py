@@ -4,7 +4,7 @@
   tokenizer trained on the training sentences;
 * ``train`` -- each model from its last checkpoint (:mod:`.training`), exported when training ends;
 * ``export`` -- a ``.nemo`` of the last checkpoint where there is none yet;
-* ``evaluate`` -- held-out WER (:mod:`.evaluation`);
+* ``evaluate`` -- held-out WER, NeMo's decoding and ours side by side (:mod:`.evaluation`);
 * ``ship`` -- the models, their evaluations and a few test utterances copied to the package's assets, where the
   demos find them (:mod:`nemo_fastdecode.tools.trained_models`), and the shipped models' emission statistics on the
   test split (:mod:`nemo_fastdecode.tools.emissions`), which the benchmarks' ``trained`` calibration aims at.
@@ -147,6 +147,7 @@ def run(
                 model,
                 layout,
                 batch_size=cfg.eval_batch_size,
+                beam_size=cfg.eval_beam_size,
                 streaming=cfg.eval_streaming,
                 streaming_utterances=cfg.eval_streaming_utterances,
                 log=log,
