@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,12 +46,6 @@ def nemo_alone(
     Returns:
         Each chunk's encoder output ``[T_i, D]``, the final hypothesis (``None`` without a chunk), NeMo's chunks.
     """
-    from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
-
-    buffer = CacheAwareStreamingAudioBuffer(model)
-    buffer.append_processed_signal(feats[None])
-    channel, time, channel_len = model.encoder.get_initial_cache_state(batch_size=1, device=feats.device)
-    drop = model.encoder.streaming_cfg.drop_extra_pre_encoded
     outputs, hyps, chunks = [], None, []
     multi_model = None
     if biasing is not None:
@@ -59,18 +54,9 @@ def nemo_alone(
             raise ValueError("per-stream biasing needs the model's decoding with greedy.enable_per_stream_biasing=true")
         biasing.add_to_multi_model(tokenizer=model.tokenizer, biasing_multi_model=multi_model)
         hyps = [Hypothesis.empty_with_biasing_cfg(biasing)]
-    with torch.inference_mode(), true_fp32():  # the reference is fp32: no TF32 in cuDNN's convolutions either
-        for step, (chunk, chunk_len) in enumerate(buffer):
-            chunks.append(chunk[0])
-            encoded, encoded_len, channel, time, channel_len = model.encoder.cache_aware_stream_step(
-                processed_signal=chunk,
-                processed_signal_length=chunk_len,
-                cache_last_channel=channel,
-                cache_last_time=time,
-                cache_last_channel_len=channel_len,
-                keep_all_outputs=buffer.is_buffer_empty(),
-                drop_extra_pre_encoded=0 if step == 0 else drop,
-            )
+    with torch.inference_mode(), true_fp32():  # the decoding too: the reference is fp32 throughout
+        for chunk, encoded, encoded_len in _stream_steps(model, feats):
+            chunks.append(chunk)
             outputs.append(encoded[0, :, : int(encoded_len[0])].T.clone())
             hyps = model.decoding.rnnt_decoder_predictions_tensor(
                 encoder_output=encoded, encoded_lengths=encoded_len, return_hypotheses=True, partial_hypotheses=hyps
@@ -128,13 +114,19 @@ def nemo_alone_beam(
 
 def _encoder_chunks(model: ASRModel, feats: torch.Tensor) -> list[torch.Tensor]:
     """Each chunk's encoder output ``[D, T_i]`` of NeMo's cache-aware streaming of ``feats`` (as :func:`nemo_alone`)."""
+    return [encoded[0, :, : int(length[0])].clone() for _, encoded, length in _stream_steps(model, feats)]
+
+
+def _stream_steps(model: ASRModel, feats: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """NeMo's cache-aware streaming encoder over ``feats`` ``[feat_in, T]``: ``CacheAwareStreamingAudioBuffer``'s
+    chunks through ``cache_aware_stream_step``, in inference mode and true fp32 (no TF32 in cuDNN's convolutions
+    either). Yields each chunk ``[feat_in, t]``, its encoder output ``[1, D, T_i]`` and its length ``[1]``."""
     from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
 
     buffer = CacheAwareStreamingAudioBuffer(model)
     buffer.append_processed_signal(feats[None])
     channel, time, channel_len = model.encoder.get_initial_cache_state(batch_size=1, device=feats.device)
     drop = model.encoder.streaming_cfg.drop_extra_pre_encoded
-    outputs = []
     with torch.inference_mode(), true_fp32():
         for step, (chunk, chunk_len) in enumerate(buffer):
             encoded, encoded_len, channel, time, channel_len = model.encoder.cache_aware_stream_step(
@@ -146,8 +138,7 @@ def _encoder_chunks(model: ASRModel, feats: torch.Tensor) -> list[torch.Tensor]:
                 keep_all_outputs=buffer.is_buffer_empty(),
                 drop_extra_pre_encoded=0 if step == 0 else drop,
             )
-            outputs.append(encoded[0, :, : int(encoded_len[0])].clone())
-    return outputs
+            yield chunk[0], encoded, encoded_len
 
 
 def reference_transcript(model: ASRModel, pcm: np.ndarray, att_context_size: list[int] | None = None) -> Reference:
