@@ -93,8 +93,12 @@ def true_fp32(enabled: bool = True) -> Iterator[None]:
     streaming scripts turn TF32 matmuls on; the exact fp32 paths need neither. Kernels chosen while a CUDA graph is
     captured inside stay in the graph. ``enabled=False``: nothing changes.
 
+    ``torch.set_float32_matmul_precision("high")`` (NeMo's streaming pipeline builder calls it) also lets oneDNN
+    round CPU matmuls to TF32, so the CPU's flags are set too: CPU references stay exact.
+
     PyTorch has two APIs for these flags, and once a process has set one, reading the other raises. This uses the
-    legacy flags (``allow_tf32``), as NeMo does, unless the process set the newer ``fp32_precision`` ones.
+    legacy flags (``allow_tf32``, ``set_float32_matmul_precision``), as NeMo does, unless the process set the newer
+    ``fp32_precision`` ones.
     """
     if not enabled:
         yield
@@ -106,7 +110,7 @@ def true_fp32(enabled: bool = True) -> Iterator[None]:
     try:
         yield
     finally:
-        for owner, name, value in previous:
+        for owner, name, value in reversed(previous):
             setattr(owner, name, value)
 
 
@@ -114,19 +118,37 @@ def _legacy_tf32_flags() -> list[tuple[Any, str, Any]]:
     """``(owner, attribute, exact value)`` of the legacy TF32 flags; empty when the process uses the newer API."""
     try:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # noqa: B018  (reading raises)
+        torch.get_float32_matmul_precision()
     except RuntimeError:
         return []
-    return [(torch.backends.cuda.matmul, "allow_tf32", False), (torch.backends.cudnn, "allow_tf32", False)]
+    return [
+        (torch.backends.cuda.matmul, "allow_tf32", False),
+        (torch.backends.cudnn, "allow_tf32", False),
+        (_MATMUL_PRECISION, "value", "highest"),  # CUDA's and oneDNN's (CPU) matmuls
+    ]
 
 
 def _fp32_precision_flags() -> list[tuple[Any, str, Any]]:
     """``(owner, attribute, exact value)`` of the newer per-backend fp32 precision flags."""
-    cudnn = torch.backends.cudnn
-    return [
-        (torch.backends.cuda.matmul, "fp32_precision", "ieee"),
-        (cudnn.conv, "fp32_precision", "ieee"),
-        (cudnn.rnn, "fp32_precision", "ieee"),
-    ]
+    cudnn, mkldnn = torch.backends.cudnn, torch.backends.mkldnn
+    backends = [torch.backends.cuda.matmul, cudnn.conv, cudnn.rnn]
+    backends += [getattr(mkldnn, op) for op in ("matmul", "conv", "rnn") if hasattr(mkldnn, op)]  # the CPU's
+    return [(backend, "fp32_precision", "ieee") for backend in backends]
+
+
+class _Float32MatmulPrecision:
+    """``torch.get/set_float32_matmul_precision`` as an attribute, for :func:`true_fp32`'s flag list."""
+
+    @property
+    def value(self) -> str:
+        return torch.get_float32_matmul_precision()
+
+    @value.setter
+    def value(self, precision: str) -> None:
+        torch.set_float32_matmul_precision(precision)
+
+
+_MATMUL_PRECISION = _Float32MatmulPrecision()
 
 
 @contextmanager

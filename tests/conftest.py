@@ -141,6 +141,23 @@ def exact_fp32():
         yield
 
 
+@pytest.fixture(autouse=True)
+def restore_precision_flags():
+    """Tests stay independent of their order: NeMo's pipeline builder sets the process's matmul precision (TF32 on
+    CUDA and, through oneDNN, on the CPU) and never restores it."""
+    try:
+        saved = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    except RuntimeError:  # the process switched to the newer per-backend API; nothing of the legacy one to keep
+        yield
+        return
+    yield
+    try:
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cudnn.allow_tf32 = saved[1]
+    except RuntimeError:
+        pass
+
+
 @pytest.fixture
 def networks():
     return make_networks

@@ -15,7 +15,9 @@ torch.set_float32_matmul_precision("high")  # as NeMo's streaming pipelines do
 torch.backends.cudnn.allow_tf32 = True
 with true_fp32():
     assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert torch.get_float32_matmul_precision() == "highest"  # oneDNN's CPU matmuls too
 assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+assert torch.get_float32_matmul_precision() == "high"
 print("ok")
 """
 
@@ -24,10 +26,13 @@ import torch
 from nemo_fastdecode.decode_call import true_fp32
 torch.backends.cuda.matmul.fp32_precision = "tf32"
 torch.backends.cudnn.conv.fp32_precision = "tf32"
+torch.backends.mkldnn.matmul.fp32_precision = "tf32"
 with true_fp32():
     assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"  # the CPU's
     assert torch.backends.cudnn.conv.fp32_precision == torch.backends.cudnn.rnn.fp32_precision == "ieee"
 assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.conv.fp32_precision == "tf32"
+assert torch.backends.mkldnn.matmul.fp32_precision == "tf32"
 print("ok")
 """
 
