@@ -64,3 +64,27 @@ def test_repeated_calls_give_the_same_words(model):
     assert all(first)
     assert [words(h, 0, 30) for h in hyps] == first
     assert first == [nemo_words(model, h) for h in hyps]
+
+
+def test_character_tdt_labels_that_nemo_spells_as_nothing_still_get_words():
+    """NeMo's character TDT decoding drops its last len(durations) labels from text, and its own word timestamps
+    fail on them; ours give the words of NeMo's text."""
+    model = synthetic.build_synthetic_model("tiny-tdt-streaming", seed=0, vocab="char")
+    dropped = model.decoding.blank_id - len(model.cfg.model_defaults.tdt_durations)
+    assert model.decoding.decode_ids_to_tokens([dropped]) == []  # the premise: NeMo spells it as nothing
+    hyp = random_hypothesis(model, 60, seed=5)
+    hyp.token_duration = torch.randint(0, 5, (60,), generator=torch.Generator().manual_seed(6))
+    assert bool((hyp.y_sequence >= dropped).any()) and bool((hyp.y_sequence < dropped).any())
+    with pytest.raises(IndexError):
+        nemo_words(model, hyp)
+    got = WordTimestamps(TokenText(model.decoding), SUBSAMPLING, STRIDE)(hyp, 0, 60)
+    assert got
+    assert " ".join(w["word"] for w in got) == " ".join(
+        model.decoding.decode_ids_to_str(hyp.y_sequence.tolist()).split()
+    )
+    kept = hyp.y_sequence < dropped  # without those labels, NeMo's words are ours
+    clean = Hypothesis(score=0.0, y_sequence=hyp.y_sequence[kept], timestamp=hyp.timestamp[kept], dec_state=None)
+    clean.token_duration = hyp.token_duration[kept]
+    assert WordTimestamps(TokenText(model.decoding), SUBSAMPLING, STRIDE)(clean, 0, int(kept.sum())) == nemo_words(
+        model, clean
+    )

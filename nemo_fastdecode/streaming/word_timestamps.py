@@ -34,7 +34,10 @@ class _DecodingView:
         self.tokenizer_type = text.decoding.tokenizer_type
 
     def decode_ids_to_tokens(self, ids: list[int]) -> list[str]:
-        return self._text.pieces(ids)
+        # NeMo's character TDT decoding maps its last len(durations) labels to no piece at all (it counts the
+        # duration outputs against the labels), and its own word timestamps then fail with an IndexError: such an
+        # id is an empty piece here, so the words come out, spelled as NeMo's text spells them (without it)
+        return [piece for token in ids for piece in (self._text.pieces([token]) or [""])]
 
     def decode_ids_to_str(self, ids: list[int]) -> str:
         return self._text.text(ids)
