@@ -66,3 +66,24 @@ def test_gate_is_deterministic_and_reinstalling_it_overwrites_the_same_units():
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     with pytest.raises(ValueError, match="tokens_per_emitting_frame >= 1"):
         S.calibrate_trained_like(a, encoded, lengths, EmissionStats(0.3, 0.5, 2.0))
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_sign_register_shows_the_last_tokens_sign_in_the_prediction_output(layers):
+    from nemo_fastdecode.tools.synthetic.trained_like import _install_sign_register
+
+    model = S.build_synthetic_model("tiny-rnnt", seed=0)
+    rnn = model.decoder.prediction["dec_rnn"]
+    if layers != rnn.lstm.num_layers:  # Parakeet TDT's prediction network has two layers
+        torch.manual_seed(0)
+        rnn.lstm = torch.nn.LSTM(rnn.lstm.input_size, rnn.lstm.hidden_size, num_layers=layers)
+    signs, probe = _install_sign_register(model, seed=3)
+    vocab = signs.shape[0]
+    assert int((signs > 0).sum()) == vocab // 2 + vocab % 2 and set(signs.tolist()) == {-1.0, 1.0}
+    tokens = torch.randint(0, vocab, (16, 12), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        g, _ = model.decoder.predict(tokens, state=None, add_sos=True, batch_size=16)  # [16, 13, H]
+    read = g @ probe[:-1] + probe[-1]
+    assert torch.allclose(read[:, 0], torch.zeros(16), atol=1e-3)  # nothing emitted yet
+    assert torch.equal(torch.sign(read[:, 1:]), signs[tokens])
+    assert torch.allclose(read[:, 1:].abs(), torch.full((16, 12), 0.7979), rtol=1e-2)

@@ -11,13 +11,14 @@ from a seed; weights only, so NeMo's decoders and ours see the same model):
 
 * a *frame sign* ``z(f)``: a fixed projection of the encoder frame, standardised over the calibration frames, along
   the direction in which consecutive frames differ most (so that its sign changes often);
-* a *token sign* ``s(y) = +-1`` for each token (half of the tokens each, split along the direction in which the
-  prediction network's outputs after different tokens differ most, so that the state shows it). One unit adds ``boost * s(y) * z(f)`` to
-  every token's logit: the frame prefers the tokens of its sign;
-* two units read the sign of the last emitted token from the prediction network's output (a least-squares linear
-  probe ``p(g)`` fitted on states after random tokens, scaled like ``z``) and add ``gate * |z(f) + p(g)|`` to the
-  blank logit (``relu(z + p) + relu(-z - p)``): large where the frame's sign and the last token's agree, small where
-  they differ. Once a token has "consumed" the frame's sign, blank wins until the sign changes.
+* a *token sign* ``s(y) = +-1`` for each token (half of the tokens each, at random), which the prediction network is
+  made to show: the last unit of each LSTM layer becomes a register that holds the last token's sign (its gates ignore
+  the recurrent state; the first layer reads the sign from one embedding dimension). One joint unit adds
+  ``boost * s(y) * z(f)`` to every token's logit: the frame prefers the tokens of its sign;
+* two units read the register (scaled like ``z``: ``p(g) = +-0.8``, ``0`` before the first token) and add
+  ``gate * |z(f) + p(g)|`` to the blank logit (``relu(z + p) + relu(-z - p)``): large where the frame's sign and the
+  last token's agree, small where they differ. Once a token has "consumed" the frame's sign, blank wins until the
+  sign changes.
 
 The boost unit works in the ReLU's linear range (a constant offset, cancelled in the token biases, keeps it open).
 :func:`calibrate_trained_like` then bisects the gate strength so that the tokens per emitting frame match the target,
@@ -25,11 +26,9 @@ with the blank bias re-calibrated to the target tokens per frame at every step (
 to the target's duration shares: a random TDT model's durations otherwise bound its rate). The blank runs follow
 from these (reported, not calibrated).
 
-Limits: how well the gate works depends on how clearly the prediction network's output shows the last token's sign.
-On the tiny presets the probe reads it for about 97% of states and the targets are met; on ``rnnt-0.6b`` (a random
-1024-token LSTM) for about 80%, and bursts come down from about 6 to about 1.6 tokens per emitting frame, short of a
-trained model's 1.2: the benchmarks print the statistics reached next to the targets. The trained targets come from
-the shipped small-vocabulary models, whose tokens per frame (about 0.47) are higher than a 1024-token Parakeet's.
+The register reads the last token's sign exactly at any size (a linear probe of a random 1024-token LSTM's state
+read it for only about 80% of the states, too few for the gate to work at Parakeet sizes). The trained targets come
+from the shipped small-vocabulary models, whose tokens per frame (about 0.47) are higher than a 1024-token Parakeet's.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ from dataclasses import dataclass
 import torch
 
 from nemo_fastdecode.tools.emissions import EmissionStats, emission_stats, trained_emission_stats
-from nemo_fastdecode.tools.nemo_context import eval_mode
 from nemo_fastdecode.tools.synthetic.model import (
     _as_batches,
     calibrate_blank_bias,
@@ -93,38 +91,56 @@ def _valid_frames(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torc
     return [f for f in out if f.shape[0] > 0]
 
 
-def _token_signs_and_probe(
-    model, seed: int, device: torch.device, states: int = 256, steps: int = 32
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token signs ``[V]`` (+-1) that the decoder output shows best, and a least-squares probe ``[H + 1]`` (weights,
-    bias) that reads the last token's sign from the decoder output.
+def _install_sign_register(model, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Give every token a sign ``s(y) = +-1`` and make the prediction network's output show the last token's sign.
 
-    On the decoder outputs after random tokens, the signs split the tokens at the median of their mean output's
-    projection on the direction where the tokens' mean outputs differ most (a random LSTM's state barely shows
-    randomly chosen signs).
+    The last hidden unit of every LSTM layer becomes a register: its gates ignore the recurrent state (input and
+    output gates open, forget gate shut), so its cell holds ``tanh`` of what the layer reads now: in the first layer
+    the last embedding dimension, set to ``+-scale`` by the token's sign, in later layers the register below. The
+    output's register unit is then ``+-0.76`` after a token and ``0`` at the start (the blank/padding embedding is
+    zero). Returns the signs ``[V]`` (half of the tokens each, random from ``seed``) and a linear probe ``[H + 1]``
+    (weights, bias) reading the sign from the decoder output, scaled like a standardised frame sign.
+
+    Raises:
+        ValueError: the prediction network is not NeMo's embedding + LSTM.
     """
     spec = transducer_spec(model)
+    prediction = getattr(model.decoder, "prediction", None)
+    embed = prediction["embed"] if prediction is not None and "embed" in prediction else None
+    lstm = getattr(prediction["dec_rnn"], "lstm", None) if prediction is not None and "dec_rnn" in prediction else None
+    if not isinstance(embed, torch.nn.Embedding) or not isinstance(lstm, torch.nn.LSTM) or lstm.proj_size:
+        raise ValueError("the consumption gate needs NeMo's embedding + LSTM prediction network (no projection)")
+    device = embed.weight.device
     generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, spec.vocab_size, (states, steps), generator=generator).to(device)
-    with torch.inference_mode(), eval_mode(model):
-        g, _ = model.decoder.predict(tokens, state=None, add_sos=True, batch_size=states)  # [S, steps + 1, H]
-    x = g[:, 1:].reshape(-1, g.shape[-1]).float()  # states after each token, [N, H]
-    last = tokens.reshape(-1)
-    counts = torch.zeros(spec.vocab_size, device=device).index_add_(0, last, torch.ones_like(last, dtype=x.dtype))
-    means = torch.zeros(spec.vocab_size, x.shape[1], device=device).index_add_(0, last, x)
-    seen = counts > 0
-    means = means[seen] / counts[seen, None]  # [V seen, H]
-    _, _, v = torch.linalg.svd(means - means.mean(dim=0), full_matrices=False)
-    scores = torch.zeros(spec.vocab_size, device=device)
-    scores[seen] = (means - means.mean(dim=0)) @ v[0]
-    signs = torch.where(scores > scores[seen].median(), 1.0, -1.0)
-    x = torch.cat([x, torch.ones(x.shape[0], 1, device=device)], dim=1)
-    y = signs[last]
-    gram = x.T @ x
-    ridge = 1e-3 * gram.diagonal().mean() * torch.eye(x.shape[1], device=device)
-    probe = torch.linalg.solve(gram + ridge, x.T @ y)
-    # scaled like a standardised frame sign: mean absolute value sqrt(2 / pi)
-    return signs, probe * (0.7979 / float((x @ probe).abs().mean().clamp_min(1e-12)))
+    order = torch.randperm(spec.vocab_size, generator=generator)
+    signs = torch.ones(spec.vocab_size)
+    signs[order[: spec.vocab_size // 2]] = -1.0
+    signs = signs.to(device)
+    hidden = lstm.hidden_size
+    unit = hidden - 1
+    saturate, cell_in = 10.0, 3.0  # gate pre-activations; tanh(3) = 0.995
+    register_out = float(torch.tanh(torch.tanh(torch.tensor(cell_in))))  # h = o * tanh(c), o ~= 1, c ~= tanh(3)
+    with torch.no_grad():
+        # the spread of the other dimensions (not the register's: installing again gives the same weights)
+        scale = float(embed.weight[: spec.vocab_size, :-1].std())
+        embed.weight[: spec.vocab_size, -1] = signs * scale
+        if embed.padding_idx is not None:
+            embed.weight[embed.padding_idx] = 0.0
+        for layer in range(lstm.num_layers):
+            w_ih, w_hh = getattr(lstm, f"weight_ih_l{layer}"), getattr(lstm, f"weight_hh_l{layer}")
+            b_ih, b_hh = getattr(lstm, f"bias_ih_l{layer}"), getattr(lstm, f"bias_hh_l{layer}")
+            rows = [gate * hidden + unit for gate in range(4)]  # PyTorch's gate order: input, forget, cell, output
+            w_ih[rows] = 0.0
+            w_hh[rows] = 0.0
+            b_hh[rows] = 0.0
+            b_ih[rows] = torch.tensor([saturate, -saturate, 0.0, saturate], dtype=b_ih.dtype, device=device)
+            if layer == 0:
+                w_ih[2 * hidden + unit, -1] = cell_in / scale
+            else:
+                w_ih[2 * hidden + unit, unit] = cell_in / register_out
+    probe = torch.zeros(hidden + 1, device=device)
+    probe[unit] = 0.7979 / register_out  # mean absolute value sqrt(2 / pi), like a standardised frame sign
+    return signs, probe
 
 
 def install_consumption_gate(
@@ -135,7 +151,8 @@ def install_consumption_gate(
     boost: float = 4.0,
     seed: int = 0,
 ) -> None:
-    """Take over the last :data:`GATE_UNITS` hidden units of the joint for the blank gate (see the module docstring).
+    """Take over the last :data:`GATE_UNITS` hidden units of the joint for the blank gate, and the last unit of every
+    prediction-network layer (and the last embedding dimension) for the token-sign register (see the module docstring).
 
     Args:
         model: a synthetic transducer model (:func:`~nemo_fastdecode.tools.synthetic.build_synthetic_model`) whose
@@ -145,10 +162,11 @@ def install_consumption_gate(
         encoded_lengths: the matching ``[B]`` length tensor(s).
         gate: added to the blank logit per unit of ``|z(frame) + p(last token's state)|``.
         boost: added to a token's logit per unit of ``s(token) * z(frame)``.
-        seed: the random token sequences the token signs and the probe are fitted on.
+        seed: the tokens' random signs.
 
     Raises:
-        ValueError: the joint's activation is not ReLU, or it has too few hidden units.
+        ValueError: the joint's activation is not ReLU, it has too few hidden units, or the prediction network is not
+            NeMo's embedding + LSTM.
     """
     joint = model.joint
     act = joint.joint_net[0]
@@ -162,7 +180,7 @@ def install_consumption_gate(
     device = out.weight.device
     batches = _as_batches(encoder_output, encoded_lengths)
     w, mean, std = _frame_sign_direction(_valid_frames(batches))
-    signs, probe = _token_signs_and_probe(model, seed, device)  # s(last) ~= probe[:-1] . g + probe[-1]
+    signs, probe = _install_sign_register(model, seed)  # s(last) = probe[:-1] . g + probe[-1]
     boost_unit, plus_unit, minus_unit = hidden - 3, hidden - 2, hidden - 1
     offset = 16.0  # keeps the boost unit in the ReLU's linear range (z is standardised); small, for fp32 precision
     z_weight, z_bias = (w / std).to(device), -mean / std
@@ -262,7 +280,7 @@ def calibrate_trained_like(
         iterations: bisection steps on the gate strength after its two ends.
         tolerance: stop once the summed relative error of both rates is within this.
         max_symbols: ``max_symbols`` per frame for the decoder; the model's setting by default.
-        seed: the random token sequences the gate's token signs and probe are fitted on.
+        seed: the tokens' random signs in the gate.
 
     Returns:
         The gate strength kept, the target and the statistics achieved.
