@@ -6,22 +6,24 @@ keeps emitting after the prediction network's state changes (often up to ``max_s
 mostly one token per emitting frame: the token it has just emitted is what the frame said, so the next step at that
 frame is blank.
 
-:func:`install_consumption_gate` gives the joint that behaviour, with three of its hidden units (deterministically,
+:func:`install_consumption_gate` gives the joint that behaviour, with six of its hidden units (deterministically,
 from a seed; weights only, so NeMo's decoders and ours see the same model):
 
 * a *frame sign* ``z(f)``: a fixed projection of the encoder frame, standardised over the calibration frames, along
-  the direction in which consecutive frames differ most (so that its sign changes often);
+  the direction in which consecutive frames differ most (so that its sign changes often), saturated as
+  ``clip(k z, -1, 1)`` (``k`` = :data:`SHARPNESS`) so that frames near ``z = 0`` are gated too;
 * a *token sign* ``s(y) = +-1`` for each token (half of the tokens each, at random), which the prediction network is
   made to show: the last unit of each LSTM layer becomes a register that holds the last token's sign (its gates ignore
-  the recurrent state; the first layer reads the sign from one embedding dimension). One joint unit adds
-  ``boost * s(y) * z(f)`` to every token's logit: the frame prefers the tokens of its sign;
-* two units read the register (scaled like ``z``: ``p(g) = +-0.8``, ``0`` before the first token) and add
-  ``gate * |z(f) + p(g)|`` to the blank logit (``relu(z + p) + relu(-z - p)``): large where the frame's sign and the
-  last token's agree, small where they differ. Once a token has "consumed" the frame's sign, blank wins until the
-  sign changes.
+  the recurrent state; the first layer reads the sign from one embedding dimension; ``0`` before the first token).
+  Two joint units add ``boost * s(y) * clip(k z, -1, 1)`` to every token's logit: the frame prefers the tokens of its
+  sign;
+* four units read the register and add ``gate * clip(s(last) * k z, 0, 1)`` to the blank logit: ``gate`` once the
+  last token's sign agrees with the frame's, nothing while they differ. Once a token has "consumed" the frame's sign,
+  blank wins until the sign changes.
 
-The boost unit works in the ReLU's linear range (a constant offset, cancelled in the token biases, keeps it open).
-:func:`calibrate_trained_like` then bisects the gate strength so that the tokens per emitting frame match the target,
+The units work in the ReLU's piecewise-linear range (``relu(x) - relu(x - 1)`` clips ``x`` to ``[0, 1]``).
+:func:`calibrate_trained_like` keeps the gate strong, so that a frame's burst ends at its first token of the frame's
+sign, and bisects the preference (``boost``) so that the tokens per emitting frame match the target,
 with the blank bias re-calibrated to the target tokens per frame at every step (and, for TDT, the duration biases
 to the target's duration shares: a random TDT model's durations otherwise bound its rate). The blank runs follow
 from these (reported, not calibrated).
@@ -47,7 +49,9 @@ from nemo_fastdecode.tools.synthetic.model import (
 )
 
 #: the joint hidden units the gate takes over, counted from the last
-GATE_UNITS = 3
+GATE_UNITS = 6
+#: ``k``: the frame sign's slope before it saturates at +-1 (``clip(k z, -1, 1)``)
+SHARPNESS = 16.0
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,12 @@ class TrainedLikeCalibration:
     """What :func:`calibrate_trained_like` reached.
 
     Attributes:
-        gate: the blank gate's strength that was kept.
+        boost: the frame's preference for tokens of its sign that was kept.
         target: the trained statistics aimed at.
         achieved: NeMo's baseline greedy decoder's statistics on the calibration batches.
     """
 
-    gate: float
+    boost: float
     target: EmissionStats
     achieved: EmissionStats
 
@@ -99,7 +103,7 @@ def _install_sign_register(model, seed: int) -> tuple[torch.Tensor, torch.Tensor
     the last embedding dimension, set to ``+-scale`` by the token's sign, in later layers the register below. The
     output's register unit is then ``+-0.76`` after a token and ``0`` at the start (the blank/padding embedding is
     zero). Returns the signs ``[V]`` (half of the tokens each, random from ``seed``) and a linear probe ``[H + 1]``
-    (weights, bias) reading the sign from the decoder output, scaled like a standardised frame sign.
+    (weights, bias) reading the sign (+-1, 0 before the first token) from the decoder output.
 
     Raises:
         ValueError: the prediction network is not NeMo's embedding + LSTM.
@@ -139,7 +143,7 @@ def _install_sign_register(model, seed: int) -> tuple[torch.Tensor, torch.Tensor
             else:
                 w_ih[2 * hidden + unit, unit] = cell_in / register_out
     probe = torch.zeros(hidden + 1, device=device)
-    probe[unit] = 0.7979 / register_out  # mean absolute value sqrt(2 / pi), like a standardised frame sign
+    probe[unit] = 1.0 / register_out
     return signs, probe
 
 
@@ -147,21 +151,23 @@ def install_consumption_gate(
     model,
     encoder_output: torch.Tensor | Sequence[torch.Tensor],
     encoded_lengths: torch.Tensor | Sequence[torch.Tensor],
-    gate: float = 8.0,
-    boost: float = 4.0,
+    gate: float = 64.0,
+    boost: float = 1.0,
     seed: int = 0,
 ) -> None:
-    """Take over the last :data:`GATE_UNITS` hidden units of the joint for the blank gate, and the last unit of every
-    prediction-network layer (and the last embedding dimension) for the token-sign register (see the module docstring).
+    """Take over the last :data:`GATE_UNITS` hidden units of the joint for the frame's preference and the blank gate,
+    and the last unit of every prediction-network layer (and the last embedding dimension) for the token-sign register
+    (see the module docstring).
 
     Args:
         model: a synthetic transducer model (:func:`~nemo_fastdecode.tools.synthetic.build_synthetic_model`) whose
-            joint activation is ReLU; modified in place (call it again to change ``gate``: it overwrites the same
-            units).
+            joint activation is ReLU; modified in place (call it again to change ``gate`` or ``boost``: it overwrites
+            the same units).
         encoder_output: ``[B, D, T]`` tensor(s) the frame sign is standardised on.
         encoded_lengths: the matching ``[B]`` length tensor(s).
-        gate: added to the blank logit per unit of ``|z(frame) + p(last token's state)|``.
-        boost: added to a token's logit per unit of ``s(token) * z(frame)``.
+        gate: added to the blank logit once the last token's sign agrees with the frame's
+            (``gate * clip(s(last) k z, 0, 1)``); strong enough by default to end any burst there.
+        boost: added to a token's logit per unit of ``s(token) * clip(k z(frame), -1, 1)``.
         seed: the tokens' random signs.
 
     Raises:
@@ -181,30 +187,33 @@ def install_consumption_gate(
     batches = _as_batches(encoder_output, encoded_lengths)
     w, mean, std = _frame_sign_direction(_valid_frames(batches))
     signs, probe = _install_sign_register(model, seed)  # s(last) = probe[:-1] . g + probe[-1]
-    boost_unit, plus_unit, minus_unit = hidden - 3, hidden - 2, hidden - 1
-    offset = 16.0  # keeps the boost unit in the ReLU's linear range (z is standardised); small, for fp32 precision
-    z_weight, z_bias = (w / std).to(device), -mean / std
+    kz_weight, kz_bias = (SHARPNESS * w / std).to(device), -SHARPNESS * mean / std
+    reach = 4.0 * SHARPNESS  # shuts the gate of the other sign (and before the first token) for |z| < 4
+    units = list(range(hidden - GATE_UNITS, hidden))
     with torch.no_grad():
-        for unit in (boost_unit, plus_unit, minus_unit):
+        for unit in units:
             out.weight[:, unit] = 0.0
-        # boost unit: z(f) + offset; tokens get boost * s(y) * (z + offset), the offset part cancelled in the bias
-        enc_layer.weight[boost_unit] = z_weight
-        enc_layer.bias[boost_unit] = z_bias + offset
-        pred_layer.weight[boost_unit] = 0.0
-        pred_layer.bias[boost_unit] = 0.0
-        out.weight[: spec.vocab_size, boost_unit] = boost * signs
-        # the token biases before the first gate, so that installing it again (another strength) starts from them
+        # the frame's preference: tokens get boost * s(y) * clip(k z, -1, 1) = boost * s(y) * (relu(k z + 1) -
+        # relu(k z - 1) - 1), the constant in the token biases
+        for unit, shift, sign in ((units[0], 1.0, 1.0), (units[1], -1.0, -1.0)):
+            enc_layer.weight[unit] = kz_weight
+            enc_layer.bias[unit] = kz_bias + shift
+            pred_layer.weight[unit] = 0.0
+            pred_layer.bias[unit] = 0.0
+            out.weight[: spec.vocab_size, unit] = sign * boost * signs
+        # the token biases before the first gate, so that installing it again (another preference) starts from them
         if not hasattr(model, "_token_bias_without_gate"):
             model._token_bias_without_gate = out.bias[: spec.vocab_size].clone()
-        out.bias[: spec.vocab_size] = model._token_bias_without_gate - boost * signs * offset
-        # gate units: relu(z + s) + relu(-z - s) = |z(f) + s(last)|, large where the frame's and the last token's
-        # signs agree, small where they differ
-        for unit, sign in ((plus_unit, 1.0), (minus_unit, -1.0)):
-            enc_layer.weight[unit] = sign * z_weight
-            enc_layer.bias[unit] = sign * z_bias
-            pred_layer.weight[unit] = sign * probe[:-1]
-            pred_layer.bias[unit] = sign * probe[-1]
-            out.weight[spec.blank_id, unit] = gate
+        out.bias[: spec.vocab_size] = model._token_bias_without_gate - boost * signs
+        # the gate: blank gets gate * clip(s(last) * k z, 0, 1), one pair of units per sign of the last token:
+        # relu(side * k z + reach * (side * s - 1)) - relu(... - 1) is clip(k z * side, 0, 1) where s = side, else 0
+        for side, (upper, lower) in ((1.0, units[2:4]), (-1.0, units[4:6])):
+            for unit, shift, weight in ((upper, 0.0, gate), (lower, -1.0, -gate)):
+                enc_layer.weight[unit] = side * kz_weight
+                enc_layer.bias[unit] = side * kz_bias + shift - reach
+                pred_layer.weight[unit] = side * reach * probe[:-1]
+                pred_layer.bias[unit] = side * reach * probe[-1]
+                out.weight[spec.blank_id, unit] = weight
 
 
 def _stats(model, batches: list[tuple[torch.Tensor, torch.Tensor]], max_symbols: int | None) -> EmissionStats:
@@ -261,13 +270,16 @@ def calibrate_trained_like(
 ) -> TrainedLikeCalibration:
     """Make NeMo's greedy decoder emit like a trained model: its tokens per frame and per emitting frame.
 
-    Installs :func:`install_consumption_gate` and bisects its strength (on a log scale, 1 to 256) until NeMo's
-    baseline greedy decoder (:func:`~nemo_fastdecode.tools.synthetic.nemo_baseline_greedy`) emits
-    ``target.tokens_per_emitting_frame`` tokens per emitting frame on ``encoder_output``; at every step the blank
+    Installs :func:`install_consumption_gate` with a gate that ends every frame's burst at its first token of the
+    frame's sign, and bisects the frame's preference for such tokens (``boost``, on a log scale, 1/64 to 16): the
+    bursts are then geometric, as a trained model's are, their mean 2 at no preference and 1 at a strong one. The
+    bisection stops when NeMo's baseline greedy decoder
+    (:func:`~nemo_fastdecode.tools.synthetic.nemo_baseline_greedy`) emits ``target.tokens_per_emitting_frame``
+    tokens per emitting frame on ``encoder_output``; at every step the blank
     bias is re-calibrated to ``target.tokens_per_frame``
     (:func:`~nemo_fastdecode.tools.synthetic.calibrate_blank_bias`) and, for TDT, the duration biases to the
     target's duration shares (:func:`match_durations`; a random TDT model's durations otherwise bound its rate).
-    The gate strength whose statistics are closest (relative errors of both rates, summed) is kept; the model is
+    The preference whose statistics are closest (relative errors of both rates, summed) is kept; the model is
     modified in place.
 
     Args:
@@ -277,13 +289,13 @@ def calibrate_trained_like(
         encoded_lengths: the matching ``[B]`` length tensor(s).
         target: the statistics to reach; ``None``: the shipped trained model's
             (:func:`~nemo_fastdecode.tools.emissions.trained_emission_stats`) of the model's kind (RNN-T or TDT).
-        iterations: bisection steps on the gate strength after its two ends.
+        iterations: bisection steps on the preference after its two ends.
         tolerance: stop once the summed relative error of both rates is within this.
         max_symbols: ``max_symbols`` per frame for the decoder; the model's setting by default.
         seed: the tokens' random signs in the gate.
 
     Returns:
-        The gate strength kept, the target and the statistics achieved.
+        The preference kept, the target and the statistics achieved.
     """
     spec = transducer_spec(model)
     if target is None:
@@ -297,7 +309,7 @@ def calibrate_trained_like(
     encs, lens = [b[0] for b in batches], [b[1] for b in batches]
     bias = model.joint.joint_net[-1].bias
     initial = bias.detach().clone()
-    tried: dict[float, tuple[float, torch.Tensor, EmissionStats]] = {}  # gate -> (error, output biases, stats)
+    tried: dict[float, tuple[float, torch.Tensor, EmissionStats]] = {}  # boost -> (error, output biases, stats)
 
     def calibrate_rate() -> None:
         calibrate_blank_bias(
@@ -305,10 +317,10 @@ def calibrate_trained_like(
             max_symbols=max_symbols,
         )  # fmt: skip
 
-    def evaluate(gate: float) -> float:
+    def evaluate(boost: float) -> float:
         with torch.no_grad():
             bias.copy_(initial)
-        install_consumption_gate(model, encs, lens, gate=gate, seed=seed)
+        install_consumption_gate(model, encs, lens, boost=boost, seed=seed)
         calibrate_rate()
         if spec.is_tdt and target.duration_histogram:
             match_durations(model, batches, target.duration_histogram, max_symbols=max_symbols)
@@ -316,11 +328,11 @@ def calibrate_trained_like(
         stats = _stats(model, batches, max_symbols)
         rate = abs(stats.tokens_per_frame / target.tokens_per_frame - 1)
         burst = stats.tokens_per_emitting_frame / target.tokens_per_emitting_frame - 1
-        tried[gate] = (rate + abs(burst), bias.detach().clone(), stats)
+        tried[boost] = (rate + abs(burst), bias.detach().clone(), stats)
         return burst
 
-    # bursts shorten as the gate strengthens: bisect log2(gate) between a weak and a strong gate
-    lo, hi = 0.0, 8.0
+    # bursts shorten as the preference strengthens: bisect log2(boost) between a weak and a strong one
+    lo, hi = -6.0, 4.0
     if evaluate(2**lo) > 0 > evaluate(2**hi):
         for _ in range(iterations):
             if min(v[0] for v in tried.values()) <= tolerance:
@@ -330,12 +342,12 @@ def calibrate_trained_like(
                 lo = mid
             else:
                 hi = mid
-    gate = min(tried, key=lambda g: tried[g][0])
-    _, biases, stats = tried[gate]
-    install_consumption_gate(model, encs, lens, gate=gate, seed=seed)
+    boost = min(tried, key=lambda b: tried[b][0])
+    _, biases, stats = tried[boost]
+    install_consumption_gate(model, encs, lens, boost=boost, seed=seed)
     with torch.no_grad():
         bias.copy_(biases)
-    return TrainedLikeCalibration(gate=gate, target=target, achieved=stats)
+    return TrainedLikeCalibration(boost=boost, target=target, achieved=stats)
 
 
 #: the benchmarks' ``calibrations`` entry that stands for the trained models' emission pattern
