@@ -19,7 +19,8 @@ from omegaconf import open_dict
 from test_streaming_boosting import ATT, LENGTHS, PHRASES, RATE, BoostedDriver, bpe_streaming_model, reference
 from test_streaming_engine import Driver
 
-from nemo_fastdecode.serve.config import ServeConfig
+from nemo_fastdecode.graphs import GraphMode
+from nemo_fastdecode.serve import ServeConfig, build_engine
 from nemo_fastdecode.streaming import StreamingEngine
 from nemo_fastdecode.streaming.decoding import SlotDecoder
 from nemo_fastdecode.tools import synthetic as S
@@ -148,6 +149,12 @@ def test_lm_settings_the_engine_cannot_run_are_refused_by_name(model, lm_path, t
         ServeConfig(ngram_lm_alpha=1.0)
 
 
+def test_the_server_setting_reaches_the_engine(model, lm_path):
+    config = ServeConfig(slots=1, ngram_lm_model=str(lm_path), ngram_lm_alpha=LM_ALPHA, att_context_size=ATT)
+    decoder = build_engine(model, config).transcriber.decoder
+    assert decoder.lm is not None and decoder.lm_alpha == LM_ALPHA
+
+
 def test_hypotheses_carry_the_lm_state_nemo_continues_from(model, audio, lm_path):
     """A slot's hypothesis holds NeMo's decoding state item with the LM's state (``fusion_state_list``)."""
     engine = StreamingEngine(model, num_slots=1, att_context_size=ATT, ngram_lm_model=lm_path, ngram_lm_alpha=LM_ALPHA)
@@ -161,3 +168,32 @@ def test_hypotheses_carry_the_lm_state_nemo_continues_from(model, audio, lm_path
         (hyp,) = decoder.hypotheses([0])
     assert hyp is not None and len(hyp.dec_state.fusion_state_list) == 1
     assert int(hyp.dec_state.fusion_state_list[0]) == int(decoder.lm_states[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("phrase_boosting", [False, True])
+def test_lm_on_the_gpu_with_cuda_graphs_gives_nemo_lm_fusion_alone(audio, lm_path, exact_fp32, phrase_boosting):
+    """On CUDA, as in production: CUDA graphs per bucket (warmed up, the step around the loop captured), NeMo's Triton
+    LM advance inside the fused decoder's graph; against NeMo's LM fusion of each stream alone on the same GPU (its
+    eager loop), with each stream's phrases where ``phrase_boosting``."""
+    model = bpe_streaming_model("cuda")
+    set_decoding(model, lm_path, LM_ALPHA, per_stream_biasing=phrase_boosting)
+    phrases = PHRASES if phrase_boosting else [None] * len(PHRASES)
+    refs = [reference(model, pcm, p) for pcm, p in zip(audio, phrases, strict=True)]
+    engine = StreamingEngine(
+        model,
+        num_slots=3,
+        att_context_size=ATT,
+        use_cuda_graphs=True,
+        phrase_boosting=phrase_boosting,
+        ngram_lm_model=lm_path,
+        ngram_lm_alpha=LM_ALPHA,
+    )
+    engine.warm_up()
+    decoder = engine.transcriber.decoder
+    assert decoder.captured_batch_sizes  # the plain step, LM included, replays graphs around the fused loop
+    driver = (BoostedDriver if phrase_boosting else Driver)(engine, audio, seed=2)
+    driver.run()
+    driver.check(refs)
+    computers = [*decoder.computers.values(), *decoder._boosted_computers.values()]
+    assert all(c.graph_mode not in (None, GraphMode.EAGER) for c in computers if c.fusion is not None)
