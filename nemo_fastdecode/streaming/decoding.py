@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import logging
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -483,7 +484,7 @@ class SlotDecoder:
 def check_ngram_lm(ngram_lm_model: str | Path | None, ngram_lm_alpha: float) -> None:
     """Raise ``ValueError`` naming the value for an n-gram LM setting the streaming decoder cannot run: a weight without
     a model, a model without a weight > 0, a file that does not exist."""
-    if isinstance(ngram_lm_alpha, bool) or not isinstance(ngram_lm_alpha, (int, float)):
+    if isinstance(ngram_lm_alpha, bool) or not isinstance(ngram_lm_alpha, numbers.Real):
         raise ValueError(f"ngram_lm_alpha must be a number, got {ngram_lm_alpha!r}")
     if ngram_lm_model is None:
         if ngram_lm_alpha != 0:
