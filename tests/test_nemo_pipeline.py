@@ -134,6 +134,34 @@ def test_per_stream_biasing_requests_are_the_streams_boosting_trees(saved):
     assert {r["audio_filepath"]: r["text"] for r in output.values()} == saved["alone"]
 
 
+def test_an_ngram_lm_in_the_decoding_config_is_fused_as_nemo_fuses_it(saved, tmp_path):
+    """``asr.decoding.greedy.ngram_lm_model`` / ``ngram_lm_alpha``: the engine fuses the LM; the transcripts equal
+    NeMo's cache-aware streaming of each file alone with the same LM (``nemo_alone``, NeMo's greedy_batch fusing it)."""
+    from nemo_fastdecode.tools.fusion_models import write_arpa
+
+    model = saved["model"]
+    lm = tmp_path / "lm.arpa"
+    write_arpa(lm, vocab_size=int(model.decoding.blank_id), shares=(0.2, 0.1), seed=3)
+    cfg = copy.deepcopy(model.cfg.decoding)
+    with open_dict(cfg):
+        cfg.strategy = "greedy_batch"
+        cfg.greedy.loop_labels, cfg.greedy.use_cuda_graph_decoder = True, False
+        cfg.greedy.enable_per_stream_biasing = False
+        cfg.greedy.ngram_lm_model, cfg.greedy.ngram_lm_alpha = str(lm), 2.0
+    model.change_decoding_strategy(cfg, decoder_type="rnnt", verbose=False)
+    fused = {}
+    for wav, samples in zip(saved["wavs"], saved["audio"], strict=True):
+        signal = torch.from_numpy(samples)[None]
+        with torch.inference_mode():
+            feats, length = model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]]))
+        fused[wav] = nemo_alone(model, feats[0, :, : int(length)])[1].text
+    assert [w for w in saved["wavs"] if fused[w] != saved["alone"][w]], "the LM changes nothing: cannot fail"
+    lm_settings = [f"asr.decoding.greedy.ngram_lm_model={lm}", "asr.decoding.greedy.ngram_lm_alpha=2.0"]
+    pipeline = PipelineBuilder.build_pipeline(nemo_config(saved, "pipeline_type=fast_cache_aware", *lm_settings))
+    output = pipeline.run(saved["wavs"])
+    assert {r["audio_filepath"]: r["text"] for r in output.values()} == fused
+
+
 def test_settings_the_engine_does_not_have_are_refused_by_name(saved):
     for override, error, name in [
         ("asr_decoding_type=ctc", ValueError, "asr_decoding_type"),

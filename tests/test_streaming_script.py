@@ -67,6 +67,8 @@ def test_config_errors():
         sim.resolve_config({"audio_dir": "a", "dataset_manifest": "b"})
     with pytest.raises(Exception, match="no_such_key"):
         sim.resolve_config({"no_such_key": 1})
+    with pytest.raises(ValueError, match=r"ngram_lm_alpha=1\.0 needs ngram_lm_model"):
+        sim.resolve_config({"ngram_lm_alpha": 1.0})
 
 
 def test_plan_streams_arrivals():
@@ -140,6 +142,25 @@ def test_tiny_run_matches_nemo_path(tmp_path):
     assert "| path |" in files["markdown"].read_text()
     records = [json.loads(line) for line in files["transcripts"].read_text().splitlines()]
     assert [r["stream"] for r in records] == list(range(5)) and all(r["identical"] for r in records)
+
+
+def test_tiny_run_with_an_ngram_lm_matches_nemo_path_fusing_it(tmp_path):
+    """``ngram_lm_model`` / ``ngram_lm_alpha``: ours fuses the LM, NeMo's path too (the model's
+    ``greedy.ngram_lm_model``); the streams' tokens agree, and differ from a run without the LM."""
+    from nemo_fastdecode.tools.fusion_models import write_arpa
+
+    lm = tmp_path / "lm.arpa"
+    write_arpa(lm, vocab_size=28, seed=1)  # tiny-streaming's characters without blank
+    base = {
+        "model": "tiny-streaming", "num_streams": 5, "num_slots": 3, "max_stream_seconds": 1.6,
+        "stagger_seconds": 0.5, "fixed_step_repeats": 0, "output_dir": str(tmp_path), "cuda": -1,
+        "att_context_size": [16, 1],
+    }  # fmt: skip
+    plain = sim.run(base, log=lambda _: None)
+    fused = sim.run({**base, "ngram_lm_model": str(lm), "ngram_lm_alpha": 2.0, "tag": "lm"}, log=lambda _: None)
+    assert "n-gram LM (alpha 2.0)" in fused.paths[0].name
+    assert fused.identical_streams == 1.0 and sum(len(r["pred_text"]) for r in fused.transcripts) > 0
+    assert [r["pred_text"] for r in fused.transcripts] != [r["pred_text"] for r in plain.transcripts]
 
 
 def test_sweep_tiny_run(tmp_path):

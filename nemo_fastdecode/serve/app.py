@@ -65,6 +65,8 @@ def build_engine(model: ASRModel, config: ServeConfig) -> StreamingEngine:
         phrase_boosting=config.phrase_boosting,
         decoding=config.decoding,
         beam_size=config.beam_size,
+        ngram_lm_model=config.ngram_lm_model,
+        ngram_lm_alpha=config.ngram_lm_alpha,
     )
 
 

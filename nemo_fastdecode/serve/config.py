@@ -103,6 +103,9 @@ class ServeConfig:
             (partial transcripts are the best beam so far and may change; not with ``vad``, ``phrase_boosting`` or
             ``fast_math``).
         beam_size: beams per stream with ``decoding: beam``.
+        ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's greedy decoding (an ARPA file or
+            NeMo's ``.nemo`` n-gram LM, as NeMo's ``greedy.ngram_lm_model``); ``None``: none. Not with ``decoding: beam``.
+        ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``greedy.ngram_lm_alpha``).
         limits: per-connection limits.
     """
 
@@ -128,6 +131,8 @@ class ServeConfig:
     phrase_boosting: bool = False
     decoding: str = "greedy"
     beam_size: int = 4
+    ngram_lm_model: str | None = None
+    ngram_lm_alpha: float = 0.0
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def __post_init__(self) -> None:
@@ -147,7 +152,14 @@ class ServeConfig:
             raise ValueError("api_key must be null or a non-empty string")
         if self.gil_switch_interval_ms is not None and not self.gil_switch_interval_ms > 0:
             raise ValueError(f"gil_switch_interval_ms must be > 0 or null, got {self.gil_switch_interval_ms}")
-        check_decoding(self.decoding, self.beam_size, fast_math=self.fast_math, phrase_boosting=self.phrase_boosting)
+        check_decoding(
+            self.decoding,
+            self.beam_size,
+            fast_math=self.fast_math,
+            phrase_boosting=self.phrase_boosting,
+            ngram_lm_model=self.ngram_lm_model,
+            ngram_lm_alpha=self.ngram_lm_alpha,
+        )
         if self.decoding == "beam" and self.vad:
             raise ValueError("vad: true needs decoding: greedy; valid with decoding: beam: vad: false")
 

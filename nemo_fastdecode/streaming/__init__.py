@@ -5,7 +5,7 @@
 * :mod:`~nemo_fastdecode.streaming.encoder` -- the encoder step over slot caches (indexed attention).
 * :mod:`~nemo_fastdecode.streaming.subsampling` -- NeMo's causal subsampling convolutions, fewer passes (tf32x3).
 * :mod:`~nemo_fastdecode.streaming.buckets` -- batch-size buckets, one CUDA graph replay per step.
-* :mod:`~nemo_fastdecode.streaming.decoding` -- per-slot greedy decoding state (``fast_greedy``).
+* :mod:`~nemo_fastdecode.streaming.decoding` -- per-slot greedy decoding state (``fast_greedy``), n-gram LM fusion.
 * :mod:`~nemo_fastdecode.streaming.boosting` -- per-slot phrase boosting trees (NeMo's per-stream biasing).
 * :mod:`~nemo_fastdecode.streaming.transcriber` -- ``open`` / ``step`` / ``flush`` / ``close``.
 * :mod:`~nemo_fastdecode.streaming.frontend` -- every stream's PCM in one copy, NeMo's whole-file mel features out.

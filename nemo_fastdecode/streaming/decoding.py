@@ -20,6 +20,12 @@ Phrase boosting (:meth:`SlotDecoder.set_boosting`): slots may have their own boo
 one runs a second set of greedy computers that fuse NeMo's multi-model (every row against its own tree, rows without
 one score 0 and decode as without fusion), each slot's tree state kept in ``boost_states [S + 1]``; steps of slots
 without trees run the plain computers and graphs as before, at no extra cost.
+
+N-gram LM fusion (``ngram_lm_model`` / ``ngram_lm_alpha``, NeMo's ``greedy.ngram_lm_model`` / ``ngram_lm_alpha``): one
+model-wide NeMo ``NGramGPULanguageModel`` that every computer fuses, the plain ones (and their step graphs) and the
+boosting ones alike (the LM first, then the multi-model, as NeMo orders them). Each slot's LM state is one more field of
+the batched state (``state.fusion_states_list``, ``[S + 1]``): gathered and scattered with the prediction network's
+state, set after ``<BOS>`` by :meth:`SlotDecoder.reset`, carried across chunks as NeMo's partial hypotheses carry it.
 """
 
 from __future__ import annotations
@@ -27,8 +33,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,10 +57,11 @@ from nemo_fastdecode.streaming.boosting import SlotBoosting
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
+    from nemo.collections.asr.parts.submodules.ngram_lm import NGramGPULanguageModel
 
     from nemo_fastdecode.streaming.events import BoostingOptions
 
-__all__ = ["SlotDecoder"]
+__all__ = ["SlotDecoder", "check_ngram_lm"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +80,9 @@ class SlotDecoder:
         token_capacity: initial tokens per slot (grows as needed).
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output
             (:mod:`nemo_fastdecode.prediction`); not bit-identical to NeMo.
+        ngram_lm_model: an n-gram LM over the model's tokens to fuse into every stream's decoding (an ARPA file or
+            NeMo's ``.nemo`` n-gram LM, loaded by NeMo's ``NGramGPULanguageModel.from_file``); label looping only.
+        ngram_lm_alpha: the LM's weight (> 0 with a model; its log-probabilities times alpha join the logits).
     """
 
     def __init__(
@@ -82,7 +95,15 @@ class SlotDecoder:
         use_cuda_graphs: bool = True,
         token_capacity: int = INITIAL_TOKEN_CAPACITY,
         fast_math: bool = False,
+        ngram_lm_model: str | Path | None = None,
+        ngram_lm_alpha: float = 0.0,
     ):
+        check_ngram_lm(ngram_lm_model, ngram_lm_alpha)
+        if ngram_lm_model is not None and not loop_labels:
+            raise ValueError(
+                f"ngram_lm_model={str(ngram_lm_model)!r} needs the label-looping decoder (loop_labels=True), as NeMo's; "
+                "valid with loop_labels=False: ngram_lm_model=None"
+            )
         decoding_cfg = model.cfg.get("decoding", {}) or {}
         greedy = decoding_cfg.get("greedy", {}) or {}
         if max_symbols is None:
@@ -100,6 +121,12 @@ class SlotDecoder:
             "use_cuda_graphs": use_cuda_graphs,
             "fast_math": fast_math,
         }
+        # the model-wide n-gram LM: every computer fuses it (NeMo's order: the LM, then the per-row multi-model)
+        self.lm: NGramGPULanguageModel | None = None
+        self.lm_alpha = float(ngram_lm_alpha)
+        if ngram_lm_model is not None:
+            self.lm = _load_ngram_lm(ngram_lm_model, int(model.decoding.blank_id), self.device)
+        self._lm_fusion = None if self.lm is None else FusionModels([self.lm], [self.lm_alpha])
         self._computer_class = LabelLoopGreedy if loop_labels else FrameLoopGreedy
         # graphs are specialised to a batch size: one computer per bucket; eagerly one is enough
         self.per_batch_size = use_cuda_graphs and self.device.type == "cuda"
@@ -156,11 +183,17 @@ class SlotDecoder:
         key = batch_size if self.per_batch_size else 0
         computer = self._computers.get(key)
         if computer is None:
-            computer = self._computers[key] = self._computer_class(**self._computer_args)
+            computer = self._computers[key] = self._computer_class(**self._computer_args, fusion=self._lm_fusion)
         return computer
 
+    @property
+    def lm_states(self) -> torch.Tensor | None:
+        """``[S + 1]`` int64: each slot's state in the n-gram LM (``None`` without one)."""
+        return self.state.fusion_states_list[0] if self.lm is not None else None
+
     def reset(self, slot: int) -> None:
-        """Start a slot afresh (a new stream): the state after ``<SOS>``, no tokens, no boosting tree."""
+        """Start a slot afresh (a new stream): the state after ``<SOS>`` (the LM's after ``<BOS>``), no tokens, no
+        boosting tree."""
         with torch.inference_mode():
             rows = torch.tensor([slot], dtype=torch.long, device=self.device)
             self.state.index_copy_(rows, self._fresh)
@@ -211,20 +244,22 @@ class SlotDecoder:
         key = batch_size if self.per_batch_size else 0
         computer = self._boosted_computers.get(key)
         if computer is None:
-            fusion = FusionModels([], [], per_row=self.boosting.multi_model)
+            models, alphas = ([], []) if self.lm is None else ([self.lm], [self.lm_alpha])
+            fusion = FusionModels(models, alphas, per_row=self.boosting.multi_model)
             computer = self._boosted_computers[key] = self._computer_class(**self._computer_args, fusion=fusion)
         return computer
 
     def _decode_boosted(self, encoded: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor) -> EmittedTokens:
-        """A step with boosting trees: every row fuses its slot's tree (rows without one: id -1, no change)."""
+        """A step with boosting trees: every row fuses its slot's tree (rows without one: id -1, no change), after the
+        n-gram LM if there is one."""
         computer = self._boosted_computer(encoded.shape[0])
-        state = self.state.index_select(slot_ids)
-        state.fusion_states_list = [self.boost_states.index_select(0, slot_ids)]
+        state = self.state.index_select(slot_ids)  # its fusion states: the LM's (if any)
+        state.fusion_states_list = [*state.fusion_states_list, self.boost_states.index_select(0, slot_ids)]
         model_ids = self.boosting.model_ids.index_select(0, slot_ids)
         final, emitted = computer.decode_with_state(encoded.to(self.dtype), lengths, state, model_ids)
-        (tree_states,) = final.fusion_states_list
+        *lm_states, tree_states = final.fusion_states_list
         self.boost_states.index_copy_(0, slot_ids, tree_states)
-        self.state.index_copy_(slot_ids, dataclasses.replace(final, fusion_states_list=[]))
+        self.state.index_copy_(slot_ids, dataclasses.replace(final, fusion_states_list=lm_states))
         return emitted
 
     # ------------------------------------------------------------------------------------------
@@ -444,6 +479,39 @@ class SlotDecoder:
     def text(self, slot: int) -> str:
         """The slot's transcript so far (the model's tokenizer or labels)."""
         return self.model.decoding.decode_ids_to_str(self.token_ids(slot))
+
+
+def check_ngram_lm(ngram_lm_model: str | Path | None, ngram_lm_alpha: float) -> None:
+    """Raise ``ValueError`` naming the value for an n-gram LM setting the streaming decoder cannot run: a weight without
+    a model, a model without a weight > 0, a file that does not exist."""
+    if isinstance(ngram_lm_alpha, bool) or not isinstance(ngram_lm_alpha, numbers.Real):
+        raise ValueError(f"ngram_lm_alpha must be a number, got {ngram_lm_alpha!r}")
+    if ngram_lm_model is None:
+        if ngram_lm_alpha != 0:
+            raise ValueError(
+                f"ngram_lm_alpha={ngram_lm_alpha!r} needs ngram_lm_model (an ARPA file or NeMo's .nemo n-gram LM); "
+                "valid without a model: ngram_lm_alpha=0.0"
+            )
+        return
+    if not (math.isfinite(ngram_lm_alpha) and ngram_lm_alpha > 0):
+        raise ValueError(
+            f"ngram_lm_alpha={ngram_lm_alpha!r} with ngram_lm_model={str(ngram_lm_model)!r}: valid weights are "
+            "finite and > 0 (a weight of 0 fuses nothing: leave ngram_lm_model unset)"
+        )
+    if not Path(ngram_lm_model).is_file():
+        raise ValueError(
+            f"ngram_lm_model={str(ngram_lm_model)!r}: no such file (an ARPA file or NeMo's .nemo n-gram LM)"
+        )
+
+
+def _load_ngram_lm(path: str | Path, vocab_size: int, device: torch.device) -> NGramGPULanguageModel:
+    """NeMo's GPU n-gram LM over the decoder's ``vocab_size`` non-blank labels, as NeMo's decoding loads
+    ``greedy.ngram_lm_model``."""
+    from nemo.collections.asr.parts.submodules.ngram_lm import NGramGPULanguageModel
+
+    with torch.inference_mode(False):  # outside inference mode, as NeMo loads it (its tensors are not inference ones)
+        lm = NGramGPULanguageModel.from_file(lm_path=path, vocab_size=vocab_size)
+        return lm.to(device)
 
 
 @dataclass

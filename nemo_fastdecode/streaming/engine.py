@@ -61,6 +61,13 @@ first encoder frame at or after the sample where silero, on that stream alone, c
 cut: every token decoded at that step). It is not the transcript of the segment's audio decoded on its own: the
 encoder's caches and the decoder's state carry the context across the cut, as NeMo's pipeline does.
 
+Fusion: each stream may boost its own phrases (``StreamOptions.boosting``, NeMo's per-stream boosting tree), and
+``ngram_lm_model`` / ``ngram_lm_alpha`` fuse one n-gram LM (NeMo's ``NGramGPULanguageModel``) into every stream's greedy
+decoding, as NeMo's ``greedy.ngram_lm_model`` / ``ngram_lm_alpha`` do; both combine. Each stream's LM state starts
+after ``<BOS>`` when it opens and continues across its chunks and segments, as its decoder state does. In fp32 every
+stream's tokens equal NeMo's cache-aware streaming of it alone with the same fusion (tests/test_streaming_lm.py,
+tests/test_streaming_boosting.py). Greedy label looping only: beam search with either is refused.
+
 Not thread-safe: one thread (e.g. a server's event loop) calls every method.
 """
 
@@ -70,6 +77,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -126,8 +134,12 @@ class StreamingEngine:
             looping); ``False``: the first stream with phrases sets it up.
         decoding: ``"greedy"`` or ``"beam"``: NeMo's ``malsd_batch`` beam search, every stream's beams continued chunk
             after chunk; partial events carry the best beam so far (sent whenever it changes), the final event the
-            best beam at the stream's end. Not with endpointing or phrase boosting.
+            best beam at the stream's end. Not with endpointing, phrase boosting or an n-gram LM.
         beam_size: beams per stream with ``decoding="beam"``.
+        ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's greedy decoding, as NeMo's
+            ``greedy.ngram_lm_model`` (an ARPA file or NeMo's ``.nemo`` n-gram LM); with per-stream boosting too.
+            Label looping only; not with ``decoding="beam"``.
+        ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``greedy.ngram_lm_alpha``).
     """
 
     def __init__(
@@ -148,6 +160,8 @@ class StreamingEngine:
         phrase_boosting: bool = False,
         decoding: str = "greedy",
         beam_size: int = 4,
+        ngram_lm_model: str | Path | None = None,
+        ngram_lm_alpha: float = 0.0,
     ):
         if idle_timeout_seconds is not None and not idle_timeout_seconds > 0:
             raise ValueError(f"idle_timeout_seconds must be > 0 or None, got {idle_timeout_seconds!r}")
@@ -166,6 +180,8 @@ class StreamingEngine:
             phrase_boosting=phrase_boosting,
             decoding=decoding,
             beam_size=beam_size,
+            ngram_lm_model=ngram_lm_model,
+            ngram_lm_alpha=ngram_lm_alpha,
         )
         self.model, self.num_slots = model, num_slots
         self.device = self.transcriber.device

@@ -20,7 +20,8 @@ which computes features per buffer and shifts the chunk grid (tests/test_streami
 
 Config keys read (NeMo's names and meanings): ``asr.model_name`` (a ``.nemo`` path or a pretrained name),
 ``asr.device`` / ``device_id`` / ``compute_dtype`` (the engine's cache and compute dtype; ``float32`` is exact),
-``asr.use_cuda_graphs`` (optional, default true), ``asr.decoding.greedy.max_symbols`` / ``fast_math``,
+``asr.use_cuda_graphs`` (optional, default true), ``asr.decoding.greedy.max_symbols`` / ``fast_math`` /
+``ngram_lm_model`` / ``ngram_lm_alpha`` (the engine's n-gram LM fusion),
 ``streaming.sample_rate`` / ``batch_size`` / ``num_slots`` / ``att_context_size`` / ``chunk_size_in_secs`` (the
 request frames' length; default one chunk), ``asr_output_granularity``, ``matmul_precision`` and ``log_level`` (set
 as NeMo's builder sets them). Each stream gets one final transcript, at its end: endpointing
@@ -107,6 +108,8 @@ class FastCacheAwarePipeline(BasePipeline):
             use_cuda_graphs=bool(cfg.asr.get("use_cuda_graphs", True)),
             fast_math=bool(greedy.get("fast_math", False)),
             max_symbols=greedy.get("max_symbols", None),
+            ngram_lm_model=greedy.get("ngram_lm_model", None),
+            ngram_lm_alpha=float(greedy.get("ngram_lm_alpha", None) or 0.0),
         )
         self.engine.warm_up()
         self.per_stream_biasing = bool(greedy.get("enable_per_stream_biasing", False))

@@ -21,6 +21,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,7 +32,7 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo_fastdecode.decode_call import true_fp32
 from nemo_fastdecode.streaming.beam_decoding import SlotBeamDecoder
 from nemo_fastdecode.streaming.buckets import BucketedStep
-from nemo_fastdecode.streaming.decoding import SlotDecoder
+from nemo_fastdecode.streaming.decoding import SlotDecoder, check_ngram_lm
 from nemo_fastdecode.streaming.encoder import StreamingEncoderStep, check_streaming_encoder
 from nemo_fastdecode.streaming.events import BoostingOptions
 from nemo_fastdecode.streaming.geometry import StreamingGeometry
@@ -116,6 +117,9 @@ class StreamingTranscriber:
             beams continued chunk after chunk (:class:`SlotBeamDecoder`; ``max_symbols`` is then the beam's, default
             10; no phrase boosting, no ``fast_math``).
         beam_size: beams per stream with ``decoding="beam"``.
+        ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's greedy decoding (an ARPA file or
+            NeMo's ``.nemo`` n-gram LM; NeMo's ``greedy.ngram_lm_model``); each slot keeps its LM state. Greedy only.
+        ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``greedy.ngram_lm_alpha``).
     """
 
     def __init__(
@@ -136,6 +140,8 @@ class StreamingTranscriber:
         phrase_boosting: bool = False,
         decoding: str = "greedy",
         beam_size: int = 4,
+        ngram_lm_model: str | Path | None = None,
+        ngram_lm_alpha: float = 0.0,
     ):
         if not isinstance(num_slots, int) or num_slots < 1:
             raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
@@ -174,7 +180,14 @@ class StreamingTranscriber:
             use_cuda_graphs=use_cuda_graphs,
             pad_to_bucket=pad_to_bucket,
         )
-        self.decoding = check_decoding(decoding, beam_size, fast_math=fast_math, phrase_boosting=phrase_boosting)
+        self.decoding = check_decoding(
+            decoding,
+            beam_size,
+            fast_math=fast_math,
+            phrase_boosting=phrase_boosting,
+            ngram_lm_model=ngram_lm_model,
+            ngram_lm_alpha=ngram_lm_alpha,
+        )
         self.decoder: SlotDecoder | SlotBeamDecoder | None = None
         if decode and decoding == "beam":
             self.decoder = SlotBeamDecoder(
@@ -182,7 +195,13 @@ class StreamingTranscriber:
             )
         elif decode:
             self.decoder = SlotDecoder(
-                model, num_slots, max_symbols=max_symbols, use_cuda_graphs=use_cuda_graphs, fast_math=fast_math
+                model,
+                num_slots,
+                max_symbols=max_symbols,
+                use_cuda_graphs=use_cuda_graphs,
+                fast_math=fast_math,
+                ngram_lm_model=ngram_lm_model,
+                ngram_lm_alpha=ngram_lm_alpha,
             )
         self.capture_decoder_step = capture_decoder_step
         if phrase_boosting:
@@ -460,7 +479,15 @@ class StreamingTranscriber:
 DECODINGS = ("greedy", "beam")
 
 
-def check_decoding(decoding: str, beam_size: int, *, fast_math: bool = False, phrase_boosting: bool = False) -> str:
+def check_decoding(
+    decoding: str,
+    beam_size: int,
+    *,
+    fast_math: bool = False,
+    phrase_boosting: bool = False,
+    ngram_lm_model: str | Path | None = None,
+    ngram_lm_alpha: float = 0.0,
+) -> str:
     """Raise ``ValueError`` naming the option for a decoding the streaming decoder cannot run; returns ``decoding``."""
     if decoding not in DECODINGS:
         raise ValueError(f"decoding={decoding!r} is not supported; valid: {', '.join(map(repr, DECODINGS))}")
@@ -473,6 +500,12 @@ def check_decoding(decoding: str, beam_size: int, *, fast_math: bool = False, ph
             raise ValueError(
                 "phrase_boosting=True needs decoding='greedy'; valid with decoding='beam': phrase_boosting=False"
             )
+        if ngram_lm_model is not None:
+            raise ValueError(
+                f"ngram_lm_model={str(ngram_lm_model)!r} needs decoding='greedy': beam search with an n-gram LM is not "
+                "supported in the streaming engine; valid with decoding='beam': ngram_lm_model=None"
+            )
+    check_ngram_lm(ngram_lm_model, ngram_lm_alpha)
     return decoding
 
 

@@ -166,6 +166,10 @@ class StreamingConfig:
             (``StreamingTranscriber(decoding="beam")``); NeMo's ``conformer_stream_step`` refuses ``malsd_batch`` with
             partial hypotheses, so it needs ``compare_nemo: false`` (and ``fast_math: false``).
         beam_size: beams per stream with ``decoding: beam``.
+        ngram_lm_model: an n-gram LM over the model's tokens (an ARPA file or NeMo's ``.nemo`` n-gram LM) fused into
+            every stream's greedy decoding (``StreamingTranscriber(ngram_lm_model=...)``); NeMo's path fuses it too
+            (the model's ``decoding.greedy.ngram_lm_model``). ``None``: none. Not with ``decoding: beam``.
+        ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``greedy.ngram_lm_alpha``).
         cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.
         seed: synthetic model weights, demo audio and stream start times.
         output_dir: where ``streaming_results.json``, ``streaming_results.md`` and
@@ -194,6 +198,8 @@ class StreamingConfig:
     compare_nemo: bool = True
     decoding: str = "greedy"
     beam_size: int = 4
+    ngram_lm_model: str | None = None
+    ngram_lm_alpha: float = 0.0
     cuda: int | None = None
     seed: int = 0
     output_dir: str = "outputs/streaming"
@@ -210,7 +216,13 @@ class StreamingConfig:
             not self.num_streams_sweep or any(int(n) < 1 for n in self.num_streams_sweep)
         ):
             raise ValueError(f"num_streams_sweep must be a non-empty list of counts >= 1, got {self.num_streams_sweep}")
-        check_decoding(self.decoding, self.beam_size, fast_math=self.fast_math)
+        check_decoding(
+            self.decoding,
+            self.beam_size,
+            fast_math=self.fast_math,
+            ngram_lm_model=self.ngram_lm_model,
+            ngram_lm_alpha=self.ngram_lm_alpha,
+        )
         if self.decoding == "beam" and self.compare_nemo:
             raise ValueError(
                 "compare_nemo: true needs decoding: greedy (NeMo's conformer_stream_step refuses malsd_batch with "

@@ -188,12 +188,17 @@ def _make_paths(cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int) 
     paths = [
         fast_path(
             setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul,
-            cfg.capture_decoder_step, cfg.decoding, cfg.beam_size,
+            cfg.capture_decoder_step, cfg.decoding, cfg.beam_size, cfg.ngram_lm_model, cfg.ngram_lm_alpha,
         )
     ]  # fmt: skip
     if cfg.compare_nemo:
         tf32 = cfg.encoder_matmul == "tf32"  # like for like: NeMo at matmul_precision=high
-        paths.append(nemo_path(setup.model, num_slots, setup.dtype, warm_streams=max_batch, tf32_matmuls=tf32))
+        paths.append(
+            nemo_path(
+                setup.model, num_slots, setup.dtype, warm_streams=max_batch, tf32_matmuls=tf32,
+                ngram_lm_model=cfg.ngram_lm_model, ngram_lm_alpha=cfg.ngram_lm_alpha,
+            )
+        )  # fmt: skip
     return paths
 
 

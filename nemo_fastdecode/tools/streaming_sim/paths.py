@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from typing import TYPE_CHECKING
 
@@ -39,9 +40,11 @@ def fast_path(
     capture_decoder_step: bool = True,
     decoding: str = "greedy",
     beam_size: int = 4,
+    ngram_lm_model: str | None = None,
+    ngram_lm_alpha: float = 0.0,
 ) -> StreamingPath:
     """Ours: slot caches read in place, one graph replay per step (GPU), per-slot state of ``fast_greedy`` (or, with
-    ``decoding="beam"``, each slot's beams of NeMo's ``malsd_batch``).
+    ``decoding="beam"``, each slot's beams of NeMo's ``malsd_batch``), fusing the n-gram LM ``ngram_lm_model`` if any.
 
     Warmed up before the clock starts: every encoder bucket's graph and the decoder's graph per bucket are
     captured (:meth:`StreamingTranscriber.warm_up`), so no step of the timed run captures.
@@ -49,7 +52,7 @@ def fast_path(
     streamer = StreamingTranscriber(
         model, num_slots, dtype=dtype, use_cuda_graphs=use_cuda_graphs, fast_math=fast_math,
         encoder_matmul=encoder_matmul, capture_decoder_step=capture_decoder_step, decoding=decoding,
-        beam_size=beam_size,
+        beam_size=beam_size, ngram_lm_model=ngram_lm_model, ngram_lm_alpha=ngram_lm_alpha,
     )  # fmt: skip
     warmup = streamer.warm_up().total_seconds
 
@@ -60,6 +63,7 @@ def fast_path(
 
     mode = "CUDA graph per bucket" if streamer.runner.use_graphs else "eager"
     mode += f", beam search ({beam_size} beams)" if decoding == "beam" else ""
+    mode += f", n-gram LM (alpha {ngram_lm_alpha})" if ngram_lm_model is not None else ""
     mode += (", fast_math" if fast_math else "") + (f", {encoder_matmul} encoder" if encoder_matmul != "fp32" else "")
     # what warm-up captured, not what was asked: no captures on the CPU, and a refused one falls back to eager
     captured = streamer.decoder is not None and streamer.decoder.captured_batch_sizes
@@ -68,15 +72,26 @@ def fast_path(
 
 
 def nemo_path(
-    model: ASRModel, num_slots: int, dtype: torch.dtype, warm_streams: int = 1, tf32_matmuls: bool = False
+    model: ASRModel,
+    num_slots: int,
+    dtype: torch.dtype,
+    warm_streams: int = 1,
+    tf32_matmuls: bool = False,
+    ngram_lm_model: str | None = None,
+    ngram_lm_alpha: float = 0.0,
 ) -> StreamingPath:
     """NeMo: gather the slots' caches, ``conformer_stream_step`` (model's decoding strategy), scatter back.
+
+    ``ngram_lm_model``: the model's decoding fuses this n-gram LM from now on (``greedy.ngram_lm_model`` /
+    ``ngram_lm_alpha``, NeMo's own loading), as ours does.
 
     Warmed up before the clock starts with ``warm_streams`` streams of silence (a first and a later chunk
     together: lazy library set-up, and NeMo's decoder graphs, if its strategy uses them, at the largest batch).
     ``tf32_matmuls``: NeMo's steps run with TF32 matmuls (``torch.backends.cuda.matmul.allow_tf32``, what
     NeMo's scripts set with ``matmul_precision=high``), the setting compared with ``encoder_matmul=tf32``.
     """
+    if ngram_lm_model is not None:
+        _fuse_ngram_lm(model, ngram_lm_model, ngram_lm_alpha)
     streamer = NemoSlotStreamer(model, num_slots)
     device = streamer.device
     autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype != torch.float32 else contextlib.nullcontext
@@ -102,3 +117,14 @@ def nemo_path(
     strategy = model.cfg.decoding.get("strategy", "?")
     name = f"NeMo gather/scatter + conformer_stream_step ({strategy}{', TF32 matmuls' if tf32_matmuls else ''})"
     return StreamingPath(name, streamer.open, step, finish, warmup)
+
+
+def _fuse_ngram_lm(model: ASRModel, ngram_lm_model: str, ngram_lm_alpha: float) -> None:
+    """The model's decoding, as it is, with ``greedy.ngram_lm_model`` / ``ngram_lm_alpha`` set."""
+    from omegaconf import open_dict
+
+    cfg = copy.deepcopy(model.cfg.decoding)
+    with open_dict(cfg):
+        cfg.greedy.ngram_lm_model = str(ngram_lm_model)
+        cfg.greedy.ngram_lm_alpha = float(ngram_lm_alpha)
+    model.change_decoding_strategy(cfg, verbose=False)
