@@ -15,20 +15,25 @@ import copy
 import numpy as np
 import pytest
 import torch
+from conftest import whole_file_features
 from omegaconf import open_dict
+from test_streaming_beam import BeamDriver
 from test_streaming_boosting import ATT, LENGTHS, PHRASES, RATE, BoostedDriver, bpe_streaming_model, reference
-from test_streaming_engine import Driver
+from test_streaming_engine import Driver, nemo_words
 
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.serve import ServeConfig, build_engine
 from nemo_fastdecode.streaming import StreamingEngine
 from nemo_fastdecode.streaming.decoding import SlotDecoder
 from nemo_fastdecode.tools import synthetic as S
+from nemo_fastdecode.tools.comparison import as_int_list
 from nemo_fastdecode.tools.fusion_models import write_arpa
+from nemo_fastdecode.tools.streaming_reference import nemo_alone_beam
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 LM_ALPHA = 2.0  # a random model follows the LM only with a large weight
+BEAM, BEAM_LM_ALPHA = 4, 1.0  # beam search: blank's score grows with the weight too, so a smaller one keeps tokens
 
 
 def set_decoding(model, lm_path=None, alpha: float = 0.0, per_stream_biasing: bool = False) -> None:
@@ -125,6 +130,44 @@ def test_an_ngram_lm_with_per_stream_boosting_gives_nemo_both_alone(model, audio
     assert not decoder.boosting.multi_model.model2active.any()  # every tree left with its stream
 
 
+def beam_reference(model, pcm, lm_path=None) -> tuple[list[int], str, list[dict]]:
+    """NeMo's ``malsd_batch`` computer continued over the stream's chunks alone, fusing the LM at ``lm_path``."""
+    lm = {} if lm_path is None else dict(ngram_lm_model=lm_path, ngram_lm_alpha=BEAM_LM_ALPHA)
+    hyp = nemo_alone_beam(model, whole_file_features(model, pcm), BEAM, **lm)
+    if hyp is None:
+        return [], "", []
+    hyp.text = model.decoding.decode_ids_to_str(as_int_list(hyp.y_sequence))
+    return as_int_list(hyp.y_sequence), hyp.text, nemo_words(model, hyp)
+
+
+def test_beam_search_streams_with_an_ngram_lm_give_nemo_beam_lm_fusion_alone(model, audio, lm_path):
+    """``decoding="beam"`` with the LM: streams pushed at random and interleaved (slots reused) each get NeMo's beam
+    search fusing the LM, its beams' LM states continued over the stream's chunks alone."""
+    plain = [beam_reference(model, pcm) for pcm in audio]
+    fused = [beam_reference(model, pcm, lm_path) for pcm in audio]
+    assert all(ids for ids, _, _ in fused), "a stream emitted nothing: nothing compared"
+    assert sum(f[0] != p[0] for f, p in zip(fused, plain, strict=True)) >= 2, (
+        "the LM changes no stream's tokens: the comparison could not fail"
+    )
+    engine = StreamingEngine(
+        model,
+        num_slots=3,
+        att_context_size=ATT,
+        max_cycle_seconds=0.25,
+        decoding="beam",
+        beam_size=BEAM,
+        ngram_lm_model=lm_path,
+        ngram_lm_alpha=BEAM_LM_ALPHA,
+    )
+    decoder = engine.transcriber.decoder
+    assert decoder.lm is not None and decoder.computer.fusion is not None
+    driver = BeamDriver(engine, audio, seed=0)
+    driver.run()
+    driver.check(fused)
+    assert driver.refused > 0 and max(driver.batches) > 1  # slots reused, streams stepped together
+    assert decoder._fusion_states is not None and len(decoder._fusion_states) == 1
+
+
 def test_lm_settings_the_engine_cannot_run_are_refused_by_name(model, lm_path, tmp_path):
     with pytest.raises(ValueError, match=r"ngram_lm_alpha=0\.5 needs ngram_lm_model"):
         StreamingEngine(model, num_slots=1, ngram_lm_alpha=0.5)
@@ -136,15 +179,13 @@ def test_lm_settings_the_engine_cannot_run_are_refused_by_name(model, lm_path, t
     missing = tmp_path / "missing.arpa"
     with pytest.raises(ValueError, match=rf"ngram_lm_model='{missing}': no such file"):
         StreamingEngine(model, num_slots=1, ngram_lm_model=missing, ngram_lm_alpha=1.0)
-    with pytest.raises(ValueError, match="beam search with an n-gram LM is not supported in the streaming engine"):
-        StreamingEngine(model, num_slots=1, decoding="beam", ngram_lm_model=lm_path, ngram_lm_alpha=1.0)
     with pytest.raises(ValueError, match=r"needs the label-looping decoder \(loop_labels=True\)"):
         SlotDecoder(model, 1, loop_labels=False, ngram_lm_model=lm_path, ngram_lm_alpha=1.0)
     with pytest.raises(ValueError, match="ngram_lm_alpha must be a number"):
         StreamingEngine(model, num_slots=1, ngram_lm_model=lm_path, ngram_lm_alpha="1")
+    with pytest.raises(ValueError, match=r"ngram_lm_alpha=0\.0 with ngram_lm_model=.*valid weights"):
+        StreamingEngine(model, num_slots=1, decoding="beam", ngram_lm_model=lm_path, ngram_lm_alpha=0.0)
     # the server's settings are checked the same way, before any model loads
-    with pytest.raises(ValueError, match="beam search with an n-gram LM"):
-        ServeConfig(decoding="beam", ngram_lm_model=str(lm_path), ngram_lm_alpha=1.0)
     with pytest.raises(ValueError, match=r"ngram_lm_alpha=1\.0 needs ngram_lm_model"):
         ServeConfig(ngram_lm_alpha=1.0)
 
