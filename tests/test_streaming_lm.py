@@ -6,6 +6,10 @@ eager loop) and ``greedy.ngram_lm_model`` / ``greedy.ngram_lm_alpha``: NeMo's ``
 carried across chunks in the partial hypotheses' decoding states. With per-stream phrase boosting too, the reference
 adds ``greedy.enable_per_stream_biasing`` and each stream's ``BiasingRequestItemConfig``. The model is the boosting
 tests' tiny cache-aware RNN-T with a BPE tokenizer (random weights), the LM a tiny random ARPA file over its tokens.
+
+With ``decoding="beam"`` the reference is ``nemo_alone_beam`` fusing the LM: NeMo's ``malsd_batch`` computer with the
+LM as NeMo's ``beam.ngram_lm_model`` sets it up, continued over the stream's chunks alone (its beams' LM states in
+``prev_batched_state.fusion_states_list``).
 """
 
 from __future__ import annotations
@@ -166,6 +170,50 @@ def test_beam_search_streams_with_an_ngram_lm_give_nemo_beam_lm_fusion_alone(mod
     driver.check(fused)
     assert driver.refused > 0 and max(driver.batches) > 1  # slots reused, streams stepped together
     assert decoder._fusion_states is not None and len(decoder._fusion_states) == 1
+
+
+def test_tdt_beam_search_with_an_ngram_lm_gives_nemo_alone(audio, tmp_path):
+    """TDT (beams jumping past a chunk's end) with the LM: streams stepped in turn through two slots of the
+    transcriber, each slot reused; every stream's best beam (tokens, timestamps, durations) equals NeMo's TDT computer
+    fusing the LM, continued over that stream's chunks alone."""
+    from conftest import tiny_streaming_model
+
+    from nemo_fastdecode.streaming import StreamingTranscriber, split_features
+
+    model = tiny_streaming_model("tiny-tdt-streaming")
+    model.encoder.set_default_att_context_size(ATT)
+    path = tmp_path / "tdt.arpa"
+    write_arpa(path, vocab_size=int(model.decoding.blank_id), shares=(0.2, 0.1), seed=3)
+    alpha = 0.5
+    feats = [whole_file_features(model, pcm) for pcm in audio]
+
+    def best(hyp):
+        return as_int_list(hyp.y_sequence), as_int_list(hyp.timestamp), as_int_list(hyp.token_duration)
+
+    plain = [best(nemo_alone_beam(model, f, BEAM)) for f in feats]
+    expected = [best(nemo_alone_beam(model, f, BEAM, ngram_lm_model=path, ngram_lm_alpha=alpha)) for f in feats]
+    assert all(e[0] for e in expected), "a stream emitted nothing: nothing compared"
+    assert sum(e[0] != p[0] for e, p in zip(expected, plain, strict=True)) >= 2, "the LM changes nothing here"
+    # padded to the batch-size buckets and warmed up on the dummy slot, as with CUDA graphs
+    transcriber = StreamingTranscriber(
+        model, 2, att_context_size=ATT, decoding="beam", beam_size=BEAM, pad_to_bucket=True,
+        ngram_lm_model=path, ngram_lm_alpha=alpha,
+    )  # fmt: skip
+    assert transcriber.warm_up().decoder_seconds > 0
+    waiting, live, got = list(range(len(audio))), {}, {}
+    rng = np.random.default_rng(4)
+    while waiting or live:
+        while waiting and len(live) < 2:
+            stream = waiting.pop(0)
+            live[transcriber.open()] = (stream, list(split_features(feats[stream], transcriber.geometry)))
+        slots = [slot for slot in live if rng.random() < 0.7] or list(live)[:1]
+        transcriber.step(slots, [live[slot][1].pop(0) for slot in slots])
+        for slot in slots:
+            stream, left = live[slot]
+            if not left:
+                got[stream] = best(transcriber.flush(slot).hypothesis)
+                del live[slot]
+    assert [got[i] for i in range(len(audio))] == expected
 
 
 def test_lm_settings_the_engine_cannot_run_are_refused_by_name(model, lm_path, tmp_path):
