@@ -242,6 +242,11 @@ def test_the_server_setting_reaches_the_engine(model, lm_path):
     config = ServeConfig(slots=1, ngram_lm_model=str(lm_path), ngram_lm_alpha=LM_ALPHA, att_context_size=ATT)
     decoder = build_engine(model, config).transcriber.decoder
     assert decoder.lm is not None and decoder.lm_alpha == LM_ALPHA
+    config = ServeConfig(
+        slots=1, decoding="beam", ngram_lm_model=str(lm_path), ngram_lm_alpha=BEAM_LM_ALPHA, att_context_size=ATT
+    )
+    decoder = build_engine(model, config).transcriber.decoder
+    assert decoder.lm is not None and decoder.computer.fusion.models.alphas == [BEAM_LM_ALPHA]
 
 
 def test_hypotheses_carry_the_lm_state_nemo_continues_from(model, audio, lm_path):
