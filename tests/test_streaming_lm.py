@@ -6,6 +6,10 @@ eager loop) and ``greedy.ngram_lm_model`` / ``greedy.ngram_lm_alpha``: NeMo's ``
 carried across chunks in the partial hypotheses' decoding states. With per-stream phrase boosting too, the reference
 adds ``greedy.enable_per_stream_biasing`` and each stream's ``BiasingRequestItemConfig``. The model is the boosting
 tests' tiny cache-aware RNN-T with a BPE tokenizer (random weights), the LM a tiny random ARPA file over its tokens.
+
+With ``decoding="beam"`` the reference is ``nemo_alone_beam`` fusing the LM: NeMo's ``malsd_batch`` computer with the
+LM as NeMo's ``beam.ngram_lm_model`` sets it up, continued over the stream's chunks alone (its beams' LM states in
+``prev_batched_state.fusion_states_list``).
 """
 
 from __future__ import annotations
@@ -15,20 +19,25 @@ import copy
 import numpy as np
 import pytest
 import torch
+from conftest import whole_file_features
 from omegaconf import open_dict
+from test_streaming_beam import BeamDriver
 from test_streaming_boosting import ATT, LENGTHS, PHRASES, RATE, BoostedDriver, bpe_streaming_model, reference
-from test_streaming_engine import Driver
+from test_streaming_engine import Driver, nemo_words
 
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.serve import ServeConfig, build_engine
 from nemo_fastdecode.streaming import StreamingEngine
 from nemo_fastdecode.streaming.decoding import SlotDecoder
 from nemo_fastdecode.tools import synthetic as S
+from nemo_fastdecode.tools.comparison import as_int_list
 from nemo_fastdecode.tools.fusion_models import write_arpa
+from nemo_fastdecode.tools.streaming_reference import nemo_alone_beam
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 LM_ALPHA = 2.0  # a random model follows the LM only with a large weight
+BEAM, BEAM_LM_ALPHA = 4, 1.0  # beam search: blank's score grows with the weight too, so a smaller one keeps tokens
 
 
 def set_decoding(model, lm_path=None, alpha: float = 0.0, per_stream_biasing: bool = False) -> None:
@@ -125,6 +134,88 @@ def test_an_ngram_lm_with_per_stream_boosting_gives_nemo_both_alone(model, audio
     assert not decoder.boosting.multi_model.model2active.any()  # every tree left with its stream
 
 
+def beam_reference(model, pcm, lm_path=None) -> tuple[list[int], str, list[dict]]:
+    """NeMo's ``malsd_batch`` computer continued over the stream's chunks alone, fusing the LM at ``lm_path``."""
+    lm = {} if lm_path is None else dict(ngram_lm_model=lm_path, ngram_lm_alpha=BEAM_LM_ALPHA)
+    hyp = nemo_alone_beam(model, whole_file_features(model, pcm), BEAM, **lm)
+    if hyp is None:
+        return [], "", []
+    hyp.text = model.decoding.decode_ids_to_str(as_int_list(hyp.y_sequence))
+    return as_int_list(hyp.y_sequence), hyp.text, nemo_words(model, hyp)
+
+
+def test_beam_search_streams_with_an_ngram_lm_give_nemo_beam_lm_fusion_alone(model, audio, lm_path):
+    """``decoding="beam"`` with the LM: streams pushed at random and interleaved (slots reused) each get NeMo's beam
+    search fusing the LM, its beams' LM states continued over the stream's chunks alone."""
+    plain = [beam_reference(model, pcm) for pcm in audio]
+    fused = [beam_reference(model, pcm, lm_path) for pcm in audio]
+    assert all(ids for ids, _, _ in fused), "a stream emitted nothing: nothing compared"
+    assert sum(f[0] != p[0] for f, p in zip(fused, plain, strict=True)) >= 2, (
+        "the LM changes no stream's tokens: the comparison could not fail"
+    )
+    engine = StreamingEngine(
+        model,
+        num_slots=3,
+        att_context_size=ATT,
+        max_cycle_seconds=0.25,
+        decoding="beam",
+        beam_size=BEAM,
+        ngram_lm_model=lm_path,
+        ngram_lm_alpha=BEAM_LM_ALPHA,
+    )
+    decoder = engine.transcriber.decoder
+    assert decoder.lm is not None and decoder.computer.fusion is not None
+    driver = BeamDriver(engine, audio, seed=0)
+    driver.run()
+    driver.check(fused)
+    assert driver.refused > 0 and max(driver.batches) > 1  # slots reused, streams stepped together
+    assert decoder._fusion_states is not None and len(decoder._fusion_states) == 1
+
+
+def test_tdt_beam_search_with_an_ngram_lm_gives_nemo_alone(audio, tmp_path):
+    """TDT (beams jumping past a chunk's end) with the LM: streams stepped in turn through two slots of the
+    transcriber, each slot reused; every stream's best beam (tokens, timestamps, durations) equals NeMo's TDT computer
+    fusing the LM, continued over that stream's chunks alone."""
+    from conftest import tiny_streaming_model
+
+    from nemo_fastdecode.streaming import StreamingTranscriber, split_features
+
+    model = tiny_streaming_model("tiny-tdt-streaming")
+    model.encoder.set_default_att_context_size(ATT)
+    path = tmp_path / "tdt.arpa"
+    write_arpa(path, vocab_size=int(model.decoding.blank_id), shares=(0.2, 0.1), seed=3)
+    alpha = 0.5
+    feats = [whole_file_features(model, pcm) for pcm in audio]
+
+    def best(hyp):
+        return as_int_list(hyp.y_sequence), as_int_list(hyp.timestamp), as_int_list(hyp.token_duration)
+
+    plain = [best(nemo_alone_beam(model, f, BEAM)) for f in feats]
+    expected = [best(nemo_alone_beam(model, f, BEAM, ngram_lm_model=path, ngram_lm_alpha=alpha)) for f in feats]
+    assert all(e[0] for e in expected), "a stream emitted nothing: nothing compared"
+    assert sum(e[0] != p[0] for e, p in zip(expected, plain, strict=True)) >= 2, "the LM changes nothing here"
+    # padded to the batch-size buckets and warmed up on the dummy slot, as with CUDA graphs
+    transcriber = StreamingTranscriber(
+        model, 2, att_context_size=ATT, decoding="beam", beam_size=BEAM, pad_to_bucket=True,
+        ngram_lm_model=path, ngram_lm_alpha=alpha,
+    )  # fmt: skip
+    assert transcriber.warm_up().decoder_seconds > 0
+    waiting, live, got = list(range(len(audio))), {}, {}
+    rng = np.random.default_rng(4)
+    while waiting or live:
+        while waiting and len(live) < 2:
+            stream = waiting.pop(0)
+            live[transcriber.open()] = (stream, list(split_features(feats[stream], transcriber.geometry)))
+        slots = [slot for slot in live if rng.random() < 0.7] or list(live)[:1]
+        transcriber.step(slots, [live[slot][1].pop(0) for slot in slots])
+        for slot in slots:
+            stream, left = live[slot]
+            if not left:
+                got[stream] = best(transcriber.flush(slot).hypothesis)
+                del live[slot]
+    assert [got[i] for i in range(len(audio))] == expected
+
+
 def test_lm_settings_the_engine_cannot_run_are_refused_by_name(model, lm_path, tmp_path):
     with pytest.raises(ValueError, match=r"ngram_lm_alpha=0\.5 needs ngram_lm_model"):
         StreamingEngine(model, num_slots=1, ngram_lm_alpha=0.5)
@@ -136,15 +227,13 @@ def test_lm_settings_the_engine_cannot_run_are_refused_by_name(model, lm_path, t
     missing = tmp_path / "missing.arpa"
     with pytest.raises(ValueError, match=rf"ngram_lm_model='{missing}': no such file"):
         StreamingEngine(model, num_slots=1, ngram_lm_model=missing, ngram_lm_alpha=1.0)
-    with pytest.raises(ValueError, match="beam search with an n-gram LM is not supported in the streaming engine"):
-        StreamingEngine(model, num_slots=1, decoding="beam", ngram_lm_model=lm_path, ngram_lm_alpha=1.0)
     with pytest.raises(ValueError, match=r"needs the label-looping decoder \(loop_labels=True\)"):
         SlotDecoder(model, 1, loop_labels=False, ngram_lm_model=lm_path, ngram_lm_alpha=1.0)
     with pytest.raises(ValueError, match="ngram_lm_alpha must be a number"):
         StreamingEngine(model, num_slots=1, ngram_lm_model=lm_path, ngram_lm_alpha="1")
+    with pytest.raises(ValueError, match=r"ngram_lm_alpha=0\.0 with ngram_lm_model=.*valid weights"):
+        StreamingEngine(model, num_slots=1, decoding="beam", ngram_lm_model=lm_path, ngram_lm_alpha=0.0)
     # the server's settings are checked the same way, before any model loads
-    with pytest.raises(ValueError, match="beam search with an n-gram LM"):
-        ServeConfig(decoding="beam", ngram_lm_model=str(lm_path), ngram_lm_alpha=1.0)
     with pytest.raises(ValueError, match=r"ngram_lm_alpha=1\.0 needs ngram_lm_model"):
         ServeConfig(ngram_lm_alpha=1.0)
 
@@ -153,6 +242,11 @@ def test_the_server_setting_reaches_the_engine(model, lm_path):
     config = ServeConfig(slots=1, ngram_lm_model=str(lm_path), ngram_lm_alpha=LM_ALPHA, att_context_size=ATT)
     decoder = build_engine(model, config).transcriber.decoder
     assert decoder.lm is not None and decoder.lm_alpha == LM_ALPHA
+    config = ServeConfig(
+        slots=1, decoding="beam", ngram_lm_model=str(lm_path), ngram_lm_alpha=BEAM_LM_ALPHA, att_context_size=ATT
+    )
+    decoder = build_engine(model, config).transcriber.decoder
+    assert decoder.lm is not None and decoder.computer.fusion.models.alphas == [BEAM_LM_ALPHA]
 
 
 def test_hypotheses_carry_the_lm_state_nemo_continues_from(model, audio, lm_path):

@@ -103,8 +103,8 @@ class ServeConfig:
             (partial transcripts are the best beam so far and may change; not with ``vad``, ``phrase_boosting`` or
             ``fast_math``).
         beam_size: beams per stream with ``decoding: beam``.
-        ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's greedy decoding (an ARPA file or
-            NeMo's ``.nemo`` n-gram LM, as NeMo's ``greedy.ngram_lm_model``); ``None``: none. Not with ``decoding: beam``.
+        ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's decoding (an ARPA file or
+            NeMo's ``.nemo`` n-gram LM, as NeMo's ``greedy.ngram_lm_model`` / ``beam.ngram_lm_model``); ``None``: none.
         ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``greedy.ngram_lm_alpha``).
         limits: per-connection limits.
     """

@@ -12,6 +12,11 @@ That is what NeMo's ``merge_(..., is_chunk_continuation=True, boundary_prev_ptr=
 followed by ``to_hyps_list(score_norm)`` reads back; the best beam is the first of NeMo's sort of the normalised
 scores. Host work per step does not grow with the number of streams.
 
+With an n-gram LM (``ngram_lm_model`` / ``ngram_lm_alpha``) the search fuses it as NeMo's ``malsd_batch`` does
+(``beam.ngram_lm_model``; ``late`` pruning, ``lm_weighted_full`` blank scoring, NeMo's defaults there): every beam's LM
+state is kept with the rest of its slot's state (``[(S + 1) * K]``) and continued by the slot's next chunk; a stream's
+first chunk starts every beam after ``<BOS>``.
+
 The same interface as :class:`~nemo_fastdecode.streaming.decoding.SlotDecoder` where the transcriber and the engine
 use it; phrase boosting is not supported with beam search here.
 """
@@ -19,6 +24,7 @@ use it; phrase boosting is not supported with beam search here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +35,8 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.beam.malsd import MALSDBeamComputer
 from nemo_fastdecode.config import DEFAULT_MAX_SYMBOLS
+from nemo_fastdecode.greedy.fusion import FusionModels
+from nemo_fastdecode.streaming.decoding import _load_ngram_lm, check_ngram_lm
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
@@ -55,6 +63,9 @@ class SlotBeamDecoder:
             ``malsd_batch`` uses when it is unset and CUDA graphs are allowed.
         score_norm: pick the best beam by score / (tokens + 1) (NeMo's ``beam.score_norm``).
         use_cuda_graphs: let the search use CUDA graphs on a GPU.
+        ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's beams (an ARPA file or NeMo's
+            ``.nemo`` n-gram LM; NeMo's ``beam.ngram_lm_model``); ``None``: none.
+        ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``beam.ngram_lm_alpha``).
     """
 
     def __init__(
@@ -66,12 +77,20 @@ class SlotBeamDecoder:
         max_symbols: int | None = None,
         score_norm: bool = True,
         use_cuda_graphs: bool = True,
+        ngram_lm_model: str | Path | None = None,
+        ngram_lm_alpha: float = 0.0,
     ):
+        check_ngram_lm(ngram_lm_model, ngram_lm_alpha)
         decoding_cfg = model.cfg.get("decoding", {}) or {}
         durations = decoding_cfg.get("durations", None) or None
         self.model, self.num_slots, self.score_norm = model, num_slots, score_norm
         parameter = next(model.decoder.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
+        self.lm = None
+        fusion = None
+        if ngram_lm_model is not None:
+            self.lm = _load_ngram_lm(ngram_lm_model, int(model.decoding.blank_id), self.device)
+            fusion = FusionModels([self.lm], [float(ngram_lm_alpha)])
         self.computer = MALSDBeamComputer(
             model.decoder,
             model.joint,
@@ -80,10 +99,13 @@ class SlotBeamDecoder:
             max_symbols=DEFAULT_MAX_SYMBOLS if max_symbols is None else int(max_symbols),
             durations=list(durations) if durations else None,
             use_cuda_graphs=use_cuda_graphs,
+            fusion=fusion,
         )
         self.beam_size = beam_size
         rows = num_slots + 1
         self._state: BatchedBeamState | None = None  # [S + 1] rows, allocated by the first chunk
+        # every beam's fusion (LM) state, [(S + 1) * K] per model; a slot's first chunk does not read it (<BOS>)
+        self._fusion_states: list[torch.Tensor] | None = None
         # every beam's transcript so far: non-blank labels, their timestamps (frames from the stream's start) and TDT
         # durations [S + 1, K, capacity + 1] (the last column takes the writes of blank steps), counts [S + 1, K]
         self._tdt = self.computer.is_tdt
@@ -222,10 +244,11 @@ class SlotBeamDecoder:
         beams = (slots[:, None] * k + torch.arange(k, device=slots.device)).view(-1)
         dim = self.computer.state_batch_dim
         fields = {name: _select(getattr(s, name), slots) for name in _PER_ROW}
+        fusion = None if self._fusion_states is None else [t.index_select(0, beams) for t in self._fusion_states]
         return BatchedBeamState(
             predictor_states=tuple(t.index_select(dim, beams) for t in s.predictor_states),
             predictor_outputs=s.predictor_outputs.index_select(0, beams),
-            fusion_states_list=None,
+            fusion_states_list=fusion,
             transcript_prefix_hash=None,
             **fields,
         )
@@ -234,11 +257,17 @@ class SlotBeamDecoder:
         """Save the slots' states after a chunk (the storage is allocated from the first one's shapes)."""
         if self._state is None:
             self._state = _allocate(state, self.num_slots + 1, self.computer.state_batch_dim)
+            if state.fusion_states_list:
+                beams = (self.num_slots + 1) * self.beam_size
+                self._fusion_states = [t.new_zeros([beams]) for t in state.fusion_states_list]
         s, k, dim = self._state, self.beam_size, self.computer.state_batch_dim
         beams = (slots[:, None] * k + torch.arange(k, device=slots.device)).view(-1)
         for stored, new in zip(s.predictor_states, state.predictor_states, strict=True):
             stored.index_copy_(dim, beams, new)
         s.predictor_outputs.index_copy_(0, beams, state.predictor_outputs)
+        if self._fusion_states is not None:
+            for stored, new in zip(self._fusion_states, state.fusion_states_list, strict=True):
+                stored.index_copy_(0, beams, new.reshape(-1))
         for name in _PER_ROW:
             stored = getattr(s, name)
             if stored is not None:

@@ -66,7 +66,9 @@ Fusion: each stream may boost its own phrases (``StreamOptions.boosting``, NeMo'
 decoding, as NeMo's ``greedy.ngram_lm_model`` / ``ngram_lm_alpha`` do; both combine. Each stream's LM state starts
 after ``<BOS>`` when it opens and continues across its chunks and segments, as its decoder state does. In fp32 every
 stream's tokens equal NeMo's cache-aware streaming of it alone with the same fusion (tests/test_streaming_lm.py,
-tests/test_streaming_boosting.py). Greedy label looping only: beam search with either is refused.
+tests/test_streaming_boosting.py). With ``decoding="beam"`` the LM is fused into every stream's beams as NeMo's
+``malsd_batch`` fuses ``beam.ngram_lm_model``, each beam's LM state continued across chunks
+(tests/test_streaming_lm.py); per-stream boosting needs greedy decoding.
 
 Not thread-safe: one thread (e.g. a server's event loop) calls every method.
 """
@@ -134,11 +136,11 @@ class StreamingEngine:
             looping); ``False``: the first stream with phrases sets it up.
         decoding: ``"greedy"`` or ``"beam"``: NeMo's ``malsd_batch`` beam search, every stream's beams continued chunk
             after chunk; partial events carry the best beam so far (sent whenever it changes), the final event the
-            best beam at the stream's end. Not with endpointing, phrase boosting or an n-gram LM.
+            best beam at the stream's end; with an n-gram LM too. Not with endpointing or phrase boosting.
         beam_size: beams per stream with ``decoding="beam"``.
-        ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's greedy decoding, as NeMo's
-            ``greedy.ngram_lm_model`` (an ARPA file or NeMo's ``.nemo`` n-gram LM); with per-stream boosting too.
-            Label looping only; not with ``decoding="beam"``.
+        ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's decoding, as NeMo's
+            ``greedy.ngram_lm_model`` (an ARPA file or NeMo's ``.nemo`` n-gram LM; greedy: label looping, with
+            per-stream boosting too) or, with ``decoding="beam"``, as NeMo's ``malsd_batch`` ``beam.ngram_lm_model``.
         ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``greedy.ngram_lm_alpha``).
     """
 

@@ -117,9 +117,10 @@ class StreamingTranscriber:
             beams continued chunk after chunk (:class:`SlotBeamDecoder`; ``max_symbols`` is then the beam's, default
             10; no phrase boosting, no ``fast_math``).
         beam_size: beams per stream with ``decoding="beam"``.
-        ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's greedy decoding (an ARPA file or
-            NeMo's ``.nemo`` n-gram LM; NeMo's ``greedy.ngram_lm_model``); each slot keeps its LM state. Greedy only.
-        ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``greedy.ngram_lm_alpha``).
+        ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's decoding (an ARPA file or
+            NeMo's ``.nemo`` n-gram LM; NeMo's ``greedy.ngram_lm_model``, with ``decoding="beam"`` its
+            ``beam.ngram_lm_model``); each slot keeps its LM states (one per beam).
+        ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``greedy.ngram_lm_alpha`` / ``beam.ngram_lm_alpha``).
     """
 
     def __init__(
@@ -191,7 +192,13 @@ class StreamingTranscriber:
         self.decoder: SlotDecoder | SlotBeamDecoder | None = None
         if decode and decoding == "beam":
             self.decoder = SlotBeamDecoder(
-                model, num_slots, beam_size=beam_size, max_symbols=max_symbols, use_cuda_graphs=use_cuda_graphs
+                model,
+                num_slots,
+                beam_size=beam_size,
+                max_symbols=max_symbols,
+                use_cuda_graphs=use_cuda_graphs,
+                ngram_lm_model=ngram_lm_model,
+                ngram_lm_alpha=ngram_lm_alpha,
             )
         elif decode:
             self.decoder = SlotDecoder(
@@ -499,11 +506,6 @@ def check_decoding(
         if phrase_boosting:
             raise ValueError(
                 "phrase_boosting=True needs decoding='greedy'; valid with decoding='beam': phrase_boosting=False"
-            )
-        if ngram_lm_model is not None:
-            raise ValueError(
-                f"ngram_lm_model={str(ngram_lm_model)!r} needs decoding='greedy': beam search with an n-gram LM is not "
-                "supported in the streaming engine; valid with decoding='beam': ngram_lm_model=None"
             )
     check_ngram_lm(ngram_lm_model, ngram_lm_alpha)
     return decoding

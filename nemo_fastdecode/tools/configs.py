@@ -167,8 +167,8 @@ class StreamingConfig:
             partial hypotheses, so it needs ``compare_nemo: false`` (and ``fast_math: false``).
         beam_size: beams per stream with ``decoding: beam``.
         ngram_lm_model: an n-gram LM over the model's tokens (an ARPA file or NeMo's ``.nemo`` n-gram LM) fused into
-            every stream's greedy decoding (``StreamingTranscriber(ngram_lm_model=...)``); NeMo's path fuses it too
-            (the model's ``decoding.greedy.ngram_lm_model``). ``None``: none. Not with ``decoding: beam``.
+            every stream's decoding (``StreamingTranscriber(ngram_lm_model=...)``; with ``decoding: beam`` into the
+            beams); NeMo's path fuses it too (the model's ``decoding.greedy.ngram_lm_model``). ``None``: none.
         ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``greedy.ngram_lm_alpha``).
         cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.
         seed: synthetic model weights, demo audio and stream start times.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,7 +70,13 @@ def nemo_alone(
 
 
 def nemo_alone_beam(
-    model: ASRModel, feats: torch.Tensor, beam_size: int, max_symbols: int = 10, score_norm: bool = True
+    model: ASRModel,
+    feats: torch.Tensor,
+    beam_size: int,
+    max_symbols: int = 10,
+    score_norm: bool = True,
+    ngram_lm_model: str | Path | None = None,
+    ngram_lm_alpha: float = 0.0,
 ) -> Hypothesis | None:
     """NeMo's cache-aware streaming of one stream ``[feat_in, T]`` with ``malsd_batch`` beam search across chunks.
 
@@ -81,6 +88,11 @@ def nemo_alone_beam(
     the chunks' hypotheses joined with ``BatchedBeamHyps.flatten_`` and ``merge_(..., is_chunk_continuation=True,
     boundary_prev_ptr=...)``, the best beam by ``to_hyps_list(score_norm)``. A chunk without frames is not decoded.
 
+    ``ngram_lm_model`` / ``ngram_lm_alpha``: an n-gram LM fused into the search as NeMo's ``RNNTDecoding`` sets
+    ``malsd_batch`` up with ``beam.ngram_lm_model`` (``NGramGPULanguageModel.from_file(vocab_size=blank_id)``,
+    ``late`` pruning, ``lm_weighted_full`` blank scoring); the computer carries the beams' LM states across chunks
+    in ``prev_batched_state.fusion_states_list``.
+
     Returns:
         The best hypothesis (timestamps in encoder frames from the stream's start), ``None`` if no chunk had frames.
     """
@@ -91,6 +103,16 @@ def nemo_alone_beam(
     durations = decoding_cfg.get("durations", None) or None
     blank = int(model.decoding.blank_id)
     common = dict(beam_size=beam_size, max_symbols_per_step=max_symbols, allow_cuda_graphs=False)
+    if ngram_lm_model is not None:
+        from nemo.collections.asr.parts.submodules.ngram_lm import NGramGPULanguageModel
+
+        lm = NGramGPULanguageModel.from_file(lm_path=ngram_lm_model, vocab_size=blank)
+        common.update(
+            fusion_models=[lm.to(feats.device)],
+            fusion_models_alpha=[ngram_lm_alpha],
+            pruning_mode="late",
+            blank_lm_score_mode="lm_weighted_full",
+        )
     if durations:
         infer = BeamBatchedTDTInfer(model.decoder, model.joint, list(durations), blank, **common)
     else:
