@@ -172,15 +172,23 @@ def test_beam_search_streams_with_an_ngram_lm_give_nemo_beam_lm_fusion_alone(mod
     assert decoder._fusion_states is not None and len(decoder._fusion_states) == 1
 
 
-def test_tdt_beam_search_with_an_ngram_lm_gives_nemo_alone(audio, tmp_path):
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")]),
+    ],
+)
+def test_tdt_beam_search_with_an_ngram_lm_gives_nemo_alone(audio, tmp_path, device):
     """TDT (beams jumping past a chunk's end) with the LM: streams stepped in turn through two slots of the
     transcriber, each slot reused; every stream's best beam (tokens, timestamps, durations) equals NeMo's TDT computer
-    fusing the LM, continued over that stream's chunks alone."""
+    fusing the LM, continued over that stream's chunks alone (on CUDA: with CUDA graphs, warmed up, and NeMo's LM
+    kernel, against NeMo's computer on the same GPU)."""
     from conftest import tiny_streaming_model
 
     from nemo_fastdecode.streaming import StreamingTranscriber, split_features
 
-    model = tiny_streaming_model("tiny-tdt-streaming")
+    model = tiny_streaming_model("tiny-tdt-streaming").to(device)
     model.encoder.set_default_att_context_size(ATT)
     path = tmp_path / "tdt.arpa"
     write_arpa(path, vocab_size=int(model.decoding.blank_id), shares=(0.2, 0.1), seed=3)

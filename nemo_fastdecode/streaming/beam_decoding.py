@@ -36,7 +36,7 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo_fastdecode.beam.malsd import MALSDBeamComputer
 from nemo_fastdecode.config import DEFAULT_MAX_SYMBOLS
 from nemo_fastdecode.greedy.fusion import FusionModels
-from nemo_fastdecode.streaming.decoding import _load_ngram_lm, check_ngram_lm
+from nemo_fastdecode.streaming.decoding import check_ngram_lm, load_ngram_lm
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
@@ -89,7 +89,7 @@ class SlotBeamDecoder:
         self.lm = None
         fusion = None
         if ngram_lm_model is not None:
-            self.lm = _load_ngram_lm(ngram_lm_model, int(model.decoding.blank_id), self.device)
+            self.lm = load_ngram_lm(ngram_lm_model, int(model.decoding.blank_id), self.device)
             fusion = FusionModels([self.lm], [float(ngram_lm_alpha)])
         self.computer = MALSDBeamComputer(
             model.decoder,

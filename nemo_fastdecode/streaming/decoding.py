@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
     from nemo_fastdecode.streaming.events import BoostingOptions
 
-__all__ = ["SlotDecoder", "check_ngram_lm"]
+__all__ = ["SlotDecoder", "check_ngram_lm", "load_ngram_lm"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class SlotDecoder:
         self.lm: NGramGPULanguageModel | None = None
         self.lm_alpha = float(ngram_lm_alpha)
         if ngram_lm_model is not None:
-            self.lm = _load_ngram_lm(ngram_lm_model, int(model.decoding.blank_id), self.device)
+            self.lm = load_ngram_lm(ngram_lm_model, int(model.decoding.blank_id), self.device)
         self._lm_fusion = None if self.lm is None else FusionModels([self.lm], [self.lm_alpha])
         self._computer_class = LabelLoopGreedy if loop_labels else FrameLoopGreedy
         # graphs are specialised to a batch size: one computer per bucket; eagerly one is enough
@@ -504,7 +504,7 @@ def check_ngram_lm(ngram_lm_model: str | Path | None, ngram_lm_alpha: float) -> 
         )
 
 
-def _load_ngram_lm(path: str | Path, vocab_size: int, device: torch.device) -> NGramGPULanguageModel:
+def load_ngram_lm(path: str | Path, vocab_size: int, device: torch.device) -> NGramGPULanguageModel:
     """NeMo's GPU n-gram LM over the decoder's ``vocab_size`` non-blank labels, as NeMo's decoding loads
     ``greedy.ngram_lm_model``."""
     from nemo.collections.asr.parts.submodules.ngram_lm import NGramGPULanguageModel
