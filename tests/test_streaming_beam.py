@@ -121,6 +121,29 @@ def test_partial_events_are_the_best_beam_so_far(beam_cases, audio):  # noqa: F8
     assert checked >= 2
 
 
+def step_in_turn(transcriber, feats, streams: list[int], seed: int, slots: int = 2) -> dict:
+    """Streams stepped chunk by chunk through ``slots`` slots of ``transcriber`` (opened as slots free up, each step
+    a random subset of the live ones, each slot reused); returns each stream's final hypothesis."""
+    from nemo_fastdecode.streaming import split_features
+
+    waiting = list(streams)
+    live: dict[int, tuple[int, list]] = {}  # slot -> (stream, chunks left)
+    got = {}
+    rng = np.random.default_rng(seed)
+    while waiting or live:
+        while waiting and len(live) < slots:
+            stream = waiting.pop(0)
+            live[transcriber.open()] = (stream, list(split_features(feats[stream], transcriber.geometry)))
+        stepped = [slot for slot in live if rng.random() < 0.7] or list(live)[:1]
+        transcriber.step(stepped, [live[slot][1].pop(0) for slot in stepped])
+        for slot in stepped:
+            stream, left = live[slot]
+            if not left:
+                got[stream] = transcriber.flush(slot).hypothesis
+                del live[slot]
+    return got
+
+
 @pytest.mark.parametrize(
     "device",
     [
@@ -137,7 +160,7 @@ def test_tdt_streams_in_few_slots_give_nemo_beam_search_alone(audio, monkeypatch
     monkeypatch.setattr(beam_decoding, "INITIAL_TOKEN_CAPACITY", 1)
     from conftest import tiny_streaming_model
 
-    from nemo_fastdecode.streaming import StreamingTranscriber, split_features
+    from nemo_fastdecode.streaming import StreamingTranscriber
 
     model = tiny_streaming_model("tiny-tdt-streaming").to(device)
     att = [16, 1]
@@ -156,22 +179,10 @@ def test_tdt_streams_in_few_slots_give_nemo_beam_search_alone(audio, monkeypatch
         model, 2, att_context_size=att, decoding="beam", beam_size=BEAM, pad_to_bucket=True
     )
     assert transcriber.warm_up().decoder_seconds > 0
-    waiting = list(streams)
-    live: dict[int, tuple[int, list]] = {}  # slot -> (stream, chunks left)
-    got = {}
-    rng = np.random.default_rng(3)
-    while waiting or live:
-        while waiting and len(live) < 2:
-            stream = waiting.pop(0)
-            live[transcriber.open()] = (stream, list(split_features(feats[stream], transcriber.geometry)))
-        slots = [slot for slot in live if rng.random() < 0.7] or list(live)[:1]
-        transcriber.step(slots, [live[slot][1].pop(0) for slot in slots])
-        for slot in slots:
-            stream, left = live[slot]
-            if not left:
-                hyp = transcriber.flush(slot).hypothesis
-                got[stream] = (as_int_list(hyp.y_sequence), as_int_list(hyp.timestamp), as_int_list(hyp.token_duration))
-                del live[slot]
+    got = {
+        stream: (as_int_list(hyp.y_sequence), as_int_list(hyp.timestamp), as_int_list(hyp.token_duration))
+        for stream, hyp in step_in_turn(transcriber, feats, streams, seed=3).items()
+    }
     assert got == expected
     assert transcriber.decoder._capacity >= max(len(e[0]) for e in expected.values()) > 1
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from conftest import whole_file_features
 from omegaconf import open_dict
-from test_streaming_beam import BeamDriver
+from test_streaming_beam import BeamDriver, step_in_turn
 from test_streaming_boosting import ATT, LENGTHS, PHRASES, RATE, BoostedDriver, bpe_streaming_model, reference
 from test_streaming_engine import Driver, nemo_words
 
@@ -186,7 +186,7 @@ def test_tdt_beam_search_with_an_ngram_lm_gives_nemo_alone(audio, tmp_path, devi
     kernel, against NeMo's computer on the same GPU)."""
     from conftest import tiny_streaming_model
 
-    from nemo_fastdecode.streaming import StreamingTranscriber, split_features
+    from nemo_fastdecode.streaming import StreamingTranscriber
 
     model = tiny_streaming_model("tiny-tdt-streaming").to(device)
     model.encoder.set_default_att_context_size(ATT)
@@ -208,20 +208,8 @@ def test_tdt_beam_search_with_an_ngram_lm_gives_nemo_alone(audio, tmp_path, devi
         ngram_lm_model=path, ngram_lm_alpha=alpha,
     )  # fmt: skip
     assert transcriber.warm_up().decoder_seconds > 0
-    waiting, live, got = list(range(len(audio))), {}, {}
-    rng = np.random.default_rng(4)
-    while waiting or live:
-        while waiting and len(live) < 2:
-            stream = waiting.pop(0)
-            live[transcriber.open()] = (stream, list(split_features(feats[stream], transcriber.geometry)))
-        slots = [slot for slot in live if rng.random() < 0.7] or list(live)[:1]
-        transcriber.step(slots, [live[slot][1].pop(0) for slot in slots])
-        for slot in slots:
-            stream, left = live[slot]
-            if not left:
-                got[stream] = best(transcriber.flush(slot).hypothesis)
-                del live[slot]
-    assert [got[i] for i in range(len(audio))] == expected
+    got = step_in_turn(transcriber, feats, list(range(len(audio))), seed=4)
+    assert [best(got[i]) for i in range(len(audio))] == expected
 
 
 def test_lm_settings_the_engine_cannot_run_are_refused_by_name(model, lm_path, tmp_path):

@@ -35,8 +35,7 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.beam.malsd import MALSDBeamComputer
 from nemo_fastdecode.config import DEFAULT_MAX_SYMBOLS
-from nemo_fastdecode.greedy.fusion import FusionModels
-from nemo_fastdecode.streaming.decoding import check_ngram_lm, load_ngram_lm
+from nemo_fastdecode.streaming.decoding import ngram_lm_fusion
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
@@ -80,17 +79,12 @@ class SlotBeamDecoder:
         ngram_lm_model: str | Path | None = None,
         ngram_lm_alpha: float = 0.0,
     ):
-        check_ngram_lm(ngram_lm_model, ngram_lm_alpha)
+        self.lm, fusion = ngram_lm_fusion(model, ngram_lm_model, ngram_lm_alpha)
         decoding_cfg = model.cfg.get("decoding", {}) or {}
         durations = decoding_cfg.get("durations", None) or None
         self.model, self.num_slots, self.score_norm = model, num_slots, score_norm
         parameter = next(model.decoder.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
-        self.lm = None
-        fusion = None
-        if ngram_lm_model is not None:
-            self.lm = load_ngram_lm(ngram_lm_model, int(model.decoding.blank_id), self.device)
-            fusion = FusionModels([self.lm], [float(ngram_lm_alpha)])
         self.computer = MALSDBeamComputer(
             model.decoder,
             model.joint,

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
     from nemo_fastdecode.streaming.events import BoostingOptions
 
-__all__ = ["SlotDecoder", "check_ngram_lm", "load_ngram_lm"]
+__all__ = ["SlotDecoder", "check_ngram_lm", "ngram_lm_fusion"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,6 @@ class SlotDecoder:
         ngram_lm_model: str | Path | None = None,
         ngram_lm_alpha: float = 0.0,
     ):
-        check_ngram_lm(ngram_lm_model, ngram_lm_alpha)
         if ngram_lm_model is not None and not loop_labels:
             raise ValueError(
                 f"ngram_lm_model={str(ngram_lm_model)!r} needs the label-looping decoder (loop_labels=True), as NeMo's; "
@@ -122,11 +121,8 @@ class SlotDecoder:
             "fast_math": fast_math,
         }
         # the model-wide n-gram LM: every computer fuses it (NeMo's order: the LM, then the per-row multi-model)
-        self.lm: NGramGPULanguageModel | None = None
+        self.lm, self._lm_fusion = ngram_lm_fusion(model, ngram_lm_model, ngram_lm_alpha)
         self.lm_alpha = float(ngram_lm_alpha)
-        if ngram_lm_model is not None:
-            self.lm = load_ngram_lm(ngram_lm_model, int(model.decoding.blank_id), self.device)
-        self._lm_fusion = None if self.lm is None else FusionModels([self.lm], [self.lm_alpha])
         self._computer_class = LabelLoopGreedy if loop_labels else FrameLoopGreedy
         # graphs are specialised to a batch size: one computer per bucket; eagerly one is enough
         self.per_batch_size = use_cuda_graphs and self.device.type == "cuda"
@@ -504,14 +500,22 @@ def check_ngram_lm(ngram_lm_model: str | Path | None, ngram_lm_alpha: float) -> 
         )
 
 
-def load_ngram_lm(path: str | Path, vocab_size: int, device: torch.device) -> NGramGPULanguageModel:
-    """NeMo's GPU n-gram LM over the decoder's ``vocab_size`` non-blank labels, as NeMo's decoding loads
-    ``greedy.ngram_lm_model``."""
+def ngram_lm_fusion(
+    model: ASRModel, ngram_lm_model: str | Path | None, ngram_lm_alpha: float
+) -> tuple[NGramGPULanguageModel | None, FusionModels | None]:
+    """The streaming decoders' model-wide n-gram LM, checked (:func:`check_ngram_lm`) and loaded as NeMo's decoding
+    loads ``greedy.ngram_lm_model`` (over the model's non-blank labels, on its decoder's device), and its fusion with
+    ``ngram_lm_alpha``; ``(None, None)`` without a model."""
+    check_ngram_lm(ngram_lm_model, ngram_lm_alpha)
+    if ngram_lm_model is None:
+        return None, None
     from nemo.collections.asr.parts.submodules.ngram_lm import NGramGPULanguageModel
 
+    device = next(model.decoder.parameters()).device
     with torch.inference_mode(False):  # outside inference mode, as NeMo loads it (its tensors are not inference ones)
-        lm = NGramGPULanguageModel.from_file(lm_path=path, vocab_size=vocab_size)
-        return lm.to(device)
+        lm = NGramGPULanguageModel.from_file(lm_path=ngram_lm_model, vocab_size=int(model.decoding.blank_id))
+        lm = lm.to(device)
+    return lm, FusionModels([lm], [float(ngram_lm_alpha)])
 
 
 @dataclass
