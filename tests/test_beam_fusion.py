@@ -17,6 +17,9 @@ from test_beam_exactness import as_tuples, fast_beam, nemo_malsd
 from test_greedy_fusion import fusion
 
 from nemo_fastdecode.beam import FastBeamBatchedInfer
+from nemo_fastdecode.beam.fusion import BeamFusion, parse_fusion_modes
+from nemo_fastdecode.greedy.fusion import FusionModels
+from nemo_fastdecode.kernels.beam_topk import log_softmax_topk_fused
 from nemo_fastdecode.tools.fusion_models import write_arpa
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -86,6 +89,61 @@ def test_each_model_and_mode_match_malsd_batch(kind, which, pruning_mode, blank_
     assert emitted(nemo) > 0, "nothing emitted: nothing compared"
     assert tokens(nemo) != tokens(plain), "the fusion changes nothing here: the comparison could not fail"
     assert ours == nemo
+
+
+@pytest.mark.parametrize("which", ["ngram", "both"])
+@pytest.mark.parametrize("blank_lm_score_mode", ["lm_weighted_full", "no_score"])
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_fused_topk_kernel_matches_the_torch_step(which, blank_lm_score_mode, beam_size, arpa_path):
+    """The late-pruning beam step in one kernel (the interpreter on the CPU) == NeMo's torch ops: the same labels,
+    values to float32 rounding; the models' states advanced from several places in the LM."""
+    models, alphas = fusion(which, arpa_path)
+    beam_fusion = BeamFusion(FusionModels(models, alphas), beam_size, *parse_fusion_modes("late", blank_lm_score_mode))
+    rows = 8 * beam_size
+    buffers = beam_fusion.allocate(8, torch.device("cpu"), torch.float32)
+    g = torch.Generator().manual_seed(beam_size)
+    for _ in range(3):  # beams three random labels in: every row scores differently
+        beam_fusion.models.advance(buffers)
+        for states, candidates in zip(buffers.states, buffers.candidates, strict=True):
+            states.copy_(candidates.gather(1, torch.randint(0, VOCAB_SIZE, [rows, 1], generator=g))[:, 0])
+    logits = 0.2 * torch.randn([rows, VOCAB_SIZE + 1], generator=g)
+    logits[0, -1] = 9.0  # p(blank) past NeMo's clamp (1 - 1e-2)
+    want = beam_fusion.top_k(buffers, logits.clone(), VOCAB_SIZE, torch.float32, use_kernel=False)
+    got = beam_fusion.top_k(buffers, logits.clone(), VOCAB_SIZE, torch.float32, use_kernel=True)
+    assert want[2] is None and got[2] is None
+    assert bool((buffers.scores[0] != 0).any()), "the models score nothing: the fusion could not change the step"
+    unfused_ids = logits[:, :-1].topk(beam_size, dim=-1).indices
+    assert not torch.equal(want[1][:, :beam_size], unfused_ids), "the fusion changes no label: could not fail"
+    assert torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-5)
+
+
+def test_fused_topk_kernel_refuses_what_it_cannot_fuse():
+    logits, scores = torch.zeros([2, 5]), torch.zeros([2, 4])
+    with pytest.raises(ValueError, match=r"fusion_scores must be \[N, V-1\] = \[2, 4\].*\(2, 5\)"):
+        log_softmax_topk_fused(logits, 2, torch.zeros([2, 5]), 0.5, True)
+    with pytest.raises(ValueError, match="float32 logits and scores.*torch.float16"):
+        log_softmax_topk_fused(logits, 2, scores.half(), 0.5, True)
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+@pytest.mark.parametrize("blank_lm_score_mode", ["lm_weighted_full", "no_score"])
+def test_fusion_on_the_beam_step_kernels_matches_malsd_batch(kind, blank_lm_score_mode, arpa_path):
+    """Late pruning on the fused top-k and selection kernels (the interpreter on the CPU): NeMo's n-best lists,
+    scores to float32 rounding."""
+    from test_beam_gpu import assert_same
+
+    models, alphas = fusion("both", arpa_path)
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=3, blank_bias=BLANK_BIAS[kind])
+    x, lengths = random_encoder_output(len(LENGTHS), 24, seed=4, lengths=LENGTHS)
+    fused = dict(fusion_models=models, fusion_models_alpha=alphas, return_best_hypothesis=False, **LATE)
+    fused["blank_lm_score_mode"] = blank_lm_score_mode
+    plain = decode(nemo_malsd(kind, decoder, joint, 4, 3, return_best_hypothesis=False), x, lengths, nbest=True)
+    expected = decode(nemo_malsd(kind, decoder, joint, 4, 3, **fused), x, lengths, nbest=True)
+    assert emitted(expected) > 0, "nothing emitted: nothing compared"
+    assert tokens(expected) != tokens(plain), "the fusion changes nothing here: the comparison could not fail"
+    actual = decode(fast_beam(kind, decoder, joint, 4, 3, fused_topk=True, **fused), x, lengths, nbest=True)
+    assert_same(actual, expected, exact_scores=False)
 
 
 class FusionStatesAfterEachChunk:
@@ -222,7 +280,10 @@ def test_fusion_every_graph_mode_matches_malsd_batch_on_gpu(mode, kind, pruning_
     fused["pruning_mode"] = pruning_mode
     expected = decode(nemo_malsd(kind, decoder, joint, 4, 3, **fused), x, lengths, nbest=True)
     assert emitted(expected) > 0, "nothing emitted: nothing compared"
-    ours = fast_beam(kind, decoder, joint, 4, 3, graph_mode=mode, **fused)
-    assert ours.computer.fused_topk is False  # fusion runs on the torch top-k and selection
-    for _ in range(2):  # the second call replays the captured graphs
-        assert decode(ours, x, lengths, nbest=True) == expected
+    from test_beam_gpu import assert_same
+
+    # torch's top-k and selection: NeMo's bits; the beam-step kernels (the default on CUDA): its float32 rounding
+    for fused_topk in (False, None):
+        ours = fast_beam(kind, decoder, joint, 4, 3, graph_mode=mode, fused_topk=fused_topk, **fused)
+        for _ in range(2):  # the second call replays the captured graphs
+            assert_same(decode(ours, x, lengths, nbest=True), expected, exact_scores=fused_topk is False)

@@ -18,11 +18,9 @@ import torch.nn.functional as F
 from nemo.collections.asr.parts.utils.batched_beam_decoding_utils import BlankLMScoreMode, PruningMode
 
 from nemo_fastdecode.greedy.fusion import FusionBuffers, FusionModels
+from nemo_fastdecode.kernels.beam_topk import BLANK_PROB_EPS, MAX_SINGLE_BLOCK_V, log_softmax_topk_fused
 
 __all__ = ["BeamFusion", "parse_fusion_modes"]
-
-# NeMo's clamp of p(blank) in log(1 - p(blank)) (topk_fusion_model's eps)
-BLANK_PROB_EPS = 1e-2
 
 
 def parse_fusion_modes(
@@ -63,16 +61,38 @@ class BeamFusion:
         """Buffers for ``batch_size`` rows x ``K`` beams (row-major, as the networks see the beams)."""
         return self.models.allocate(batch_size * self.beam_size, device, dtype)
 
+    def kernel_applies(self, token_logits: torch.Tensor, dtype: torch.dtype) -> bool:
+        """Whether :meth:`top_k` can run on the fused beam-step kernel (:func:`log_softmax_topk_fused`): late pruning
+        on float32 logits that fit one block."""
+        return (
+            self.pruning_mode is PruningMode.LATE
+            and dtype == torch.float32
+            and token_logits.dtype == torch.float32
+            and token_logits.shape[-1] <= MAX_SINGLE_BLOCK_V
+        )
+
     def top_k(
-        self, buffers: FusionBuffers, token_logits: torch.Tensor, blank_index: int, dtype: torch.dtype
+        self,
+        buffers: FusionBuffers,
+        token_logits: torch.Tensor,
+        blank_index: int,
+        dtype: torch.dtype,
+        use_kernel: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Each beam's candidates from the joint's token logits ``token_logits [B*K, V+1]`` (blank last), as NeMo's
         ``topk_fusion_model``: late pruning gives the fused log-probabilities' ``K`` best non-blank labels, then
         blank: ``(values, ids) [B*K, K+1]`` (the beam-step kernel's layout) and ``None``; early pruning gives the
         ``K`` best of the unfused log-probabilities with the fusion scores added, ``[B*K, K]``, and what a forced blank
-        scores ``[B*K]`` (blank's unfused log-probability)."""
+        scores ``[B*K]`` (blank's unfused log-probability). ``use_kernel`` (where :meth:`kernel_applies`): late pruning
+        in one kernel, equal to NeMo's ops up to float32 rounding."""
         # advance here: the beams' states are those the previous step selected (NeMo advances right after)
         self.models.advance(buffers)
+        if use_kernel:
+            # one model's scores are their own sum (0 + s == s); several are summed in NeMo's order
+            scores = buffers.scores[0] if len(buffers.scores) == 1 else sum(buffers.scores)
+            weighted = self.blank_lm_score_mode is BlankLMScoreMode.LM_WEIGHTED_FULL
+            values, ids = log_softmax_topk_fused(token_logits, self.beam_size, scores, self.alpha_sum, weighted)
+            return values, ids, None
         log_probs = F.log_softmax(token_logits, dim=-1, dtype=dtype)
         fusion_scores_sum = sum(buffers.scores)  # NeMo's order: 0 + first + second
         weighted = self.blank_lm_score_mode is BlankLMScoreMode.LM_WEIGHTED_FULL

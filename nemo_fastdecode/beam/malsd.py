@@ -75,7 +75,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
         compiled_step: experimental, CUDA only: the candidate selection and hypothesis update of each step
             compiled by ``torch.compile`` (fewer, fused kernels; compiles on first use).
         fusion: n-gram LM / boosting-tree fusion (NeMo's models with their weights), as NeMo's ``malsd_batch``
-            applies it (:mod:`nemo_fastdecode.beam.fusion`); its steps run on the torch top-k and selection.
+            applies it (:mod:`nemo_fastdecode.beam.fusion`). Where the beam-step kernels run, late pruning runs on
+            the fused top-k kernel and the selection kernel; early pruning on the torch top-k and selection.
         pruning_mode / blank_lm_score_mode: NeMo's fusion options (``late`` or ``early``; ``lm_weighted_full`` or
             ``no_score``); ``None``: the defaults of NeMo's ``malsd_batch`` set-up (``late``, ``lm_weighted_full``).
     """
@@ -132,14 +133,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
             self._check_fusion(fusion)
 
     def _check_fusion(self, fusion: FusionModels) -> None:
-        """The fusion scores are added on the torch path; graphs only where the models' calls can be captured."""
+        """Graphs only where the models' calls can be captured."""
         fusion.check_vocabulary(self.blank_index)
-        if self.fused_topk is not False:
-            logger.info(
-                "nemo_fastdecode: beam search with fusion uses the torch top-k and candidate selection (the Triton "
-                "beam-step kernels add no fusion scores)"
-            )
-            self.fused_topk = False
         self.use_cuda_graphs = fusion.allow_graphs(self.forced_mode, self.use_cuda_graphs, "beam search")
 
     # ----- configuration -------------------------------------------------------------------
@@ -155,7 +150,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
         num_durations = len(self.durations_list) if self.is_tdt else 0
         token_logits = logits[:, :-num_durations] if num_durations else logits
         if b.fusion is not None:
-            return self.fusion.top_k(b.fusion, token_logits, self.blank_index, b.float_dtype)
+            use_kernel = self._extend_uses_kernel(b) and self.fusion.kernel_applies(token_logits, b.float_dtype)
+            return self.fusion.top_k(b.fusion, token_logits, self.blank_index, b.float_dtype, use_kernel)
         values, ids = log_softmax_topk(token_logits, self.beam_size, self.blank_index, use_triton=self.fused_topk)
         return values, ids, None
 
@@ -170,7 +166,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
         """
         duration_logits = logits[:, -len(self.durations_list) :] if self.is_tdt else None
         common = (self.blank_index, self.max_symbols, duration_logits)
-        if self._extend_uses_kernel(b):
+        # a forced blank scored apart from the candidates (early pruning with fusion) is the torch selection's
+        if blank_scores is None and self._extend_uses_kernel(b):
             parents, step_labels, keep = advance_beams(values, ids, b, *common)
             return parents, step_labels.view(-1, 1), keep
         hyps: BeamHypsBuffer = b.hyps

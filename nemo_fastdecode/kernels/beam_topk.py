@@ -39,12 +39,14 @@ import triton
 import triton.language as tl
 
 __all__ = [
+    "BLANK_PROB_EPS",
     "BLOCKED_BLOCK_V",
     "MAX_K",
     "MAX_SINGLE_BLOCK_V",
     "SUPPORTED_DTYPES",
     "launch_log_softmax_topk",
     "log_softmax_topk",
+    "log_softmax_topk_fused",
     "log_softmax_topk_reference",
 ]
 
@@ -58,6 +60,9 @@ _DTYPE_NAMES = "float32, bfloat16, float16"
 # "No candidate" index in the kernels' min-reductions: above every valid column index, hence the V limit.
 _MAX_V = 2**31 - 1
 _NO_INDEX = tl.constexpr(_MAX_V)
+# NeMo's clamp of p(blank) in the fused non-blank score log(1 - p(blank)) (topk_fusion_model's eps)
+BLANK_PROB_EPS = 1e-2
+_BLANK_PROB_EPS = tl.constexpr(BLANK_PROB_EPS)
 
 
 def _single_block_kernel(
@@ -70,14 +75,23 @@ def _single_block_kernel(
     stride_logits_row,
     stride_values_row,
     stride_ids_row,
+    fusion_ptr,
+    stride_fusion_row,
+    alpha_sum,
+    blank_scale,
     K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     OUT_BLOCK: tl.constexpr,
     APPLY_TEMPERATURE: tl.constexpr,
+    FUSE: tl.constexpr,
+    WEIGHTED_BLANK: tl.constexpr,
 ):
     """One row per program, the whole row in one block (V <= BLOCK_V).
 
     logits [N, V] (row stride ``stride_logits_row``, unit column stride) -> values [N, K+1] fp32, ids [N, K+1] int64.
+    ``FUSE``: the non-blank log-probabilities get the fusion scores ``fusion [N, V-1]`` (blank last) and, with
+    ``WEIGHTED_BLANK``, ``log(1 - p(blank)) * alpha_sum``; blank's is multiplied by ``blank_scale``; the top-k ranks
+    these fused values (:func:`log_softmax_topk_fused`).
     """
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_V)
@@ -99,6 +113,20 @@ def _single_block_kernel(
     finite_lse = max_is_finite & (nan_count == 0)
     lse = tl.where(finite_lse, shift + tl.log(tl.where(finite_lse, sum_exp, 1.0)), float("nan"))
     blank_x = tl.sum(tl.where(offs == blank_id, x, 0.0), axis=0)
+    blank_value = blank_x - lse
+    if FUSE:
+        # NeMo's late-pruning fusion (topk_fusion_model): logp + (log(1 - p(blank)) * alpha_sum + scores), in its order
+        scores = tl.load(fusion_ptr + row * stride_fusion_row + offs, mask=offs < blank_id, other=0.0).to(tl.float32)
+        if WEIGHTED_BLANK:
+            p_blank = tl.minimum(tl.exp(blank_value), 1.0 - _BLANK_PROB_EPS)
+            scores = tl.log(1.0 - p_blank) * alpha_sum + scores
+            blank_value = blank_value * blank_scale
+        keys = (x - lse) + scores
+        keys = tl.where(keys != keys, float("-inf"), keys)  # a NaN row (no finite normaliser) ranks like -inf
+        shift = 0.0
+    else:
+        keys = x  # ranked before the normaliser is subtracted: same order as the log-probabilities
+        shift = lse
 
     cols = tl.arange(0, OUT_BLOCK)
     out_values = tl.full([OUT_BLOCK], float("-inf"), tl.float32)
@@ -106,13 +134,15 @@ def _single_block_kernel(
     # `live` (not a -inf sentinel) excludes blank, padding and taken entries, so genuine -inf entries stay eligible.
     live = in_row & (offs != blank_id)
     for j in tl.static_range(K):
-        best = tl.max(tl.where(live, x, float("-inf")), axis=0)
-        idx = tl.min(tl.where(live & (x == best), offs, _NO_INDEX), axis=0)
+        best = tl.max(tl.where(live, keys, float("-inf")), axis=0)
+        idx = tl.min(tl.where(live & (keys == best), offs, _NO_INDEX), axis=0)
         found = idx < _NO_INDEX
-        out_values = tl.where(cols == j, tl.where(found, best - lse, float("-inf")), out_values)
+        out_values = tl.where(cols == j, tl.where(found, best - shift, float("-inf")), out_values)
         out_ids = tl.where(cols == j, tl.where(found, idx, -1).to(tl.int64), out_ids)
         live = live & (offs != idx)
-    out_values = tl.where(cols == K, blank_x - lse, out_values)
+    if FUSE:
+        out_values = out_values + (lse - lse)  # NaN where the row has no finite normaliser, else + 0
+    out_values = tl.where(cols == K, blank_value, out_values)
     out_ids = tl.where(cols == K, blank_id, out_ids)
     out_mask = cols < K + 1
     tl.store(values_ptr + row * stride_values_row + cols, out_values, mask=out_mask)
@@ -290,10 +320,16 @@ def launch_log_softmax_topk(
             block_v = triton.next_power_of_2(v)
             single_block[(n,)](
                 *common,
+                logits,  # no fusion scores: FUSE=False never reads them
+                0,
+                0.0,
+                1.0,
                 K=k,
                 BLOCK_V=block_v,
                 OUT_BLOCK=out_block,
                 APPLY_TEMPERATURE=apply_temperature,
+                FUSE=False,
+                WEIGHTED_BLANK=False,
                 num_warps=num_warps or _num_warps(block_v),
             )
         else:
@@ -350,6 +386,60 @@ def log_softmax_topk(
             f"with TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', 'unset')}"
         )
     return launch_log_softmax_topk(logits, k, blank_id, temperature)
+
+
+def log_softmax_topk_fused(
+    logits: torch.Tensor, k: int, fusion_scores: torch.Tensor, alpha_sum: float, weighted_blank: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The beam step of a search with fusion models, NeMo's late pruning (``topk_fusion_model``), in one kernel.
+
+    Each row's non-blank log-probabilities get ``fusion_scores`` and, with ``weighted_blank`` (NeMo's
+    ``lm_weighted_full``), ``log(1 - min(p(blank), 1 - 1e-2)) * alpha_sum``; blank's log-probability is then
+    multiplied by ``1 + alpha_sum``. Values agree with the torch ops of
+    :meth:`~nemo_fastdecode.beam.fusion.BeamFusion.top_k` to float32 rounding (the normaliser is summed in another
+    order, and ``log(1 - p)`` stands for ``log1p(-p)``).
+
+    Args:
+        logits: ``[N, V]`` float32 token logits (row-strided as in :func:`log_softmax_topk`), blank last
+            (``V - 1``), ``V <= MAX_SINGLE_BLOCK_V``; CUDA, or any device with ``TRITON_INTERPRET=1``.
+        k: non-blank candidates, ``1..16``.
+        fusion_scores: ``[N, V - 1]`` the fusion models' weighted scores of every non-blank label, summed.
+        alpha_sum: the models' weights summed (blank scoring).
+        weighted_blank: ``lm_weighted_full`` (``True``) or ``no_score``.
+
+    Returns:
+        ``values [N, k+1] float32`` and ``ids [N, k+1] int64``: the ``k`` best fused non-blank labels (ties: lower
+        id first), then blank.
+    """
+    _check_inputs(logits, k, logits.shape[-1] - 1, 1.0)
+    n, v = logits.shape
+    if logits.dtype != torch.float32 or fusion_scores.dtype != torch.float32:
+        raise ValueError(
+            f"the fused beam step needs float32 logits and scores, got {logits.dtype}, {fusion_scores.dtype}"
+        )
+    if v > MAX_SINGLE_BLOCK_V:
+        raise ValueError(f"the fused beam step handles V <= {MAX_SINGLE_BLOCK_V} columns, got {v}")
+    if fusion_scores.shape != (n, v - 1) or (v > 2 and fusion_scores.stride(1) != 1):
+        raise ValueError(
+            f"fusion_scores must be [N, V-1] = [{n}, {v - 1}] with unit column stride, got shape "
+            f"{tuple(fusion_scores.shape)}, strides {tuple(fusion_scores.stride())}"
+        )
+    if not (logits.is_cuda or _interpreter_enabled()):
+        raise ValueError(f"the fused beam step needs CUDA logits or TRITON_INTERPRET=1, got {logits.device}")
+    values, ids = _empty_outputs(logits, k)
+    if n == 0:
+        return values, ids
+    single_block, _ = _jitted(_interpreter_enabled())
+    block_v = triton.next_power_of_2(v)
+    device_ctx = torch.cuda.device(logits.device) if logits.is_cuda else contextlib.nullcontext()
+    with device_ctx:
+        single_block[(n,)](
+            logits, values, ids, v, v - 1, 1.0, logits.stride(0), values.stride(0), ids.stride(0),
+            fusion_scores, fusion_scores.stride(0), float(alpha_sum), 1.0 + float(alpha_sum),
+            K=k, BLOCK_V=block_v, OUT_BLOCK=triton.next_power_of_2(k + 1), APPLY_TEMPERATURE=False,
+            FUSE=True, WEIGHTED_BLANK=bool(weighted_blank), num_warps=_num_warps(block_v),
+        )  # fmt: skip
+    return values, ids
 
 
 def log_softmax_topk_reference(

@@ -299,7 +299,15 @@ def targets(report: FusionModelReport) -> list[str]:
             met = "met" if r.over_our_greedy_plain <= BEAM_LM_OVER_GREEDY_TARGET else "NOT met"
             lines.append(
                 f"beam {report.beam_size} + LM / our plain greedy = {r.over_our_greedy_plain:.2f} "
-                f"(target <= {BEAM_LM_OVER_GREEDY_TARGET}: {met})"
+                f"(decoders alone; target <= {BEAM_LM_OVER_GREEDY_TARGET}: {met})"
+            )
+            # what RTFx compares: the same encoder pass, then either decoder
+            greedy_seconds = r.seconds / r.over_our_greedy_plain
+            end_to_end = (report.encoder_seconds + r.seconds) / (report.encoder_seconds + greedy_seconds)
+            met = "met" if end_to_end <= BEAM_LM_OVER_GREEDY_TARGET else "NOT met"
+            lines.append(
+                f"beam {report.beam_size} + LM / our plain greedy, encoder included = {end_to_end:.2f} "
+                f"(encoder {report.encoder_seconds:.2f} s; target <= {BEAM_LM_OVER_GREEDY_TARGET}: {met})"
             )
     return lines
 
