@@ -92,6 +92,33 @@ extern "C" __global__ void set_condition_from_flag(cudaGraphConditionalHandle ha
 """
 
 
+def _output_buffer(size: int) -> bytes:
+    """A fresh ``size``-byte buffer for NVRTC to write into. Never ``b" " * size`` alone: CPython returns its shared
+    one-byte ``b" "`` (and empty ``b""``) objects for sizes 1 and 0, and NVRTC's terminating NUL would then overwrite
+    ``b" "`` for the whole process (every later single-space bytes object reads as NUL)."""
+    return b" " * max(size, 2)
+
+
+def compile_kernel(source: bytes, kernel_name: bytes, program_name: bytes, options: list[bytes]) -> Any:
+    """Compile CUDA C ``source`` with NVRTC and load ``kernel_name`` from it: a ``CUfunction``. A failed compile
+    raises :class:`CudaPythonError` with NVRTC's log."""
+    (program,) = check(nvrtc.nvrtcCreateProgram(source, program_name, 0, [], []))
+    try:
+        check(nvrtc.nvrtcCompileProgram(program, len(options), options))
+    except CudaPythonError as error:
+        (log_size,) = check(nvrtc.nvrtcGetProgramLogSize(program))
+        log = _output_buffer(log_size)
+        check(nvrtc.nvrtcGetProgramLog(program, log))
+        raise CudaPythonError(f"NVRTC failed: {log[: max(log_size - 1, 0)].decode(errors='replace')}") from error
+    (ptx_size,) = check(nvrtc.nvrtcGetPTXSize(program))
+    ptx = _output_buffer(ptx_size)
+    check(nvrtc.nvrtcGetPTX(program, ptx))
+    ptx_buffer = ctypes.create_string_buffer(ptx)
+    (module,) = check(cuda_driver.cuModuleLoadData(ctypes.addressof(ptx_buffer)))
+    (kernel,) = check(cuda_driver.cuModuleGetFunction(module, kernel_name))
+    return kernel
+
+
 @cache
 def set_condition_kernel(device_index: int) -> Any:
     """The compiled ``set_condition_from_flag`` kernel (CUfunction), built once per device with NVRTC.
@@ -100,19 +127,5 @@ def set_condition_kernel(device_index: int) -> Any:
     """
     with torch.cuda.device(device_index):
         major, minor = torch.cuda.get_device_capability(device_index)
-        (program,) = check(nvrtc.nvrtcCreateProgram(_SET_CONDITION_SOURCE.encode(), b"set_condition.cu", 0, [], []))
         options = [f"--gpu-architecture=compute_{major}{minor}".encode()]
-        try:
-            check(nvrtc.nvrtcCompileProgram(program, len(options), options))
-        except CudaPythonError as error:
-            (log_size,) = check(nvrtc.nvrtcGetProgramLogSize(program))
-            log = b" " * log_size
-            check(nvrtc.nvrtcGetProgramLog(program, log))
-            raise CudaPythonError(f"NVRTC failed: {log.decode(errors='replace')}") from error
-        (ptx_size,) = check(nvrtc.nvrtcGetPTXSize(program))
-        ptx = b" " * ptx_size
-        check(nvrtc.nvrtcGetPTX(program, ptx))
-        ptx_buffer = ctypes.create_string_buffer(ptx)
-        (module,) = check(cuda_driver.cuModuleLoadData(ctypes.addressof(ptx_buffer)))
-        (kernel,) = check(cuda_driver.cuModuleGetFunction(module, b"set_condition_from_flag"))
-        return kernel
+        return compile_kernel(_SET_CONDITION_SOURCE.encode(), b"set_condition_from_flag", b"set_condition.cu", options)
