@@ -74,8 +74,9 @@ class MALSDBeamComputer(CapturedLoopOwner):
             (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo.
         compiled_step: experimental, CUDA only: the candidate selection and hypothesis update of each step
             compiled by ``torch.compile`` (fewer, fused kernels; compiles on first use).
-        fusion: n-gram LM / boosting-tree fusion (NeMo's models with their weights), as NeMo's ``malsd_batch``
-            applies it (:mod:`nemo_fastdecode.beam.fusion`); its steps run on the torch top-k and selection.
+        fusion: n-gram LM / boosting-tree fusion (NeMo's models with their weights; also a per-row multi-model whose
+            rows' trees :meth:`search_chunk` takes), as NeMo's ``malsd_batch`` applies it
+            (:mod:`nemo_fastdecode.beam.fusion`); its steps run on the torch top-k and selection.
         pruning_mode / blank_lm_score_mode: NeMo's fusion options (``late`` or ``early``; ``lm_weighted_full`` or
             ``no_score``); ``None``: the defaults of NeMo's ``malsd_batch`` set-up (``late``, ``lm_weighted_full``).
     """
