@@ -174,10 +174,12 @@ def test_tdt_beam_streams_with_their_own_phrases_give_nemo_alone(audio, tmp_path
 
 @pytest.mark.parametrize("kind", ["rnnt", "tdt"])
 @pytest.mark.parametrize("with_lm", [False, True], ids=["boosting", "lm+boosting"])
-def test_the_search_fusing_the_multi_model_is_nemos_fusing_the_tree_bit_for_bit(kind, with_lm, tmp_path):
+@pytest.mark.parametrize("pruning", ["late", "early"])
+def test_the_search_fusing_the_multi_model_is_nemos_fusing_the_tree_bit_for_bit(kind, with_lm, pruning, tmp_path):
     """One batch, chunk by chunk, every row naming its own copy of one tree in the multi-model (rows' ids differ):
     the hypotheses (tokens, timestamps, durations, scores) and every state field between chunks, the fusion states
-    included, equal NeMo's computer fusing that tree model-wide (after the LM) on the same batch, bit for bit."""
+    included, equal NeMo's computer fusing that tree model-wide (after the LM) on the same batch, bit for bit (NeMo's
+    ``lm_weighted_full`` blank scoring; ``late`` pruning, the streaming engine's, and ``early``)."""
     from nemo.collections.asr.parts.submodules.rnnt_beam_decoding import BeamBatchedRNNTInfer
     from nemo.collections.asr.parts.submodules.tdt_beam_decoding import BeamBatchedTDTInfer
     from test_beam_chunks import assert_same_states, bounds_of, decode_in_chunks
@@ -207,14 +209,14 @@ def test_the_search_fusing_the_multi_model_is_nemos_fusing_the_tree_bit_for_bit(
     fusion = FusionModels(models, alphas, per_row=boosting.multi_model)
     ours = MALSDBeamComputer(
         model.decoder, model.joint, blank, BEAM, max_symbols=10, durations=durations, use_cuda_graphs=False,
-        fusion=fusion,
+        fusion=fusion, pruning_mode=pruning,
     )  # fmt: skip
 
     def search(x, out_len, prev_batched_state):
         return ours.search_chunk(x, out_len, prev_batched_state, ids, weights)
 
     common = dict(
-        beam_size=BEAM, max_symbols_per_step=10, allow_cuda_graphs=False, pruning_mode="late",
+        beam_size=BEAM, max_symbols_per_step=10, allow_cuda_graphs=False, pruning_mode=pruning,
         blank_lm_score_mode="lm_weighted_full", fusion_models=[*models, boosting.tree(options)],
         fusion_models_alpha=[*alphas, options.weight],
     )  # fmt: skip
