@@ -23,6 +23,7 @@ from test_streaming_beam import BeamDriver, step_in_turn
 from test_streaming_boosting import ATT, LENGTHS, RATE, bpe_streaming_model
 from test_streaming_engine import nemo_words
 
+from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.streaming import BoostingOptions, StreamingEngine, StreamingTranscriber, StreamOptions
 from nemo_fastdecode.streaming.boosting import SlotBoosting
 from nemo_fastdecode.tools import synthetic as S
@@ -333,7 +334,7 @@ def test_beam_refuses_boosting_it_cannot_run_as_greedy_does(audio):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("with_lm", [False, True], ids=["boosting", "lm+boosting"])
-def test_beam_boosting_on_cuda_with_graphs_gives_nemo_alone(audio, lm_path, with_lm):
+def test_beam_boosting_on_cuda_with_graphs_gives_nemo_alone(audio, lm_path, with_lm, exact_fp32):
     """On the GPU, with CUDA graphs (warmed up, boosting set up front): the boosted search fuses the multi-model's Triton
     advance on the torch top-k; against NeMo's beam search fusing each stream's tree on the same GPU."""
     model = bpe_streaming_model("cuda")
@@ -350,3 +351,5 @@ def test_beam_boosting_on_cuda_with_graphs_gives_nemo_alone(audio, lm_path, with
     driver.run()
     mismatched = [s for s, (ids, _, _) in enumerate(refs) if driver.finals[s].token_ids != ids]
     assert not mismatched, f"streams {mismatched} differ from NeMo's beam search fusing their trees on this GPU"
+    boosted = engine.transcriber.decoder._boosted_computer
+    assert boosted.graph_mode not in (None, GraphMode.EAGER)  # the boosted search ran as CUDA graphs
