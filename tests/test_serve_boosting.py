@@ -1,7 +1,8 @@
 """Phrase boosting through the server (``session.update`` ``transcription.boosting``), real sockets on 127.0.0.1: a
 boosted item's final transcript and word timestamps equal NeMo's per-stream boosting of that audio alone with the
-same phrases (the reference of test_streaming_boosting.py); bad boosting settings get ``error`` events naming the
-field and the value, and the session goes on."""
+same phrases (the reference of test_streaming_boosting.py), with ``decoding: beam`` NeMo's beam search fusing them
+(that of test_streaming_beam_boosting.py); bad boosting settings get ``error`` events naming the field and the value,
+and the session goes on."""
 
 from __future__ import annotations
 
@@ -118,3 +119,35 @@ def test_bad_boosting_settings_get_error_events_naming_the_field(model, pcm):
         assert error["error"]["param"] == param, (boosting, error)
         assert text in error["error"]["message"], (boosting, error)
     assert events[-1]["transcript"] == reference(model, pcm, None)[1]
+
+
+def test_a_boosted_item_with_beam_search_is_nemo_beam_search_fusing_its_phrases(model, pcm):
+    """``decoding: beam``: a session's ``transcription.boosting`` reaches the engine as with greedy decoding (each item
+    one stream with its own tree); the final transcript and words are NeMo's beam search of that audio alone fusing the
+    phrases (the reference of test_streaming_beam_boosting.py)."""
+    from test_streaming_beam_boosting import BEAM, beam_reference, final_of
+
+    from nemo_fastdecode.streaming import BoostingOptions
+
+    weight = 1.0
+    boosted = final_of(model, beam_reference(model, pcm, BoostingOptions(phrases=tuple(PHRASES), weight=weight)))
+    plain = final_of(model, beam_reference(model, pcm, None))
+    assert boosted[0] and boosted[0] != plain[0], "boosting changes nothing here: the comparison could not fail"
+    s = ServerThread(model, slots=1, decoding="beam", beam_size=BEAM)
+    try:
+
+        async def scenario():
+            ws, _ = await connect_session(s.url)
+            async with ws:
+                await ws.send(update({"phrases": PHRASES, "weight": weight}))
+                assert json.loads(await ws.recv())["type"] == "session.updated"
+                await ws.send(pcm.tobytes())
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                return await receive_until(ws, lambda e: e["type"] == COMPLETED, 60)
+
+        events = run(scenario(), 120)
+    finally:
+        s.stop()
+    assert not [e for e in events if e["type"] == "error"], events
+    assert events[-1]["transcript"] == boosted[1]
+    assert words_of(events[-1]["words"]) == words_of(boosted[2])

@@ -23,7 +23,6 @@ from omegaconf import open_dict
 from test_streaming_engine import CASES, Driver, audio, models, nemo_words  # noqa: F401 (fixtures)
 
 from nemo_fastdecode.streaming import EndpointingOptions, StreamingEngine, StreamOptions, beam_decoding
-from nemo_fastdecode.streaming.events import BoostingOptions
 from nemo_fastdecode.tools.comparison import as_int_list
 from nemo_fastdecode.tools.streaming_reference import nemo_alone_beam
 
@@ -121,9 +120,10 @@ def test_partial_events_are_the_best_beam_so_far(beam_cases, audio):  # noqa: F8
     assert checked >= 2
 
 
-def step_in_turn(transcriber, feats, streams: list[int], seed: int, slots: int = 2) -> dict:
+def step_in_turn(transcriber, feats, streams: list[int], seed: int, slots: int = 2, boosting=None) -> dict:
     """Streams stepped chunk by chunk through ``slots`` slots of ``transcriber`` (opened as slots free up, each step
-    a random subset of the live ones, each slot reused); returns each stream's final hypothesis."""
+    a random subset of the live ones, each slot reused; ``boosting``: each stream's phrases or ``None``); returns each
+    stream's final hypothesis."""
     from nemo_fastdecode.streaming import split_features
 
     waiting = list(streams)
@@ -133,7 +133,8 @@ def step_in_turn(transcriber, feats, streams: list[int], seed: int, slots: int =
     while waiting or live:
         while waiting and len(live) < slots:
             stream = waiting.pop(0)
-            live[transcriber.open()] = (stream, list(split_features(feats[stream], transcriber.geometry)))
+            slot = transcriber.open(boosting=None if boosting is None else boosting[stream])
+            live[slot] = (stream, list(split_features(feats[stream], transcriber.geometry)))
         stepped = [slot for slot in live if rng.random() < 0.7] or list(live)[:1]
         transcriber.step(stepped, [live[slot][1].pop(0) for slot in stepped])
         for slot in stepped:
@@ -193,8 +194,6 @@ def test_beam_refuses_what_it_does_not_support(beam_cases):
         StreamingEngine(model, num_slots=1, att_context_size=att, decoding="nbest")
     with pytest.raises(ValueError, match=r"beam_size must be a positive int, got 0"):
         StreamingEngine(model, num_slots=1, att_context_size=att, decoding="beam", beam_size=0)
-    with pytest.raises(ValueError, match=r"phrase_boosting=True needs decoding='greedy'"):
-        StreamingEngine(model, num_slots=1, att_context_size=att, decoding="beam", phrase_boosting=True)
     with pytest.raises(ValueError, match=r"fast_math=True needs decoding='greedy'"):
         StreamingEngine(model, num_slots=1, att_context_size=att, decoding="beam", fast_math=True)
     with pytest.raises(ValueError, match=r"endpointing \(vad or a blank-run rule\) needs decoding='greedy'"):
@@ -204,8 +203,6 @@ def test_beam_refuses_what_it_does_not_support(beam_cases):
     engine = StreamingEngine(model, num_slots=1, att_context_size=att, decoding="beam", beam_size=BEAM)
     with pytest.raises(ValueError, match=r"endpointing \(vad or a blank-run rule\) needs decoding='greedy'"):
         engine.open(StreamOptions(endpointing=EndpointingOptions(blank_run_ms=500)))
-    with pytest.raises(ValueError, match=r"per-stream phrase boosting .* needs greedy decoding"):
-        engine.open(StreamOptions(boosting=BoostingOptions(phrases=["hello"])))
     assert engine.open_streams == []  # nothing was opened by the refusals
     stream = engine.open()
     with pytest.raises(ValueError, match=rf"stream {stream}: end_segment needs decoding='greedy'"):

@@ -9,9 +9,17 @@ log-probability is multiplied by ``1 + sum(alphas)``; ``no_score`` leaves blank 
 place before the top-k, and a forced blank scores the changed blank; with ``early`` the top-k of the unchanged ones
 is changed, and a forced blank scores the unchanged blank. After the selection each kept beam takes its parent's
 state, moved to the candidate of its label when it emitted one.
+
+A per-row multi-model (NeMo's ``GPUBiasingMultiModel``, one boosting tree per stream) is fused after the models: each
+row (every beam of a stream) names its tree and its tree's weight (:meth:`BeamFusion.load_rows`), so the sum of the
+weights that scales blank is per row: the models' weights plus the row's tree's (plus 0 for a row without a tree).
+That is NeMo's arithmetic for a search fusing ``[models..., that row's tree]``: the sum taken in double precision
+(NeMo sums Python floats), then rounded to the scores' dtype as PyTorch rounds a Python scalar factor.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +28,7 @@ from nemo.collections.asr.parts.utils.batched_beam_decoding_utils import BlankLM
 from nemo_fastdecode.greedy.fusion import FusionBuffers, FusionModels
 from nemo_fastdecode.kernels.beam_topk import BLANK_PROB_EPS, MAX_SINGLE_BLOCK_V, log_softmax_topk_fused
 
-__all__ = ["BeamFusion", "parse_fusion_modes"]
+__all__ = ["BeamFusion", "BeamFusionBuffers", "parse_fusion_modes"]
 
 
 def parse_fusion_modes(
@@ -40,6 +48,20 @@ def parse_fusion_modes(
     return modes[0], modes[1]
 
 
+@dataclass
+class BeamFusionBuffers(FusionBuffers):
+    """The greedy loop's fusion buffers for ``B*K`` beams, with the per-row weight sums of a per-row model.
+
+    Attributes:
+        alpha_sums: ``[B*K]`` (scores' dtype), only with a per-row model: each beam's sum of the fusion weights (what
+            ``log(1 - p(blank))`` is scaled by); else ``None`` (the sum is one number).
+        blank_scales: ``[B*K]``: ``1 + alpha_sums`` (what blank's log-probability is scaled by).
+    """
+
+    alpha_sums: torch.Tensor | None = None
+    blank_scales: torch.Tensor | None = None
+
+
 class BeamFusion:
     """Fusion of ``models`` into a beam search of ``beam_size`` beams per row.
 
@@ -57,15 +79,44 @@ class BeamFusion:
         self.pruning_mode, self.blank_lm_score_mode = pruning_mode, blank_lm_score_mode
         self.alpha_sum = sum(models.alphas)  # as NeMo: a Python sum of the weights
 
-    def allocate(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> FusionBuffers:
+    def allocate(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> BeamFusionBuffers:
         """Buffers for ``batch_size`` rows x ``K`` beams (row-major, as the networks see the beams)."""
-        return self.models.allocate(batch_size * self.beam_size, device, dtype)
+        plain = self.models.allocate(batch_size * self.beam_size, device, dtype)
+        buffers = BeamFusionBuffers(**{f.name: getattr(plain, f.name) for f in fields(plain)})
+        if self.models.per_row is not None:
+            beams = batch_size * self.beam_size
+            buffers.alpha_sums = torch.full([beams], self.alpha_sum, dtype=dtype, device=device)
+            buffers.blank_scales = torch.full([beams], 1 + self.alpha_sum, dtype=dtype, device=device)
+        return buffers
+
+    def load_rows(
+        self, buffers: BeamFusionBuffers, model_ids: torch.Tensor | None, weights: torch.Tensor | None
+    ) -> None:
+        """The per-row model's tree of each of the batch's first ``N`` rows (``model_ids [N]``, ``-1``: none) and its
+        weight (``weights [N]``, float64, 0 without a tree): every beam of a row fuses the row's tree; rows after them
+        (and all rows when ``model_ids`` is ``None``) have none. Device work only."""
+        if (model_ids is None) != (weights is None):
+            raise ValueError("per-row model ids and their weights go together: give both or neither")
+        expanded = None if model_ids is None else model_ids.repeat_interleave(self.beam_size)
+        self.models.load_model_ids(buffers, expanded)
+        if buffers.alpha_sums is None:
+            return
+        # NeMo's sum(fusion_models_alpha) of [models..., the row's tree] in double, rounded as a Python scalar factor
+        sums = torch.full(
+            buffers.alpha_sums.shape, self.alpha_sum, dtype=torch.float64, device=buffers.model_ids.device
+        )
+        if weights is not None:
+            rows = weights.shape[0] * self.beam_size
+            sums[:rows] += weights.to(device=sums.device, dtype=torch.float64).repeat_interleave(self.beam_size)
+        buffers.alpha_sums.copy_(sums)
+        buffers.blank_scales.copy_(1 + sums)
 
     def kernel_applies(self, token_logits: torch.Tensor, dtype: torch.dtype) -> bool:
         """Whether :meth:`top_k` can run on the fused beam-step kernel (:func:`log_softmax_topk_fused`): late pruning
-        on float32 logits that fit one block."""
+        on float32 logits that fit one block, with one weight sum for every row (no per-row model)."""
         return (
             self.pruning_mode is PruningMode.LATE
+            and self.models.per_row is None
             and dtype == torch.float32
             and token_logits.dtype == torch.float32
             and token_logits.shape[-1] <= MAX_SINGLE_BLOCK_V
@@ -73,7 +124,7 @@ class BeamFusion:
 
     def top_k(
         self,
-        buffers: FusionBuffers,
+        buffers: BeamFusionBuffers,
         token_logits: torch.Tensor,
         blank_index: int,
         dtype: torch.dtype,
@@ -96,6 +147,10 @@ class BeamFusion:
         log_probs = F.log_softmax(token_logits, dim=-1, dtype=dtype)
         fusion_scores_sum = sum(buffers.scores)  # NeMo's order: 0 + first + second
         weighted = self.blank_lm_score_mode is BlankLMScoreMode.LM_WEIGHTED_FULL
+        # the weights' sum and 1 + it: one number, or one per beam with a per-row model
+        alpha_sum, blank_scale = self.alpha_sum, 1 + self.alpha_sum
+        if buffers.alpha_sums is not None:
+            alpha_sum, blank_scale = buffers.alpha_sums[:, None], buffers.blank_scales
         if weighted:
             non_blank_logprob = torch.log1p(-torch.clamp(torch.exp(log_probs[..., -1]), max=1.0 - BLANK_PROB_EPS))
         if self.pruning_mode is PruningMode.EARLY:
@@ -103,14 +158,15 @@ class BeamFusion:
             is_blank = ids == blank_index
             label_scores = torch.gather(fusion_scores_sum, dim=-1, index=torch.where(is_blank, 0, ids))
             if weighted:
-                fused = values + non_blank_logprob.unsqueeze(-1) * self.alpha_sum + label_scores
-                values = torch.where(is_blank, values * (1 + self.alpha_sum), fused)
+                fused = values + non_blank_logprob.unsqueeze(-1) * alpha_sum + label_scores
+                scale = blank_scale[:, None] if isinstance(blank_scale, torch.Tensor) else blank_scale
+                values = torch.where(is_blank, values * scale, fused)
             else:
                 values = torch.where(is_blank, values, values + label_scores)
             return values, ids, log_probs[:, blank_index]
         if weighted:
-            log_probs[..., :-1] += non_blank_logprob.unsqueeze(-1) * self.alpha_sum + fusion_scores_sum
-            log_probs[..., -1] *= 1 + self.alpha_sum
+            log_probs[..., :-1] += non_blank_logprob.unsqueeze(-1) * alpha_sum + fusion_scores_sum
+            log_probs[..., -1] *= blank_scale
         else:
             log_probs[..., :-1] += fusion_scores_sum
         top_values, top_ids = log_probs[:, :blank_index].topk(self.beam_size, dim=-1, largest=True, sorted=True)

@@ -74,9 +74,11 @@ class MALSDBeamComputer(CapturedLoopOwner):
             (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo.
         compiled_step: experimental, CUDA only: the candidate selection and hypothesis update of each step
             compiled by ``torch.compile`` (fewer, fused kernels; compiles on first use).
-        fusion: n-gram LM / boosting-tree fusion (NeMo's models with their weights), as NeMo's ``malsd_batch``
-            applies it (:mod:`nemo_fastdecode.beam.fusion`). Where the beam-step kernels run, late pruning runs on
-            the fused top-k kernel and the selection kernel; early pruning on the torch top-k and selection.
+        fusion: n-gram LM / boosting-tree fusion (NeMo's models with their weights; also a per-row multi-model whose
+            rows' trees :meth:`search_chunk` takes), as NeMo's ``malsd_batch`` applies it
+            (:mod:`nemo_fastdecode.beam.fusion`). Where the beam-step kernels run, late pruning with one weight sum for
+            all rows runs on the fused top-k kernel; the selection kernel runs whenever a forced blank scores as its
+            candidate does (late pruning). Everything else runs on the torch top-k and selection.
         pruning_mode / blank_lm_score_mode: NeMo's fusion options (``late`` or ``early``; ``lm_weighted_full`` or
             ``no_score``); ``None``: the defaults of NeMo's ``malsd_batch`` set-up (``late``, ``lm_weighted_full``).
     """
@@ -346,7 +348,12 @@ class MALSDBeamComputer(CapturedLoopOwner):
             return self._search(encoder_output, encoder_lengths, None).hyps
 
     def search_chunk(
-        self, encoder_output: torch.Tensor, encoder_lengths: torch.Tensor, previous: BatchedBeamState | None = None
+        self,
+        encoder_output: torch.Tensor,
+        encoder_lengths: torch.Tensor,
+        previous: BatchedBeamState | None = None,
+        model_ids: torch.Tensor | None = None,
+        model_weights: torch.Tensor | None = None,
     ) -> tuple[BatchedBeamHyps, BatchedBeamState]:
         """Search one chunk of a stream, continuing the beams of the previous chunk: what NeMo's modified-ALSD
         computers do when called with ``prev_batched_state``.
@@ -357,6 +364,10 @@ class MALSDBeamComputer(CapturedLoopOwner):
                 chunk of ``T = 0`` frames, which NeMo's computer refuses).
             previous: the state this method (or NeMo's computer of the same beam size) returned for the previous
                 chunk (its first ``B`` rows continue); ``None`` for a stream's first chunk.
+            model_ids: ``[B]`` int64, with a per-row fusion model (NeMo's ``GPUBiasingMultiModel``): each row's tree in
+                it, fused by all its beams (``-1``: none); ``None``: no row has one.
+            model_weights: ``[B]`` float64: each row's tree's weight (0 without one), with ``model_ids``; it joins the
+                sum of the fusion weights that scales blank, as in NeMo's search fusing that tree.
 
         Returns:
             ``(hypotheses, state)``: NeMo's ``BatchedBeamHyps`` of ``B`` rows holding this chunk's prefix tree,
@@ -370,7 +381,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         with torch.inference_mode():
             precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
             with precision:
-                b = self._search(encoder_output, encoder_lengths, previous)
+                b = self._search(encoder_output, encoder_lengths, previous, model_ids, model_weights)
         # NeMo's objects are made outside inference mode: callers update them in place (flatten_, merge_)
         hyps = b.hyps.to_nemo(batch_size)
         if previous is not None:
@@ -378,7 +389,12 @@ class MALSDBeamComputer(CapturedLoopOwner):
         return hyps, b.state_after(batch_size, encoder_lengths, previous, self.state_batch_dim, self.blank_index)
 
     def _search(
-        self, encoder_output: torch.Tensor, encoder_lengths: torch.Tensor, previous: BatchedBeamState | None
+        self,
+        encoder_output: torch.Tensor,
+        encoder_lengths: torch.Tensor,
+        previous: BatchedBeamState | None,
+        model_ids: torch.Tensor | None = None,
+        model_weights: torch.Tensor | None = None,
     ) -> BeamLoopBuffers:
         batch_size, max_time, _ = encoder_output.shape
         projected = self.joint.project_encoder(encoder_output)
@@ -397,6 +413,9 @@ class MALSDBeamComputer(CapturedLoopOwner):
                 b.start_from(previous, batch_size, self.state_batch_dim, self.is_tdt, fuses=self.fusion is not None)
             if self.fusion is not None:
                 b.start_fusion_from(self.fusion.models, previous, batch_size)
+                self.fusion.load_rows(b.fusion, model_ids, model_weights)
+            elif model_ids is not None:
+                raise ValueError("per-row model ids were given to a beam search without a per-row (multi-)model")
             loop.run()
             if not (b.hyps.full() and bool(b.active.any())):
                 break

@@ -100,8 +100,8 @@ class ServeConfig:
             the warm-up captures the decoder that fuses the streams' trees too (needs a model with a tokenizer);
             ``false``: the first item with phrases sets it up (its first steps capture it).
         decoding: ``greedy`` or ``beam``: NeMo's ``malsd_batch`` beam search per stream, continued chunk after chunk
-            (partial transcripts are the best beam so far and may change; not with ``vad``, ``phrase_boosting`` or
-            ``fast_math``).
+            (partial transcripts are the best beam so far and may change; with per-stream
+            phrase boosting and the n-gram LM too; not with ``vad`` or ``fast_math``).
         beam_size: beams per stream with ``decoding: beam``.
         ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's decoding (an ARPA file or
             NeMo's ``.nemo`` n-gram LM, as NeMo's ``greedy.ngram_lm_model`` / ``beam.ngram_lm_model``); ``None``: none.
@@ -156,7 +156,6 @@ class ServeConfig:
             self.decoding,
             self.beam_size,
             fast_math=self.fast_math,
-            phrase_boosting=self.phrase_boosting,
             ngram_lm_model=self.ngram_lm_model,
             ngram_lm_alpha=self.ngram_lm_alpha,
         )

@@ -114,7 +114,7 @@ class TurnDetection(BaseModel):
 
 class Boosting(BaseModel):
     """Phrase boosting (an extension): NeMo's per-stream boosting tree of ``phrases`` fused into the greedy decoding
-    with ``weight`` (NeMo's ``boosting_model_alpha``); the other fields are NeMo's ``BoostingTreeModelConfig`` options
+    or beam search with ``weight`` (NeMo's ``boosting_model_alpha``); the other fields are NeMo's ``BoostingTreeModelConfig`` options
     of the same names (``None``: NeMo's default). Other keys are kept for the connection to refuse by name."""
 
     model_config = ConfigDict(extra="allow")

@@ -17,8 +17,17 @@ With an n-gram LM (``ngram_lm_model`` / ``ngram_lm_alpha``) the search fuses it 
 state is kept with the rest of its slot's state (``[(S + 1) * K]``) and continued by the slot's next chunk; a stream's
 first chunk starts every beam after ``<BOS>``.
 
+Per-stream phrase boosting (:meth:`SlotBeamDecoder.set_boosting`): a slot may have its own boosting tree in NeMo's
+``GPUBiasingMultiModel`` (:class:`~nemo_fastdecode.streaming.boosting.SlotBoosting`, as greedy decoding has it). The
+slots with a tree are searched by a second computer that fuses the multi-model after the LM (NeMo's order), every
+beam of a slot fusing the slot's tree with its weight; each beam's tree state is kept with the slot's beams
+(``[(S + 1) * K]``), follows the beam as its LM state does and starts after ``<BOS>`` when the stream opens or its
+boosting changes. A stream with phrases ``P`` and weight ``w`` decodes as NeMo's ``malsd_batch`` fusing
+``[LM (if any), GPUBoostingTreeModel of P]`` with weights ``[ngram_lm_alpha, w]`` (so blank's scaling sums the LM's
+weight and ``w``); slots without a tree step on the plain computer, exactly as without boosting.
+
 The same interface as :class:`~nemo_fastdecode.streaming.decoding.SlotDecoder` where the transcriber and the engine
-use it; phrase boosting is not supported with beam search here.
+use it.
 """
 
 from __future__ import annotations
@@ -35,6 +44,8 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.beam.malsd import MALSDBeamComputer
 from nemo_fastdecode.config import DEFAULT_MAX_SYMBOLS
+from nemo_fastdecode.greedy.fusion import FusionModels
+from nemo_fastdecode.streaming.boosting import SlotBoosting
 from nemo_fastdecode.streaming.decoding import ngram_lm_fusion
 
 if TYPE_CHECKING:
@@ -80,26 +91,32 @@ class SlotBeamDecoder:
         ngram_lm_alpha: float = 0.0,
     ):
         self.lm, fusion = ngram_lm_fusion(model, ngram_lm_model, ngram_lm_alpha)
+        self.lm_alpha = float(ngram_lm_alpha)
         decoding_cfg = model.cfg.get("decoding", {}) or {}
         durations = decoding_cfg.get("durations", None) or None
         self.model, self.num_slots, self.score_norm = model, num_slots, score_norm
         parameter = next(model.decoder.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
-        self.computer = MALSDBeamComputer(
-            model.decoder,
-            model.joint,
-            int(model.decoding.blank_id),
-            beam_size,
+        self._computer_args = dict(
+            decoder=model.decoder,
+            joint=model.joint,
+            blank_index=int(model.decoding.blank_id),
+            beam_size=beam_size,
             max_symbols=DEFAULT_MAX_SYMBOLS if max_symbols is None else int(max_symbols),
             durations=list(durations) if durations else None,
             use_cuda_graphs=use_cuda_graphs,
-            fusion=fusion,
         )
+        self.computer = MALSDBeamComputer(**self._computer_args, fusion=fusion)
         self.beam_size = beam_size
         rows = num_slots + 1
         self._state: BatchedBeamState | None = None  # [S + 1] rows, allocated by the first chunk
-        # every beam's fusion (LM) state, [(S + 1) * K] per model; a slot's first chunk does not read it (<BOS>)
+        # every beam's LM state, [(S + 1) * K]; a slot's first chunk does not read it (<BOS>)
         self._fusion_states: list[torch.Tensor] | None = None
+        # phrase boosting, set up by the first slot that asks for it: the slots' trees, every beam's state in its slot's
+        # tree ([(S + 1) * K]), the computer that fuses them
+        self.boosting: SlotBoosting | None = None
+        self.tree_states: torch.Tensor | None = None
+        self._boosted_computer: MALSDBeamComputer | None = None
         # every beam's transcript so far: non-blank labels, their timestamps (frames from the stream's start) and TDT
         # durations [S + 1, K, capacity + 1] (the last column takes the writes of blank steps), counts [S + 1, K]
         self._tdt = self.computer.is_tdt
@@ -129,20 +146,51 @@ class SlotBeamDecoder:
         return []
 
     def reset(self, slot: int) -> None:
-        """Start a slot afresh (a new stream): its next chunk begins from the empty hypotheses after ``<SOS>``."""
+        """Start a slot afresh (a new stream): its next chunk begins from the empty hypotheses after ``<SOS>`` (the
+        LM's after ``<BOS>``), no boosting tree."""
         self._best[slot] = self._reported[slot] = None
         self._decoded[slot] = False
+        self.set_boosting(slot, None)
 
-    # phrase boosting: not with beam search ------------------------------------------------------
+    # ------------------------------------------------------------------------------------------
     def enable_boosting(self) -> None:
-        raise ValueError(_NO_BOOSTING)
+        """Set phrase boosting up now (else the first stream with phrases does): :meth:`warm_up` then also runs the
+        computer that fuses the slots' trees."""
+        self._setup_boosting()
 
     def boosting_tree(self, options: BoostingOptions) -> None:
-        raise ValueError(_NO_BOOSTING)
+        """Build (or find) the boosting tree of ``options`` now: raises ``ValueError`` for phrases the model cannot
+        boost, before any slot changes."""
+        self._setup_boosting().tree(options)
 
     def set_boosting(self, slot: int, options: BoostingOptions | None) -> None:
-        if options is not None:
-            raise ValueError(_NO_BOOSTING)
+        """The slot's boosting tree from now on (``None``: none); every beam's tree state starts after ``<BOS>``."""
+        if options is None:
+            if self.boosting is not None:
+                self.boosting.detach(slot)
+            return
+        boosting = self._setup_boosting()
+        boosting.attach(slot, options)
+        with torch.inference_mode():
+            bos = int(boosting.multi_model.get_init_states(1, bos=True)[0])
+            self.tree_states.narrow(0, slot * self.beam_size, self.beam_size).fill_(bos)
+
+    def _setup_boosting(self) -> SlotBoosting:
+        if self.boosting is None:
+            blank = int(self._computer_args["blank_index"])
+            self.boosting = SlotBoosting(self.model, self.num_slots, blank, self.device, self._boosting_reallocated)
+            with torch.inference_mode():
+                beams = (self.num_slots + 1) * self.beam_size
+                self.tree_states = self.boosting.multi_model.get_init_states(beams, bos=True).clone()
+            models, alphas = ([], []) if self.lm is None else ([self.lm], [self.lm_alpha])
+            fusion = FusionModels(models, alphas, per_row=self.boosting.multi_model)
+            self._boosted_computer = MALSDBeamComputer(**self._computer_args, fusion=fusion)
+        return self.boosting
+
+    def _boosting_reallocated(self) -> None:
+        """The multi-model's storage moved: graphs captured on it would read freed memory."""
+        if self._boosted_computer is not None:
+            self._boosted_computer.reset_graphs()
 
     # ------------------------------------------------------------------------------------------
     def decode(
@@ -164,22 +212,42 @@ class SlotBeamDecoder:
         host_lengths = lengths[: len(slots)].cpu().numpy()
         # a chunk without frames changes nothing (NeMo's computer is not called for it)
         stepping = [i for i, length in enumerate(host_lengths.tolist()) if length > 0]
-        fresh = [i for i in stepping if not self._decoded[slots[i]]]
-        continuing = [i for i in stepping if self._decoded[slots[i]]]
-        for rows, first in ((fresh, True), (continuing, False)):
+        boosted = np.zeros(len(slots), dtype=bool)
+        if self.boosting is not None and stepping:
+            boosted[stepping] = self.boosting.has_tree(np.asarray([slots[i] for i in stepping], dtype=np.int64))
+        # one search per kind (decided before any runs): first chunks or continued beams, with a tree or without
+        groups = [
+            ([i for i in stepping if self._decoded[slots[i]] != first and boosted[i] == tree], first, tree)
+            for first in (True, False)
+            for tree in (False, True)
+        ]
+        for rows, first, tree in groups:
             if rows:
-                self._search([slots[i] for i in rows], encoded, lengths, rows, first)
+                self._search([slots[i] for i in rows], encoded, lengths, rows, first, tree)
 
-    def _search(self, slots: list[int], encoded: torch.Tensor, lengths: torch.Tensor, rows: list[int], first: bool):
-        """One search of the ``slots`` (rows ``rows`` of ``encoded``): their first chunks, or continuing their beams."""
+    def _search(
+        self,
+        slots: list[int],
+        encoded: torch.Tensor,
+        lengths: torch.Tensor,
+        rows: list[int],
+        first: bool,
+        boosted: bool = False,
+    ) -> None:
+        """One search of the ``slots`` (rows ``rows`` of ``encoded``): their first chunks, or continuing their beams;
+        ``boosted``: every slot has a boosting tree (the computer fusing them), else none has."""
         index = torch.tensor(rows, dtype=torch.long, device=encoded.device)
         x = encoded.index_select(0, index).to(self.dtype)
         x_lengths = lengths.index_select(0, index)
         x = x[:, : int(x_lengths.max())]
         slot_index = torch.tensor(slots, dtype=torch.long, device=self.device)
-        previous = None if first else self._gather(slot_index)
-        hyps, state = self.computer.search_chunk(x, x_lengths, previous)
-        self._scatter(slot_index, state)
+        previous = None if first else self._gather(slot_index, boosted)
+        if boosted:
+            ids, weights = (t.index_select(0, slot_index) for t in (self.boosting.model_ids, self.boosting.weights))
+            hyps, state = self._boosted_computer.search_chunk(x, x_lengths, previous, ids, weights)
+        else:
+            hyps, state = self.computer.search_chunk(x, x_lengths, previous)
+        self._scatter(slot_index, state, boosted)
         self._append(slot_index, hyps, first)
         # NeMo's flatten_sort_: beams sorted by score / (non-blank labels + 1), descending; the first is the best
         normalized = state.scores / (state.current_lengths_nb.to(state.scores.dtype) + 1)
@@ -232,35 +300,42 @@ class SlotBeamDecoder:
             self._durations = grown(self._durations)
         self._capacity = capacity
 
-    def _gather(self, slots: torch.Tensor) -> BatchedBeamState:
-        """The slots' saved states as one ``BatchedBeamState`` (rows in the order of ``slots``)."""
+    def _gather(self, slots: torch.Tensor, boosted: bool = False) -> BatchedBeamState:
+        """The slots' saved states as one ``BatchedBeamState`` (rows in the order of ``slots``); its fusion states: the
+        LM's (if any), then with ``boosted`` the trees'."""
         s, k = self._state, self.beam_size
         beams = (slots[:, None] * k + torch.arange(k, device=slots.device)).view(-1)
         dim = self.computer.state_batch_dim
         fields = {name: _select(getattr(s, name), slots) for name in _PER_ROW}
-        fusion = None if self._fusion_states is None else [t.index_select(0, beams) for t in self._fusion_states]
+        fusion = [t.index_select(0, beams) for t in self._fusion_states or []]
+        if boosted:
+            fusion.append(self.tree_states.index_select(0, beams))
         return BatchedBeamState(
             predictor_states=tuple(t.index_select(dim, beams) for t in s.predictor_states),
             predictor_outputs=s.predictor_outputs.index_select(0, beams),
-            fusion_states_list=fusion,
+            fusion_states_list=fusion or None,
             transcript_prefix_hash=None,
             **fields,
         )
 
-    def _scatter(self, slots: torch.Tensor, state: BatchedBeamState) -> None:
-        """Save the slots' states after a chunk (the storage is allocated from the first one's shapes)."""
+    def _scatter(self, slots: torch.Tensor, state: BatchedBeamState, boosted: bool = False) -> None:
+        """Save the slots' states after a chunk (the storage is allocated from the first one's shapes); ``boosted``:
+        the last fusion states are the slots' trees'."""
         if self._state is None:
             self._state = _allocate(state, self.num_slots + 1, self.computer.state_batch_dim)
-            if state.fusion_states_list:
+            if self.lm is not None:
                 beams = (self.num_slots + 1) * self.beam_size
-                self._fusion_states = [t.new_zeros([beams]) for t in state.fusion_states_list]
+                self._fusion_states = [state.fusion_states_list[0].new_zeros([beams])]
         s, k, dim = self._state, self.beam_size, self.computer.state_batch_dim
         beams = (slots[:, None] * k + torch.arange(k, device=slots.device)).view(-1)
         for stored, new in zip(s.predictor_states, state.predictor_states, strict=True):
             stored.index_copy_(dim, beams, new)
         s.predictor_outputs.index_copy_(0, beams, state.predictor_outputs)
+        fusion = list(state.fusion_states_list or [])
+        if boosted:
+            self.tree_states.index_copy_(0, beams, fusion.pop().reshape(-1))
         if self._fusion_states is not None:
-            for stored, new in zip(self._fusion_states, state.fusion_states_list, strict=True):
+            for stored, new in zip(self._fusion_states, fusion, strict=True):
                 stored.index_copy_(0, beams, new.reshape(-1))
         for name in _PER_ROW:
             stored = getattr(s, name)
@@ -270,12 +345,17 @@ class SlotBeamDecoder:
     # ------------------------------------------------------------------------------------------
     def warm_up(self, batch_sizes: Sequence[int], frames: int, dim: int) -> None:
         """Run the search once at the largest batch size with ``frames`` frames of zeros (its buffers and CUDA graphs
-        are sized for the largest input; smaller batches reuse them); the dummy slot is emptied afterwards."""
+        are sized for the largest input; smaller batches reuse them); the dummy slot is emptied afterwards. With phrase
+        boosting set up (:meth:`enable_boosting`), the computer fusing the trees too (rows without a tree)."""
         size = max(batch_sizes)
         with torch.inference_mode():
             encoded = torch.zeros([size, frames, dim], dtype=self.dtype, device=self.device)
             lengths = torch.full([size], frames, dtype=torch.long, device=self.device)
             self.computer.search_chunk(encoded, lengths, None)
+            if self._boosted_computer is not None:
+                ids = torch.full([size], -1, dtype=torch.long, device=self.device)
+                weights = torch.zeros([size], dtype=torch.float64, device=self.device)
+                self._boosted_computer.search_chunk(encoded, lengths, None, ids, weights)
         self.reset(self.dummy_slot)
 
     def capture_step(self, encoded: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor) -> bool:
@@ -341,12 +421,6 @@ class SlotBeamDecoder:
             out[i] = tokens != (self._reported[slot] or ())
             self._reported[slot] = tokens
         return out
-
-
-_NO_BOOSTING = (
-    "per-stream phrase boosting (StreamOptions.boosting, phrase_boosting=True) needs greedy decoding; valid with "
-    "decoding='beam': no boosting"
-)
 
 
 def _select(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:

@@ -5,7 +5,8 @@ boosting tree (``GPUBoostingTreeModel``, built from the stream's ``BiasingReques
 ``GPUBiasingMultiModel``: the trees' arcs and states side by side, each tree with its weight, and each row of a batch
 names its tree by id (``-1``: none). :class:`SlotBoosting` holds that multi-model for the engine's slots: a tree is
 added when a stream with :class:`~nemo_fastdecode.streaming.events.BoostingOptions` opens and removed when it ends;
-``model_ids [S + 1]`` on the device says which tree each slot fuses, gathered by slot ids with the decoder's state.
+``model_ids [S + 1]`` on the device says which tree each slot fuses, gathered by slot ids with the decoder's state, and
+``weights [S + 1]`` (float64) its weight as given (the beam search sums the fusion weights in double, as NeMo does).
 The multi-model is NeMo's own; one advance scores every row of a batch against its own tree (a Triton kernel on
 CUDA, capturable in a CUDA graph).
 
@@ -132,12 +133,17 @@ class SlotBoosting:
             self.multi_model = GPUBiasingMultiModel(vocab_size=vocab_size, reallocation_callback_fn=on_reallocate)
             self.multi_model.to(device)
             self.model_ids = torch.full([num_slots + 1], -1, dtype=torch.long, device=device)  # [S + 1]
+            self.weights = torch.zeros([num_slots + 1], dtype=torch.float64, device=device)  # [S + 1], 0: no tree
         self._ids = np.full(num_slots + 1, -1, dtype=np.int64)  # host mirror
         self._trees: OrderedDict[BoostingOptions, GPUBoostingTreeModel] = OrderedDict()
 
     def boosted(self, slots: np.ndarray) -> bool:
         """Whether any of ``slots`` has a tree (host only)."""
-        return bool((self._ids[slots] >= 0).any())
+        return bool(self.has_tree(slots).any())
+
+    def has_tree(self, slots: np.ndarray) -> np.ndarray:
+        """``[N]`` bool: whether each of ``slots`` has a tree (host only)."""
+        return self._ids[slots] >= 0
 
     def tree(self, options: BoostingOptions) -> GPUBoostingTreeModel:
         """NeMo's boosting tree of ``options`` (``GPUBoostingTreeModel.from_config`` with the model's tokenizer)."""
@@ -167,6 +173,7 @@ class SlotBoosting:
         with torch.inference_mode(False), torch.no_grad():
             model_id = self.multi_model.add_model(tree, alpha=float(options.weight))
             self.model_ids[slot] = model_id
+            self.weights[slot] = float(options.weight)
         self._ids[slot] = model_id
 
     def detach(self, slot: int) -> None:
@@ -177,4 +184,5 @@ class SlotBoosting:
         with torch.inference_mode(False), torch.no_grad():
             self.multi_model.remove_model(model_id)
             self.model_ids[slot] = -1
+            self.weights[slot] = 0.0
         self._ids[slot] = -1

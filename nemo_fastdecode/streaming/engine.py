@@ -68,7 +68,8 @@ after ``<BOS>`` when it opens and continues across its chunks and segments, as i
 stream's tokens equal NeMo's cache-aware streaming of it alone with the same fusion (tests/test_streaming_lm.py,
 tests/test_streaming_boosting.py). With ``decoding="beam"`` the LM is fused into every stream's beams as NeMo's
 ``malsd_batch`` fuses ``beam.ngram_lm_model``, each beam's LM state continued across chunks
-(tests/test_streaming_lm.py); per-stream boosting needs greedy decoding.
+(tests/test_streaming_lm.py), and a stream's phrases as NeMo's ``malsd_batch`` fuses a boosting tree of them after the
+LM, each beam's tree state continued across chunks (tests/test_streaming_beam_boosting.py).
 
 Not thread-safe: one thread (e.g. a server's event loop) calls every method.
 """
@@ -132,11 +133,11 @@ class StreamingEngine:
         endpointing: when utterances end mid-stream (:class:`EndpointingOptions`; default: never), for every stream
             that does not set its own in :class:`StreamOptions`. Silero VAD is loaded here if it is on.
         phrase_boosting: set per-stream phrase boosting (``StreamOptions.boosting``) up now, so that :meth:`warm_up`
-            also captures the decoder that fuses the streams' boosting trees (a model with a tokenizer, label
-            looping); ``False``: the first stream with phrases sets it up.
+            also captures (beam search: runs) the decoder that fuses the streams' boosting trees (a model with a
+            tokenizer; greedy: label looping); ``False``: the first stream with phrases sets it up.
         decoding: ``"greedy"`` or ``"beam"``: NeMo's ``malsd_batch`` beam search, every stream's beams continued chunk
             after chunk; partial events carry the best beam so far (sent whenever it changes), the final event the
-            best beam at the stream's end; with an n-gram LM too. Not with endpointing or phrase boosting.
+            best beam at the stream's end; with an n-gram LM and per-stream phrase boosting too. Not with endpointing.
         beam_size: beams per stream with ``decoding="beam"``.
         ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's decoding, as NeMo's
             ``greedy.ngram_lm_model`` (an ARPA file or NeMo's ``.nemo`` n-gram LM; greedy: label looping, with
@@ -244,7 +245,7 @@ class StreamingEngine:
         """Start a stream; returns its id (never reused).
 
         ``options.boosting``: the stream's own phrases to boost (NeMo's per-stream boosting tree fused into its greedy
-        decoding); a cycle in which no stream with phrases steps runs the plain decoder.
+        decoding or beam search); a cycle in which no stream with phrases steps runs the plain decoder.
 
         Raises:
             CapacityError: every slot holds a stream.

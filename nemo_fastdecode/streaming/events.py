@@ -116,7 +116,8 @@ def _is_number(value: Any) -> bool:
 class BoostingOptions:
     """A stream's phrase boosting: NeMo's per-stream boosting tree (``BiasingRequestItemConfig`` of NeMo's streaming
     pipelines, its ``BoostingTreeModelConfig`` built from ``key_phrases_list``), fused into the stream's greedy decoding
-    as NeMo's label-looping decoder fuses it (``greedy.enable_per_stream_biasing``). Defaults are NeMo's.
+    as NeMo's label-looping decoder fuses it (``greedy.enable_per_stream_biasing``), or into its beam search as NeMo's
+    ``malsd_batch`` fuses a boosting tree of the phrases (``beam.boosting_tree``). Defaults are NeMo's.
 
     Attributes:
         phrases: the phrases to boost (NeMo's ``key_phrases_list``), tokenised by the model's tokenizer; at least one,
@@ -170,7 +171,7 @@ class StreamOptions:
         channels: must be 1 (mono).
         partial_words: word timestamps on partial events too (host work per event; final events always have them).
         endpointing: this stream's end-of-utterance rules; ``None``: the engine's (``StreamingEngine(endpointing=)``).
-        boosting: this stream's phrases to boost (:class:`BoostingOptions`); ``None``: none (plain greedy decoding).
+        boosting: this stream's phrases to boost (:class:`BoostingOptions`); ``None``: none.
     """
 
     sample_rate: int | None = None

@@ -115,7 +115,7 @@ class StreamingTranscriber:
             boosts phrases sets it up (its first steps then capture it).
         decoding: ``"greedy"`` (:class:`SlotDecoder`) or ``"beam"``: NeMo's ``malsd_batch`` beam search, each stream's
             beams continued chunk after chunk (:class:`SlotBeamDecoder`; ``max_symbols`` is then the beam's, default
-            10; no phrase boosting, no ``fast_math``).
+            10; per-stream phrase boosting and the n-gram LM fused into the beams; no ``fast_math``).
         beam_size: beams per stream with ``decoding="beam"``.
         ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's decoding (an ARPA file or
             NeMo's ``.nemo`` n-gram LM; NeMo's ``greedy.ngram_lm_model``, with ``decoding="beam"`` its
@@ -185,7 +185,6 @@ class StreamingTranscriber:
             decoding,
             beam_size,
             fast_math=fast_math,
-            phrase_boosting=phrase_boosting,
             ngram_lm_model=ngram_lm_model,
             ngram_lm_alpha=ngram_lm_alpha,
         )
@@ -227,8 +226,8 @@ class StreamingTranscriber:
     def open(self, boosting: BoostingOptions | None = None) -> int:
         """Start a stream in the lowest free slot (emptied); returns the slot id.
 
-        ``boosting``: the stream's phrases to boost (NeMo's per-stream boosting tree, label looping only); ``None``:
-        plain greedy decoding. Raises ``ValueError`` (before any slot changes) for phrases the model cannot boost.
+        ``boosting``: the stream's phrases to boost (NeMo's per-stream boosting tree; greedy: label looping only);
+        ``None``: none. Raises ``ValueError`` (before any slot changes) for phrases the model cannot boost.
         """
         if boosting is not None:
             if self.decoder is None:
@@ -491,7 +490,6 @@ def check_decoding(
     beam_size: int,
     *,
     fast_math: bool = False,
-    phrase_boosting: bool = False,
     ngram_lm_model: str | Path | None = None,
     ngram_lm_alpha: float = 0.0,
 ) -> str:
@@ -503,10 +501,6 @@ def check_decoding(
             raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
         if fast_math:
             raise ValueError("fast_math=True needs decoding='greedy'; valid with decoding='beam': fast_math=False")
-        if phrase_boosting:
-            raise ValueError(
-                "phrase_boosting=True needs decoding='greedy'; valid with decoding='beam': phrase_boosting=False"
-            )
     check_ngram_lm(ngram_lm_model, ngram_lm_alpha)
     return decoding
 

@@ -22,6 +22,8 @@ from nemo_fastdecode.decode_call import true_fp32
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
 
+    from nemo_fastdecode.streaming.events import BoostingOptions
+
 __all__ = ["Reference", "nemo_alone", "nemo_alone_beam", "reference_transcript"]
 
 
@@ -77,6 +79,7 @@ def nemo_alone_beam(
     score_norm: bool = True,
     ngram_lm_model: str | Path | None = None,
     ngram_lm_alpha: float = 0.0,
+    boosting: BoostingOptions | None = None,
 ) -> Hypothesis | None:
     """NeMo's cache-aware streaming of one stream ``[feat_in, T]`` with ``malsd_batch`` beam search across chunks.
 
@@ -93,6 +96,11 @@ def nemo_alone_beam(
     ``late`` pruning, ``lm_weighted_full`` blank scoring); the computer carries the beams' LM states across chunks
     in ``prev_batched_state.fusion_states_list``.
 
+    ``boosting``: the stream's phrases as one boosting tree fused after the LM, as NeMo's ``RNNTDecoding`` sets
+    ``beam.boosting_tree`` / ``beam.boosting_tree_alpha`` up (``GPUBoostingTreeModel.from_config`` with the model's
+    tokenizer, weight ``boosting.weight``): NeMo's beam search has no per-stream trees, so a stream's own phrases are
+    the model-wide tree of a search of that stream alone.
+
     Returns:
         The best hypothesis (timestamps in encoder frames from the stream's start), ``None`` if no chunk had frames.
     """
@@ -103,13 +111,26 @@ def nemo_alone_beam(
     durations = decoding_cfg.get("durations", None) or None
     blank = int(model.decoding.blank_id)
     common = dict(beam_size=beam_size, max_symbols_per_step=max_symbols, allow_cuda_graphs=False)
+    models, alphas = [], []
     if ngram_lm_model is not None:
         from nemo.collections.asr.parts.submodules.ngram_lm import NGramGPULanguageModel
 
-        lm = NGramGPULanguageModel.from_file(lm_path=ngram_lm_model, vocab_size=blank)
+        models.append(NGramGPULanguageModel.from_file(lm_path=ngram_lm_model, vocab_size=blank))
+        alphas.append(ngram_lm_alpha)
+    if boosting is not None:
+        from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig, GPUBoostingTreeModel
+
+        from nemo_fastdecode.streaming.boosting import TREE_OPTIONS
+
+        tree = BoostingTreeModelConfig(
+            key_phrases_list=list(boosting.phrases), **{name: getattr(boosting, name) for name in TREE_OPTIONS}
+        )
+        models.append(GPUBoostingTreeModel.from_config(tree, tokenizer=model.tokenizer))
+        alphas.append(boosting.weight)
+    if models:
         common.update(
-            fusion_models=[lm.to(feats.device)],
-            fusion_models_alpha=[ngram_lm_alpha],
+            fusion_models=[m.to(feats.device) for m in models],
+            fusion_models_alpha=alphas,
             pruning_mode="late",
             blank_lm_score_mode="lm_weighted_full",
         )
