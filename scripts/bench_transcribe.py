@@ -41,6 +41,7 @@ def main(cfg: DictConfig) -> None:
             bf16=cfg.bf16,
             rows=cfg.rows,
             seed=cfg.seed,
+            first_call_new_process=cuda if cfg.first_call_new_process is None else cfg.first_call_new_process,
         )
         for preset in models
         for calibration in cfg.calibrations

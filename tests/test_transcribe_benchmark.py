@@ -7,7 +7,12 @@ import pytest
 from omegaconf import OmegaConf
 
 from nemo_fastdecode.tools.configs import BenchmarkConfig, TranscribeBenchmarkConfig
-from nemo_fastdecode.tools.transcribe_benchmark import benchmark_transcribe, write_transcribe_reports
+from nemo_fastdecode.tools.transcribe_benchmark import (
+    SyntheticSet,
+    benchmark_transcribe,
+    first_call_in_new_process,
+    write_transcribe_reports,
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -39,9 +44,12 @@ def test_cpu_smoke_run_reports_every_row(tmp_path, single_thread):
         rows=["nemo", "fast_greedy+offline"],
         device="cpu",
         log=lambda _: None,
+        first_call_new_process=True,
     )
     assert [r.name for r in report.rows] == ["nemo", "fast_greedy+offline"]
     nemo, ours = report.rows
+    # our row's first call again in a child process (same model and files made there); NeMo's row has none
+    assert nemo.first_call_new_process_seconds is None and ours.first_call_new_process_seconds > 0
     assert nemo.tokens > 0 and report.emissions.tokens_per_frame > 0  # something was decoded
     assert ours.identical_to_nemo == 1.0  # fp32 on the CPU: the same tokens
     assert all(r.stages["encoder"] > 0 and r.stages["decoder"] > 0 for r in report.rows)
@@ -65,3 +73,10 @@ def test_trained_calibration_reports_emissions_next_to_the_trained_ones(tmp_path
     assert "calibration trained" in markdown and "Trained model of the same kind" in markdown
     with pytest.raises(ValueError, match="calibration 'fast' is not valid"):
         benchmark_transcribe("tiny-rnnt", 1.0, calibration="fast", device="cpu")
+
+
+@pytest.mark.slow
+def test_a_failing_new_process_call_says_why():
+    bad = SyntheticSet("no-such-preset", 1.0, 2, 0.3, False, 10, 0)
+    with pytest.raises(RuntimeError, match=r"(?s)new-process first call of fast_greedy failed.*no-such-preset"):
+        first_call_in_new_process(bad, "fast_greedy", "cpu")

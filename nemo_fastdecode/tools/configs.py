@@ -255,6 +255,8 @@ class TranscribeBenchmarkConfig:
         rows: names from :data:`~nemo_fastdecode.tools.transcribe_benchmark.ROWS`; ``None``: all.
         bf16: bf16 autocast on a GPU, as NeMo's ``transcribe_speech.py`` runs it.
         seed: synthetic weights and audio.
+        first_call_new_process: also time the first call of our rows in a new process (the same model and files made
+            again there, Triton's kernels loaded from the on-disk cache this run filled); ``None``: on a GPU only.
         out_dir: where ``transcribe_<GPU>[_<date>].json`` / ``.md`` go.
         date: added to the output file names.
     """
@@ -267,6 +269,7 @@ class TranscribeBenchmarkConfig:
     rows: list[str] | None = None
     bf16: bool = True
     seed: int = 0
+    first_call_new_process: bool | None = None
     out_dir: str = "outputs/benchmarks"
     date: str | None = None
 

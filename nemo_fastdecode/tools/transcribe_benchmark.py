@@ -10,7 +10,9 @@ WAV files, in shuffled order as a manifest would list them), under bf16 autocast
 * ``nemo+offline`` -- NeMo's decoder on the offline path (what the batching alone buys).
 
 For each row: the first call (after the model and CUDA are initialised by a short call on other audio) and the
-best of ``repeats`` later calls, tokens, agreement with the ``nemo`` row, and one extra call timed per stage
+best of ``repeats`` later calls; for our rows also the first call in a new process (``first_call_new_process``: the
+same set-up in a child process, after this one compiled every Triton kernel into Triton's on-disk cache, as on any run
+but a machine's very first); then tokens, agreement with the ``nemo`` row, and one extra call timed per stage
 (preprocessor, encoder, decoder; the rest is reading audio and host work) with the GPU synchronised around each.
 Each calibration is a separate test set: a number is the target tokens per frame of the blank-bias calibration,
 ``trained`` the trained models' rate and burst length (:func:`~nemo_fastdecode.tools.synthetic.calibrate_trained_like`).
@@ -23,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -55,13 +59,14 @@ ROWS: dict[str, tuple[str, bool]] = {
 @dataclass
 class TranscribeRow:
     name: str
-    first_call_seconds: float
+    first_call_seconds: float  # in this process: on a fresh machine it includes compiling the Triton kernels
     seconds: float  # best of the timed calls
     rtfx: float
     tokens: int
     identical_to_nemo: float  # share of utterances with the nemo row's token ids
     stages: dict[str, float] = field(default_factory=dict)
     call_seconds: list[float] = field(default_factory=list)
+    first_call_new_process_seconds: float | None = None  # a new process, Triton's on-disk cache warm
 
 
 @dataclass
@@ -124,6 +129,94 @@ def _transcribe(model, paths: list[str], batch_size: int, bf16: bool) -> list[An
     return hyps[0] if isinstance(hyps, tuple) else hyps
 
 
+@dataclass(frozen=True)
+class SyntheticSet:
+    """What makes a benchmark's model and files: the same values give the same ones in any process."""
+
+    preset: str
+    total_seconds: float
+    batch_size: int
+    calibration: float | str
+    bf16: bool
+    max_symbols: int
+    seed: int
+
+
+@contextlib.contextmanager
+def prepared(
+    synthetic_set: SyntheticSet, device: torch.device | str | None = None
+) -> Iterator[tuple[Any, list[str], list[float]]]:
+    """The calibrated synthetic model, its WAV files (shuffled, as a manifest lists them) and their durations, after a
+    short ``transcribe`` of other audio with NeMo's default decoder (CUDA context, cuBLAS and NeMo's lazy set-up: no
+    row pays them); the files live as long as the block."""
+    t = synthetic_set
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = synthetic.build_synthetic_model(t.preset, seed=t.seed, device=device)
+    model.eval()
+    durations = synthetic.librispeech_like_durations(total_seconds=t.total_seconds, seed=t.seed)
+    audio = synthetic.synthetic_audio(durations, seed=t.seed)
+    dtype = torch.bfloat16 if t.bf16 and device.type == "cuda" else None
+    encoded, lengths = synthetic.encode(
+        model, audio[: 2 * t.batch_size], batch_size=t.batch_size, device=device, dtype=dtype
+    )
+    synthetic.apply_calibration(
+        model, [e.float() for e in encoded[:2]], lengths[:2], t.calibration, max_symbols=t.max_symbols, seed=t.seed
+    )
+    warm_up_audio = synthetic.synthetic_audio([1.0, 2.0], seed=t.seed + 1)
+    with tempfile.TemporaryDirectory() as folder:
+        paths = [str(p) for p in synthetic.write_wavs(audio, folder)]
+        random.Random(t.seed).shuffle(paths)  # a manifest is not sorted by length
+        warm_up = [str(p) for p in synthetic.write_wavs(warm_up_audio, folder, prefix="warm_up")]
+        apply_decoding(model, {"strategy": "greedy_batch"})
+        _transcribe(model, warm_up, 2, t.bf16)
+        yield model, paths, durations
+
+
+def _first_call(model, paths: list[str], synthetic_set: SyntheticSet, row: str) -> float:
+    """Seconds of the first ``transcribe`` of ``paths`` with ``row``'s decoding."""
+    strategy, offline = ROWS[row]
+    device = next(model.parameters()).device
+    apply_decoding(model, {"strategy": strategy, "greedy": {"max_symbols": synthetic_set.max_symbols}})
+    (enable_fast_transcribe if offline else disable_fast_transcribe)(model)
+    synchronize(device)
+    start = time.perf_counter()
+    _transcribe(model, paths, synthetic_set.batch_size, synthetic_set.bf16)
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def first_call_in_new_process(
+    synthetic_set: SyntheticSet, row: str, device: torch.device | str | None = None, timeout: float = 600.0
+) -> float:
+    """The first ``transcribe`` call of ``row`` in a new Python process on the same model and files (made again there
+    from ``synthetic_set``): what every run after a machine's first sees, the Triton kernels loaded from the on-disk cache
+    this process filled. Raises ``RuntimeError`` with the child's output if it fails."""
+    argument = json.dumps(
+        {"synthetic_set": asdict(synthetic_set), "row": row, "device": None if device is None else str(device)}
+    )
+    code = "import sys, nemo_fastdecode.tools.transcribe_benchmark as b; b._child_first_call(sys.argv[1])"
+    done = subprocess.run(
+        [sys.executable, "-c", code, argument], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith(_CHILD_RESULT)]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the new-process first call of {row} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return float(lines[-1].removeprefix(_CHILD_RESULT))
+
+
+_CHILD_RESULT = "first call seconds: "
+
+
+def _child_first_call(argument: str) -> None:
+    """The child of :func:`first_call_in_new_process`: prints the first call's seconds."""
+    import nemo_fastdecode  # noqa: F401  (registers the strategies, as the parent's script did)
+
+    values = json.loads(argument)
+    synthetic_set = SyntheticSet(**values["synthetic_set"])
+    with prepared(synthetic_set, values["device"]) as (model, paths, _):
+        print(f"{_CHILD_RESULT}{_first_call(model, paths, synthetic_set, values['row']):.6f}", flush=True)
+
+
 def benchmark_transcribe(
     preset: str,
     total_seconds: float,
@@ -136,49 +229,27 @@ def benchmark_transcribe(
     seed: int = 0,
     device: torch.device | str | None = None,
     log: Callable[[str], None] = print,
+    first_call_new_process: bool = False,
 ) -> TranscribeReport:
     """Time ``model.transcribe`` for each row of :data:`ROWS` (or ``rows``) on one synthetic model and test set.
 
     ``calibration``: the target tokens per frame of the blank-bias calibration, or ``"trained"`` (see the module
-    docstring); calibrated on the first two batches' encoder outputs."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    docstring); calibrated on the first two batches' encoder outputs. ``first_call_new_process``: also time our rows'
+    first call in a child process (:func:`first_call_in_new_process`)."""
     calibration = synthetic.check_calibration(calibration)
     names = rows or list(ROWS)
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         raise ValueError(f"unknown rows {unknown}; valid rows: {', '.join(ROWS)}")
-    model = synthetic.build_synthetic_model(preset, seed=seed, device=device)
-    model.eval()
-    durations = synthetic.librispeech_like_durations(total_seconds=total_seconds, seed=seed)
-    audio = synthetic.synthetic_audio(durations, seed=seed)
-    dtype = torch.bfloat16 if bf16 and device.type == "cuda" else None
-    encoded, lengths = synthetic.encode(
-        model, audio[: 2 * batch_size], batch_size=batch_size, device=device, dtype=dtype
-    )
-    synthetic.apply_calibration(
-        model, [e.float() for e in encoded[:2]], lengths[:2], calibration, max_symbols=max_symbols, seed=seed
-    )
-    warm_up_audio = synthetic.synthetic_audio([1.0, 2.0], seed=seed + 1)
-    report = TranscribeReport(
-        preset, calibration, len(durations), sum(durations), batch_size, "bf16 autocast" if dtype else "fp32"
-    )
-    report.trained_emissions = trained_emission_stats_for(model)
-    with tempfile.TemporaryDirectory() as folder:
-        paths = [str(p) for p in synthetic.write_wavs(audio, folder)]
-        random.Random(seed).shuffle(paths)  # a manifest is not sorted by length
-        warm_up = [str(p) for p in synthetic.write_wavs(warm_up_audio, folder, prefix="warm_up")]
-        apply_decoding(model, {"strategy": "greedy_batch"})
-        _transcribe(model, warm_up, 2, bf16)  # CUDA context, cuBLAS and NeMo's lazy set-up: no row pays them
+    synthetic_set = SyntheticSet(preset, total_seconds, batch_size, calibration, bf16, max_symbols, seed)
+    with prepared(synthetic_set, device) as (model, paths, durations):
+        dtype_name = "bf16 autocast" if bf16 and next(model.parameters()).is_cuda else "fp32"
+        report = TranscribeReport(preset, calibration, len(durations), sum(durations), batch_size, dtype_name)
+        report.trained_emissions = trained_emission_stats_for(model)
+        device = next(model.parameters()).device
         reference: list[list[int]] | None = None
         for name in names:
-            strategy, offline = ROWS[name]
-            apply_decoding(model, {"strategy": strategy, "greedy": {"max_symbols": max_symbols}})
-            (enable_fast_transcribe if offline else disable_fast_transcribe)(model)
-            synchronize(device)
-            start = time.perf_counter()
-            _transcribe(model, paths, batch_size, bf16)
-            synchronize(device)
-            first = time.perf_counter() - start
+            first = _first_call(model, paths, synthetic_set, name)
             calls = []
             for _ in range(repeats):
                 synchronize(device)
@@ -193,6 +264,10 @@ def benchmark_transcribe(
                 synchronize(device)
                 stages["other"] = time.perf_counter() - start - sum(stages.values())
             disable_fast_transcribe(model)
+            ours = ROWS[name][0] != "greedy_batch"
+            new_process = (
+                first_call_in_new_process(synthetic_set, name, device) if first_call_new_process and ours else None
+            )
             ids = [[int(t) for t in h.y_sequence] for h in hyps]
             if name == "nemo" or reference is None:
                 report.emissions = report.emissions or emission_stats(hyps)
@@ -206,13 +281,19 @@ def benchmark_transcribe(
                 sum(a == b for a, b in zip(reference, ids, strict=True)) / len(ids),
                 {k: round(v, 4) for k, v in stages.items()},
                 calls,
+                new_process,
             )
             report.rows.append(row)
+            in_new = "" if new_process is None else f" (new process: {new_process:.3f} s)"
             log(
-                f"{preset} (calibration {calibration}) {name}: first {first:.3f} s, best {row.seconds:.3f} s "
+                f"{preset} (calibration {calibration}) {name}: first {first:.3f} s{in_new}, best {row.seconds:.3f} s "
                 f"(RTFx {row.rtfx:.0f}), {row.tokens} tokens, {row.identical_to_nemo:.1%} as nemo, stages {row.stages}"
             )
     return report
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def write_transcribe_reports(reports: list[TranscribeReport], command: str, json_path: str, markdown_path: str) -> str:
@@ -237,15 +318,16 @@ def write_transcribe_reports(reports: list[TranscribeReport], command: str, json
             f"batch_size {r.batch_size}, {r.precision}",
             "",
             *emission_report_lines(r.emissions, r.trained_emissions, "nemo row"),
-            "| row | first call s | best s | RTFx | vs nemo | tokens | same tokens as nemo | preproc s | encoder s "
-            "| decoder s | other s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| row | first call s | first call, new process s | best s | RTFx | vs nemo | tokens | same tokens as nemo "
+            "| preproc s | encoder s | decoder s | other s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in r.rows:
             ratio = f"{row.seconds / nemo.seconds:.3f}" if nemo else "-"
             s = row.stages
             lines.append(
-                f"| {row.name} | {row.first_call_seconds:.3f} | {row.seconds:.3f} | {row.rtfx:.0f} | {ratio} | "
+                f"| {row.name} | {row.first_call_seconds:.3f} | {_seconds(row.first_call_new_process_seconds)} | "
+                f"{row.seconds:.3f} | {row.rtfx:.0f} | {ratio} | "
                 f"{row.tokens} | {row.identical_to_nemo:.1%} | {s.get('preprocessor', 0):.3f} | "
                 f"{s.get('encoder', 0):.3f} | {s.get('decoder', 0):.3f} | {s.get('other', 0):.3f} |"
             )
