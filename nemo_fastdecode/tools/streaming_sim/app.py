@@ -191,8 +191,11 @@ def _plans(cfg: DictConfig, setup: _Setup, num_streams: int) -> list[StreamPlan]
     )
 
 
-def _make_paths(cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int) -> list[StreamingPath]:
-    """Ours, then (``compare_nemo`` with greedy decoding) NeMo's, both warmed up for batches up to ``max_batch`` streams.
+def _make_paths(
+    cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int, plans: list[StreamPlan]
+) -> list[StreamingPath]:
+    """Ours, then (``compare_nemo`` with greedy decoding) NeMo's, both warmed up for batches up to ``max_batch`` streams
+    (ours with room for the phrases of every stream of ``plans``).
 
     With beam search no NeMo path is timed: NeMo has none for batched streams (see :func:`_beam_reference`).
     """
@@ -200,7 +203,7 @@ def _make_paths(cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int) 
         fast_path(
             setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul,
             cfg.capture_decoder_step, cfg.decoding, cfg.beam_size, cfg.ngram_lm_model, cfg.ngram_lm_alpha,
-            cfg.boosting_streams_share, cfg.boosting_alpha,
+            cfg.boosting_streams_share, cfg.boosting_alpha, [plan.boosting for plan in plans],
         )
     ]  # fmt: skip
     if cfg.compare_nemo and cfg.decoding == "greedy":
@@ -315,7 +318,7 @@ def run(
     num_slots = cfg.num_slots or cfg.num_streams
     plans = _plans(cfg, setup, cfg.num_streams)
     log(_describe(cfg, setup, num_slots, str(cfg.num_streams)))
-    paths = _make_paths(cfg, setup, num_slots, min(cfg.num_streams, num_slots))
+    paths = _make_paths(cfg, setup, num_slots, min(cfg.num_streams, num_slots), plans)
     stats, tokens = _simulate_paths(setup, paths, plans, num_slots)
 
     reference, nemo_beam = None, [None] * len(plans)
@@ -374,10 +377,11 @@ def run_sweep(cfg: DictConfig, setup: _Setup, log: Callable[[str], None] = print
     counts = sorted(set(int(n) for n in cfg.num_streams_sweep))
     num_slots = max(cfg.num_slots or 0, counts[-1])
     log(_describe(cfg, setup, num_slots, "/".join(map(str, counts))))
-    paths = _make_paths(cfg, setup, num_slots, counts[-1])
+    plans = {n: _plans(cfg, setup, n) for n in counts}
+    paths = _make_paths(cfg, setup, num_slots, counts[-1], plans[counts[-1]])
     points = []
     for n in counts:
-        stats, tokens, fixed = _measure(cfg, setup, paths, _plans(cfg, setup, n), num_slots)
+        stats, tokens, fixed = _measure(cfg, setup, paths, plans[n], num_slots)
         points.append(SweepPoint(n, stats, fixed, _agreement(tokens)))
         summary = "; ".join(f"{p.name}: p95 {p.latency_p95_ms} ms, busy {p.busy_share:.2f}" for p in stats)
         log(f"{n} streams: {summary}")
