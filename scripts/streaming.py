@@ -20,6 +20,13 @@ the logic lives in ``nemo_fastdecode.tools.streaming_sim``.
     # latency vs concurrent streams (64/256/512/1024, both paths, 8 s streams): table, JSON and plot
     python scripts/streaming.py --config-name streaming_sweep_17x512 tag=h200_2026-11-23
     python scripts/streaming.py num_streams_sweep=[2,4,8] max_stream_seconds=2   # tiny, on a CPU
+
+    # beam search: no NeMo path is timed; NeMo's beam search of the first 8 streams alone checks our tokens
+    python scripts/streaming.py --config-name streaming_hybrid_17x512 decoding=beam beam_size=4
+    python scripts/streaming.py decoding=beam ngram_lm_model=lm.arpa ngram_lm_alpha=0.5   # + an n-gram LM
+    # half the streams boost 10 random phrases of their own (text: vocab=bpe gives a synthetic preset a tokenizer)
+    python scripts/streaming.py model=tiny-streaming vocab=bpe decoding=beam boosting_streams_share=0.5
+    python scripts/streaming.py model=tiny-streaming vocab=bpe boosting_streams_share=0.5 compare_nemo=false  # greedy
 """
 
 from nemo.core.config import hydra_runner

@@ -17,6 +17,7 @@ from nemo_fastdecode.streaming import StreamingGeometry
 from nemo_fastdecode.tools import streaming_sim as sim
 from nemo_fastdecode.tools import synthetic, trained_models
 from nemo_fastdecode.tools.configs import StreamingConfig
+from nemo_fastdecode.tools.streaming_sim.phrases import boosted_streams, stream_boosting
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -161,6 +162,103 @@ def test_tiny_run_with_an_ngram_lm_matches_nemo_path_fusing_it(tmp_path):
     assert "n-gram LM (alpha 2.0)" in fused.paths[0].name
     assert fused.identical_streams == 1.0 and sum(len(r["pred_text"]) for r in fused.transcripts) > 0
     assert [r["pred_text"] for r in fused.transcripts] != [r["pred_text"] for r in plain.transcripts]
+
+
+BPE_BASE = {
+    "model": "tiny-streaming", "vocab": "bpe", "num_streams": 4, "num_slots": 3, "max_stream_seconds": 1.6,
+    "stagger_seconds": 0.5, "fixed_step_repeats": 0, "cuda": -1, "att_context_size": [16, 1],
+}  # fmt: skip
+
+
+def test_tiny_beam_run_with_lm_and_boosting_is_checked_against_nemo_beam_search(tmp_path):
+    """``decoding=beam`` with ``compare_nemo``: no NeMo path is timed (NeMo has no batched streaming beam search); the
+    first streams' final tokens equal NeMo's beam search of each stream alone with the same LM and phrases."""
+    from nemo_fastdecode.tools.fusion_models import write_arpa
+
+    lm = tmp_path / "lm.arpa"
+    write_arpa(lm, vocab_size=128, order=3, shares=(0.1, 0.2), seed=1)  # the BPE preset's tokens without blank
+    lines: list[str] = []
+    config = {
+        **BPE_BASE, "output_dir": str(tmp_path), "tag": "beam", "decoding": "beam", "beam_size": 2,
+        "ngram_lm_model": str(lm), "ngram_lm_alpha": 0.5, "boosting_streams_share": 0.5, "boosting_alpha": 2.0,
+        "boosting_phrases": 4, "nemo_beam_reference_streams": 3,
+    }  # fmt: skip
+    result = sim.run(config, log=lines.append)
+    assert sum(len(r["pred_text"]) for r in result.transcripts) > 0  # tokens came out
+    (ours,) = result.paths  # NeMo's greedy path is not run as if it were comparable
+    assert "beam search (2 beams), n-gram LM (alpha 0.5), phrase boosting on 50% of streams (weight 2.0)" in ours.name
+    assert result.identical_streams is None
+    ref = result.beam_reference
+    assert (ref.checked, ref.boosted) == (3, 1) and ref.identical == ref.checked and ref.all_identical
+    boosted = [r for r in result.transcripts if "boosting_phrases" in r]
+    assert [r["stream"] for r in boosted] == [1, 3] and all(len(r["boosting_phrases"]) == 4 for r in boosted)
+    records = [json.loads(line) for line in Path(result.files["transcripts"]).read_text().splitlines()]
+    assert [r["identical_to_nemo_beam"] for r in records[:3]] == [True] * 3
+    assert all("identical_to_nemo_beam" not in r and "identical" not in r for r in records[3:])
+    saved = json.loads(Path(result.files["json"]).read_text())
+    assert saved["beam_reference"]["identical"] == 3 and saved["beam_reference"]["all_identical"] is True
+    report = Path(result.files["markdown"]).read_text()
+    assert (
+        "- decoding: beam search, 2 beams, n-gram LM lm.arpa (alpha 0.5), phrase boosting on 50% of streams" in report
+    )
+    assert "no NeMo path is timed in this run" in report and "Streams with identical tokens" not in report
+    assert "final tokens identical on 3/3 streams checked (all identical; 1 of them with phrase boosting)" in report
+
+
+def test_phrase_boosting_changes_the_boosted_streams_only(tmp_path):
+    """Greedy, half the streams with phrases at a large weight: some boosted stream's tokens change, the others'
+    stay those of the run without boosting (each stream's own tree)."""
+    base = {**BPE_BASE, "compare_nemo": False, "output_dir": str(tmp_path)}
+    plain = sim.run(base, log=lambda _: None)
+    boosted = sim.run({**base, "boosting_streams_share": 0.5, "boosting_alpha": 8.0, "tag": "b"}, log=lambda _: None)
+    assert sum(len(r["pred_text"]) for r in plain.transcripts) > 0
+    assert "phrase boosting on 50% of streams (weight 8.0)" in boosted.paths[0].name
+    changed = [a["pred_text"] != b["pred_text"] for a, b in zip(plain.transcripts, boosted.transcripts, strict=True)]
+    has_phrases = ["boosting_phrases" in r for r in boosted.transcripts]
+    assert has_phrases == [False, True, False, True]
+    assert any(changed) and not any(c and not h for c, h in zip(changed, has_phrases, strict=True))
+
+
+def test_beam_sweep_with_boosting_times_our_path_only(tmp_path):
+    config = {
+        **BPE_BASE, "num_streams_sweep": [1, 2], "max_stream_seconds": 0.7, "output_dir": str(tmp_path),
+        "decoding": "beam", "beam_size": 2, "boosting_streams_share": 0.5, "fixed_step_repeats": 1,
+    }  # fmt: skip
+    result = sim.run(config, log=lambda _: None)
+    assert [len(pt.paths) for pt in result.points] == [1, 1] and all(
+        pt.identical_streams is None for pt in result.points
+    )
+    assert all(pt.paths[0].chunks > 0 for pt in result.points)
+    table = Path(result.files["markdown"]).read_text()
+    assert "- decoding: beam search, 2 beams, phrase boosting on 50% of streams" in table
+    assert "NeMo has no batched streaming beam search: only our path is timed" in table
+
+
+def test_boosting_and_beam_reference_config_errors():
+    with pytest.raises(ValueError, match=r"boosting_streams_share=1\.5 is not valid; valid: a share in \[0, 1\]"):
+        sim.resolve_config({"boosting_streams_share": 1.5})
+    with pytest.raises(ValueError, match=r"boosting_streams_share=-0\.1 is not valid"):
+        sim.resolve_config({"boosting_streams_share": -0.1})
+    with pytest.raises(ValueError, match=r"boosting_alpha=0\.0 is not valid; valid: a finite number > 0"):
+        sim.resolve_config({"boosting_alpha": 0.0})
+    with pytest.raises(ValueError, match=r"boosting_phrases=0 is not valid; valid: a count >= 1"):
+        sim.resolve_config({"boosting_phrases": 0})
+    with pytest.raises(ValueError, match=r"nemo_beam_reference_streams must be >= 0, got -1"):
+        sim.resolve_config({"nemo_beam_reference_streams": -1})
+    with pytest.raises(ValueError, match=r"vocab='wordpiece' is not valid; valid values: char, bpe"):
+        sim.resolve_config({"vocab": "wordpiece"})
+    with pytest.raises(
+        ValueError, match=r"boosting_streams_share=0\.5 with decoding: greedy needs compare_nemo: false"
+    ):
+        sim.resolve_config({"boosting_streams_share": 0.5})
+    assert sim.resolve_config({"decoding": "beam", "boosting_streams_share": 0.5}).compare_nemo  # NeMo's reference
+    with pytest.raises(
+        ValueError, match=r"needs a model with a tokenizer .* use a BPE model \(a synthetic preset with vocab=bpe\)"
+    ):
+        stream_boosting(torch.nn.Linear(1, 1), 4, 0.5, 1.0, 3)
+    assert stream_boosting(torch.nn.Linear(1, 1), 3, 0.0, 1.0, 3) == [None] * 3  # no tokenizer needed without phrases
+    assert boosted_streams(8, 0.25) == [False, False, False, True, False, False, False, True]
+    assert boosted_streams(3, 1.0) == [True] * 3 and not any(boosted_streams(5, 0.0))
 
 
 def test_sweep_tiny_run(tmp_path):

@@ -14,6 +14,7 @@ Output folders default to ``outputs/`` (ignored by git), never the repository's 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,16 +161,31 @@ class StreamingConfig:
             TF32 products; NeMo's path then runs with TF32 matmuls too, as NeMo's ``matmul_precision=high``).
         capture_decoder_step: with CUDA graphs, the decoder's work around its greedy loop as CUDA graphs too
             (:meth:`~nemo_fastdecode.streaming.decoding.SlotDecoder.capture_step`); ``False``: that work runs eagerly.
-        compare_nemo: run the same streams through NeMo's path (slot gather/scatter +
-            ``conformer_stream_step``) and compare transcripts and timings.
+        compare_nemo: with ``decoding: greedy``, run the same streams through NeMo's path (slot gather/scatter +
+            ``conformer_stream_step``) and compare transcripts and timings. With ``decoding: beam`` NeMo has no
+            batched streaming beam search (``conformer_stream_step`` refuses ``malsd_batch`` with partial hypotheses),
+            so no NeMo path is timed: NeMo's beam search of each of the first ``nemo_beam_reference_streams`` streams
+            alone (its encoder steps and ``ModifiedALSD`` computer continued over the same chunks, untimed) is the
+            exactness reference of our final tokens.
         decoding: ``greedy``, or ``beam``: our path decodes with NeMo's ``malsd_batch`` beam search per stream
-            (``StreamingTranscriber(decoding="beam")``); NeMo's ``conformer_stream_step`` refuses ``malsd_batch`` with
-            partial hypotheses, so it needs ``compare_nemo: false`` (and ``fast_math: false``).
+            (``StreamingTranscriber(decoding="beam")``; needs ``fast_math: false``).
         beam_size: beams per stream with ``decoding: beam``.
+        nemo_beam_reference_streams: with ``decoding: beam`` and ``compare_nemo``, how many streams (the first ones)
+            are checked against NeMo's beam search of the stream alone; 0: none.
         ngram_lm_model: an n-gram LM over the model's tokens (an ARPA file or NeMo's ``.nemo`` n-gram LM) fused into
             every stream's decoding (``StreamingTranscriber(ngram_lm_model=...)``; with ``decoding: beam`` into the
             beams); NeMo's path fuses it too (the model's ``decoding.greedy.ngram_lm_model``). ``None``: none.
         ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``greedy.ngram_lm_alpha``).
+        boosting_streams_share: the share of streams (in ``[0, 1]``, spread evenly over the streams) that open with
+            their own phrase list to boost (``StreamingTranscriber.open(boosting=...)``, greedy or beam); 0: none.
+            Phrases are text (the model's tokenizer tokenises them), so the model needs a tokenizer (a synthetic
+            preset with ``vocab: bpe``). Greedy boosting needs ``compare_nemo: false`` (NeMo's timed path has no
+            per-stream boosting); with beam, NeMo's reference fuses the stream's phrases as its boosting tree.
+        boosting_alpha: the phrases' weight in the fusion (NeMo's ``boosting_model_alpha``), > 0.
+        boosting_phrases: phrases per boosted stream, each 1 to 3 random tokens of the model's vocabulary (drawn per
+            stream from ``seed``).
+        vocab: a synthetic preset's vocabulary: ``char`` or ``bpe`` (a sentencepiece tokenizer, needed for phrase
+            boosting); ignored for other models.
         cuda: GPU index; ``None``: GPU 0 if any, else the CPU; negative: the CPU.
         seed: synthetic model weights, demo audio and stream start times.
         output_dir: where ``streaming_results.json``, ``streaming_results.md`` and
@@ -198,8 +214,13 @@ class StreamingConfig:
     compare_nemo: bool = True
     decoding: str = "greedy"
     beam_size: int = 4
+    nemo_beam_reference_streams: int = 8
     ngram_lm_model: str | None = None
     ngram_lm_alpha: float = 0.0
+    boosting_streams_share: float = 0.0
+    boosting_alpha: float = 1.0
+    boosting_phrases: int = 10
+    vocab: str = "char"
     cuda: int | None = None
     seed: int = 0
     output_dir: str = "outputs/streaming"
@@ -223,10 +244,22 @@ class StreamingConfig:
             ngram_lm_model=self.ngram_lm_model,
             ngram_lm_alpha=self.ngram_lm_alpha,
         )
-        if self.decoding == "beam" and self.compare_nemo:
+        if self.nemo_beam_reference_streams < 0:
+            raise ValueError(f"nemo_beam_reference_streams must be >= 0, got {self.nemo_beam_reference_streams}")
+        share = self.boosting_streams_share
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"boosting_streams_share={share!r} is not valid; valid: a share in [0, 1]")
+        if not (self.boosting_alpha > 0 and math.isfinite(self.boosting_alpha)):
+            raise ValueError(f"boosting_alpha={self.boosting_alpha!r} is not valid; valid: a finite number > 0")
+        if self.boosting_phrases < 1:
+            raise ValueError(f"boosting_phrases={self.boosting_phrases!r} is not valid; valid: a count >= 1")
+        if self.vocab not in ("char", "bpe"):
+            raise ValueError(f"vocab={self.vocab!r} is not valid; valid values: char, bpe")
+        if share > 0 and self.decoding == "greedy" and self.compare_nemo:
             raise ValueError(
-                "compare_nemo: true needs decoding: greedy (NeMo's conformer_stream_step refuses malsd_batch with "
-                "partial hypotheses); valid with decoding: beam: compare_nemo: false"
+                f"boosting_streams_share={share} with decoding: greedy needs compare_nemo: false (NeMo's "
+                "conformer_stream_step path has no per-stream boosting to compare with); or decoding: beam, whose "
+                "NeMo reference fuses each stream's phrases"
             )
 
 

@@ -77,7 +77,7 @@ def nemo_alone_beam(
     beam_size: int,
     max_symbols: int = 10,
     score_norm: bool = True,
-    ngram_lm_model: str | Path | None = None,
+    ngram_lm_model: str | Path | torch.nn.Module | None = None,
     ngram_lm_alpha: float = 0.0,
     boosting: BoostingOptions | None = None,
 ) -> Hypothesis | None:
@@ -94,7 +94,8 @@ def nemo_alone_beam(
     ``ngram_lm_model`` / ``ngram_lm_alpha``: an n-gram LM fused into the search as NeMo's ``RNNTDecoding`` sets
     ``malsd_batch`` up with ``beam.ngram_lm_model`` (``NGramGPULanguageModel.from_file(vocab_size=blank_id)``,
     ``late`` pruning, ``lm_weighted_full`` blank scoring); the computer carries the beams' LM states across chunks
-    in ``prev_batched_state.fusion_states_list``.
+    in ``prev_batched_state.fusion_states_list``. An ``NGramGPULanguageModel`` already loaded that way is used as it is
+    (many streams' references load a large LM once).
 
     ``boosting``: the stream's phrases as one boosting tree fused after the LM, as NeMo's ``RNNTDecoding`` sets
     ``beam.boosting_tree`` / ``beam.boosting_tree_alpha`` up (``GPUBoostingTreeModel.from_config`` with the model's
@@ -115,7 +116,10 @@ def nemo_alone_beam(
     if ngram_lm_model is not None:
         from nemo.collections.asr.parts.submodules.ngram_lm import NGramGPULanguageModel
 
-        models.append(NGramGPULanguageModel.from_file(lm_path=ngram_lm_model, vocab_size=blank))
+        if isinstance(ngram_lm_model, torch.nn.Module):
+            models.append(ngram_lm_model)
+        else:
+            models.append(NGramGPULanguageModel.from_file(lm_path=ngram_lm_model, vocab_size=blank))
         alphas.append(ngram_lm_alpha)
     if boosting is not None:
         from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig, GPUBoostingTreeModel

@@ -5,7 +5,9 @@ Mirrors NeMo's ``examples/asr/asr_cache_aware_streaming/speech_to_text_cache_awa
 streams that start at staggered times (:mod:`.schedule`). The same schedule runs through ours
 (:class:`~nemo_fastdecode.streaming.transcriber.StreamingTranscriber`) and, for comparison, NeMo's path
 (:class:`~nemo_fastdecode.tools.streaming_sim.nemo_path.NemoSlotStreamer`); the transcripts are compared
-stream by stream. With no input given, the streams play the shipped example utterances (synthetic audio for a
+stream by stream. With ``decoding=beam`` NeMo has no batched streaming beam path: no NeMo path is timed, and NeMo's
+beam search of each of the first streams alone is the exactness reference of our final tokens. Streams may open with
+their own phrases to boost. With no input given, the streams play the shipped example utterances (synthetic audio for a
 synthetic preset); where the inputs have reference texts, each stream's reference and final transcript are printed
 with the WER.
 """
@@ -28,7 +30,9 @@ from nemo_fastdecode.tools.configs import StreamingConfig
 from nemo_fastdecode.tools.environment import environment
 from nemo_fastdecode.tools.manifests import load_audio, read_inputs
 from nemo_fastdecode.tools.streaming_sim.paths import fast_path, nemo_path
+from nemo_fastdecode.tools.streaming_sim.phrases import stream_boosting
 from nemo_fastdecode.tools.streaming_sim.report import (
+    BeamReference,
     FixedStep,
     StreamingRunResult,
     SweepPoint,
@@ -111,7 +115,7 @@ def _setup(cfg: DictConfig, log: Callable[[str], None]) -> _Setup:
     device = models.inference_device(cfg.cuda)
     dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
     demo = cfg.audio_dir is None and cfg.dataset_manifest is None
-    model = models.load_model(cfg.model, device=device, seed=cfg.seed)
+    model = models.load_model(cfg.model, device=device, seed=cfg.seed, vocab=cfg.vocab)
     if models.is_synthetic(cfg.model):
         log(models.synthetic_banner(cfg.model, getattr(model, "_fastdecode_tokens_per_frame", None)))
     if cfg.att_context_size is not None:
@@ -172,6 +176,9 @@ def compose_streams(
 
 
 def _plans(cfg: DictConfig, setup: _Setup, num_streams: int) -> list[StreamPlan]:
+    boosting = stream_boosting(
+        setup.model, num_streams, cfg.boosting_streams_share, cfg.boosting_alpha, cfg.boosting_phrases, cfg.seed
+    )
     return plan_streams(
         setup.features,
         setup.names,
@@ -180,18 +187,26 @@ def _plans(cfg: DictConfig, setup: _Setup, num_streams: int) -> list[StreamPlan]
         cfg.stagger_seconds,
         cfg.seed,
         cfg.max_stream_seconds,
+        boosting,
     )
 
 
-def _make_paths(cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int) -> list[StreamingPath]:
-    """Ours, then (``compare_nemo``) NeMo's, both warmed up for batches up to ``max_batch`` streams."""
+def _make_paths(
+    cfg: DictConfig, setup: _Setup, num_slots: int, max_batch: int, plans: list[StreamPlan]
+) -> list[StreamingPath]:
+    """Ours, then (``compare_nemo`` with greedy decoding) NeMo's, both warmed up for batches up to ``max_batch`` streams
+    (ours with room for the phrases of every stream of ``plans``).
+
+    With beam search no NeMo path is timed: NeMo has none for batched streams (see :func:`_beam_reference`).
+    """
     paths = [
         fast_path(
             setup.model, num_slots, setup.dtype, cfg.use_cuda_graphs, cfg.fast_math, cfg.encoder_matmul,
             cfg.capture_decoder_step, cfg.decoding, cfg.beam_size, cfg.ngram_lm_model, cfg.ngram_lm_alpha,
+            cfg.boosting_streams_share, cfg.boosting_alpha, [plan.boosting for plan in plans],
         )
     ]  # fmt: skip
-    if cfg.compare_nemo:
+    if cfg.compare_nemo and cfg.decoding == "greedy":
         tf32 = cfg.encoder_matmul == "tf32"  # like for like: NeMo at matmul_precision=high
         paths.append(
             nemo_path(
@@ -245,6 +260,41 @@ def _agreement(tokens: list[list[list[int]]]) -> float | None:
     return sum(a == b for a, b in zip(tokens[0], tokens[1], strict=True)) / len(tokens[0])
 
 
+def _beam_reference(
+    cfg: DictConfig, setup: _Setup, plans: list[StreamPlan], tokens: list[list[int]], log: Callable[[str], None]
+) -> tuple[BeamReference, list[list[int] | None]]:
+    """NeMo's beam search of each of the first ``nemo_beam_reference_streams`` streams alone, on the features the
+    simulation fed it (:attr:`StreamPlan.features`), with the same beam size, LM and phrases; against our ``tokens``.
+
+    Returns the check and NeMo's tokens per stream (``None`` for streams not checked).
+    """
+    from nemo_fastdecode.tools.comparison import as_int_list
+    from nemo_fastdecode.tools.streaming_reference import nemo_alone_beam
+
+    count = min(cfg.nemo_beam_reference_streams, len(plans))
+    lm = None
+    if cfg.ngram_lm_model is not None and count > 0:
+        from nemo.collections.asr.parts.submodules.ngram_lm import NGramGPULanguageModel
+
+        # loaded once, as nemo_alone_beam would load it for each stream (NeMo's RNNTDecoding set-up)
+        lm = NGramGPULanguageModel.from_file(lm_path=cfg.ngram_lm_model, vocab_size=int(setup.model.decoding.blank_id))
+    log(f"Checking {count} stream(s) against NeMo's beam search of each stream alone (untimed).")
+    nemo_tokens: list[list[int] | None] = [None] * len(plans)
+    for i, plan in enumerate(plans[:count]):
+        hyp = nemo_alone_beam(
+            setup.model, plan.features, cfg.beam_size, ngram_lm_model=lm, ngram_lm_alpha=cfg.ngram_lm_alpha,
+            boosting=plan.boosting,
+        )  # fmt: skip
+        nemo_tokens[i] = as_int_list(hyp.y_sequence) if hyp is not None else []
+    checked = plans[:count]
+    reference = BeamReference(
+        checked=count,
+        identical=sum(nemo_tokens[i] == tokens[i] for i in range(count)),
+        boosted=sum(plan.boosting is not None for plan in checked),
+    )
+    return reference, nemo_tokens
+
+
 def _describe(cfg: DictConfig, setup: _Setup, num_slots: int, streams: str) -> str:
     g = setup.geometry
     return (
@@ -268,16 +318,25 @@ def run(
     num_slots = cfg.num_slots or cfg.num_streams
     plans = _plans(cfg, setup, cfg.num_streams)
     log(_describe(cfg, setup, num_slots, str(cfg.num_streams)))
-    paths = _make_paths(cfg, setup, num_slots, min(cfg.num_streams, num_slots))
+    paths = _make_paths(cfg, setup, num_slots, min(cfg.num_streams, num_slots), plans)
     stats, tokens = _simulate_paths(setup, paths, plans, num_slots)
+
+    reference, nemo_beam = None, [None] * len(plans)
+    if cfg.decoding == "beam" and cfg.compare_nemo:
+        reference, nemo_beam = _beam_reference(cfg, setup, plans, tokens[0], log)
 
     to_text = setup.model.decoding.decode_ids_to_str
     transcripts = []
     for i, plan in enumerate(plans):
         record = {"stream": i, "audio": plan.name, "start": round(plan.start, 4), "pred_text": to_text(tokens[0][i])}
-        if cfg.compare_nemo:
+        if plan.boosting is not None:
+            record["boosting_phrases"] = list(plan.boosting.phrases)
+        if len(tokens) > 1:  # NeMo's timed path, same decoding
             record["nemo_pred_text"] = to_text(tokens[1][i])
             record["identical"] = tokens[0][i] == tokens[1][i]
+        if nemo_beam[i] is not None:  # NeMo's beam search of this stream alone
+            record["nemo_beam_pred_text"] = to_text(nemo_beam[i])
+            record["identical_to_nemo_beam"] = tokens[0][i] == nemo_beam[i]
         text = setup.texts[i % len(setup.texts)]
         if text is not None:
             record["text"] = text
@@ -291,6 +350,7 @@ def run(
         transcripts=transcripts,
         identical_streams=_agreement(tokens),
         wer=word_error_rate_of(transcripts),
+        beam_reference=reference,
     )
     # the simulated run's results are on disk before the fixed-batch step runs: a failure there keeps them
     write_run_result(result, Path(cfg.output_dir), cfg.tag)
@@ -317,10 +377,11 @@ def run_sweep(cfg: DictConfig, setup: _Setup, log: Callable[[str], None] = print
     counts = sorted(set(int(n) for n in cfg.num_streams_sweep))
     num_slots = max(cfg.num_slots or 0, counts[-1])
     log(_describe(cfg, setup, num_slots, "/".join(map(str, counts))))
-    paths = _make_paths(cfg, setup, num_slots, counts[-1])
+    plans = {n: _plans(cfg, setup, n) for n in counts}
+    paths = _make_paths(cfg, setup, num_slots, counts[-1], plans[counts[-1]])
     points = []
     for n in counts:
-        stats, tokens, fixed = _measure(cfg, setup, paths, _plans(cfg, setup, n), num_slots)
+        stats, tokens, fixed = _measure(cfg, setup, paths, plans[n], num_slots)
         points.append(SweepPoint(n, stats, fixed, _agreement(tokens)))
         summary = "; ".join(f"{p.name}: p95 {p.latency_p95_ms} ms, busy {p.busy_share:.2f}" for p in stats)
         log(f"{n} streams: {summary}")

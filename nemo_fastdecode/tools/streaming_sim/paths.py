@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,6 +18,8 @@ from nemo_fastdecode.tools.timing import synchronize
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
+
+    from nemo_fastdecode.streaming.events import BoostingOptions
 
 
 @contextlib.contextmanager
@@ -42,19 +45,32 @@ def fast_path(
     beam_size: int = 4,
     ngram_lm_model: str | None = None,
     ngram_lm_alpha: float = 0.0,
+    boosting_share: float = 0.0,
+    boosting_alpha: float = 0.0,
+    boosting: Sequence[BoostingOptions | None] = (),
 ) -> StreamingPath:
     """Ours: slot caches read in place, one graph replay per step (GPU), per-slot state of ``fast_greedy`` (or, with
-    ``decoding="beam"``, each slot's beams of NeMo's ``malsd_batch``), fusing the n-gram LM ``ngram_lm_model`` if any.
+    ``decoding="beam"``, each slot's beams of NeMo's ``malsd_batch``), fusing the n-gram LM ``ngram_lm_model`` if any
+    and each stream's own phrases given at ``open`` (``boosting_share`` / ``boosting_alpha``: their share of the streams
+    and weight, for the path's name).
 
     Warmed up before the clock starts: every encoder bucket's graph and the decoder's graph per bucket are
-    captured (:meth:`StreamingTranscriber.warm_up`), so no step of the timed run captures.
+    captured (:meth:`StreamingTranscriber.warm_up`), so no step of the timed run captures. With ``boosting`` (the
+    streams' phrases, as they will open), the decoder fusing the streams' trees is captured too, after the trees'
+    storage has grown to hold them all at once (NeMo's multi-model keeps its storage when a tree leaves, and a growth
+    would invalidate the captured graphs mid-run).
     """
     streamer = StreamingTranscriber(
         model, num_slots, dtype=dtype, use_cuda_graphs=use_cuda_graphs, fast_math=fast_math,
         encoder_matmul=encoder_matmul, capture_decoder_step=capture_decoder_step, decoding=decoding,
         beam_size=beam_size, ngram_lm_model=ngram_lm_model, ngram_lm_alpha=ngram_lm_alpha,
+        phrase_boosting=any(options is not None for options in boosting),
     )  # fmt: skip
-    warmup = streamer.warm_up().total_seconds
+    started = time.perf_counter()
+    trees = [options for options in boosting if options is not None][:num_slots]
+    for slot in [streamer.open(options) for options in trees]:
+        streamer.close(slot)
+    warmup = time.perf_counter() - started + streamer.warm_up().total_seconds
 
     def finish(slot: int) -> list[int]:
         tokens = streamer.token_ids(slot)  # no Hypothesis needed
@@ -64,6 +80,8 @@ def fast_path(
     mode = "CUDA graph per bucket" if streamer.runner.use_graphs else "eager"
     mode += f", beam search ({beam_size} beams)" if decoding == "beam" else ""
     mode += f", n-gram LM (alpha {ngram_lm_alpha})" if ngram_lm_model is not None else ""
+    if boosting_share > 0:
+        mode += f", phrase boosting on {100 * boosting_share:g}% of streams (weight {boosting_alpha})"
     mode += (", fast_math" if fast_math else "") + (f", {encoder_matmul} encoder" if encoder_matmul != "fp32" else "")
     # what warm-up captured, not what was asked: no captures on the CPU, and a refused one falls back to eager
     captured = streamer.decoder is not None and streamer.decoder.captured_batch_sizes
@@ -100,6 +118,11 @@ def nemo_path(
         with autocast(), _matmul_tf32(tf32_matmuls):
             streamer.step(slots, chunks)
 
+    def open_(boosting: BoostingOptions | None) -> int:
+        if boosting is not None:
+            raise ValueError("NeMo's conformer_stream_step path has no per-stream phrase boosting")
+        return streamer.open()
+
     def finish(slot: int) -> list[int]:
         hyp = streamer.flush(slot)
         return as_int_list(hyp.y_sequence) if hyp is not None else []
@@ -116,7 +139,7 @@ def nemo_path(
     warmup = time.perf_counter() - started
     strategy = model.cfg.decoding.get("strategy", "?")
     name = f"NeMo gather/scatter + conformer_stream_step ({strategy}{', TF32 matmuls' if tf32_matmuls else ''})"
-    return StreamingPath(name, streamer.open, step, finish, warmup)
+    return StreamingPath(name, open_, step, finish, warmup)
 
 
 def _fuse_ngram_lm(model: ASRModel, ngram_lm_model: str, ngram_lm_alpha: float) -> None:

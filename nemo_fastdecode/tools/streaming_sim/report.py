@@ -39,6 +39,24 @@ class FixedStep:
 
 
 @dataclass
+class BeamReference:
+    """Our beam search's final tokens against NeMo's beam search of each stream alone (untimed: NeMo has no batched
+    streaming beam search), over the first ``checked`` streams; ``boosted``: how many of those had phrases."""
+
+    checked: int
+    identical: int
+    boosted: int
+    method: str = (
+        "nemo_alone_beam: NeMo's cache-aware encoder steps and ModifiedALSD computer continued over the stream's "
+        "chunks, each stream alone, same beam size, LM and phrases"
+    )
+
+    @property
+    def all_identical(self) -> bool:
+        return self.checked > 0 and self.identical == self.checked
+
+
+@dataclass
 class StreamingRunResult:
     """What :func:`run` measured and wrote."""
 
@@ -51,6 +69,7 @@ class StreamingRunResult:
     wer: float | None = None  # our finals against the inputs' reference texts (None: no input has one)
     fixed_step: FixedStep | None = None
     files: dict[str, str] = field(default_factory=dict)
+    beam_reference: BeamReference | None = None  # decoding=beam with compare_nemo: the exactness check
 
 
 @dataclass
@@ -76,10 +95,41 @@ class SweepResult:
     files: dict[str, str] = field(default_factory=dict)
 
 
+def mode_line(config: dict[str, Any]) -> str:
+    """The decoding mode: greedy or beam (size), the n-gram LM, the share of streams with phrase boosting."""
+    mode = f"beam search, {config['beam_size']} beams" if config["decoding"] == "beam" else "greedy"
+    if config.get("ngram_lm_model"):
+        mode += f", n-gram LM {Path(config['ngram_lm_model']).name} (alpha {config['ngram_lm_alpha']})"
+    share = config.get("boosting_streams_share", 0.0)
+    if share > 0:
+        mode += (
+            f", phrase boosting on {100 * share:g}% of streams ({config['boosting_phrases']} random phrases each, "
+            f"weight {config['boosting_alpha']})"
+        )
+    return f"- decoding: {mode}"
+
+
+def _beam_reference_lines(ref: BeamReference | None, config: dict[str, Any]) -> list[str]:
+    if config.get("decoding") != "beam" or not config.get("compare_nemo"):
+        return []
+    lines = [
+        "NeMo has no batched streaming beam search (its conformer_stream_step refuses malsd_batch with partial "
+        "hypotheses), so no NeMo path is timed in this run; NeMo's side is an exactness reference instead."
+    ]
+    if ref is None or ref.checked == 0:
+        return lines + ["Beam search against NeMo's: not checked (nemo_beam_reference_streams = 0)."]
+    verdict = "all identical" if ref.all_identical else f"{ref.checked - ref.identical} DIFFER"
+    return lines + [
+        f"Beam search against NeMo's ({ref.method}): final tokens identical on {ref.identical}/{ref.checked} "
+        f"streams checked ({verdict}; {ref.boosted} of them with phrase boosting)."
+    ]
+
+
 def _setup_lines(
     config: dict[str, Any], environment: dict[str, Any], g: dict[str, Any], streams: str, slots: int
 ) -> list[str]:
     return [
+        mode_line(config),
         f"- device: {environment.get('gpu', environment['device'])}, torch {environment['torch']}",
         f"- att_context_size {list(g['att_context_size'])}: {g['chunk'] * 10} ms chunks, {g['out_frames']} encoder "
         f"frame(s) per chunk, {g['att_cache']} frames of left context",
@@ -127,6 +177,7 @@ def format_markdown(result: StreamingRunResult) -> str:
         ratio = nemo.compute_seconds / ours.compute_seconds if ours.compute_seconds else float("nan")
         lines.append(f"Compute time: NeMo / ours = {ratio:.2f}x over the same chunks.")
         lines.append(f"Streams with identical tokens (ours vs NeMo's path): {100 * result.identical_streams:.1f}%")
+    lines += _beam_reference_lines(result.beam_reference, c)
     if result.wer is not None:
         scored = sum(1 for r in result.transcripts if "text" in r)
         lines.append(
@@ -168,6 +219,11 @@ def format_sweep_markdown(result: SweepResult) -> str:
     lines.append("")
     for name, best in result.max_realtime_streams.items():
         lines.append(f"- {name}: largest count in real time with p95 <= {target} ms: {best if best else 'none'}")
+    if c.get("decoding") == "beam" and c.get("compare_nemo"):
+        lines.append(
+            "- NeMo has no batched streaming beam search: only our path is timed; the check against NeMo's beam "
+            "search of each stream alone runs in a run without num_streams_sweep."
+        )
     for pt in result.points:
         if pt.fixed_step is not None and pt.fixed_step.ours_over_nemo is not None:
             tokens = " / ".join(str(count) for count in pt.fixed_step.tokens.values())
@@ -191,6 +247,8 @@ def write_run_result(result: StreamingRunResult, out_dir: Path, tag: str | None)
     payload.pop("transcripts")
     if result.fixed_step is not None:
         payload["fixed_step"]["ours_over_nemo"] = result.fixed_step.ours_over_nemo
+    if result.beam_reference is not None:
+        payload["beam_reference"]["all_identical"] = result.beam_reference.all_identical
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
     md_path.write_text(format_markdown(result) + "\n")
     with open(jsonl_path, "w", encoding="utf8") as f:

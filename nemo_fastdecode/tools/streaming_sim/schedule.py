@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nemo_fastdecode.streaming.events import BoostingOptions
 from nemo_fastdecode.streaming.geometry import StreamingGeometry, split_features
 from nemo_fastdecode.tools.timing import synchronize
 
@@ -28,12 +29,19 @@ FRAME_SECONDS = 0.01  # NeMo's mel-feature hop
 
 @dataclass
 class StreamPlan:
-    """One simulated stream: its input, start time, chunks and each chunk's arrival time (seconds)."""
+    """One simulated stream: its input, start time, chunks and each chunk's arrival time (seconds), and the phrases
+    it opens with to boost (``None``: none)."""
 
     name: str
     start: float
     chunks: list[torch.Tensor]
     arrivals: list[float]
+    boosting: BoostingOptions | None = None
+
+    @property
+    def features(self) -> torch.Tensor:
+        """The features the stream plays, ``[feat_in, T]``: its chunks joined (a cut and a dropped tail left out)."""
+        return torch.cat(self.chunks, dim=1)
 
     @property
     def audio_seconds(self) -> float:
@@ -48,8 +56,10 @@ def plan_streams(
     stagger_seconds: float,
     seed: int = 0,
     max_stream_seconds: float | None = None,
+    boosting: Sequence[BoostingOptions | None] | None = None,
 ) -> list[StreamPlan]:
-    """Stream ``i`` plays ``features[i % len(features)]`` (``[feat_in, T]``), starting at a uniform random time."""
+    """Stream ``i`` plays ``features[i % len(features)]`` (``[feat_in, T]``), starting at a uniform random time, and
+    opens with ``boosting[i]`` (``None``: no boosting for any stream)."""
     rng = random.Random(seed)
     plans = []
     for i in range(num_streams):
@@ -59,7 +69,8 @@ def plan_streams(
         start = rng.uniform(0.0, stagger_seconds) if stagger_seconds > 0 else 0.0
         chunks = split_features(feats, geometry)
         ends = np.cumsum([c.shape[1] for c in chunks])
-        plans.append(StreamPlan(names[i % len(names)], start, chunks, [start + e * FRAME_SECONDS for e in ends]))
+        arrivals = [start + e * FRAME_SECONDS for e in ends]
+        plans.append(StreamPlan(names[i % len(names)], start, chunks, arrivals, boosting[i] if boosting else None))
     return plans
 
 
@@ -89,12 +100,15 @@ class PathStats:
 
 
 class StreamingPath:
-    """What :func:`simulate` needs from a streaming implementation (and how long its warm-up took)."""
+    """What :func:`simulate` needs from a streaming implementation (and how long its warm-up took).
+
+    ``open_(boosting)``: a slot for a new stream with its phrases to boost (``None``: none).
+    """
 
     def __init__(
         self,
         name: str,
-        open_: Callable[[], int],
+        open_: Callable[[BoostingOptions | None], int],
         step: Callable[[list[int], list[torch.Tensor]], Any],
         finish: Callable[[int], list[int]],
         warmup_seconds: float = 0.0,
@@ -142,7 +156,7 @@ def simulate(
             continue
         for i in ready:
             if i not in slot:
-                slot[i] = path.open()
+                slot[i] = path.open(plans[i].boosting)
         sync()
         started = time.perf_counter()
         path.step([slot[i] for i in ready], [plans[i].chunks[position[i]] for i in ready])
@@ -224,7 +238,7 @@ def time_fixed_steps(
     ``repeats`` steps only.
     """
     streams = list(plans[:num_streams])
-    slots = [path.open() for _ in streams]
+    slots = [path.open(p.boosting) for p in streams]
     path.step(slots, [p.chunks[0] for p in streams])
     times = []
     with around_steps if around_steps is not None else contextlib.nullcontext():
