@@ -21,7 +21,7 @@ from nemo_fastdecode.tools import profiling as comparison
 from nemo_fastdecode.tools import streaming_sim as simulation
 
 DEFAULTS = {"config": "streaming_hybrid_17x512", "streams": 256, "slots": 1024, "repeats": 3, "top": 25}
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "streaming"
 SHORT_GAP_US = 50.0  # idle stretches shorter than this are launch gaps between a step's kernels
 
 

@@ -35,7 +35,7 @@ from omegaconf import DictConfig
 from nemo_fastdecode.tools.streaming_sim import run
 
 
-@hydra_runner(config_path="../configs", config_name="streaming")
+@hydra_runner(config_path="../configs/streaming", config_name="streaming")
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

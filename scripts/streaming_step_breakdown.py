@@ -29,7 +29,7 @@ from nemo_fastdecode.tools import streaming_sim as simulation
 
 DEFAULTS = {"config": "streaming_hybrid_17x512", "streams": 256, "slots": 1024, "repeats": 12}
 BENCHMARK = ["max_stream_seconds=4", "encoder_matmul=tf32x3"]  # as the streaming benchmark runs (overridable)
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "streaming"
 PHASES = ("step", "host: check + pack", "encoder", "decoder")
 
 

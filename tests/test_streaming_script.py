@@ -20,7 +20,7 @@ from nemo_fastdecode.tools.configs import StreamingConfig
 from nemo_fastdecode.tools.streaming_sim.phrases import boosted_streams, stream_boosting
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs"
+CONFIGS = ROOT / "configs" / "streaming"
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -400,3 +400,10 @@ def test_the_fixed_step_leaves_out_short_last_chunks():
         chunks = sim.fixed_step_chunks(plans, repeat)
         assert [c.shape[1] for c in chunks] == [32, 32, 9]
     assert sim.fixed_step_chunks(plans[:1], 1) is not None and sim.fixed_step_chunks(plans[:1], 1)[0] is full
+
+
+def test_decoding_is_overridable_on_the_command_line():
+    """``decoding=beam`` is a value of the streaming config, not NeMo-style decoding configs (``configs/decoding/``, a
+    Hydra group the streaming script's search path must not see)."""
+    assert compose_streaming(overrides=["decoding=beam"]).decoding == "beam"
+    assert compose_streaming("streaming_hybrid_17x512", ["decoding=beam"]).decoding == "beam"

@@ -3,7 +3,7 @@
 * :class:`TranscribeConfig` -- ``scripts/transcribe.py`` (``configs/transcribe.yaml``).
 * :class:`ParallelTranscribeConfig` -- ``scripts/transcribe_parallel.py`` (``configs/transcribe_parallel.yaml``).
 * :class:`SyntheticManifestConfig` -- ``scripts/synthetic_manifest.py`` (``configs/synthetic_manifest.yaml``).
-* :class:`StreamingConfig` -- ``scripts/streaming.py`` (``configs/streaming*.yaml``).
+* :class:`StreamingConfig` -- ``scripts/streaming.py`` (``configs/streaming/*.yaml``).
 * :class:`BenchmarkConfig` -- ``scripts/benchmark.py`` (``configs/benchmark.yaml``).
 * :class:`StreamAudioBenchConfig` -- ``scripts/stream_audio_bench.py`` (``configs/stream_audio_bench*.yaml``).
 * :class:`LoadtestConfig` -- ``nemo-fastdecode loadtest`` (``configs/loadtest.yaml``).
