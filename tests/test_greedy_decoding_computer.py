@@ -12,7 +12,7 @@ import random
 
 import pytest
 import torch
-from conftest import ENCODER_DIM, TDT_DURATIONS, VOCAB_SIZE, make_networks
+from conftest import ENCODER_DIM, TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
 from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import GreedyBatchedRNNTInfer, GreedyBatchedTDTInfer
 from nemo.collections.asr.parts.submodules.transducer_decoding.batched_hyps import BatchedHyps
 from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import BatchedLabelLoopingState
@@ -294,3 +294,50 @@ def test_graph_modes_match_nemos_computer_on_gpu(kind, loop_labels, mode):
             )
             states[name].update(zip(streams, results[name][1], strict=False))
         assert_same_hypotheses(results["nemo"][0], results["fast"][0])
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_partial_hypotheses_name_their_trees_as_in_nemos_infer(kind, caplog):
+    """The infer's forward reads each row's tree from its partial hypothesis' ``biasing_cfg.multi_model_id`` (NeMo's
+    cache-aware pipeline passes them so): NeMo's Infer's hypotheses; a request without an id is skipped with a
+    warning, as NeMo skips it."""
+    from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
+    from nemo.collections.asr.parts.context_biasing.biasing_multi_model import BiasingRequestItemConfig
+    from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
+
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=1, blank_bias=REALISTIC_BIAS[kind])
+    common = dict(max_symbols_per_step=3, use_cuda_graph_decoder=False, enable_per_stream_biasing=True)
+    if kind == "tdt":
+        nemo_infer = GreedyBatchedTDTInfer(
+            decoder, joint, VOCAB_SIZE, durations=TDT_DURATIONS, include_duration=True, **common
+        )
+    else:
+        nemo_infer = GreedyBatchedRNNTInfer(decoder, joint, VOCAB_SIZE, loop_labels=True, **common)
+    fast_infer = ours(kind, decoder, joint, 3, enable_per_stream_biasing=True)
+    ids = {
+        infer.decoding_computer.biasing_multi_model.add_model(boosting_tree(), alpha=3.0)
+        for infer in (nemo_infer, fast_infer)
+    }
+    (tree_id,) = ids
+
+    def requests(multi_model_id):
+        cfg = BoostingTreeModelConfig(key_phrases_list=["x"])
+        return BiasingRequestItemConfig(boosting_model_cfg=cfg, multi_model_id=multi_model_id)
+
+    encs, lengths = random_encoder_output(4, 24, seed=3, lengths=[24, 20, 24, 13])
+    results = {}
+    for name, infer in (("nemo", nemo_infer), ("fast", fast_infer), ("plain", fast_infer)):
+        if name == "plain":
+            partial = None
+        else:
+            partial = [Hypothesis.empty_with_biasing_cfg(requests(tree_id)), None, None, None]
+            partial[2] = Hypothesis.empty_with_biasing_cfg(requests(None))  # requested, not in the multi-model
+            partial[3] = Hypothesis.empty_with_biasing_cfg(requests(tree_id))
+        with caplog.at_level("WARNING"), torch.inference_mode():
+            results[name] = infer(encoder_output=encs, encoded_lengths=lengths, partial_hypotheses=partial)[0]
+    assert "Boosting tree requested in index 2, not compiled, skipping" in caplog.text
+    tokens = {name: [list(map(int, h.y_sequence)) for h in hyps] for name, hyps in results.items()}
+    assert any(tokens["fast"]) and tokens["fast"] != tokens["plain"], "boosting changes nothing: cannot fail"
+    assert tokens["fast"][1:3] == tokens["plain"][1:3]
+    # durations not compared: merging into an empty partial hypothesis (NeMo's merge_, both) leaves them None
+    assert_same_hypotheses(results["nemo"], results["fast"])
