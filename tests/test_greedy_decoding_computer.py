@@ -210,10 +210,12 @@ def test_no_biasing_and_no_fusion():
             computer(encs.transpose(1, 2), lengths, multi_biasing_ids=torch.tensor([-1, 0]))
 
 
-def test_per_stream_biasing_is_refused_with_frame_looping():
+def test_per_stream_biasing_is_refused_with_frame_looping_and_with_confidence():
     decoder, joint = make_networks(seed=3, blank_bias=REALISTIC_BIAS["rnnt"])
     with pytest.raises(ValueError, match="enable_per_stream_biasing=True needs loop_labels=True"):
         FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, 3, loop_labels=False, enable_per_stream_biasing=True)
+    with pytest.raises(ValueError, match="per-stream biasing with alignments or confidence"):
+        FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, 3, enable_per_stream_biasing=True, preserve_alignments=True)
 
 
 def nemo_biasing_computer(kind: str, decoder, joint):
@@ -228,29 +230,31 @@ def nemo_biasing_computer(kind: str, decoder, joint):
     return infer.decoding_computer
 
 
-@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
-def test_per_stream_biasing_matches_nemos_computer(kind):
-    """``enable_per_stream_biasing=True``: the same trees added to each computer's ``biasing_multi_model``, streams
-    with different trees and none, driven chunk by chunk as NeMo's buffered pipeline drives them (right context
-    from a copy of the chunk's state, see :func:`pipeline_step`): NeMo's tokens, timestamps and scores. The same
-    computer without ids is unboosted."""
-    decoder, joint = make_networks(tdt=kind == "tdt", seed=1, blank_bias=REALISTIC_BIAS[kind])
+def check_per_stream_biasing(kind: str, device: str = "cpu", graph_mode: str = "auto") -> None:
+    """NeMo's computer and ours with ``enable_per_stream_biasing=True`` on the same schedule (see
+    :func:`test_per_stream_biasing_matches_nemos_computer`)."""
+    decoder, joint = (m.to(device) for m in make_networks(tdt=kind == "tdt", seed=1, blank_bias=REALISTIC_BIAS[kind]))
     nemo = nemo_biasing_computer(kind, decoder, joint)
-    fast = ours(kind, decoder, joint, 3, enable_per_stream_biasing=True).decoding_computer
+    infer = ours(kind, decoder, joint, 3, graph_mode=graph_mode, enable_per_stream_biasing=True)
+    fast = infer.decoding_computer
     assert fast.per_stream_biasing_enabled and fast.has_fusion_models() and not fast.has_fusion_models(False)
     assert type(fast.biasing_multi_model) is type(nemo.biasing_multi_model)
-    tree_ids = []
-    for tree, alpha in ((boosting_tree(), 2.0), (boosting_tree(((4, 4, 6), (2, 8))), 3.5)):
-        ids = {c.biasing_multi_model.add_model(tree, alpha=alpha) for c in (nemo, fast)}
-        assert len(ids) == 1
-        tree_ids.extend(ids)
-    stream_ids = {0: tree_ids[0], 1: -1, 2: tree_ids[1], 3: tree_ids[0]}
+    assert infer._drop_captured_graphs in fast.biasing_multi_model.reallocation_callbacks
+
+    def add(tree, alpha: float) -> int:
+        (model_id,) = {c.biasing_multi_model.add_model(tree, alpha=alpha) for c in (nemo, fast)}
+        return model_id
+
+    stream_ids = {0: add(boosting_tree(), 2.0), 1: -1}
+    stream_ids[2] = stream_ids[0]
     runs = {"nemo": (nemo, True), "fast": (fast, True), "unboosted": (fast, False)}
     states = {name: {} for name in runs}
     changed, emitted = 0, 0
     for step, streams in enumerate(STEPS):
-        encs, enc_lens_chunk, enc_lens = step_inputs(step, len(streams))
-        ids = torch.tensor([stream_ids[s] for s in streams])
+        if 3 in streams and 3 not in stream_ids:  # a tree added after decoding started (graphs captured)
+            stream_ids[3] = add(boosting_tree(((4, 4, 6), (2, 8))), 3.5)
+        encs, enc_lens_chunk, enc_lens = step_inputs(step, len(streams), device)
+        ids = torch.tensor([stream_ids[s] for s in streams], device=device)
         results = {}
         for name, (computer, boosted) in runs.items():
             stream_states = [states[name].get(s) for s in streams]
@@ -267,6 +271,25 @@ def test_per_stream_biasing_matches_nemos_computer(kind):
         for expected, actual in zip(results["nemo"][1], results["fast"][1], strict=True):
             assert_same_state(expected, actual, bitwise=False)
     assert emitted > 0 and changed > 0, "no tokens, or boosting changes nothing: the comparison could not fail"
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_per_stream_biasing_matches_nemos_computer(kind):
+    """``enable_per_stream_biasing=True``: the same trees added to each computer's ``biasing_multi_model`` (one after
+    decoding started), streams with different trees and none, driven chunk by chunk as NeMo's buffered pipeline
+    drives them (right context from a copy of the chunk's state, see :func:`pipeline_step`): NeMo's tokens,
+    timestamps and scores. The same computer without ids is unboosted."""
+    check_per_stream_biasing(kind)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("exact_fp32")
+@pytest.mark.parametrize("mode", ["full_graph", "no_while_graph"])
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_per_stream_biasing_in_graph_modes_matches_nemos_computer_on_gpu(kind, mode):
+    """As on the CPU, ours in each graph mode (the multi-model's Triton advance captured) against NeMo's computer
+    without its CUDA graphs (see :func:`test_graph_modes_match_nemos_computer_on_gpu`)."""
+    check_per_stream_biasing(kind, "cuda", mode)
 
 
 @pytest.mark.gpu
