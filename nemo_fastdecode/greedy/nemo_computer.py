@@ -38,8 +38,8 @@ class NemoDecodingComputer(ComputerGraphsSwitch):
     their states part of the decoding state, as in NeMo's computers. With per-stream biasing (the computer's
     ``fusion.per_row``), ``biasing_multi_model`` is that ``GPUBiasingMultiModel`` (NeMo's pipelines add and remove
     the streams' trees there) and ``per_stream_biasing_enabled`` is True; else it is ``None`` and NeMo's pipelines
-    skip their biasing steps. The returned hypotheses and state own their memory (NeMo's pipelines keep the split items and pass the state again for the right context);
-    ``prev_batched_state`` is never written.
+    skip their biasing steps. The returned hypotheses and state own their memory (NeMo's pipelines keep the split
+    items and pass the state again for the right context); ``prev_batched_state`` is never written.
     """
 
     def __init__(self, computer: GreedyComputerBase, allow_cuda_graphs: bool = True):
