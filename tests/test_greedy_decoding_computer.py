@@ -12,11 +12,13 @@ import random
 
 import pytest
 import torch
-from conftest import ENCODER_DIM, VOCAB_SIZE, make_networks
+from conftest import ENCODER_DIM, TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
+from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import GreedyBatchedRNNTInfer, GreedyBatchedTDTInfer
 from nemo.collections.asr.parts.submodules.transducer_decoding.batched_hyps import BatchedHyps
 from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import BatchedLabelLoopingState
 from nemo.collections.asr.parts.utils.rnnt_utils import batched_hyps_to_hypotheses
 from test_greedy_exactness import REALISTIC_BIAS, assert_same_hypotheses, baseline, ours
+from test_greedy_fusion import boosting_tree
 from test_greedy_nemo_state import assert_same_state
 
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
@@ -39,8 +41,13 @@ def fast_computer(kind: str):
     return ours(kind, decoder, joint, 3).decoding_computer
 
 
-def pipeline_step(computer, stream_states: list, encs: torch.Tensor, enc_lens_chunk, enc_lens):
-    """``BufferedRNNTPipeline.stateful_transcribe_step``'s use of the computer (NeMo 3.0, without biasing).
+def pipeline_step(
+    computer, stream_states: list, encs: torch.Tensor, enc_lens_chunk, enc_lens, biasing_ids=None, copy_state=False
+):
+    """``BufferedRNNTPipeline.stateful_transcribe_step``'s use of the computer (NeMo 3.0); ``biasing_ids [B]``: the
+    streams' trees in the computer's ``biasing_multi_model`` (-1: none), given to the chunk and its right context.
+    ``copy_state``: the right context continues from a copy of the chunk's state (NeMo's eager loop writes the fusion
+    states of the state it continues in place, and the split items are views of them).
 
     ``encs [B, D, T]``: the chunk's frames then its right context; returns the merged hypotheses (chunk + right
     context) and the states after the chunk (``split_batched_state``: NeMo's CUDA-graph computer gives more items
@@ -51,7 +58,9 @@ def pipeline_step(computer, stream_states: list, encs: torch.Tensor, enc_lens_ch
         batched_rnnt_states = computer.merge_to_batched_state(list(stream_states))
     encs_dim_last = encs.transpose(1, 2)
     with torch.inference_mode(), torch.no_grad():
-        hyps_chunk, batched_state = computer(encs_dim_last, enc_lens_chunk, batched_rnnt_states, multi_biasing_ids=None)
+        hyps_chunk, batched_state = computer(
+            encs_dim_last, enc_lens_chunk, batched_rnnt_states, multi_biasing_ids=biasing_ids
+        )
     best_hyps = batched_hyps_to_hypotheses(hyps_chunk, batch_size=enc_lens.shape[0])
     states = computer.split_batched_state(batched_state)
     # right context: shifted to the start, decoded from the state after the chunk (not kept)
@@ -59,8 +68,10 @@ def pipeline_step(computer, stream_states: list, encs: torch.Tensor, enc_lens_ch
     shift_indices = torch.arange(max_time, device=encs.device)[None, :] + enc_lens_chunk[:, None]
     shift_indices = torch.where(shift_indices < max_time, shift_indices, torch.zeros_like(shift_indices))
     shifted = torch.gather(encs_dim_last, dim=1, index=shift_indices[:, :, None].expand(-1, -1, feat_dim))
+    if copy_state:
+        batched_state = computer.merge_to_batched_state(list(states))
     with torch.inference_mode(), torch.no_grad():
-        hyps_rc, _ = computer(shifted, enc_lens - enc_lens_chunk, batched_state, multi_biasing_ids=None)
+        hyps_rc, _ = computer(shifted, enc_lens - enc_lens_chunk, batched_state, multi_biasing_ids=biasing_ids)
     for hyp, hyp_rc in zip(best_hyps, batched_hyps_to_hypotheses(hyps_rc, batch_size=enc_lens.shape[0]), strict=True):
         hyp.merge_(hyp_rc)
     return best_hyps, states
@@ -188,17 +199,97 @@ def test_reset_state_by_mask_matches_nemo(kind):
 
 def test_no_biasing_and_no_fusion():
     decoder, joint = make_networks(seed=3, blank_bias=REALISTIC_BIAS["rnnt"])
-    computer = FastGreedyBatchedInfer(
-        decoder, joint, VOCAB_SIZE, 3, enable_per_stream_biasing=True
-    ).decoding_computer  # NeMo's pipelines then skip their biasing steps
+    computer = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, 3).decoding_computer
     assert computer.per_stream_biasing_enabled is False and computer.biasing_multi_model is None
     assert not computer.has_fusion_models() and computer.max_symbols == 3
     encs, lengths, _ = step_inputs(3, 2)
     with torch.inference_mode():
         hyps, _ = computer(encs.transpose(1, 2), lengths, multi_biasing_ids=torch.tensor([-1, -1]))
         assert isinstance(hyps, BatchedHyps)
-        with pytest.raises(NotImplementedError, match="does not apply per-stream biasing"):
+        with pytest.raises(ValueError, match="enable_per_stream_biasing=true"):
             computer(encs.transpose(1, 2), lengths, multi_biasing_ids=torch.tensor([-1, 0]))
+
+
+def test_per_stream_biasing_is_refused_with_frame_looping_and_with_confidence():
+    decoder, joint = make_networks(seed=3, blank_bias=REALISTIC_BIAS["rnnt"])
+    with pytest.raises(ValueError, match="enable_per_stream_biasing=True needs loop_labels=True"):
+        FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, 3, loop_labels=False, enable_per_stream_biasing=True)
+    with pytest.raises(ValueError, match="per-stream biasing with alignments or confidence"):
+        FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, 3, enable_per_stream_biasing=True, preserve_alignments=True)
+
+
+def nemo_biasing_computer(kind: str, decoder, joint):
+    """NeMo's label-looping computer (max_symbols 3, no CUDA graphs) with per-stream biasing."""
+    common = dict(max_symbols_per_step=3, use_cuda_graph_decoder=False, enable_per_stream_biasing=True)
+    if kind == "tdt":
+        infer = GreedyBatchedTDTInfer(
+            decoder, joint, VOCAB_SIZE, durations=TDT_DURATIONS, include_duration=True, **common
+        )
+    else:
+        infer = GreedyBatchedRNNTInfer(decoder, joint, VOCAB_SIZE, loop_labels=True, **common)
+    return infer.decoding_computer
+
+
+def check_per_stream_biasing(kind: str, device: str = "cpu", graph_mode: str = "auto") -> None:
+    """NeMo's computer and ours with ``enable_per_stream_biasing=True`` on the same schedule (see
+    :func:`test_per_stream_biasing_matches_nemos_computer`)."""
+    decoder, joint = (m.to(device) for m in make_networks(tdt=kind == "tdt", seed=1, blank_bias=REALISTIC_BIAS[kind]))
+    nemo = nemo_biasing_computer(kind, decoder, joint)
+    infer = ours(kind, decoder, joint, 3, graph_mode=graph_mode, enable_per_stream_biasing=True)
+    fast = infer.decoding_computer
+    assert fast.per_stream_biasing_enabled and fast.has_fusion_models() and not fast.has_fusion_models(False)
+    assert type(fast.biasing_multi_model) is type(nemo.biasing_multi_model)
+    assert infer._drop_captured_graphs in fast.biasing_multi_model.reallocation_callbacks
+
+    def add(tree, alpha: float) -> int:
+        (model_id,) = {c.biasing_multi_model.add_model(tree, alpha=alpha) for c in (nemo, fast)}
+        return model_id
+
+    stream_ids = {0: add(boosting_tree(), 2.0), 1: -1}
+    stream_ids[2] = stream_ids[0]
+    runs = {"nemo": (nemo, True), "fast": (fast, True), "unboosted": (fast, False)}
+    states = {name: {} for name in runs}
+    changed, emitted = 0, 0
+    for step, streams in enumerate(STEPS):
+        if 3 in streams and 3 not in stream_ids:  # a tree added after decoding started (graphs captured)
+            stream_ids[3] = add(boosting_tree(((4, 4, 6), (2, 8))), 3.5)
+        encs, enc_lens_chunk, enc_lens = step_inputs(step, len(streams), device)
+        ids = torch.tensor([stream_ids[s] for s in streams], device=device)
+        results = {}
+        for name, (computer, boosted) in runs.items():
+            stream_states = [states[name].get(s) for s in streams]
+            results[name] = pipeline_step(
+                computer, stream_states, encs, enc_lens_chunk, enc_lens, ids if boosted else None, copy_state=True
+            )
+            states[name].update(zip(streams, results[name][1], strict=False))
+        emitted += sum(len(h.y_sequence) for h in results["fast"][0])
+        changed += sum(
+            list(a.y_sequence) != list(b.y_sequence)
+            for a, b in zip(results["fast"][0], results["unboosted"][0], strict=True)
+        )
+        assert_same_hypotheses(results["nemo"][0], results["fast"][0], with_durations=kind == "tdt")
+        for expected, actual in zip(results["nemo"][1], results["fast"][1], strict=True):
+            assert_same_state(expected, actual, bitwise=False)
+    assert emitted > 0 and changed > 0, "no tokens, or boosting changes nothing: the comparison could not fail"
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_per_stream_biasing_matches_nemos_computer(kind):
+    """``enable_per_stream_biasing=True``: the same trees added to each computer's ``biasing_multi_model`` (one after
+    decoding started), streams with different trees and none, driven chunk by chunk as NeMo's buffered pipeline
+    drives them (right context from a copy of the chunk's state, see :func:`pipeline_step`): NeMo's tokens,
+    timestamps and scores. The same computer without ids is unboosted."""
+    check_per_stream_biasing(kind)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("exact_fp32")
+@pytest.mark.parametrize("mode", ["full_graph", "no_while_graph"])
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_per_stream_biasing_in_graph_modes_matches_nemos_computer_on_gpu(kind, mode):
+    """As on the CPU, ours in each graph mode (the multi-model's Triton advance captured) against NeMo's computer
+    without its CUDA graphs (see :func:`test_graph_modes_match_nemos_computer_on_gpu`)."""
+    check_per_stream_biasing(kind, "cuda", mode)
 
 
 @pytest.mark.gpu
@@ -226,3 +317,50 @@ def test_graph_modes_match_nemos_computer_on_gpu(kind, loop_labels, mode):
             )
             states[name].update(zip(streams, results[name][1], strict=False))
         assert_same_hypotheses(results["nemo"][0], results["fast"][0])
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_partial_hypotheses_name_their_trees_as_in_nemos_infer(kind, caplog):
+    """The infer's forward reads each row's tree from its partial hypothesis' ``biasing_cfg.multi_model_id`` (NeMo's
+    cache-aware pipeline passes them so): NeMo's Infer's hypotheses; a request without an id is skipped with a
+    warning, as NeMo skips it."""
+    from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
+    from nemo.collections.asr.parts.context_biasing.biasing_multi_model import BiasingRequestItemConfig
+    from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
+
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=1, blank_bias=REALISTIC_BIAS[kind])
+    common = dict(max_symbols_per_step=3, use_cuda_graph_decoder=False, enable_per_stream_biasing=True)
+    if kind == "tdt":
+        nemo_infer = GreedyBatchedTDTInfer(
+            decoder, joint, VOCAB_SIZE, durations=TDT_DURATIONS, include_duration=True, **common
+        )
+    else:
+        nemo_infer = GreedyBatchedRNNTInfer(decoder, joint, VOCAB_SIZE, loop_labels=True, **common)
+    fast_infer = ours(kind, decoder, joint, 3, enable_per_stream_biasing=True)
+    ids = {
+        infer.decoding_computer.biasing_multi_model.add_model(boosting_tree(), alpha=3.0)
+        for infer in (nemo_infer, fast_infer)
+    }
+    (tree_id,) = ids
+
+    def requests(multi_model_id):
+        cfg = BoostingTreeModelConfig(key_phrases_list=["x"])
+        return BiasingRequestItemConfig(boosting_model_cfg=cfg, multi_model_id=multi_model_id)
+
+    encs, lengths = random_encoder_output(4, 24, seed=3, lengths=[24, 20, 24, 13])
+    results = {}
+    for name, infer in (("nemo", nemo_infer), ("fast", fast_infer), ("plain", fast_infer)):
+        if name == "plain":
+            partial = None
+        else:
+            partial = [Hypothesis.empty_with_biasing_cfg(requests(tree_id)), None, None, None]
+            partial[2] = Hypothesis.empty_with_biasing_cfg(requests(None))  # requested, not in the multi-model
+            partial[3] = Hypothesis.empty_with_biasing_cfg(requests(tree_id))
+        with caplog.at_level("WARNING"), torch.inference_mode():
+            results[name] = infer(encoder_output=encs, encoded_lengths=lengths, partial_hypotheses=partial)[0]
+    assert "Boosting tree requested in index 2, not compiled, skipping" in caplog.text
+    tokens = {name: [list(map(int, h.y_sequence)) for h in hyps] for name, hyps in results.items()}
+    assert any(tokens["fast"]) and tokens["fast"] != tokens["plain"], "boosting changes nothing: cannot fail"
+    assert tokens["fast"][1:3] == tokens["plain"][1:3]
+    # durations not compared: merging into an empty partial hypothesis (NeMo's merge_, both) leaves them None
+    assert_same_hypotheses(results["nemo"], results["fast"])

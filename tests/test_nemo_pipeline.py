@@ -29,6 +29,7 @@ from nemo.collections.asr.parts.context_biasing.biasing_multi_model import Biasi
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_fastdecode import registry
+from nemo_fastdecode.greedy.nemo_computer import NemoDecodingComputer
 from nemo_fastdecode.streaming.nemo_pipeline import FastCacheAwarePipeline
 from nemo_fastdecode.tools import synthetic as S
 
@@ -132,6 +133,32 @@ def test_per_stream_biasing_requests_are_the_streams_boosting_trees(saved):
     with pytest.warns(UserWarning, match="enable_per_stream_biasing is false: ignored"):
         output = off.run(saved["wavs"], options=[ASRRequestOptions(biasing_cfg=biasing(w)) for w in phrases])
     assert {r["audio_filepath"]: r["text"] for r in output.values()} == saved["alone"]
+
+
+def test_nemos_own_cache_aware_pipeline_with_fast_greedy_applies_per_stream_biasing(saved):
+    """NeMo's ``CacheAwareRNNTPipeline`` (``pipeline_type: cache_aware``) with ``strategy: fast_greedy`` and
+    ``enable_per_stream_biasing: true``: the pipeline adds each request's tree to the decoding computer's
+    ``biasing_multi_model`` and the streams are boosted as with ``greedy_batch``; the same transcripts, with and
+    without phrases, and every tree leaves the multi-model at its stream's end."""
+    phrases = [["the quick", "brown"], None, ["weeneen", "ack"]]
+    on = "asr.decoding.greedy.enable_per_stream_biasing=true"
+    texts = {}
+    for strategy in ("greedy_batch", "fast_greedy"):
+        pipeline = PipelineBuilder.build_pipeline(nemo_config(saved, f"asr.decoding.strategy={strategy}", on))
+        assert not isinstance(pipeline, FastCacheAwarePipeline)
+        computer = pipeline.asr_model.asr_model.decoding.decoding.decoding_computer
+        assert computer.per_stream_biasing_enabled
+        assert isinstance(computer, NemoDecodingComputer) == (strategy == "fast_greedy")
+        for boosted in (False, True):
+            options = [ASRRequestOptions(biasing_cfg=biasing(words) if boosted else None) for words in phrases]
+            output = pipeline.run(saved["wavs"], options=options)
+            texts[strategy, boosted] = {r["audio_filepath"]: r["text"] for r in output.values()}
+        multi = computer.biasing_multi_model  # NeMo's removal frees a tree's id, num_models stays
+        assert multi.num_models > 0 and multi.free_ids == set(range(multi.num_models))
+    assert any(texts["greedy_batch", True].values()), "no text: the comparison could not fail"
+    assert texts["greedy_batch", True] != texts["greedy_batch", False], "boosting changes nothing: cannot fail"
+    assert texts["fast_greedy", True] == texts["greedy_batch", True]
+    assert texts["fast_greedy", False] == texts["greedy_batch", False]
 
 
 def test_an_ngram_lm_in_the_decoding_config_is_fused_as_nemo_fuses_it(saved, tmp_path):

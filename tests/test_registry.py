@@ -128,13 +128,12 @@ def test_alignments_and_confidence_options_reach_the_computer(top, greedy, expec
 
 
 @pytest.mark.parametrize("loop_labels", [True, False])
-def test_per_stream_biasing_of_nemos_streaming_yamls_is_accepted_with_one_warning(loop_labels, caplog):
-    """NeMo's streaming pipeline YAMLs (asr_streaming_inference/*_rnnt.yaml) set enable_per_stream_biasing: true."""
+def test_per_stream_biasing_of_nemos_streaming_yamls(loop_labels):
+    """NeMo's streaming pipeline YAMLs (asr_streaming_inference/*_rnnt.yaml) set enable_per_stream_biasing: true:
+    the decoding computer gets NeMo's biasing multi-model (label looping); frame looping refuses it, as NeMo does."""
     from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
+    from nemo.collections.asr.parts.context_biasing.biasing_multi_model import GPUBiasingMultiModel
 
-    from nemo_fastdecode.greedy import infer
-
-    infer._warn_per_stream_biasing_not_applied.cache_clear()
     streaming_yaml_greedy = {
         "use_cuda_graph_decoder": False,
         "enable_per_stream_biasing": True,
@@ -145,12 +144,14 @@ def test_per_stream_biasing_of_nemos_streaming_yamls_is_accepted_with_one_warnin
         "loop_labels": loop_labels,
     }
     model = synthetic.build_synthetic_model("tiny-rnnt")
-    with caplog.at_level("WARNING", logger="nemo_fastdecode"):
-        for _ in range(2):  # NeMo's pipelines set the strategy again; one warning
+    if not loop_labels:
+        with pytest.raises(ValueError, match="enable_per_stream_biasing=True needs loop_labels=True"):
             model.change_decoding_strategy(decoding_config("fast_greedy", **streaming_yaml_greedy))
-    assert caplog.text.count("fast_greedy does not apply per-stream phrase boosting") == 1
+        return
+    model.change_decoding_strategy(decoding_config("fast_greedy", **streaming_yaml_greedy))
     computer = model.decoding.decoding.decoding_computer
-    assert computer.per_stream_biasing_enabled is False and computer.biasing_multi_model is None
+    assert computer.per_stream_biasing_enabled and isinstance(computer.biasing_multi_model, GPUBiasingMultiModel)
+    assert computer.biasing_multi_model.vocab_size == model.decoding.blank_id and computer.fusion_models == []
 
 
 def test_tdt_frame_looping_is_rejected():

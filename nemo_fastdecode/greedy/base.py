@@ -120,8 +120,9 @@ class GreedyComputerBase(CapturedLoopOwner):
             )
         if self.records.enabled:
             raise ValueError(
-                "n-gram LM / boosting tree fusion with alignments or confidence (preserve_alignments / "
-                "preserve_frame_confidence) is not supported by fast_greedy; use strategy greedy_batch"
+                "n-gram LM / boosting tree fusion or per-stream biasing with alignments or confidence "
+                "(preserve_alignments / preserve_frame_confidence) is not supported by fast_greedy; use strategy "
+                "greedy_batch"
             )
         fusion.check_vocabulary(self.blank_index)
         self.use_cuda_graphs = fusion.allow_graphs(self.forced_mode, self.use_cuda_graphs, "greedy decoding")
@@ -325,6 +326,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         encoder_lengths: torch.Tensor,
         previous_states: Sequence[LabelLoopingStateItem | None] | None = None,
         with_durations: bool = True,
+        model_ids: torch.Tensor | None = None,
     ) -> list[Hypothesis]:
         """Decode a batch.
 
@@ -334,6 +336,8 @@ class GreedyComputerBase(CapturedLoopOwner):
             previous_states: per row, the state a previous chunk ended in (``None``: start fresh); NeMo's
                 label-looping greedy decoding makes the same items, so a stream may switch between the two.
             with_durations: TDT: fill ``Hypothesis.token_duration`` (else it is empty, as for RNN-T).
+            model_ids: ``[B]`` int64, with per-row boosting (``FusionModels.per_row``): each row's tree (``-1``:
+                none); ``None``: no row has one.
 
         Returns:
             ``B`` hypotheses; each ``dec_state`` is NeMo's ``LabelLoopingStateItem`` to continue from.
@@ -343,7 +347,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         items = [previous_states[row] for row in rows]
         previous = BatchedGreedyState.stack(items, self.state_batch_dim) if rows else None
         row_ids = torch.tensor(rows, dtype=torch.long, device=encoder_output.device) if rows else None
-        buffers = self._decode(encoder_output, encoder_lengths, previous, row_ids)
+        buffers = self._decode(encoder_output, encoder_lengths, previous, row_ids, model_ids)
         state = self._final_state(buffers, batch_size, encoder_lengths, previous, row_ids)
         # the per-row states need no results on the host: built while the GPU still runs the loop
         items = state.final.split()

@@ -7,11 +7,12 @@ arguments, called with ``[B, D, T]`` encoder output, returns a 1-tuple of hypoth
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
+from nemo.collections.asr.parts.context_biasing.biasing_multi_model import GPUBiasingMultiModel
 from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import _GreedyRNNTInfer
 from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import LabelLoopingStateItem
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
@@ -51,9 +52,10 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         fusion_models / fusion_models_alpha: as in NeMo: n-gram LM (``NGramGPULanguageModel``) and boosting-tree
             (``GPUBoostingTreeModel``) fusion with one weight per model, label looping only, applied as NeMo's
             label-looping computers apply them (:mod:`nemo_fastdecode.greedy.fusion`).
-        enable_per_stream_biasing: accepted (NeMo's streaming YAMLs set it) with a warning: per-stream phrase
-            boosting is not applied, and ``decoding_computer.per_stream_biasing_enabled`` is False, so NeMo's
-            pipelines skip it.
+        enable_per_stream_biasing: NeMo's per-stream biasing, label looping only: a ``GPUBiasingMultiModel``
+            (``decoding_computer.biasing_multi_model``, where NeMo's streaming pipelines add and remove the streams'
+            boosting trees) fused after ``fusion_models``, each row boosted by its own tree (its hypothesis'
+            ``biasing_cfg.multi_model_id``, or the ``multi_biasing_ids`` given to ``decoding_computer``).
         graph_mode: "auto" (default), "full_graph", "no_while_graph" or "eager".
         fused_kernels: fused Triton step kernels (``None``: on CUDA); bit-identical to the torch path.
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
@@ -112,14 +114,25 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             duration_confidence=bool(include_duration_confidence) and durations is not None,
             confidence_method_cfg=confidence_method_cfg,
         )
-        fusion = FusionModels(fusion_models, fusion_models_alpha or []) if fusion_models else None
-        if fusion is not None and not loop_labels:
+        if fusion_models and not loop_labels:
             raise ValueError(
                 "n-gram LM / boosting tree fusion (fusion_models) needs loop_labels=True: it is not implemented with "
                 "the frame-looping algorithm (nor in NeMo's)"
             )
+        if enable_per_stream_biasing and not loop_labels:
+            raise ValueError(
+                "enable_per_stream_biasing=True needs loop_labels=True: per-stream biasing is not implemented with "
+                "the frame-looping algorithm (nor in NeMo's)"
+            )
+        biasing_multi_model = None
         if enable_per_stream_biasing:
-            _warn_per_stream_biasing_not_applied()
+            # its storage grows as trees are added: graphs captured on the old storage must go
+            biasing_multi_model = GPUBiasingMultiModel(
+                vocab_size=blank_index, reallocation_callback_fn=self._drop_captured_graphs
+            )
+        fusion = None
+        if fusion_models or biasing_multi_model is not None:
+            fusion = FusionModels(fusion_models or [], fusion_models_alpha or [], per_row=biasing_multi_model)
         label_loop_options = {"lookahead_frames": lookahead_frames, "looks_per_iteration": looks_per_iteration}
         if not loop_labels:
             for name, value, default in (
@@ -155,6 +168,11 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         )
         self.decoding_computer = NemoDecodingComputer(self.computer, allow_cuda_graphs=use_cuda_graph_decoder)
 
+    def _drop_captured_graphs(self) -> None:
+        computer = getattr(self, "computer", None)  # None while the constructor builds it
+        if computer is not None:
+            computer.reset_graphs()
+
     # NeMo's hooks around training and validation; as NeMo's, they go through the decoding computer
     def disable_cuda_graphs(self) -> bool:
         return self.decoding_computer.disable_cuda_graphs()
@@ -175,9 +193,16 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         previous_states = None
         if partial_hypotheses is not None:
             previous_states = [_state_of(h) for h in partial_hypotheses]
+        model_ids = None
+        if self.decoding_computer.per_stream_biasing_enabled:
+            model_ids = _biasing_ids_of(partial_hypotheses, encoded_lengths.shape[0], encoder_output.device)
         with eval_mode(self.decoder, self.joint), torch.inference_mode():
             hyps = self.computer(
-                encoder_output.transpose(1, 2), inputs.lengths, previous_states, with_durations=self.include_duration
+                encoder_output.transpose(1, 2),
+                inputs.lengths,
+                previous_states,
+                with_durations=self.include_duration,
+                model_ids=model_ids,
             )
             if partial_hypotheses is not None:  # continue the previous chunk's hypotheses, as NeMo does
                 hyps = [
@@ -191,14 +216,23 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             return (hyps,)
 
 
-@functools.cache
-def _warn_per_stream_biasing_not_applied() -> None:
-    """Once per process: NeMo's streaming YAMLs enable per-stream biasing by default."""
-    logger.warning(
-        "nemo_fastdecode: fast_greedy does not apply per-stream phrase boosting (enable_per_stream_biasing=true is "
-        "accepted and ignored; NeMo's pipelines see per_stream_biasing_enabled=False); use strategy greedy_batch "
-        "for biasing"
-    )
+def _biasing_ids_of(
+    partial_hypotheses: list[Hypothesis | None] | None, batch_size: int, device: torch.device
+) -> torch.Tensor:
+    """``[B]`` int64: each row's tree in the biasing multi-model, from its hypothesis' ``biasing_cfg`` (``-1``: none).
+
+    As NeMo's greedy decoders: a request whose tree is not in the multi-model yet (``multi_model_id`` None) is
+    skipped with a warning.
+    """
+    ids = np.full([batch_size], fill_value=-1, dtype=np.int64)
+    for row, hyp in enumerate(partial_hypotheses or []):
+        if hyp is None or not hyp.has_biasing_request():
+            continue
+        if hyp.biasing_cfg.multi_model_id is None:
+            logger.warning("Boosting tree requested in index %d, not compiled, skipping", row)
+            continue
+        ids[row] = hyp.biasing_cfg.multi_model_id
+    return torch.from_numpy(ids).to(device=device)
 
 
 def _state_of(hyp: Hypothesis | None) -> LabelLoopingStateItem | None:

@@ -34,14 +34,13 @@ class NemoDecodingComputer(ComputerGraphsSwitch):
     ``allow_cuda_graphs``: whether :meth:`maybe_enable_cuda_graphs` may turn the computer's CUDA graphs (back) on,
     as NeMo's computers keep it (``use_cuda_graph_decoder``).
 
-    Per-stream biasing is not applied: ``per_stream_biasing_enabled`` is False and ``biasing_multi_model`` None, so
-    NeMo's pipelines skip their biasing steps. The computer's n-gram LM / boosting-tree fusion models (if any) are
-    ``fusion_models`` / ``fusion_models_alpha``, their states part of the decoding state, as in NeMo's computers. The returned hypotheses and
-    state own their memory (NeMo's pipelines keep the split items and pass the state again for the right context);
-    ``prev_batched_state`` is never written.
+    The computer's n-gram LM / boosting-tree fusion models (if any) are ``fusion_models`` / ``fusion_models_alpha``,
+    their states part of the decoding state, as in NeMo's computers. With per-stream biasing (the computer's
+    ``fusion.per_row``), ``biasing_multi_model`` is that ``GPUBiasingMultiModel`` (NeMo's pipelines add and remove
+    the streams' trees there) and ``per_stream_biasing_enabled`` is True; else it is ``None`` and NeMo's pipelines
+    skip their biasing steps. The returned hypotheses and state own their memory (NeMo's pipelines keep the split
+    items and pass the state again for the right context); ``prev_batched_state`` is never written.
     """
-
-    biasing_multi_model = None
 
     def __init__(self, computer: GreedyComputerBase, allow_cuda_graphs: bool = True):
         self.computer = computer
@@ -49,16 +48,17 @@ class NemoDecodingComputer(ComputerGraphsSwitch):
         fusion = computer.fusion
         self.fusion_models: list = [] if fusion is None else list(fusion.models)
         self.fusion_models_alpha: list[float] = [] if fusion is None else list(fusion.alphas)
+        self.biasing_multi_model = None if fusion is None else fusion.per_row
 
     def maybe_enable_cuda_graphs(self) -> bool:
         return self.allow_cuda_graphs and super().maybe_enable_cuda_graphs()
 
     @property
     def per_stream_biasing_enabled(self) -> bool:
-        return False
+        return self.biasing_multi_model is not None
 
     def has_fusion_models(self, with_multi_model: bool = True) -> bool:
-        return bool(self.fusion_models)
+        return bool(self.fusion_models) or (with_multi_model and self.per_stream_biasing_enabled)
 
     @property
     def max_symbols(self) -> int | None:
@@ -112,13 +112,16 @@ class NemoDecodingComputer(ComputerGraphsSwitch):
 
         Returns NeMo's ``BatchedHyps`` of this chunk (timestamps from each stream's start) and the state to continue
         from; both have ``B`` rows. A previous state of more rows (NeMo's CUDA-graph computer pads its batch) gives
-        its first ``B``. ``multi_biasing_ids`` (``[B]``, -1: none) must request no biasing model.
+        its first ``B``. ``multi_biasing_ids [B]``: each row's tree in ``biasing_multi_model`` (-1: none; ``None``: no
+        row has one); without per-stream biasing it may request none.
         """
-        if multi_biasing_ids is not None and bool((multi_biasing_ids >= 0).any()):
-            raise NotImplementedError(
-                "fast_greedy does not apply per-stream biasing (multi_biasing_ids requests a biasing model); decode "
-                "with NeMo's strategy greedy_batch and greedy.enable_per_stream_biasing=true"
-            )
+        if not self.per_stream_biasing_enabled:
+            if multi_biasing_ids is not None and bool((multi_biasing_ids >= 0).any()):
+                raise ValueError(
+                    f"multi_biasing_ids={multi_biasing_ids.tolist()} requests a biasing model, but per-stream biasing "
+                    "is off: set decoding.greedy.enable_per_stream_biasing=true"
+                )
+            multi_biasing_ids = None
         batch_size = x.shape[0]
         if prev_batched_state is None:
             state = self._after_sos(batch_size, x.device)
@@ -127,7 +130,7 @@ class NemoDecodingComputer(ComputerGraphsSwitch):
             if state.batch_size < batch_size:
                 raise ValueError(f"prev_batched_state has {state.batch_size} rows for a batch of {batch_size}")
             state = state.narrow(batch_size)
-        final, emitted = self.computer.decode_with_state(x, out_len, state)
+        final, emitted = self.computer.decode_with_state(x, out_len, state, multi_biasing_ids)
         hyps = batched_hyps_of(emitted, self.computer.blank_index, x.dtype, state.decoded_lengths)
         return hyps, final.clone()  # `final` is a view of the computer's buffers, which its next call overwrites
 
