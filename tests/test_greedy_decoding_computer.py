@@ -218,23 +218,21 @@ def test_per_stream_biasing_is_refused_with_frame_looping_and_with_confidence():
         FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, 3, enable_per_stream_biasing=True, preserve_alignments=True)
 
 
-def nemo_biasing_computer(kind: str, decoder, joint):
-    """NeMo's label-looping computer (max_symbols 3, no CUDA graphs) with per-stream biasing."""
+def nemo_biasing_infer(kind: str, decoder, joint):
+    """NeMo's label-looping Infer (max_symbols 3, no CUDA graphs) with per-stream biasing."""
     common = dict(max_symbols_per_step=3, use_cuda_graph_decoder=False, enable_per_stream_biasing=True)
     if kind == "tdt":
-        infer = GreedyBatchedTDTInfer(
+        return GreedyBatchedTDTInfer(
             decoder, joint, VOCAB_SIZE, durations=TDT_DURATIONS, include_duration=True, **common
         )
-    else:
-        infer = GreedyBatchedRNNTInfer(decoder, joint, VOCAB_SIZE, loop_labels=True, **common)
-    return infer.decoding_computer
+    return GreedyBatchedRNNTInfer(decoder, joint, VOCAB_SIZE, loop_labels=True, **common)
 
 
 def check_per_stream_biasing(kind: str, device: str = "cpu", graph_mode: str = "auto") -> None:
     """NeMo's computer and ours with ``enable_per_stream_biasing=True`` on the same schedule (see
     :func:`test_per_stream_biasing_matches_nemos_computer`)."""
     decoder, joint = (m.to(device) for m in make_networks(tdt=kind == "tdt", seed=1, blank_bias=REALISTIC_BIAS[kind]))
-    nemo = nemo_biasing_computer(kind, decoder, joint)
+    nemo = nemo_biasing_infer(kind, decoder, joint).decoding_computer
     infer = ours(kind, decoder, joint, 3, graph_mode=graph_mode, enable_per_stream_biasing=True)
     fast = infer.decoding_computer
     assert fast.per_stream_biasing_enabled and fast.has_fusion_models() and not fast.has_fusion_models(False)
@@ -329,13 +327,7 @@ def test_partial_hypotheses_name_their_trees_as_in_nemos_infer(kind, caplog):
     from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
     decoder, joint = make_networks(tdt=kind == "tdt", seed=1, blank_bias=REALISTIC_BIAS[kind])
-    common = dict(max_symbols_per_step=3, use_cuda_graph_decoder=False, enable_per_stream_biasing=True)
-    if kind == "tdt":
-        nemo_infer = GreedyBatchedTDTInfer(
-            decoder, joint, VOCAB_SIZE, durations=TDT_DURATIONS, include_duration=True, **common
-        )
-    else:
-        nemo_infer = GreedyBatchedRNNTInfer(decoder, joint, VOCAB_SIZE, loop_labels=True, **common)
+    nemo_infer = nemo_biasing_infer(kind, decoder, joint)
     fast_infer = ours(kind, decoder, joint, 3, enable_per_stream_biasing=True)
     ids = {
         infer.decoding_computer.biasing_multi_model.add_model(boosting_tree(), alpha=3.0)
