@@ -138,15 +138,14 @@ class BeamFusion:
         in one kernel, equal to NeMo's ops up to float32 rounding."""
         # advance here: the beams' states are those the previous step selected (NeMo advances right after)
         self.models.advance(buffers)
+        weighted = self.blank_lm_score_mode is BlankLMScoreMode.LM_WEIGHTED_FULL
         if use_kernel:
             # one model's scores are their own sum (0 + s == s); several are summed in NeMo's order
             scores = buffers.scores[0] if len(buffers.scores) == 1 else sum(buffers.scores)
-            weighted = self.blank_lm_score_mode is BlankLMScoreMode.LM_WEIGHTED_FULL
             values, ids = log_softmax_topk_fused(token_logits, self.beam_size, scores, self.alpha_sum, weighted)
             return values, ids, None
         log_probs = F.log_softmax(token_logits, dim=-1, dtype=dtype)
         fusion_scores_sum = sum(buffers.scores)  # NeMo's order: 0 + first + second
-        weighted = self.blank_lm_score_mode is BlankLMScoreMode.LM_WEIGHTED_FULL
         # the weights' sum and 1 + it: one number, or one per beam with a per-row model
         alpha_sum, blank_scale = self.alpha_sum, 1 + self.alpha_sum
         if buffers.alpha_sums is not None:
