@@ -158,13 +158,15 @@ class RealtimeServer:
 
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Until the engine is warm and every network worker listens (raises ``TimeoutError`` after ``timeout`` s,
-        ``RuntimeError`` if the engine failed)."""
+        ``RuntimeError`` if the engine failed or a worker could not start)."""
         loop = asyncio.get_running_loop()
         start = time.monotonic()
         await asyncio.wait_for(loop.run_in_executor(None, self.engine_loop.ready.wait), timeout)
         if self.engine_loop.failed is not None:
             raise RuntimeError("the engine failed while warming up") from self.engine_loop.failed
         while self.workers is not None and not (self.workers.listening and self.workers.ready):
+            if self.workers.failure is not None:
+                raise RuntimeError(f"{self.workers.failure} (its log says why)")
             if timeout is not None and time.monotonic() - start > timeout:
                 raise TimeoutError(f"the network workers did not all listen within {timeout} s")
             await asyncio.sleep(0.05)

@@ -112,8 +112,9 @@ class ServeConfig:
             process keeps the engine and its thread, so the network side no longer shares its interpreter lock.
             Commands and events cross between them in batches; slots count across workers; a worker that dies is
             replaced (its connections' items are dropped, nothing else is touched). For hundreds or thousands of
-            clients: one loop at 100% of a core sets the latency there (e.g. 4 workers for 2,000 real-time
-            clients on 16 cores); below that, 0 saves a hop.
+            clients, where one event loop next to the engine falls behind: give each worker a few hundred clients
+            and a core, leaving cores to the main process (e.g. 4 on a 16-core host for 2,000 clients); with fewer
+            clients, 0 saves the hop between processes.
         limits: per-connection limits.
     """
 

@@ -137,6 +137,8 @@ class WorkerPool:
         self.shutting_down = False
         self._stopped = False
         self.deaths = 0
+        #: why the pool cannot become ready (a worker died before it listened); ``None`` while it can
+        self.failure: str | None = None
 
     # ---- lifetime ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -278,7 +280,7 @@ class WorkerPool:
         snapshot = self._snapshots.pop(worker.incarnation, [])
         self._retired = _plain(_merge(self._retired + [f for f in snapshot if f[2] != "gauge"]))
         if self.shutting_down or self._stopped:
-            log.info("network worker %d exited (%s)", worker.index, worker.process.exitcode)
+            log.info("network worker %d exited", worker.index)
             return
         self.deaths += 1
         restart = self.restart and worker.listening  # one that never came up would only fail again
@@ -290,6 +292,10 @@ class WorkerPool:
             "" if worker.listening else " before it listened",
             "starting a new one" if restart else "not replaced: the server is not ready",
         )
+        if not worker.listening:
+            self.failure = (
+                f"network worker {worker.index} exited with code {worker.process.exitcode} before it listened"
+            )
         if restart:
             self._spawn(worker.index)
 
