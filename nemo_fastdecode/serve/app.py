@@ -80,6 +80,8 @@ class RealtimeServer:
 
     With ``config.network_workers`` 0 the sockets are served on the loop that runs :meth:`start`
     (:attr:`connections`); with N >= 1 by N worker processes (:attr:`workers`), this process keeping the engine.
+    The workers are started with ``spawn``, which imports the script that started the server again: a script needs
+    the ``if __name__ == "__main__":`` guard around its start (``nemo-fastdecode serve`` has it).
     """
 
     def __init__(

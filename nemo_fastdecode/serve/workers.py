@@ -40,6 +40,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import generate_latest
@@ -272,11 +273,12 @@ class WorkerPool:
             if self._workers.get(worker.index) is worker:
                 del self._workers[worker.index]
         worker.conn.close()
-        worker.process.join(5.0)
         first = worker.incarnation << ID_BITS
         self.engine_loop.submit(DropRange(first, first + (1 << ID_BITS)))
         with self.counts.get_lock():
             self.counts[worker.index] = 0
+        if not self.shutting_down:  # shutdown() reaps them itself (two threads must not wait for one process)
+            worker.process.join(5.0)
         snapshot = self._snapshots.pop(worker.incarnation, [])
         self._retired = _plain(_merge(self._retired + [f for f in snapshot if f[2] != "gauge"]))
         if self.shutting_down or self._stopped:
@@ -398,7 +400,7 @@ class EngineProxy:
     """A worker's engine port: what its connections submit in one turn of its event loop goes to the main process
     as one message (the cost of a message across processes is paid per batch, not per command)."""
 
-    def __init__(self, send):
+    def __init__(self, send: Callable[[tuple[str, Any]], None]):
         self._send, self._pending = send, []
         self._loop = asyncio.get_running_loop()
 
@@ -414,7 +416,7 @@ class EngineProxy:
 
 
 class _NetworkWorker:
-    def __init__(self, spec: WorkerSpec, conn, counts, flags):
+    def __init__(self, spec: WorkerSpec, conn: multiprocessing.connection.Connection, counts: Any, flags: Any):
         self.spec, self.conn, self.counts, self.flags = spec, conn, counts, flags
         self._scrapes = itertools.count()
         self._waiting: dict[int, asyncio.Future] = {}
@@ -496,7 +498,7 @@ class _NetworkWorker:
             self._post(("metrics", _plain(self.metrics.registry.collect())))
 
 
-def worker_main(spec: WorkerSpec, conn, counts, flags) -> None:
+def worker_main(spec: WorkerSpec, conn: multiprocessing.connection.Connection, counts: Any, flags: Any) -> None:
     """A network worker process's entry point (``spawn``): serve until the main process says stop or is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process shuts workers down (Ctrl-C reaches the group)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
