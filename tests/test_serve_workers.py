@@ -294,3 +294,50 @@ def test_shutdown_delivers_every_final_from_every_worker_then_closes_1001(model,
         assert s.server.workers.alive == 0
     finally:
         s.stop()
+
+
+def test_python_m_serve_with_workers_serves_and_stops_on_sigterm():
+    """``python -m nemo_fastdecode.serve network_workers=2``: the workers start from a ``-m`` entry point, a client
+    gets its final, SIGTERM ends the server and its workers (exit 0)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "nemo_fastdecode.serve", "model=tiny-streaming", "port=0", "slots=2"]
+        + [f"network_workers={WORKERS}"],
+        cwd=Path(__file__).parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        url = None
+        deadline = time.monotonic() + 150
+        while url is None and time.monotonic() < deadline:
+            line = server.stdout.readline()
+            assert line, "the server ended before it was ready"
+            if "ready on " in line:
+                assert f"{WORKERS} network workers" in line
+                url = line.split("ready on ")[1].split()[0]
+        assert url is not None
+
+        async def scenario():
+            ws, created = await connect_session(url)
+            async with ws:
+                assert created["type"] == "session.created"
+                await ws.send(np.zeros(16000, np.int16).tobytes())
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                return (await receive_until(ws, lambda e: e["type"] == COMPLETED, 30))[-1]
+
+        assert run(scenario())["usage"]["seconds"] == 1.0
+        children = subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True, text=True).stdout.split()
+        workers = [pid for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+        assert len(workers) == WORKERS
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+        assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]  # exited and reaped
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
