@@ -169,7 +169,11 @@ class ServeConfig:
             ngram_lm_model=self.ngram_lm_model,
             ngram_lm_alpha=self.ngram_lm_alpha,
         )
-        if not isinstance(self.network_workers, int) or self.network_workers < 0:
+        if (
+            isinstance(self.network_workers, bool)
+            or not isinstance(self.network_workers, int)
+            or self.network_workers < 0
+        ):
             raise ValueError(
                 f"network_workers must be 0 (one process) or a number of worker processes >= 1, got "
                 f"{self.network_workers!r}"

@@ -2,9 +2,10 @@
 
 The network side (one asyncio loop) never waits for the GPU: it puts :class:`Command` objects on a thread-safe queue
 and gets :class:`Delivery` batches back through a callback (the server hands them to its loop with
-``call_soon_threadsafe``). The thread owns the :class:`~nemo_fastdecode.streaming.StreamingEngine` (which is not
-thread-safe): it drains the queue, applies the commands, runs one :meth:`~StreamingEngine.poll` while the engine has
-work, and sleeps on the queue when it has none.
+``call_soon_threadsafe``; with network worker processes, to the thread that sends them to the workers, whose command
+batches come in through :meth:`EngineLoop.submit_many`). The thread owns the
+:class:`~nemo_fastdecode.streaming.StreamingEngine` (which is not thread-safe): it drains the queue, applies the
+commands, runs one :meth:`~StreamingEngine.poll` while the engine has work, and sleeps on the queue when it has none.
 
 Each connection is a *lane* of items (an item: the audio between two commits, one engine stream). Only a lane's
 first item holds an engine stream; the next one's audio waits here until the first one's final has been built, so a
