@@ -345,8 +345,13 @@ class WorkerPool:
 
 def _reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound (not listening) to ``host:port`` with ``SO_REUSEPORT``: it holds the port (port 0: picks one)
-    for the workers, which bind it too; only listening sockets get connections."""
+    for the workers, which bind it too; only listening sockets get connections. A port something listens on already
+    (another server, with ``SO_REUSEPORT`` too) is refused as one process would refuse it, rather than shared."""
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(address)  # EADDRINUSE where anything listens
+        address = (address[0], probe.getsockname()[1], *address[2:])
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
