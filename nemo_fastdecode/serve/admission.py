@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from nemo_fastdecode.serve.protocol import CloseCode, ErrorCode
 
@@ -46,13 +47,23 @@ class Admission:
     Args:
         slots: connections served at once (the engine's slots: each connection streams one item at a time).
         api_key: the key clients must send; ``None``: no key.
+        shared: with network worker processes, ``(counts, index)``: a ``multiprocessing.Array`` of ints, one count
+            per worker, and this worker's cell; the slots are taken across all of them (under the array's lock).
+            ``None``: one process, a plain count.
 
-    Not thread-safe: the event loop's thread calls it.
+    Without ``shared`` not thread-safe: the event loop's thread calls it.
     """
 
-    def __init__(self, slots: int, api_key: str | None = None):
-        self.slots, self._api_key = slots, api_key
-        self.admitted = 0
+    def __init__(self, slots: int, api_key: str | None = None, shared: tuple[Any, int] | None = None):
+        self.slots, self._api_key, self._shared = slots, api_key, shared
+        self._admitted = 0
+
+    @property
+    def admitted(self) -> int:
+        """Slots taken now (every worker's, with ``shared``)."""
+        if self._shared is None:
+            return self._admitted
+        return sum(self._shared[0][:])
 
     def check_key(self, headers: Mapping[str, str], subprotocols: Sequence[str]) -> Refusal | None:
         """``None`` when no key is needed or the right one was sent (compared in constant time)."""
@@ -70,17 +81,34 @@ class Admission:
 
     def admit(self) -> Refusal | None:
         """Take a slot, or the capacity refusal when all are taken (then nothing is taken)."""
-        if self.admitted >= self.slots:
-            return Refusal(
-                ErrorCode.SERVER_AT_CAPACITY,
-                f"the server is at capacity: all {self.slots} stream slots are in use; try again later",
-                CloseCode.TRY_AGAIN_LATER,
-            )
-        self.admitted += 1
+        if self._shared is None:
+            if self._admitted >= self.slots:
+                return self._full()
+            self._admitted += 1
+            return None
+        counts, index = self._shared
+        with counts.get_lock():
+            if sum(counts[:]) >= self.slots:
+                return self._full()
+            counts[index] += 1
         return None
 
     def release(self) -> None:
         """Give back the slot :meth:`admit` took."""
-        if self.admitted <= 0:
-            raise RuntimeError("release() without a matching admit()")
-        self.admitted -= 1
+        if self._shared is None:
+            if self._admitted <= 0:
+                raise RuntimeError("release() without a matching admit()")
+            self._admitted -= 1
+            return
+        counts, index = self._shared
+        with counts.get_lock():
+            if counts[index] <= 0:
+                raise RuntimeError("release() without a matching admit()")
+            counts[index] -= 1
+
+    def _full(self) -> Refusal:
+        return Refusal(
+            ErrorCode.SERVER_AT_CAPACITY,
+            f"the server is at capacity: all {self.slots} stream slots are in use; try again later",
+            CloseCode.TRY_AGAIN_LATER,
+        )

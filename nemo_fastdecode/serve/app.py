@@ -1,7 +1,9 @@
-"""The server: one asyncio event loop owns every WebSocket, one engine thread owns the GPU.
+"""The server: one engine thread owns the GPU; one asyncio event loop owns every WebSocket, or, with
+``network_workers: N``, N worker processes share the port and the sockets (:mod:`~nemo_fastdecode.serve.workers`).
 
 Routes (one port): ``/v1/realtime`` (WebSocket, the transcription protocol), ``/health`` (200 while the engine loop
-runs), ``/ready`` (200 once the engine is warm, 503 before and while shutting down), ``/metrics`` (Prometheus).
+runs), ``/ready`` (200 once the engine is warm and every worker listens, 503 before and while shutting down),
+``/metrics`` (Prometheus).
 
 Example (a model already loaded; ``nemo-fastdecode serve`` does this from a config)::
 
@@ -17,24 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterable
-from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 import torch
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.http11 import Request, Response
 
-from nemo_fastdecode.serve.admission import SUBPROTOCOL_KEY_PREFIX, Admission, Refusal
+from nemo_fastdecode.serve.admission import Admission
 from nemo_fastdecode.serve.config import ServeConfig
 from nemo_fastdecode.serve.connection import Connection
 from nemo_fastdecode.serve.engine_loop import Delivery, EngineLoop
-from nemo_fastdecode.serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from nemo_fastdecode.serve.protocol import CloseCode, ErrorCode, ErrorDetail, ErrorEvent
+from nemo_fastdecode.serve.frontend import REALTIME_PATH, Frontend
+from nemo_fastdecode.serve.metrics import ServerMetrics
+from nemo_fastdecode.serve.workers import WorkerPool
 from nemo_fastdecode.streaming import StreamEvent, StreamingEngine
 
 if TYPE_CHECKING:
@@ -43,10 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["REALTIME_PATH", "RealtimeServer", "build_engine"]
 
 log = logging.getLogger(__name__)
-
-REALTIME_PATH = "/v1/realtime"
-#: the subprotocol OpenAI's browser clients offer next to their key (the server must pick one they offered)
-REALTIME_SUBPROTOCOL = "realtime"
 
 
 def build_engine(model: ASRModel, config: ServeConfig) -> StreamingEngine:
@@ -75,12 +71,17 @@ class RealtimeServer:
 
     Args:
         engine: the engine (its ``num_slots`` bounds the connections served at once).
-        config: address, limits, timeouts, API key (``config.slots`` is taken from the engine).
+        config: address, limits, timeouts, API key, network workers (``config.slots`` is taken from the engine).
         model_name: reported in sessions.
         endpointer: the engine loop's endpointing hook; with it, sessions may ask for ``server_vad``. Without it,
             they may when the engine runs Silero VAD (``EndpointingOptions(vad=True)``: ``build_engine`` with
             ``config.vad``).
         warm_up: warm the engine up (CUDA graphs) before ``/ready`` says so.
+
+    With ``config.network_workers`` 0 the sockets are served on the loop that runs :meth:`start`
+    (:attr:`connections`); with N >= 1 by N worker processes (:attr:`workers`), this process keeping the engine.
+    The workers are started with ``spawn``, which imports the script that started the server again: a script needs
+    the ``if __name__ == "__main__":`` guard around its start (``nemo-fastdecode serve`` has it).
     """
 
     def __init__(
@@ -94,58 +95,83 @@ class RealtimeServer:
     ):
         self.config, self.model_name, self._warm_up = config, model_name, warm_up
         self.metrics = ServerMetrics(engine.device)
-        self.admission = Admission(engine.num_slots, config.api_key)
         self.engine_loop = EngineLoop(engine, self._from_engine, self.metrics, endpointer=endpointer)
         self.rate = engine.front.settings.sample_rate
-        self._vad = engine.endpointing if engine.endpointing.vad else None
-        self.connections: dict[int, Connection] = {}
-        self._handlers: set[asyncio.Task] = set()
-        self._ids = itertools.count(1)
-        self._server: Server | None = None
+        vad = engine.endpointing if engine.endpointing.vad else None
+        segmenting = endpointer is not None or vad is not None
+        self.workers: WorkerPool | None = None
+        self.front: Frontend | None = None
+        if config.network_workers:
+            self.workers = WorkerPool(
+                self.engine_loop, config, self.metrics, model_name=model_name, rate=self.rate, segmenting=segmenting,
+                vad=vad,
+            )  # fmt: skip
+            self.admission = Admission(engine.num_slots, config.api_key, shared=(self.workers.counts, 0))
+        else:
+            self.admission = Admission(engine.num_slots, config.api_key)
+            self.front = Frontend(
+                self.engine_loop,
+                config,
+                self.metrics,
+                self.admission,
+                rate=self.rate,
+                model_name=model_name,
+                segmenting=segmenting,
+                vad=vad,
+                healthy=lambda: self.engine_loop.failed is None,
+                ready=lambda: self.ready,
+                exposition=self._exposition,
+            )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._switch_interval: float | None = None  # Python's, while the server has its own
         self.shutting_down = False
 
+    @property
+    def connections(self) -> dict[int, Connection]:
+        """The open connections of this process (none with network workers: theirs live in the workers)."""
+        return self.front.connections if self.front is not None else {}
+
     # ---- lifetime ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Start the engine thread (it warms up) and listen; returns once bound (``/ready`` follows the warm-up)."""
+        """Start the engine thread (it warms up) and listen (or start the network workers); returns once bound
+        (``/ready`` follows the warm-up and, with workers, every worker listening)."""
         self._loop = asyncio.get_running_loop()
         if self.config.gil_switch_interval_ms is not None:  # process-wide: restored by shutdown()
             self._switch_interval = sys.getswitchinterval()
             sys.setswitchinterval(self.config.gil_switch_interval_ms / 1000)
         self.engine_loop.start(warm_up=self._warm_up)
-        limits = self.config.limits
-        self._server = await serve(
-            self._handle,
-            self.config.host,
-            self.config.port,
-            process_request=self._http,
-            select_subprotocol=_select_subprotocol,
-            compression=None,  # PCM does not compress; deflate would cost CPU per message
-            max_size=4 * limits.max_message_bytes,  # larger: closed with 1009 before it is read into memory
-            max_queue=16,  # messages read ahead of the handler
-            write_limit=limits.write_buffer_bytes,
-            close_timeout=2.0,
-            ping_interval=20.0,
-            ping_timeout=20.0,
-        )
+        if self.workers is not None:
+            self.workers.start()
+        else:
+            await self.front.listen()
 
     @property
     def port(self) -> int:
         """The bound port (``config.port`` 0 picks a free one)."""
-        assert self._server is not None, "start() first"
-        return next(iter(self._server.sockets)).getsockname()[1]
+        if self.workers is not None:
+            assert self.workers.port is not None, "start() first"
+            return self.workers.port
+        return self.front.port
 
     @property
     def ready(self) -> bool:
-        return self.engine_loop.ready.is_set() and self.engine_loop.failed is None and not self.shutting_down
+        ready = self.engine_loop.ready.is_set() and self.engine_loop.failed is None and not self.shutting_down
+        return ready and (self.workers is None or self.workers.listening)
 
     async def wait_ready(self, timeout: float | None = None) -> None:
-        """Until the engine is warm (raises ``TimeoutError`` after ``timeout`` s, ``RuntimeError`` if it failed)."""
+        """Until the engine is warm and every network worker listens (raises ``TimeoutError`` after ``timeout`` s,
+        ``RuntimeError`` if the engine failed or a worker could not start)."""
         loop = asyncio.get_running_loop()
+        start = time.monotonic()
         await asyncio.wait_for(loop.run_in_executor(None, self.engine_loop.ready.wait), timeout)
         if self.engine_loop.failed is not None:
             raise RuntimeError("the engine failed while warming up") from self.engine_loop.failed
+        while self.workers is not None and not (self.workers.listening and self.workers.ready):
+            if self.workers.failure is not None:
+                raise RuntimeError(f"{self.workers.failure} (its log says why)")
+            if timeout is not None and time.monotonic() - start > timeout:
+                raise TimeoutError(f"the network workers did not all listen within {timeout} s")
+            await asyncio.sleep(0.05)
 
     async def shutdown(self, timeout: float | None = None) -> None:
         """Graceful: stop listening; every open connection gets the final of the audio it sent, then close 1001."""
@@ -153,18 +179,12 @@ class RealtimeServer:
             return
         self.shutting_down = True
         timeout = self.config.shutdown_timeout_seconds if timeout is None else timeout
-        if self._server is not None:
-            self._server.close(close_connections=False)
-        for connection in list(self.connections.values()):
-            connection.shut_down()
-        if self._handlers:
-            _, late = await asyncio.wait(self._handlers, timeout=timeout + 5.0)
-            for task in late:
-                task.cancel()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-        await asyncio.get_running_loop().run_in_executor(None, self.engine_loop.stop, 10.0)
+        loop = asyncio.get_running_loop()
+        if self.workers is not None:
+            await loop.run_in_executor(None, self.workers.shutdown, timeout)
+        else:
+            await self.front.close(timeout)
+        await loop.run_in_executor(None, self.engine_loop.stop, 10.0)
         if self._switch_interval is not None:
             sys.setswitchinterval(self._switch_interval)
 
@@ -185,87 +205,13 @@ class RealtimeServer:
         await stop.wait()
         await self.shutdown()
 
-    # ---- connections ---------------------------------------------------------------------------------------------
-    async def _handle(self, ws: ServerConnection) -> None:
-        refusal = self.admission.check_key(ws.request.headers, _offered_subprotocols(ws.request))
-        if refusal is None and self.shutting_down:
-            refusal = Refusal(ErrorCode.SHUTTING_DOWN, "the server is shutting down", CloseCode.GOING_AWAY)
-        if refusal is None:
-            refusal = self.admission.admit()
-        if refusal is not None:
-            await self._refuse(ws, refusal)
-            return
-        connection_id = next(self._ids)
-        connection = Connection(
-            ws,
-            connection_id,
-            self.engine_loop,
-            self.metrics,
-            self.config.limits,
-            rate=self.rate,
-            model_name=self.model_name,
-            idle_timeout=self.config.idle_timeout_seconds,
-            segmenting=self.engine_loop.endpointer is not None,
-            vad=self._vad,
-        )
-        self.connections[connection_id] = connection
-        self.metrics.connections.set(len(self.connections))
-        task = asyncio.current_task()
-        self._handlers.add(task)
-        try:
-            await connection.run()
-        finally:
-            self._handlers.discard(task)
-            del self.connections[connection_id]
-            self.admission.release()
-            self.metrics.connections.set(len(self.connections))
-
-    async def _refuse(self, ws: ServerConnection, refusal: Refusal) -> None:
-        self.metrics.refused(refusal.code.value)
-        detail = ErrorDetail(type=refusal.code.error_type, code=refusal.code.value, message=refusal.message)
-        with contextlib.suppress(Exception):  # the client may be gone already
-            await asyncio.wait_for(ws.send(ErrorEvent(event_id="event_0", error=detail).model_dump_json()), 2.0)
-        await ws.close(refusal.close_code, refusal.code.value)
-
     def _from_engine(self, deliveries: list[Delivery]) -> None:
-        """From the engine thread: hand the batch to the event loop (never waits)."""
+        """From the engine thread: hand the batch to the event loop, or to the workers' sender (never waits)."""
+        if self.workers is not None:
+            self.workers.deliver(deliveries)
+            return
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to tell
-            self._loop.call_soon_threadsafe(self._route, deliveries)
+            self._loop.call_soon_threadsafe(self.front.route, deliveries)
 
-    def _route(self, deliveries: list[Delivery]) -> None:
-        for delivery in deliveries:
-            connection = self.connections.get(delivery.key[0])
-            if connection is not None:
-                connection.deliver(delivery)
-
-    # ---- plain HTTP ----------------------------------------------------------------------------------------------
-    def _http(self, connection: ServerConnection, request: Request) -> Response | None:
-        path = request.path.partition("?")[0]
-        if path == REALTIME_PATH:
-            return None  # the WebSocket handshake goes on
-        if path == "/health":
-            ok = self.engine_loop.failed is None
-            return connection.respond(
-                HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, "ok\n" if ok else "failed\n"
-            )
-        if path == "/ready":
-            return connection.respond(
-                HTTPStatus.OK if self.ready else HTTPStatus.SERVICE_UNAVAILABLE,
-                "ready\n" if self.ready else "not ready\n",
-            )
-        if path == "/metrics":
-            response = connection.respond(HTTPStatus.OK, self.metrics.exposition().decode())
-            response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-            return response
-        return connection.respond(HTTPStatus.NOT_FOUND, f"not found; the WebSocket is at {REALTIME_PATH}\n")
-
-
-def _offered_subprotocols(request: Request) -> list[str]:
-    return [p.strip() for value in request.headers.get_all("Sec-WebSocket-Protocol") for p in value.split(",")]
-
-
-def _select_subprotocol(connection: ServerConnection, offered: list[str]) -> str | None:
-    """A browser that offered subprotocols needs one back: ``realtime``, else the first that is not a key."""
-    if REALTIME_SUBPROTOCOL in offered:
-        return REALTIME_SUBPROTOCOL
-    return next((p for p in offered if not p.startswith(SUBPROTOCOL_KEY_PREFIX)), offered[0] if offered else None)
+    async def _exposition(self) -> bytes:
+        return self.metrics.exposition()

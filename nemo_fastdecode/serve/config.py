@@ -106,6 +106,15 @@ class ServeConfig:
         ngram_lm_model: an n-gram LM over the model's tokens fused into every stream's decoding (an ARPA file or
             NeMo's ``.nemo`` n-gram LM, as NeMo's ``greedy.ngram_lm_model`` / ``beam.ngram_lm_model``); ``None``: none.
         ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``greedy.ngram_lm_alpha``).
+        network_workers: ``0``: one process, its event loop serving every WebSocket next to the engine thread.
+            ``N >= 1``: N worker processes serve the WebSockets (all on ``host:port``, ``SO_REUSEPORT``: the kernel
+            spreads connections over them) and do all the protocol work (validation, base64, JSON, sending); this
+            process keeps the engine and its thread, so the network side no longer shares its interpreter lock.
+            Commands and events cross between them in batches; slots count across workers; a worker that dies is
+            replaced (its connections' items are dropped, nothing else is touched). For hundreds or thousands of
+            clients, where one event loop next to the engine falls behind: give each worker a few hundred clients
+            and a core, leaving cores to the main process (e.g. 4 on a 16-core host for 2,000 clients); with fewer
+            clients, 0 saves the hop between processes.
         limits: per-connection limits.
     """
 
@@ -133,6 +142,7 @@ class ServeConfig:
     beam_size: int = 4
     ngram_lm_model: str | None = None
     ngram_lm_alpha: float = 0.0
+    network_workers: int = 0
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def __post_init__(self) -> None:
@@ -159,6 +169,15 @@ class ServeConfig:
             ngram_lm_model=self.ngram_lm_model,
             ngram_lm_alpha=self.ngram_lm_alpha,
         )
+        if (
+            isinstance(self.network_workers, bool)
+            or not isinstance(self.network_workers, int)
+            or self.network_workers < 0
+        ):
+            raise ValueError(
+                f"network_workers must be 0 (one process) or a number of worker processes >= 1, got "
+                f"{self.network_workers!r}"
+            )
         if self.decoding == "beam" and self.vad:
             raise ValueError("vad: true needs decoding: greedy; valid with decoding: beam: vad: false")
 

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from websockets.exceptions import ConnectionClosed
 
 from nemo_fastdecode.serve.config import LimitsConfig
-from nemo_fastdecode.serve.engine_loop import Abort, Delivery, Drop, EngineLoop, Finish, Push
+from nemo_fastdecode.serve.engine_loop import Abort, Delivery, Drop, EnginePort, Finish, Push
 from nemo_fastdecode.serve.metrics import ServerMetrics
 from nemo_fastdecode.serve.protocol import (
     AudioAppend,
@@ -142,7 +142,7 @@ class Connection:
     Args:
         ws: the accepted WebSocket.
         connection_id: unique within the server (engine-loop lane and item ids).
-        engine_loop: where audio goes.
+        engine_loop: where audio goes: the engine loop, or a network worker's proxy of it.
         metrics: the server's metrics.
         limits: per-connection limits.
         rate: the model's sample rate (the only one taken).
@@ -157,7 +157,7 @@ class Connection:
         self,
         ws: ServerConnection,
         connection_id: int,
-        engine_loop: EngineLoop,
+        engine_loop: EnginePort,
         metrics: ServerMetrics,
         limits: LimitsConfig,
         *,

@@ -2,9 +2,10 @@
 
 The network side (one asyncio loop) never waits for the GPU: it puts :class:`Command` objects on a thread-safe queue
 and gets :class:`Delivery` batches back through a callback (the server hands them to its loop with
-``call_soon_threadsafe``). The thread owns the :class:`~nemo_fastdecode.streaming.StreamingEngine` (which is not
-thread-safe): it drains the queue, applies the commands, runs one :meth:`~StreamingEngine.poll` while the engine has
-work, and sleeps on the queue when it has none.
+``call_soon_threadsafe``; with network worker processes, to the thread that sends them to the workers, whose command
+batches come in through :meth:`EngineLoop.submit_many`). The thread owns the
+:class:`~nemo_fastdecode.streaming.StreamingEngine` (which is not thread-safe): it drains the queue, applies the
+commands, runs one :meth:`~StreamingEngine.poll` while the engine has work, and sleeps on the queue when it has none.
 
 Each connection is a *lane* of items (an item: the audio between two commits, one engine stream). Only a lane's
 first item holds an engine stream; the next one's audio waits here until the first one's final has been built, so a
@@ -28,6 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from nemo_fastdecode.serve.metrics import ServerMetrics
 from nemo_fastdecode.streaming import (
@@ -38,7 +40,7 @@ from nemo_fastdecode.streaming import (
     StreamOptions,
 )
 
-__all__ = ["Abort", "Command", "Delivery", "Drop", "EngineLoop", "Finish", "ItemKey", "Push"]
+__all__ = ["Abort", "Command", "Delivery", "Drop", "DropRange", "EngineLoop", "EnginePort", "Finish", "ItemKey", "Push"]
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,22 @@ class Drop:
     connection: int
 
 
-Command = Push | Finish | Abort | Drop
+@dataclasses.dataclass(frozen=True)
+class DropRange:
+    """Drop every item of the connections with ids in ``[first, stop)`` (a network worker process that died)."""
+
+    first: int
+    stop: int
+
+
+Command = Push | Finish | Abort | Drop | DropRange
+
+
+class EnginePort(Protocol):
+    """What a connection needs of the engine: somewhere to send its commands (an :class:`EngineLoop` in the same
+    process, or a network worker's proxy of the one in the main process)."""
+
+    def submit(self, command: Command) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +152,7 @@ class EngineLoop:
         self.engine, self._deliver, self.metrics = engine, deliver, metrics
         self.endpointer = endpointer
         self._idle_wait = idle_wait
-        self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command | list[Command] | None] = queue.SimpleQueue()
         self._lanes: dict[int, collections.deque[_Item]] = {}
         self._key_of: dict[int, ItemKey] = {}  # engine stream id -> item
         self._segmenting: set[int] = set()  # streams whose item asked for turn detection
@@ -154,6 +171,11 @@ class EngineLoop:
     def submit(self, command: Command) -> None:
         """Queue a command for the next cycle (never blocks)."""
         self._commands.put(command)
+
+    def submit_many(self, commands: list[Command]) -> None:
+        """Queue a batch of commands, in order, for the next cycle (one queue operation for the whole batch)."""
+        if commands:
+            self._commands.put(commands)
 
     def stop(self, timeout: float | None = None) -> None:
         """End the thread after the commands already queued; streams still open are dropped."""
@@ -207,21 +229,33 @@ class EngineLoop:
             self.ready.set()
 
     def _take(self, block: bool) -> list[Command | None]:
-        """Every queued command; waits up to ``idle_wait`` for the first one when ``block``."""
+        """Every queued command (batches flattened); waits up to ``idle_wait`` for the first one when ``block``."""
         out: list[Command | None] = []
         try:
-            out.append(self._commands.get(timeout=self._idle_wait) if block else self._commands.get_nowait())
-            while out[-1] is not None:
-                out.append(self._commands.get_nowait())
+            entry = self._commands.get(timeout=self._idle_wait) if block else self._commands.get_nowait()
+            while True:
+                if isinstance(entry, list):
+                    out += entry
+                else:
+                    out.append(entry)
+                    if entry is None:
+                        break
+                entry = self._commands.get_nowait()
         except queue.Empty:
             pass
         return out
 
     def _apply(self, command: Command) -> list[Delivery]:
-        if isinstance(command, Drop):
-            for item in self._lanes.pop(command.connection, ()):
-                if item.stream is not None:
-                    self._abort_stream(item.stream)
+        if isinstance(command, Drop | DropRange):
+            dropped = (
+                [command.connection]
+                if isinstance(command, Drop)
+                else [c for c in self._lanes if command.first <= c < command.stop]
+            )
+            for connection in dropped:
+                for item in self._lanes.pop(connection, ()):
+                    if item.stream is not None:
+                        self._abort_stream(item.stream)
             return []
         connection, _ = command.key
         lane = self._lanes.setdefault(connection, collections.deque())

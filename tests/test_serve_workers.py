@@ -1,0 +1,346 @@
+"""The streaming server with network worker processes (``network_workers: 2``) through real sockets on 127.0.0.1:
+two processes serve the port, the engine runs in this one. Every client gets exactly NeMo's cache-aware streaming of
+its own audio alone whichever worker it lands on; the slots count across workers; refusals, health, readiness and
+metrics are those of one process; a worker that dies takes only its own clients with it (their slots free, a new
+worker takes its place); shutdown still delivers every final."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from conftest import tiny_streaming_model
+from test_serve import KEY, ServerThread, append, check_completed, run, stream_items
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from nemo_fastdecode.serve import ServeConfig
+from nemo_fastdecode.serve.workers import ID_BITS
+from nemo_fastdecode.tools import synthetic as S
+from nemo_fastdecode.tools.loadtest.client import COMPLETED, connect_session, receive_until
+from nemo_fastdecode.tools.streaming_reference import reference_transcript
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_streaming_model()
+
+
+@pytest.fixture(scope="module")
+def audio() -> list[np.ndarray]:
+    signals = S.synthetic_audio([1.9, 2.6, 1.3], seed=11)
+    return [np.round(s * 32768).astype(np.int16) for s in signals]
+
+
+@pytest.fixture(scope="module")
+def refs(model, audio):
+    out = [reference_transcript(model, pcm) for pcm in audio]
+    assert all(r.token_ids for r in out)  # there is something to compare
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    s = ServerThread(model, slots=3, api_key=KEY, network_workers=WORKERS, limits={"max_message_bytes": 64 * 1024})
+    yield s
+    s.stop()
+
+
+def worker_of(created: dict) -> int:
+    """The incarnation of the worker that serves a connection (the high bits of its id, in the session id)."""
+    return int(created["session"]["id"].removeprefix("sess_")) >> ID_BITS
+
+
+async def one_per_worker(s: ServerThread, key: str | None = KEY) -> list:
+    """A connection on each worker (the kernel picks the worker of a new connection: connect until each has one)."""
+    held: dict[int, object] = {}
+    for _ in range(200):
+        ws, created = await connect_session(s.url, key)
+        if created["type"] == "error" and created["error"]["code"] == "server_at_capacity":
+            await asyncio.sleep(0.05)  # the server has yet to release the slot of one just closed
+            continue
+        assert created["type"] == "session.created", created
+        worker = worker_of(created)
+        if worker in held:
+            await ws.close()
+        else:
+            held[worker] = ws
+        if len(held) == WORKERS:
+            return [held[w] for w in sorted(held)]
+    raise AssertionError(f"200 connections reached workers {sorted(held)} only")
+
+
+def test_network_workers_is_checked():
+    with pytest.raises(ValueError, match="network_workers must be 0"):
+        ServeConfig(network_workers=-1)
+
+
+def test_concurrent_clients_on_both_workers_get_exactly_their_own_transcripts(server, model, audio, refs):
+    """Three clients at once, one with two items: each final is NeMo's streaming of that audio alone; the
+    connections spread over both workers."""
+    split = 17000
+    head, tail = audio[1][:split], audio[1][split:]
+    part_refs = [reference_transcript(model, head), reference_transcript(model, tail)]
+    plans = [[audio[0]], [head, tail], [audio[2]]]
+
+    async def clients():
+        return await asyncio.gather(*(stream_items(server.url, items, seed) for seed, items in enumerate(plans)))
+
+    results = run(clients())
+    for items, events, expected in zip(plans, results, [[refs[0]], part_refs, [refs[2]]], strict=True):
+        committed = [e for e in events if e["type"] == "input_audio_buffer.committed"]
+        completed = [e for e in events if e["type"] == COMPLETED]
+        assert [e["item_id"] for e in completed] == [e["item_id"] for e in committed]
+        for event, ref, pcm in zip(completed, expected, items, strict=True):
+            check_completed(event, ref, pcm)
+        assert not [e for e in events if e["type"] == "error"]
+
+    async def on_each_worker():  # and a client on each worker, for certain
+        held = await one_per_worker(server)
+        out = []
+        for ws in held:
+            async with ws:
+                await ws.send(audio[2].tobytes())
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                out.append((await receive_until(ws, lambda e: e["type"] == COMPLETED, 30))[-1])
+        return out
+
+    for event in run(on_each_worker()):
+        check_completed(event, refs[2], audio[2])
+    assert server.settled()
+
+
+def test_the_slots_count_across_workers_1013_when_full(server):
+    async def scenario():
+        held = await one_per_worker(server)
+        ws, first = await connect_session(server.url, KEY)
+        assert first["type"] == "session.created"
+        held.append(ws)  # 3 slots taken, on both workers
+        for _ in range(4):  # whichever worker gets them
+            ws, first = await connect_session(server.url, KEY)
+            assert first["type"] == "error" and first["error"]["code"] == "server_at_capacity"
+            assert "all 3 stream slots" in first["error"]["message"]
+            await ws.wait_closed()
+            assert ws.close_code == 1013
+        await held[0].close()  # a slot frees: the next client is served
+        for _ in range(100):
+            ws, first = await connect_session(server.url, KEY)
+            if first["type"] == "session.created":
+                break
+            await asyncio.sleep(0.02)
+        assert first["type"] == "session.created"
+        for w in [ws, *held[1:]]:
+            await w.close()
+
+    run(scenario())
+    assert server.settled()
+
+
+def test_a_wrong_api_key_is_refused_with_1008_by_every_worker(server):
+    async def attempt():
+        ws = await connect(server.url, additional_headers={"Authorization": "Bearer nope"})
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(append(b"\x00\x01" * 100))  # never read
+        first = json.loads(await ws.recv())
+        await ws.wait_closed()
+        return first["type"], first["error"]["code"], ws.close_code
+
+    async def scenario():
+        return [await attempt() for _ in range(6)]
+
+    assert run(scenario()) == [("error", "invalid_api_key", 1008)] * 6
+    assert server.settled()
+
+
+def test_clients_that_vanish_mid_chunk_free_their_slots_at_once(server, audio):
+    async def scenario():
+        held = await one_per_worker(server)
+        for ws in held:
+            await ws.send(audio[0][:2500].tobytes())  # under one chunk
+        for _ in range(300):
+            if server.server.engine_loop.live_streams == WORKERS:
+                break
+            await asyncio.sleep(0.01)
+        assert server.server.engine_loop.live_streams == WORKERS
+        for ws in held:
+            ws.transport.abort()  # no close frame: the TCP connection just ends
+
+    run(scenario())
+    start = time.monotonic()
+    assert server.settled(timeout=2.0)
+    assert time.monotonic() - start < 1.0
+
+
+def test_health_ready_and_metrics_answer_from_every_worker(server, audio, refs):
+    async def stream():
+        ws, _ = await connect_session(server.url, KEY)
+        async with ws:
+            await ws.send(audio[2].tobytes())
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            return (await receive_until(ws, lambda e: e["type"] == COMPLETED, 30))[-1]
+
+    async def wrong_key():
+        ws = await connect(server.url, additional_headers={"Authorization": "Bearer nope"})
+        await ws.wait_closed()
+
+    check_completed(run(stream()), refs[2], audio[2])
+    for _ in range(2):
+        run(wrong_key())
+    assert server.settled()
+    time.sleep(0.6)  # a snapshot of every worker's metrics has reached the main process
+    for _ in range(6):  # new TCP connections: both workers answer some
+        assert urllib.request.urlopen(server.http + "/health").read() == b"ok\n"
+        assert urllib.request.urlopen(server.http + "/ready").read() == b"ready\n"
+        metrics = urllib.request.urlopen(server.http + "/metrics").read().decode()
+        for name in ("open_streams", "cycle_seconds_bucket", "chunk_latency_seconds", "refusals", "gpu_memory_bytes"):
+            assert f"nemo_fastdecode_{name}" in metrics
+        lines = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line[0] != "#"
+        }
+        assert lines["nemo_fastdecode_cycle_seconds_count"] > 0  # the engine's, from the main process
+        assert lines['nemo_fastdecode_refusals_total{reason="invalid_api_key"}'] >= 2  # the workers', summed
+        assert lines['nemo_fastdecode_events_total{type="conversation.item.input_audio_transcription.completed"}'] > 0
+        assert lines["nemo_fastdecode_connections"] == 0
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(server.http + "/v2/elsewhere")
+
+
+def test_a_killed_worker_takes_only_its_own_clients_and_is_replaced(server, audio, refs):
+    """SIGKILL one worker while a client of each streams: the other's client gets its final, exact; the killed
+    one's slot and engine items free; a new worker takes its place and serves."""
+    pool = server.server.workers
+
+    async def scenario():
+        survivor, victim = await one_per_worker(server)  # on the lower and the higher incarnation
+        for ws in (survivor, victim):
+            await ws.send(audio[0][:8000].tobytes())
+        for _ in range(300):
+            if server.server.engine_loop.live_streams == 2:
+                break
+            await asyncio.sleep(0.01)
+        killed = max(pool.pids)
+        os.kill(pool.pids[killed], signal.SIGKILL)
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(victim.recv(), 10)
+        await survivor.send(audio[0][8000:].tobytes())
+        await survivor.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        events = await receive_until(survivor, lambda e: e["type"] == COMPLETED, 30)
+        await survivor.close()
+        return killed, events
+
+    killed, events = run(scenario())
+    check_completed(events[-1], refs[0], audio[0])
+    assert server.settled()  # the killed worker's slot and items are gone
+    assert pool.deaths == 1
+    deadline = time.monotonic() + 120
+    while not (pool.ready and len(pool.pids) == WORKERS and killed not in pool.pids):
+        assert time.monotonic() < deadline, "no new worker listens"
+        time.sleep(0.1)
+    assert urllib.request.urlopen(server.http + "/ready").read() == b"ready\n"
+
+    async def both_serve():  # the new worker included
+        for ws in await one_per_worker(server):
+            await ws.close()
+
+    run(both_serve())
+    assert server.settled()
+
+
+def test_shutdown_delivers_every_final_from_every_worker_then_closes_1001(model, audio, refs):
+    s = ServerThread(model, slots=2, network_workers=WORKERS)
+
+    async def client(ws, pcm: np.ndarray, events_out: list) -> int:
+        async with ws:
+            await ws.send(pcm.tobytes())  # not committed: the shutdown commits it
+            events_out += await receive_until(ws, lambda e: e["type"] == "error", 30)
+            await ws.wait_closed()
+            return ws.close_code
+
+    async def scenario():
+        got = [[], []]
+        held = await one_per_worker(s, key=None)
+        clients = [
+            asyncio.create_task(client(ws, audio[i], got[k]))
+            for k, (ws, i) in enumerate(zip(held, (0, 2), strict=True))
+        ]
+        for _ in range(300):
+            if s.server.engine_loop.live_streams == 2:
+                break
+            await asyncio.sleep(0.01)
+        shutdown = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(s.server.shutdown(20.0), s.loop))
+        codes = await asyncio.gather(*clients)
+        await shutdown
+        return got, codes
+
+    try:
+        got, codes = run(scenario())
+        assert codes == [1001, 1001]
+        for events, i in zip(got, (0, 2), strict=True):
+            completed = [e for e in events if e["type"] == COMPLETED]
+            assert len(completed) == 1
+            check_completed(completed[0], refs[i], audio[i])
+            assert events[-1]["error"]["code"] == "server_shutting_down"
+        with pytest.raises((OSError, InvalidStatus)):  # no longer listening
+            run(connect_session(s.url), timeout=5)
+        assert s.server.workers.alive == 0
+    finally:
+        s.stop()
+
+
+def test_python_m_serve_with_workers_serves_and_stops_on_sigterm():
+    """``python -m nemo_fastdecode.serve network_workers=2``: the workers start from a ``-m`` entry point, a client
+    gets its final, SIGTERM ends the server and its workers (exit 0)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "nemo_fastdecode.serve", "model=tiny-streaming", "port=0", "slots=2"]
+        + [f"network_workers={WORKERS}"],
+        cwd=Path(__file__).parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        url = None
+        deadline = time.monotonic() + 150
+        while url is None and time.monotonic() < deadline:
+            line = server.stdout.readline()
+            assert line, "the server ended before it was ready"
+            if "ready on " in line:
+                assert f"{WORKERS} network workers" in line
+                url = line.split("ready on ")[1].split()[0]
+        assert url is not None
+
+        async def scenario():
+            ws, created = await connect_session(url)
+            async with ws:
+                assert created["type"] == "session.created"
+                await ws.send(np.zeros(16000, np.int16).tobytes())
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                return (await receive_until(ws, lambda e: e["type"] == COMPLETED, 30))[-1]
+
+        assert run(scenario())["usage"]["seconds"] == 1.0
+        children = subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True, text=True).stdout.split()
+        workers = [pid for pid in children if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+        assert len(workers) == WORKERS
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+        assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]  # exited and reaped
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
