@@ -463,6 +463,35 @@ class SlotDecoder:
                 built = dict(zip(stepped, hyps, strict=True))
         return [built.get(slot) for slot in slots]
 
+    def token_counts(self, slots: np.ndarray) -> np.ndarray:
+        """``[N]`` int64: each slot's token count so far (one device read)."""
+        rows = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(self.device)
+        return self.counts.index_select(0, rows).cpu().numpy()
+
+    def token_rows(
+        self, slots: np.ndarray, counts: np.ndarray, with_timestamps: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The slots' tokens on the host, without building hypotheses (one device read).
+
+        Args:
+            slots: ``[N]`` slots.
+            counts: ``[N]`` their token counts (:meth:`token_counts`).
+            with_timestamps: also read each token's encoder frame.
+
+        Returns:
+            ``[N, max(counts)]`` int64 labels (row ``i`` valid up to ``counts[i]``), and the same layout of timestamps
+            (``None`` without ``with_timestamps``).
+        """
+        longest = int(counts.max()) if len(counts) else 0
+        if longest == 0:
+            empty = np.zeros((len(counts), 0), dtype=np.int64)
+            return empty, (empty if with_timestamps else None)
+        rows = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(self.device)
+        fields = [self.labels] + ([self.timestamps] if with_timestamps else [])
+        with torch.inference_mode():
+            block = torch.stack([field[:, :longest].index_select(0, rows) for field in fields]).cpu().numpy()
+        return block[0], (block[1] if with_timestamps else None)
+
     def hypothesis(self, slot: int) -> Hypothesis | None:
         """The slot's hypothesis so far (``None`` before its first step)."""
         return self.hypotheses([slot])[0]

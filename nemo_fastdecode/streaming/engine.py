@@ -482,7 +482,9 @@ class StreamingEngine:
         done = ending[self.schedule.done(ending)]
         events = self._endpoint(stepped[self._endpointed[stepped]], done) if endpoint else []
         stepped = np.setdiff1d(stepped, done, assume_unique=True)
-        events += self._events(stepped[self._grew(stepped)].tolist(), final=False, last=False)
+        grew, counts = self._grew(stepped)
+        counts = None if counts is None else counts[grew]
+        events += self._events(stepped[grew].tolist(), final=False, last=False, counts=counts)
         events += self._events(done.tolist(), final=True, last=True)
         for slot in done.tolist():
             self._free(slot)
@@ -554,16 +556,15 @@ class StreamingEngine:
         self._pending_bytes[slot] -= size
         return taken[0] if len(taken) == 1 else b"".join(taken)
 
-    def _grew(self, slots: np.ndarray) -> np.ndarray:
+    def _grew(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """``[N]`` bool: the streams' token counts grew since their last event (one device read); with beam search,
-        the best beam changed."""
+        the best beam changed. And (greedy) the ``[N]`` token counts read, ``None`` with beam search."""
         if slots.size == 0:
-            return np.zeros(0, dtype=bool)
+            return np.zeros(0, dtype=bool), None
         if self._beam:
-            return self.transcriber.decoder.changed(slots)
-        counts = self.transcriber.decoder.counts
-        now = counts.index_select(0, torch.from_numpy(slots).to(counts.device)).cpu().numpy()
-        return now > self._reported[slots]
+            return self.transcriber.decoder.changed(slots), None
+        counts = self.transcriber.decoder.token_counts(slots)
+        return counts > self._reported[slots], counts
 
     def _events(
         self,
@@ -574,40 +575,78 @@ class StreamingEngine:
         bounds: list[int] | None = None,
         ends: list[float] | None = None,
         skip_empty: bool = False,
+        counts: np.ndarray | None = None,
     ) -> list[StreamEvent]:
-        """The events of ``slots``, their hypotheses built in one batch (``bounds``, ``ends``, ``skip_empty``: as
-        :meth:`_end_segments` takes them)."""
+        """The events of ``slots``, their tokens read in one batch (``bounds``, ``ends``, ``skip_empty``: as
+        :meth:`_end_segments` takes them; ``counts``: the streams' token counts if already read, greedy only).
+
+        The tokens come as one host array (greedy: read from the token storage, hypotheses built only for the events
+        with word timestamps), their texts in one batch; per event the host work is a list slice and the event."""
         if not slots:
             return []
-        hyps = self.transcriber.decoder.hypotheses(slots, with_state=False)
+        index = np.asarray(slots, dtype=np.int64)
+        decoder = self.transcriber.decoder
+        wants_words = [final or self._options[slot].partial_words for slot in slots]
+        if self._beam:
+            hyps = decoder.hypotheses(slots, with_state=False)
+            counts = np.array([0 if hyp is None else len(hyp.y_sequence) for hyp in hyps], dtype=np.int64)
+            labels = np.zeros((len(slots), int(counts.max())), dtype=np.int64)
+            times = np.zeros_like(labels) if bounds is not None else None
+            for i, hyp in enumerate(hyps):
+                if hyp is not None:
+                    labels[i, : counts[i]] = np.asarray(hyp.y_sequence)
+                    if times is not None:
+                        times[i, : counts[i]] = np.asarray(hyp.timestamp)
+        else:
+            counts = decoder.token_counts(index) if counts is None else counts
+            labels, times = decoder.token_rows(index, counts, with_timestamps=bounds is not None)
+            words_of = [slot for slot, wants in zip(slots, wants_words, strict=True) if wants]
+            built = dict(zip(words_of, decoder.hypotheses(words_of, with_state=False), strict=True)) if words_of else {}
+            hyps = [built.get(slot) for slot in slots]
+        firsts = self._segment_token[index]
+        stops = np.maximum(counts, firsts)
+        if bounds is not None:  # tokens in time order: those before the bound lead
+            for i in np.flatnonzero(stops > firsts).tolist():
+                stops[i] = firsts[i] + int((times[i, firsts[i] : stops[i]] < bounds[i]).sum())
+        keep = np.flatnonzero(stops > firsts) if skip_empty else np.arange(len(slots))
+        # the kept streams' tokens, one run per stream, in one array
+        columns = np.arange(labels.shape[1])
+        taken = (columns >= firsts[keep, None]) & (columns < stops[keep, None])
+        ids = labels[keep][taken]
+        sizes = (stops - firsts)[keep].tolist()
+        texts = self._token_text.texts(ids, sizes)
+        flat, offset = ids.tolist(), 0
+        if ends is None:
+            rate = self.front.settings.sample_rate
+            if last:
+                ends = (self.front.received_samples(index) / rate).tolist()
+            else:  # the feature frames stepped (int64 products below 2**53: the same division as on ints)
+                ends = (self.schedule.stepped[index] * self.front.settings.hop / rate).tolist()
+        stream_ids, segments = self._stream_of[index].tolist(), self._segment[index].tolist()
+        starts, firsts = self._segment_start[index].tolist(), firsts.tolist()
         events = []
-        for i, (slot, hyp) in enumerate(zip(slots, hyps, strict=True)):
-            first = int(self._segment_token[slot])
-            ids = [] if hyp is None else hyp.y_sequence[first:].tolist()
-            if bounds is not None and hyp is not None:  # tokens in time order: those before the bound lead
-                ids = ids[: int((torch.as_tensor(hyp.timestamp[first:]) < bounds[i]).sum())]
-            if skip_empty and not ids:
-                continue
-            self._reported[slot] = first + len(ids)
-            wants_words = final or self._options[slot].partial_words
-            if ends is not None:
-                end = ends[i]
-            elif last:
-                end = self.front.samples_received(slot) / self.front.settings.sample_rate
+        for k, i in enumerate(keep.tolist()):
+            slot, first, size = slots[i], firsts[i], sizes[k]
+            token_ids, offset = flat[offset : offset + size], offset + size
+            self._reported[slot] = first + size
+            if not wants_words[i]:
+                words = None
+            elif size:
+                words = self._word_timestamps(hyps[i], first, first + size)
             else:
-                end = self._stepped_seconds(slot)
+                words = []
             events.append(
                 StreamEvent(
-                    stream_id=int(self._stream_of[slot]),
-                    text=self._token_text.text(ids),
-                    token_ids=ids,
-                    words=(self._word_timestamps(hyp, first, first + len(ids)) if ids else []) if wants_words else None,
+                    stream_id=stream_ids[i],
+                    text=texts[k],
+                    token_ids=token_ids,
+                    words=words,
                     is_final=final,
                     is_last=last,
                     reason=(self._reason[slot] if last else EndReason.SEGMENT) if final else None,
-                    segment=int(self._segment[slot]),
-                    start=float(self._segment_start[slot]),
-                    end=end,
+                    segment=segments[i],
+                    start=starts[i],
+                    end=ends[i],
                 )
             )
         return events
