@@ -478,9 +478,12 @@ class AudioFrontEnd:
         if rows.shape[0] > 0:
             host = self._audio.host(plan.nbytes)
             _int_view(host[: rows.size * 4], np.int32, ROW_FIELDS)[:] = rows
-            for group in plan.groups.values():
-                parts = [np.frombuffer(payload, dtype=np.uint8) for payload in group.payloads]
-                np.concatenate(parts, out=host[group.start : group.end])
+            buffer = memoryview(host)
+            for group in plan.groups.values():  # slice assignments: no array object per payload
+                end = group.start
+                for payload in group.payloads:
+                    start, end = end, end + len(payload)
+                    buffer[start:end] = payload
             self._check_finite(host, plan)
         # every check passed: commit the host state, then copy and decode
         for slot in pushes:
@@ -501,7 +504,10 @@ class AudioFrontEnd:
         s = self.settings
         slots = np.fromiter(pushes, dtype=np.int64, count=len(pushes))
         self._check_live(slots)
-        data = [_host_bytes(audio, self._format[slot], slot) for slot, audio in pushes.items()]
+        formats = self._format
+        data = [  # bytes (what a socket gives) as they are
+            audio if type(audio) is bytes else _host_bytes(audio, formats[slot], slot) for slot, audio in pushes.items()
+        ]
         if self._partial:  # the first bytes of a split sample come first (rare: copies are fine)
             for i, slot in enumerate(pushes):
                 if slot in self._partial:
@@ -542,7 +548,8 @@ class AudioFrontEnd:
             rows[first:last, 1] = counts[members]
             rows[first:last, 2] = member_slots
             rows[first:last, 3] = (s.pad + self._samples[member_slots]) % self.capacity
-            groups[sample_format] = _Group(first, last, start, end, [data[i] for i in members.tolist()])
+            payloads = data if members.size == len(data) else [data[i] for i in members.tolist()]  # all, in order
+            groups[sample_format] = _Group(first, last, start, end, payloads)
             first, start = last, end
         return _Plan(rows, groups, partial, start)
 
