@@ -219,6 +219,7 @@ class StreamingEngine:
         self._carry: list[bytes] = [b""] * num_slots  # the first bytes of a sample whose other bytes are to come
         self._samples = np.zeros(num_slots, dtype=np.int64)  # whole samples pushed
         self._format = [SampleFormat.INT16] * num_slots
+        self._itemsize = np.full(num_slots, SampleFormat.INT16.itemsize, dtype=np.int64)  # bytes per sample
         self._options: list[StreamOptions | None] = [None] * num_slots
         self._reason: list[EndReason | None] = [None] * num_slots
         self._slot_of: dict[int, int] = {}
@@ -285,6 +286,7 @@ class StreamingEngine:
         self._carry[slot] = b""
         self._options[slot], self._reason[slot] = options, None
         self._format[slot] = SampleFormat.parse(options.sample_format)
+        self._itemsize[slot] = self._format[slot].itemsize
         self._open_endpointing(slot, endpointing)
         return stream_id
 
@@ -446,7 +448,7 @@ class StreamingEngine:
         live = members & (self._stream_of >= 0)
         # 1. audio in: one copy for every stream fed; features for every stream (ended ones: their last frames)
         feed = live & (self._pending_bytes > 0) & (self.schedule.backlog < self._max_chunk)
-        pushes = {slot: self._take(slot) for slot in np.flatnonzero(feed).tolist()}
+        pushes = self._take_all(np.flatnonzero(feed))
         if pushes:
             self.front.append(pushes)
         flush = live & self._ending & (self._pending_bytes == 0) & ~self._flushed
@@ -540,6 +542,21 @@ class StreamingEngine:
             events += self._end_segments(slots[ready].tolist(), bounds, ends, skip_empty=True)
         quiet = (blank > 0) & (counts > self._segment_token[slots]) & ~np.isin(slots, done)
         return events + self._end_segments(slots[quiet].tolist())
+
+    def _take_all(self, slots: np.ndarray) -> dict[int, bytes | memoryview]:
+        """``{slot: bytes}``: the waiting bytes of each of ``slots`` (at most one cycle's worth; the rest waits). A
+        stream whose bytes all go, as one push (the usual case), hands that push over as it is."""
+        fits = self._pending_bytes[slots] <= self._cycle_samples * self._itemsize[slots]
+        pushes, pending = {}, self._pending
+        for slot, whole in zip(slots.tolist(), fits.tolist(), strict=True):
+            if not whole:
+                pushes[slot] = self._take(slot)
+                continue
+            pieces = pending[slot]
+            pushes[slot] = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            pieces.clear()
+        self._pending_bytes[slots[fits]] = 0
+        return pushes
 
     def _take(self, slot: int) -> bytes | memoryview:
         """The stream's waiting bytes, at most one cycle's worth (the rest waits); one join of its pushes."""

@@ -214,14 +214,14 @@ class StreamingTranscriber:
             if self.decoder is None:
                 raise ValueError("phrase_boosting needs the decoder (decode=True)")
             self.decoder.enable_boosting()
-        self._open = [False] * num_slots
+        self._open = np.zeros(num_slots, dtype=bool)
         self._started = np.zeros(num_slots, dtype=bool)  # host mirror of slots.started: checks without a sync
 
     # ------------------------------------------------------------------------------------------
     @property
     def open_slots(self) -> list[int]:
         """Slots that hold a stream now."""
-        return [slot for slot, is_open in enumerate(self._open) if is_open]
+        return np.flatnonzero(self._open).tolist()
 
     def open(self, boosting: BoostingOptions | None = None) -> int:
         """Start a stream in the lowest free slot (emptied); returns the slot id.
@@ -233,15 +233,14 @@ class StreamingTranscriber:
             if self.decoder is None:
                 raise ValueError("phrase boosting needs the decoder (StreamingTranscriber(decode=True))")
             self.decoder.boosting_tree(boosting)  # built (and checked) before any slot changes
-        for slot, is_open in enumerate(self._open):
-            if not is_open:
-                self.slots.reset_(slot)
-                if self.decoder is not None:
-                    self.decoder.reset(slot)
-                    if boosting is not None:
-                        self.decoder.set_boosting(slot, boosting)
-                self._open[slot], self._started[slot] = True, False
-                return slot
+        for slot in np.flatnonzero(~self._open)[:1].tolist():  # the lowest free slot
+            self.slots.reset_(slot)
+            if self.decoder is not None:
+                self.decoder.reset(slot)
+                if boosting is not None:
+                    self.decoder.set_boosting(slot, boosting)
+            self._open[slot], self._started[slot] = True, False
+            return slot
         raise RuntimeError(f"all {self.num_slots} slots are in use; close or flush a stream, or use more num_slots")
 
     def check_boosting(self, boosting: BoostingOptions) -> None:
@@ -390,7 +389,12 @@ class StreamingTranscriber:
         slots = list(slot_ids)
         if not slots:
             raise ValueError("slot_ids is empty; pass at least one open slot")
-        seen: set[int] = set()
+        if set(map(type, slots)) == {int}:  # the usual call: checked at once, vectorised
+            index = np.asarray(slots, dtype=np.int64)
+            in_range = index.min() >= 0 and index.max() < self.num_slots
+            if in_range and self._open[index].all() and np.unique(index).size == index.size:
+                return slots
+        seen: set[int] = set()  # else one by one, naming the first bad slot id
         for slot in slots:
             self._check_slot(slot, "step")
             if slot in seen:
