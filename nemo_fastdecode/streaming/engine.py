@@ -639,13 +639,13 @@ class StreamingEngine:
                 ends = (self.front.received_samples(index) / rate).tolist()
             else:  # the feature frames stepped (int64 products below 2**53: the same division as on ints)
                 ends = (self.schedule.stepped[index] * self.front.settings.hop / rate).tolist()
+        self._reported[index[keep]] = stops[keep]
         stream_ids, segments = self._stream_of[index].tolist(), self._segment[index].tolist()
         starts, firsts = self._segment_start[index].tolist(), firsts.tolist()
         events = []
         for k, i in enumerate(keep.tolist()):
             slot, first, size = slots[i], firsts[i], sizes[k]
             token_ids, offset = flat[offset : offset + size], offset + size
-            self._reported[slot] = first + size
             if not wants_words[i]:
                 words = None
             elif size:
