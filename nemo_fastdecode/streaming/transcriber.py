@@ -37,6 +37,7 @@ from nemo_fastdecode.streaming.encoder import StreamingEncoderStep, check_stream
 from nemo_fastdecode.streaming.events import BoostingOptions
 from nemo_fastdecode.streaming.geometry import StreamingGeometry
 from nemo_fastdecode.streaming.slots import SlotState
+from nemo_fastdecode.streaming.staging import HostStaging
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
@@ -215,6 +216,7 @@ class StreamingTranscriber:
                 raise ValueError("phrase_boosting needs the decoder (decode=True)")
             self.decoder.enable_boosting()
         self._open = np.zeros(num_slots, dtype=bool)
+        self._staging = HostStaging(self.device)  # each step's slot ids and chunk lengths
         self._started = np.zeros(num_slots, dtype=bool)  # host mirror of slots.started: checks without a sync
 
     # ------------------------------------------------------------------------------------------
@@ -347,15 +349,18 @@ class StreamingTranscriber:
             ValueError / TypeError naming the bad slot id or chunk and the valid choices.
         """
         slots = self._check_step_slots(slot_ids)
-        if lengths is None:
-            features, lengths = self._batch_chunks(slots, chunks)
+        packed = lengths is not None
+        if packed:
+            host_lengths = self._checked_lengths(slots, chunks, lengths)
         else:
-            features, lengths = self._packed_chunks(slots, chunks, lengths)
+            features, host_lengths = self._batch_chunks(slots, chunks)
+        # slot ids and lengths in one copy out of a pinned buffer: the host queues the step without waiting
+        staged = self._staging.upload(np.stack([np.asarray(slots, dtype=np.int64), host_lengths]))
+        if packed:
+            features = self._masked(chunks, host_lengths, staged[1])
         n = len(slots)
         with torch.inference_mode():
-            padded_ids, encoded, encoded_lengths = self.runner.run_padded(
-                torch.tensor(slots, dtype=torch.long), features, lengths
-            )
+            padded_ids, encoded, encoded_lengths = self.runner.run_padded(staged[0], features, staged[1])
             if self.decoder is not None:  # the whole bucket: padding rows are the dummy slot, length 0
                 self.decoder.decode(slots, encoded, encoded_lengths, padded_ids)
             encoded, encoded_lengths = encoded[:n].clone(), encoded_lengths[:n].clone()
@@ -402,10 +407,10 @@ class StreamingTranscriber:
             seen.add(slot)
         return slots
 
-    def _packed_chunks(
+    def _checked_lengths(
         self, slots: list[int], chunks: torch.Tensor, lengths: Sequence[int] | np.ndarray
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Check a packed ``[N, F, T]`` batch and its ``[N]`` lengths (vectorised); zero past each row's length."""
+    ) -> np.ndarray:
+        """Check a packed ``[N, F, T]`` batch and its ``[N]`` lengths (vectorised); the lengths as int64."""
         g = self.geometry
         if not isinstance(chunks, torch.Tensor) or chunks.dim() != 3:
             raise ValueError("with lengths, chunks must be one [N, feat_in, T] tensor")
@@ -426,13 +431,17 @@ class StreamingTranscriber:
                 f"length {host[i]} of row {i} (slot {slots[i]}) is out of range; valid: 1 <= T <= {limits[i]} "
                 f"(a stream's {which}, at most the tensor's {frames} frames)"
             )
-        longest = int(host.max())
-        device_lengths = torch.from_numpy(host).to(chunks.device)
-        valid = torch.arange(longest, device=chunks.device)[None, None, :] < device_lengths[:, None, None]
-        features = torch.where(valid, chunks[:, :, :longest].to(torch.float32), 0.0)  # as _batch_chunks pads
-        return features, torch.from_numpy(host)
+        return host
 
-    def _batch_chunks(self, slots: list[int], chunks) -> tuple[torch.Tensor, torch.Tensor]:
+    def _masked(self, chunks: torch.Tensor, lengths: np.ndarray, staged: torch.Tensor) -> torch.Tensor:
+        """``[N, F, max(lengths)]`` float32 chunks, zero past each row's length (``staged``: the lengths on the
+        transcriber's device)."""
+        longest = int(lengths.max())
+        device_lengths = staged if chunks.device == staged.device else torch.from_numpy(lengths).to(chunks.device)
+        valid = torch.arange(longest, device=chunks.device)[None, None, :] < device_lengths[:, None, None]
+        return torch.where(valid, chunks[:, :, :longest].to(torch.float32), 0.0)  # as _batch_chunks pads
+
+    def _batch_chunks(self, slots: list[int], chunks) -> tuple[torch.Tensor, np.ndarray]:
         """Validate the chunks and pack them left-aligned into ``[N, F, Tmax]`` (one transfer to the device)."""
         g = self.geometry
         if isinstance(chunks, torch.Tensor) and chunks.dim() != 3:
@@ -450,7 +459,7 @@ class StreamingTranscriber:
                 and 1 <= frames <= limits.min()
             ):
                 # already one batch, every row valid: no per-chunk work (else the per-chunk checks name the bad one)
-                return chunks.to(torch.float32), torch.full((n,), frames, dtype=torch.long)
+                return chunks.to(torch.float32), np.full(n, frames, dtype=np.int64)
             chunks = list(chunks.unbind(0))
         if len(chunks) != len(slots):
             raise ValueError(f"got {len(chunks)} chunks for {len(slots)} slot ids; pass one chunk per slot id")
@@ -483,7 +492,7 @@ class StreamingTranscriber:
             for c in chunks
         ]
         features = torch.stack(rows).to(torch.float32)  # [N, F, Tmax]
-        return features, torch.tensor(lengths, dtype=torch.long)
+        return features, np.asarray(lengths, dtype=np.int64)
 
 
 DECODINGS = ("greedy", "beam")
