@@ -62,19 +62,18 @@ class _DecodingView:
 
 
 class _Offsets(list):
-    """NeMo's per-token offsets, deep-copied directly: their values are ints, strings and lists of them."""
+    """NeMo's per-token offsets, deep-copied directly: their values are ints and lists of the token ids, which
+    :class:`WordTimestamps` passes as ints (anything else takes the generic copy)."""
 
     def __deepcopy__(self, memo: dict) -> list:
         copied = []
         for entry in self:
-            fresh = {}
+            fresh = entry.copy()
             for key, value in entry.items():
                 kind = type(value)
-                if kind is list and all(type(item) in _ATOMS for item in value):
+                if kind is list:
                     fresh[key] = value.copy()
-                elif kind in _ATOMS:
-                    fresh[key] = value
-                else:  # anything else: the generic copy
+                elif kind not in _ATOMS:
                     return copy.deepcopy(list(self), memo)
             copied.append(fresh)
         return copied
