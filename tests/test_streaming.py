@@ -251,6 +251,14 @@ def test_bad_slot_ids(streamer, features):
             streamer.step([slot, slot], [chunk, chunk])
         with pytest.raises(TypeError, match="slot ids must be ints, got '0'"):
             streamer.step(["0"], [chunk])
+        with pytest.raises(TypeError, match="slot ids must be ints, got True"):
+            streamer.step([True], [chunk])
+        with pytest.raises(ValueError, match=r"slot id 7 is out of range"):  # an integer array: the same checks
+            streamer.step(np.array([7]), [chunk])
+        with pytest.raises(ValueError, match=rf"slot id {slot} is repeated"):
+            streamer.step(np.array([slot, slot]), [chunk, chunk])
+        with pytest.raises(ValueError, match="cannot step slot 2: it is not open"):
+            streamer.step(np.array([2], dtype=np.int32), [chunk])
         with pytest.raises(ValueError, match="slot_ids is empty"):
             streamer.step([], [])
         with pytest.raises(ValueError, match="cannot close slot 2: it is not open"):

@@ -477,7 +477,7 @@ class StreamingEngine:
         stepped, lengths = self.schedule.next_chunks(np.flatnonzero(live))
         if stepped.size:
             batch = self.queue.read(stepped, self.schedule.stepped[stepped], lengths)
-            self.transcriber.step(stepped.tolist(), batch, lengths=lengths)
+            self.transcriber.step(stepped, batch, lengths=lengths)
             self.schedule.advance(stepped, lengths)
         # 3. events: utterance ends, partial for the streams whose tokens grew, final for the streams that are over
         ending = np.flatnonzero(live & self._flushed)

@@ -324,7 +324,7 @@ class StreamingTranscriber:
     # ------------------------------------------------------------------------------------------
     def step(
         self,
-        slot_ids: Sequence[int],
+        slot_ids: Sequence[int] | np.ndarray,
         chunks: Sequence[torch.Tensor] | torch.Tensor,
         *,
         lengths: Sequence[int] | np.ndarray | None = None,
@@ -333,7 +333,7 @@ class StreamingTranscriber:
         """Advance the streams in ``slot_ids`` by one chunk each.
 
         Args:
-            slot_ids: ``N`` distinct open slots, in any order.
+            slot_ids: ``N`` distinct open slots, in any order (ints, or a 1-D integer array).
             chunks: ``N`` feature chunks ``[feat_in, T_i]`` (float32/float16/bfloat16, any device), or one
                 tensor ``[N, feat_in, T]``; ``1 <= T_i <= geometry.first_chunk`` for a stream's first step,
                 ``<= geometry.chunk`` after.
@@ -388,16 +388,21 @@ class StreamingTranscriber:
         if not self._open[slot]:
             raise ValueError(f"cannot {action} slot {slot}: it is not open; open slots: {_listing(self.open_slots)}")
 
-    def _check_step_slots(self, slot_ids: Sequence[int]) -> list[int]:
+    def _check_step_slots(self, slot_ids: Sequence[int] | np.ndarray) -> list[int]:
         if isinstance(slot_ids, torch.Tensor):
             slot_ids = slot_ids.tolist()
-        slots = list(slot_ids)
+        if isinstance(slot_ids, np.ndarray) and slot_ids.ndim == 1 and slot_ids.dtype.kind in "iu":
+            index = slot_ids.astype(np.int64, copy=False)
+            slots, plain = index.tolist(), True
+        else:
+            slots = list(slot_ids)
+            plain = set(map(type, slots)) == {int}
+            index = np.asarray(slots, dtype=np.int64) if plain and slots else None
         if not slots:
             raise ValueError("slot_ids is empty; pass at least one open slot")
-        if set(map(type, slots)) == {int}:  # the usual call: checked at once, vectorised
-            index = np.asarray(slots, dtype=np.int64)
+        if plain:  # the usual call: checked at once, vectorised
             in_range = index.min() >= 0 and index.max() < self.num_slots
-            if in_range and self._open[index].all() and np.unique(index).size == index.size:
+            if in_range and self._open[index].all() and len(set(slots)) == len(slots):
                 return slots
         seen: set[int] = set()  # else one by one, naming the first bad slot id
         for slot in slots:
