@@ -464,9 +464,8 @@ class SlotDecoder:
         return [built.get(slot) for slot in slots]
 
     def token_counts(self, slots: np.ndarray) -> np.ndarray:
-        """``[N]`` int64: each slot's token count so far (one device read)."""
-        rows = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(self.device)
-        return self.counts.index_select(0, rows).cpu().numpy()
+        """``[N]`` int64: each slot's token count so far (one device read of every slot's, nothing uploaded)."""
+        return self.counts.cpu().numpy()[np.asarray(slots, dtype=np.int64)]
 
     def token_rows(
         self, slots: np.ndarray, counts: np.ndarray, with_timestamps: bool = False
