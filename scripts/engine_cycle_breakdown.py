@@ -109,6 +109,8 @@ def stub_device_work(engine: StreamingEngine, blank: int) -> None:
 
 def run(args: argparse.Namespace) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.host_only else "cpu")
+    if args.host_only:  # one thread: tiny CPU ops that wake a thread pool time the scheduler, not the work
+        torch.set_num_threads(1)
     torch.manual_seed(0)
     model = synthetic.build_synthetic_model(args.model, seed=0, device=device).eval()
     audio = synthetic.synthetic_audio([4.0, 3.0, 5.0], seed=7)
