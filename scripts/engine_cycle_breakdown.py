@@ -31,6 +31,7 @@ import nemo_fastdecode.streaming.frontend as frontend
 from nemo_fastdecode.streaming import StreamingEngine
 from nemo_fastdecode.streaming.events import StreamOptions
 from nemo_fastdecode.tools import synthetic
+from nemo_fastdecode.tools.models import load_model
 
 PARTS = {  # name: (engine attribute owning the method or None for the engine, method)
     "front.append": ("front", "append"),
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> None:
     if args.host_only:  # one thread: tiny CPU ops that wake a thread pool time the scheduler, not the work
         torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = synthetic.build_synthetic_model(args.model, seed=0, device=device).eval()
+    model = load_model(args.model, device=device, vocab=args.vocab)  # synthetic: calibrated to ~0.3 tokens/frame
     audio = synthetic.synthetic_audio([4.0, 3.0, 5.0], seed=7)
     pcms = [np.clip(np.asarray(x) * 32767, -32768, 32767).astype(np.int16) for x in audio]
     for n in args.streams:
@@ -179,7 +180,8 @@ def measure(model: torch.nn.Module, pcms: list[np.ndarray], n: int, args: argpar
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny-streaming", help="synthetic cache-aware preset")
+    parser.add_argument("--model", default="tiny-streaming", help="a cache-aware synthetic preset or .nemo path")
+    parser.add_argument("--vocab", default="bpe", choices=["bpe", "char"], help="a synthetic model's vocabulary")
     parser.add_argument("--att", type=int, nargs=2, default=[16, 1], help="att_context_size [left, lookahead]")
     parser.add_argument("--streams", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--repeats", type=int, default=10, help="timed cycles per stream count")
