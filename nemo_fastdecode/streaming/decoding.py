@@ -468,27 +468,32 @@ class SlotDecoder:
         return self.counts.cpu().numpy()[np.asarray(slots, dtype=np.int64)]
 
     def token_rows(
-        self, slots: np.ndarray, counts: np.ndarray, with_timestamps: bool = False
+        self, slots: np.ndarray, starts: np.ndarray, stops: np.ndarray, with_timestamps: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The slots' tokens on the host, without building hypotheses (one device read).
+        """The slots' tokens ``starts[i] .. stops[i] - 1`` on the host, without building hypotheses (one device read
+        of just those tokens: a long stream's earlier segments are not read again).
 
         Args:
             slots: ``[N]`` slots.
-            counts: ``[N]`` their token counts (:meth:`token_counts`).
+            starts, stops: ``[N]`` the first token and one past the last of each (``stops[i]`` at most the slot's
+                token count, :meth:`token_counts`).
             with_timestamps: also read each token's encoder frame.
 
         Returns:
-            ``[N, max(counts)]`` int64 labels (row ``i`` valid up to ``counts[i]``), and the same layout of timestamps
-            (``None`` without ``with_timestamps``).
+            ``[N, W]`` int64 labels, ``W = max(stops - starts)``: row ``i`` holds its tokens left-aligned (valid up to
+            ``stops[i] - starts[i]``), and the same layout of timestamps (``None`` without ``with_timestamps``).
         """
-        longest = int(counts.max()) if len(counts) else 0
-        if longest == 0:
-            empty = np.zeros((len(counts), 0), dtype=np.int64)
+        width = int((stops - starts).max()) if len(slots) else 0
+        if width <= 0:
+            empty = np.zeros((len(slots), 0), dtype=np.int64)
             return empty, (empty if with_timestamps else None)
-        rows = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(self.device)
-        fields = [self.labels] + ([self.timestamps] if with_timestamps else [])
+        index = torch.from_numpy(np.stack([slots, starts]).astype(np.int64)).to(self.device)  # [2, N]
         with torch.inference_mode():
-            block = torch.stack([field[:, :longest].index_select(0, rows) for field in fields]).cpu().numpy()
+            # [N, W]: each row's window of columns (past its stop: stale tokens, ignored; clamped into the storage)
+            columns = (index[1][:, None] + torch.arange(width, device=self.device)).clamp_(max=self.token_capacity - 1)
+            rows = index[0][:, None].expand(-1, width)
+            fields = [self.labels] + ([self.timestamps] if with_timestamps else [])
+            block = torch.stack([field[rows, columns] for field in fields]).cpu().numpy()
         return block[0], (block[1] if with_timestamps else None)
 
     def hypothesis(self, slot: int) -> Hypothesis | None:

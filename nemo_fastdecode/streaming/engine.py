@@ -604,34 +604,35 @@ class StreamingEngine:
         index = np.asarray(slots, dtype=np.int64)
         decoder = self.transcriber.decoder
         wants_words = [final or self._options[slot].partial_words for slot in slots]
+        firsts = self._segment_token[index]
         if self._beam:
             hyps = decoder.hypotheses(slots, with_state=False)
             counts = np.array([0 if hyp is None else len(hyp.y_sequence) for hyp in hyps], dtype=np.int64)
-            labels = np.zeros((len(slots), int(counts.max())), dtype=np.int64)
+            stops = np.maximum(counts, firsts)
+            labels = np.zeros((len(slots), int((stops - firsts).max())), dtype=np.int64)
             times = np.zeros_like(labels) if bounds is not None else None
-            for i, hyp in enumerate(hyps):
-                if hyp is not None:
-                    labels[i, : counts[i]] = np.asarray(hyp.y_sequence)
+            for i, hyp in enumerate(hyps):  # row i: the tokens of the segment, left-aligned
+                size = stops[i] - firsts[i]
+                if size:
+                    labels[i, :size] = np.asarray(hyp.y_sequence)[firsts[i] : stops[i]]
                     if times is not None:
-                        times[i, : counts[i]] = np.asarray(hyp.timestamp)
+                        times[i, :size] = np.asarray(hyp.timestamp)[firsts[i] : stops[i]]
         else:
             counts = decoder.token_counts(index) if counts is None else counts
-            labels, times = decoder.token_rows(index, counts, with_timestamps=bounds is not None)
+            stops = np.maximum(counts, firsts)
+            labels, times = decoder.token_rows(index, firsts, stops, with_timestamps=bounds is not None)
             words_of = [slot for slot, wants in zip(slots, wants_words, strict=True) if wants]
             built = dict(zip(words_of, decoder.hypotheses(words_of, with_state=False), strict=True)) if words_of else {}
             hyps = [built.get(slot) for slot in slots]
-        firsts = self._segment_token[index]
-        stops = np.maximum(counts, firsts)
+        sizes = stops - firsts
         if bounds is not None:  # tokens in time order: those before the bound lead
-            for i in np.flatnonzero(stops > firsts).tolist():
-                stops[i] = firsts[i] + int((times[i, firsts[i] : stops[i]] < bounds[i]).sum())
-        keep = np.flatnonzero(stops > firsts) if skip_empty else np.arange(len(slots))
+            for i in np.flatnonzero(sizes).tolist():
+                sizes[i] = int((times[i, : sizes[i]] < bounds[i]).sum())
+        keep = np.flatnonzero(sizes) if skip_empty else np.arange(len(slots))
         # the kept streams' tokens, one run per stream, in one array
-        columns = np.arange(labels.shape[1])
-        taken = (columns >= firsts[keep, None]) & (columns < stops[keep, None])
-        ids = labels[keep][taken]
-        sizes = (stops - firsts)[keep].tolist()
-        texts = self._token_text.texts(ids, sizes)
+        sizes = sizes[keep]
+        ids = labels[keep][np.arange(labels.shape[1]) < sizes[:, None]]
+        texts = self._token_text.texts(ids, sizes.tolist())
         flat, offset = ids.tolist(), 0
         if ends is None:
             rate = self.front.settings.sample_rate
@@ -639,9 +640,9 @@ class StreamingEngine:
                 ends = (self.front.received_samples(index) / rate).tolist()
             else:  # the feature frames stepped (int64 products below 2**53: the same division as on ints)
                 ends = (self.schedule.stepped[index] * self.front.settings.hop / rate).tolist()
-        self._reported[index[keep]] = stops[keep]
+        self._reported[index[keep]] = firsts[keep] + sizes
         stream_ids, segments = self._stream_of[index].tolist(), self._segment[index].tolist()
-        starts, firsts = self._segment_start[index].tolist(), firsts.tolist()
+        starts, firsts, sizes = self._segment_start[index].tolist(), firsts.tolist(), sizes.tolist()
         events = []
         for k, i in enumerate(keep.tolist()):
             slot, first, size = slots[i], firsts[i], sizes[k]
