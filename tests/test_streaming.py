@@ -167,6 +167,29 @@ def test_steps_run_the_decoder_once_and_build_no_hypotheses(model, features, ref
         assert as_int_list(finals[stream].hypothesis.timestamp) == as_int_list(nemo_hyp.timestamp)
 
 
+def test_token_rows_are_the_hypotheses_tokens_between_starts_and_stops(model, features):
+    """Events read windows of the token storage instead of hypotheses: the same tokens and frames."""
+    streamer = StreamingTranscriber(model, num_slots=3, att_context_size=[16, 1])
+    slots = [streamer.open() for _ in range(3)]
+    for chunks in zip(*(split_features(f, streamer.geometry)[:4] for f in features[:3]), strict=True):
+        streamer.step(slots, list(chunks))
+    decoder = streamer.decoder
+    hyps = decoder.hypotheses(slots)
+    counts = decoder.token_counts(np.array(slots))
+    assert counts.tolist() == [len(h.y_sequence) for h in hyps] and counts.min() > 3  # tokens to compare
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        starts = rng.integers(0, counts + 1)
+        stops = rng.integers(starts, counts + 1)
+        labels, times = decoder.token_rows(np.array(slots), starts, stops, with_timestamps=True)
+        for i, hyp in enumerate(hyps):
+            size = stops[i] - starts[i]
+            assert labels[i, :size].tolist() == as_int_list(hyp.y_sequence)[starts[i] : stops[i]]
+            assert times[i, :size].tolist() == as_int_list(hyp.timestamp)[starts[i] : stops[i]]
+    labels, times = decoder.token_rows(np.array(slots), counts, counts)
+    assert labels.shape == (3, 0) and times is None
+
+
 def test_warm_up_prepares_every_bucket_before_the_first_step(model, features):
     streamer = StreamingTranscriber(model, num_slots=5, att_context_size=[16, 1], pad_to_bucket=True)
     times = streamer.warm_up()
@@ -251,6 +274,14 @@ def test_bad_slot_ids(streamer, features):
             streamer.step([slot, slot], [chunk, chunk])
         with pytest.raises(TypeError, match="slot ids must be ints, got '0'"):
             streamer.step(["0"], [chunk])
+        with pytest.raises(TypeError, match="slot ids must be ints, got True"):
+            streamer.step([True], [chunk])
+        with pytest.raises(ValueError, match=r"slot id 7 is out of range"):  # an integer array: the same checks
+            streamer.step(np.array([7]), [chunk])
+        with pytest.raises(ValueError, match=rf"slot id {slot} is repeated"):
+            streamer.step(np.array([slot, slot]), [chunk, chunk])
+        with pytest.raises(ValueError, match="cannot step slot 2: it is not open"):
+            streamer.step(np.array([2], dtype=np.int32), [chunk])
         with pytest.raises(ValueError, match="slot_ids is empty"):
             streamer.step([], [])
         with pytest.raises(ValueError, match="cannot close slot 2: it is not open"):

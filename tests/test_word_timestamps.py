@@ -88,3 +88,16 @@ def test_character_tdt_labels_that_nemo_spells_as_nothing_still_get_words():
     assert WordTimestamps(TokenText(model.decoding), SUBSAMPLING, STRIDE)(clean, 0, int(kept.sum())) == nemo_words(
         model, clean
     )
+
+
+def test_offsets_deep_copy_as_copy_deepcopy_does():
+    """NeMo deep-copies the per-token offsets and then rewrites both copies: the direct copy is equal and shares no
+    dict or list with the original (values other than ints and lists of ids take the generic copy)."""
+    from nemo_fastdecode.streaming.word_timestamps import _Offsets
+
+    plain = [{"char": [5], "start_offset": 3, "end_offset": 4}, {"char": [7, 8], "start_offset": 4, "end_offset": 6}]
+    for offsets in (plain, plain + [{"char": [9], "start_offset": torch.tensor(6), "end_offset": 7}]):
+        copied = copy.deepcopy(_Offsets(offsets))
+        assert type(copied) is list and copied == copy.deepcopy(offsets)
+        for mine, theirs in zip(copied, offsets, strict=True):
+            assert mine is not theirs and mine["char"] is not theirs["char"]

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from nemo_fastdecode.streaming.geometry import StreamingGeometry
+from nemo_fastdecode.streaming.staging import HostStaging
 
 __all__ = ["ChunkSchedule", "FeatureQueue"]
 
@@ -91,6 +92,9 @@ class FeatureQueue:
         self.capacity = capacity
         self.device = device
         self.frames = torch.zeros(num_slots, capacity, features, dtype=torch.float32, device=device)
+        # the frame indices go up through pinned buffers: the host queues the scatter and gather without waiting
+        self._write_index = HostStaging(device)
+        self._read_index = HostStaging(device)
 
     def write(self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, packed: torch.Tensor) -> None:
         """Store ``counts[i]`` frames of ``slots[i]`` as its frames ``starts[i] ...`` (absolute frame indices).
@@ -105,7 +109,7 @@ class FeatureQueue:
         offsets = np.cumsum(counts) - counts
         rows = np.repeat(slots, counts)
         positions = (np.repeat(starts - offsets, counts) + np.arange(total)) % self.capacity
-        index = torch.from_numpy(np.stack([rows, positions])).to(self.device, non_blocking=True)
+        index = self._write_index.upload(np.stack([rows, positions]).astype(np.int64, copy=False))
         self.frames[index[0], index[1]] = packed.T  # one scatter: frames[slot, position] = one [F] column
 
     def read(self, slots: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> torch.Tensor:
@@ -114,5 +118,5 @@ class FeatureQueue:
         width = int(lengths.max())
         positions = (starts[:, None] + np.arange(width)[None, :]) % self.capacity  # [N, width]
         rows = np.broadcast_to(slots[:, None], positions.shape)
-        index = torch.from_numpy(np.stack([rows, positions])).to(self.device, non_blocking=True)
+        index = self._read_index.upload(np.stack([rows, positions]).astype(np.int64, copy=False))
         return self.frames[index[0], index[1]].transpose(1, 2)  # one gather: [N, width, F] -> [N, F, width]

@@ -463,6 +463,39 @@ class SlotDecoder:
                 built = dict(zip(stepped, hyps, strict=True))
         return [built.get(slot) for slot in slots]
 
+    def token_counts(self, slots: np.ndarray) -> np.ndarray:
+        """``[N]`` int64: each slot's token count so far (one device read of every slot's, nothing uploaded)."""
+        return self.counts.cpu().numpy()[np.asarray(slots, dtype=np.int64)]
+
+    def token_rows(
+        self, slots: np.ndarray, starts: np.ndarray, stops: np.ndarray, with_timestamps: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The slots' tokens ``starts[i] .. stops[i] - 1`` on the host, without building hypotheses (one device read
+        of just those tokens: a long stream's earlier segments are not read again).
+
+        Args:
+            slots: ``[N]`` slots.
+            starts, stops: ``[N]`` the first token and one past the last of each (``stops[i]`` at most the slot's
+                token count, :meth:`token_counts`).
+            with_timestamps: also read each token's encoder frame.
+
+        Returns:
+            ``[N, W]`` int64 labels, ``W = max(stops - starts)``: row ``i`` holds its tokens left-aligned (valid up to
+            ``stops[i] - starts[i]``), and the same layout of timestamps (``None`` without ``with_timestamps``).
+        """
+        width = int((stops - starts).max()) if len(slots) else 0
+        if width <= 0:
+            empty = np.zeros((len(slots), 0), dtype=np.int64)
+            return empty, (empty if with_timestamps else None)
+        index = torch.from_numpy(np.stack([slots, starts]).astype(np.int64)).to(self.device)  # [2, N]
+        with torch.inference_mode():
+            # [N, W]: each row's window of columns (past its stop: stale tokens, ignored; clamped into the storage)
+            columns = (index[1][:, None] + torch.arange(width, device=self.device)).clamp_(max=self.token_capacity - 1)
+            rows = index[0][:, None].expand(-1, width)
+            fields = [self.labels] + ([self.timestamps] if with_timestamps else [])
+            block = torch.stack([field[rows, columns] for field in fields]).cpu().numpy()
+        return block[0], (block[1] if with_timestamps else None)
+
     def hypothesis(self, slot: int) -> Hypothesis | None:
         """The slot's hypothesis so far (``None`` before its first step)."""
         return self.hypotheses([slot])[0]

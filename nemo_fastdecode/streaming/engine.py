@@ -219,6 +219,7 @@ class StreamingEngine:
         self._carry: list[bytes] = [b""] * num_slots  # the first bytes of a sample whose other bytes are to come
         self._samples = np.zeros(num_slots, dtype=np.int64)  # whole samples pushed
         self._format = [SampleFormat.INT16] * num_slots
+        self._itemsize = np.full(num_slots, SampleFormat.INT16.itemsize, dtype=np.int64)  # bytes per sample
         self._options: list[StreamOptions | None] = [None] * num_slots
         self._reason: list[EndReason | None] = [None] * num_slots
         self._slot_of: dict[int, int] = {}
@@ -285,6 +286,7 @@ class StreamingEngine:
         self._carry[slot] = b""
         self._options[slot], self._reason[slot] = options, None
         self._format[slot] = SampleFormat.parse(options.sample_format)
+        self._itemsize[slot] = self._format[slot].itemsize
         self._open_endpointing(slot, endpointing)
         return stream_id
 
@@ -446,7 +448,7 @@ class StreamingEngine:
         live = members & (self._stream_of >= 0)
         # 1. audio in: one copy for every stream fed; features for every stream (ended ones: their last frames)
         feed = live & (self._pending_bytes > 0) & (self.schedule.backlog < self._max_chunk)
-        pushes = {slot: self._take(slot) for slot in np.flatnonzero(feed).tolist()}
+        pushes = self._take_all(np.flatnonzero(feed))
         if pushes:
             self.front.append(pushes)
         flush = live & self._ending & (self._pending_bytes == 0) & ~self._flushed
@@ -475,14 +477,16 @@ class StreamingEngine:
         stepped, lengths = self.schedule.next_chunks(np.flatnonzero(live))
         if stepped.size:
             batch = self.queue.read(stepped, self.schedule.stepped[stepped], lengths)
-            self.transcriber.step(stepped.tolist(), batch, lengths=lengths)
+            self.transcriber.step(stepped, batch, lengths=lengths)
             self.schedule.advance(stepped, lengths)
         # 3. events: utterance ends, partial for the streams whose tokens grew, final for the streams that are over
         ending = np.flatnonzero(live & self._flushed)
         done = ending[self.schedule.done(ending)]
         events = self._endpoint(stepped[self._endpointed[stepped]], done) if endpoint else []
         stepped = np.setdiff1d(stepped, done, assume_unique=True)
-        events += self._events(stepped[self._grew(stepped)].tolist(), final=False, last=False)
+        grew, counts = self._grew(stepped)
+        counts = None if counts is None else counts[grew]
+        events += self._events(stepped[grew].tolist(), final=False, last=False, counts=counts)
         events += self._events(done.tolist(), final=True, last=True)
         for slot in done.tolist():
             self._free(slot)
@@ -539,6 +543,21 @@ class StreamingEngine:
         quiet = (blank > 0) & (counts > self._segment_token[slots]) & ~np.isin(slots, done)
         return events + self._end_segments(slots[quiet].tolist())
 
+    def _take_all(self, slots: np.ndarray) -> dict[int, bytes | memoryview]:
+        """``{slot: bytes}``: the waiting bytes of each of ``slots`` (at most one cycle's worth; the rest waits). A
+        stream whose bytes all go, as one push (the usual case), hands that push over as it is."""
+        fits = self._pending_bytes[slots] <= self._cycle_samples * self._itemsize[slots]
+        pushes, pending = {}, self._pending
+        for slot, whole in zip(slots.tolist(), fits.tolist(), strict=True):
+            if not whole:
+                pushes[slot] = self._take(slot)
+                continue
+            pieces = pending[slot]
+            pushes[slot] = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            pieces.clear()
+        self._pending_bytes[slots[fits]] = 0
+        return pushes
+
     def _take(self, slot: int) -> bytes | memoryview:
         """The stream's waiting bytes, at most one cycle's worth (the rest waits); one join of its pushes."""
         limit = self._cycle_samples * self._format[slot].itemsize
@@ -554,16 +573,15 @@ class StreamingEngine:
         self._pending_bytes[slot] -= size
         return taken[0] if len(taken) == 1 else b"".join(taken)
 
-    def _grew(self, slots: np.ndarray) -> np.ndarray:
+    def _grew(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """``[N]`` bool: the streams' token counts grew since their last event (one device read); with beam search,
-        the best beam changed."""
+        the best beam changed. And (greedy) the ``[N]`` token counts read, ``None`` with beam search."""
         if slots.size == 0:
-            return np.zeros(0, dtype=bool)
+            return np.zeros(0, dtype=bool), None
         if self._beam:
-            return self.transcriber.decoder.changed(slots)
-        counts = self.transcriber.decoder.counts
-        now = counts.index_select(0, torch.from_numpy(slots).to(counts.device)).cpu().numpy()
-        return now > self._reported[slots]
+            return self.transcriber.decoder.changed(slots), None
+        counts = self.transcriber.decoder.token_counts(slots)
+        return counts > self._reported[slots], counts
 
     def _events(
         self,
@@ -574,40 +592,79 @@ class StreamingEngine:
         bounds: list[int] | None = None,
         ends: list[float] | None = None,
         skip_empty: bool = False,
+        counts: np.ndarray | None = None,
     ) -> list[StreamEvent]:
-        """The events of ``slots``, their hypotheses built in one batch (``bounds``, ``ends``, ``skip_empty``: as
-        :meth:`_end_segments` takes them)."""
+        """The events of ``slots``, their tokens read in one batch (``bounds``, ``ends``, ``skip_empty``: as
+        :meth:`_end_segments` takes them; ``counts``: the streams' token counts if already read, greedy only).
+
+        The tokens come as one host array (greedy: read from the token storage, hypotheses built only for the events
+        with word timestamps), their texts in one batch; per event the host work is a list slice and the event."""
         if not slots:
             return []
-        hyps = self.transcriber.decoder.hypotheses(slots, with_state=False)
+        index = np.asarray(slots, dtype=np.int64)
+        decoder = self.transcriber.decoder
+        wants_words = [final or self._options[slot].partial_words for slot in slots]
+        firsts = self._segment_token[index]
+        if self._beam:
+            hyps = decoder.hypotheses(slots, with_state=False)
+            counts = np.array([0 if hyp is None else len(hyp.y_sequence) for hyp in hyps], dtype=np.int64)
+            stops = np.maximum(counts, firsts)
+            labels = np.zeros((len(slots), int((stops - firsts).max())), dtype=np.int64)
+            times = np.zeros_like(labels) if bounds is not None else None
+            for i, hyp in enumerate(hyps):  # row i: the tokens of the segment, left-aligned
+                size = stops[i] - firsts[i]
+                if size:
+                    labels[i, :size] = np.asarray(hyp.y_sequence)[firsts[i] : stops[i]]
+                    if times is not None:
+                        times[i, :size] = np.asarray(hyp.timestamp)[firsts[i] : stops[i]]
+        else:
+            counts = decoder.token_counts(index) if counts is None else counts
+            stops = np.maximum(counts, firsts)
+            labels, times = decoder.token_rows(index, firsts, stops, with_timestamps=bounds is not None)
+            words_of = [slot for slot, wants in zip(slots, wants_words, strict=True) if wants]
+            built = dict(zip(words_of, decoder.hypotheses(words_of, with_state=False), strict=True)) if words_of else {}
+            hyps = [built.get(slot) for slot in slots]
+        sizes = stops - firsts
+        if bounds is not None:  # tokens in time order: those before the bound lead
+            for i in np.flatnonzero(sizes).tolist():
+                sizes[i] = int((times[i, : sizes[i]] < bounds[i]).sum())
+        keep = np.flatnonzero(sizes) if skip_empty else np.arange(len(slots))
+        # the kept streams' tokens, one run per stream, in one array
+        sizes = sizes[keep]
+        ids = labels[keep][np.arange(labels.shape[1]) < sizes[:, None]]
+        texts = self._token_text.texts(ids, sizes.tolist())
+        flat, offset = ids.tolist(), 0
+        if ends is None:
+            rate = self.front.settings.sample_rate
+            if last:
+                ends = (self.front.received_samples(index) / rate).tolist()
+            else:  # the feature frames stepped (int64 products below 2**53: the same division as on ints)
+                ends = (self.schedule.stepped[index] * self.front.settings.hop / rate).tolist()
+        self._reported[index[keep]] = firsts[keep] + sizes
+        stream_ids, segments = self._stream_of[index].tolist(), self._segment[index].tolist()
+        starts, firsts, sizes = self._segment_start[index].tolist(), firsts.tolist(), sizes.tolist()
         events = []
-        for i, (slot, hyp) in enumerate(zip(slots, hyps, strict=True)):
-            first = int(self._segment_token[slot])
-            ids = [] if hyp is None else hyp.y_sequence[first:].tolist()
-            if bounds is not None and hyp is not None:  # tokens in time order: those before the bound lead
-                ids = ids[: int((torch.as_tensor(hyp.timestamp[first:]) < bounds[i]).sum())]
-            if skip_empty and not ids:
-                continue
-            self._reported[slot] = first + len(ids)
-            wants_words = final or self._options[slot].partial_words
-            if ends is not None:
-                end = ends[i]
-            elif last:
-                end = self.front.samples_received(slot) / self.front.settings.sample_rate
+        for k, i in enumerate(keep.tolist()):
+            slot, first, size = slots[i], firsts[i], sizes[k]
+            token_ids, offset = flat[offset : offset + size], offset + size
+            if not wants_words[i]:
+                words = None
+            elif size:
+                words = self._word_timestamps(hyps[i], first, first + size)
             else:
-                end = self._stepped_seconds(slot)
+                words = []
             events.append(
                 StreamEvent(
-                    stream_id=int(self._stream_of[slot]),
-                    text=self._token_text.text(ids),
-                    token_ids=ids,
-                    words=(self._word_timestamps(hyp, first, first + len(ids)) if ids else []) if wants_words else None,
+                    stream_id=stream_ids[i],
+                    text=texts[k],
+                    token_ids=token_ids,
+                    words=words,
                     is_final=final,
                     is_last=last,
                     reason=(self._reason[slot] if last else EndReason.SEGMENT) if final else None,
-                    segment=int(self._segment[slot]),
-                    start=float(self._segment_start[slot]),
-                    end=end,
+                    segment=segments[i],
+                    start=starts[i],
+                    end=ends[i],
                 )
             )
         return events

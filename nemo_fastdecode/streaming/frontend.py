@@ -63,6 +63,7 @@ from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.pcm_frames import ROW_FIELDS, SampleFormat, pcm_frames, pcm_frames_reference
 from nemo_fastdecode.kernels.power_spectrum import power_spectrum, power_spectrum_reference
 from nemo_fastdecode.kernels.stft_frames import FrameIndex, stft_frames, stft_frames_reference
+from nemo_fastdecode.streaming.staging import HostStaging
 
 __all__ = ["AudioFrontEnd", "FrontEndOutput", "MelSettings", "SampleFormat"]
 
@@ -234,42 +235,6 @@ def _host_bytes(audio: Any, sample_format: SampleFormat, slot: int) -> bytes | m
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-class _Uploader:
-    """A reusable host staging buffer (pinned on a GPU host, for one asynchronous copy) and its device copy.
-
-    ``host(n)`` waits until the previous copy out of the staging buffer is done before handing it out again;
-    both buffers grow (to the next power of two) when a cycle needs more.
-    """
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self._staging = torch.empty(0, dtype=torch.uint8)
-        self._received = torch.empty(0, dtype=torch.uint8, device=device)
-        self._copied = torch.cuda.Event() if device.type == "cuda" else None
-        self._pending = False  # a copy out of the staging buffer may still run
-
-    def host(self, nbytes: int) -> np.ndarray:
-        """``[nbytes]`` uint8 host buffer to fill."""
-        if self._pending:
-            self._copied.synchronize()  # the previous cycle's copy has long finished in practice
-        if self._staging.numel() < nbytes:
-            size = 1 << max(nbytes - 1, 1).bit_length()
-            self._staging = torch.empty(size, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
-        return self._staging[:nbytes].numpy()
-
-    def send(self, nbytes: int) -> torch.Tensor:
-        """The first ``nbytes`` of the host buffer on the device: one copy (none on the CPU)."""
-        if self.device.type != "cuda":
-            return self._staging[:nbytes]
-        if self._received.numel() < nbytes:
-            self._received = torch.empty(self._staging.numel(), dtype=torch.uint8, device=self.device)
-        received = self._received[:nbytes]
-        received.copy_(self._staging[:nbytes], non_blocking=True)
-        self._copied.record(torch.cuda.current_stream(self.device))
-        self._pending = True
-        return received
-
-
 def _int_view(data: np.ndarray | torch.Tensor, dtype: Any, columns: int) -> Any:
     """``[-1, columns]`` view of a uint8 buffer as ``dtype`` (numpy or torch)."""
     return data.view(dtype).reshape(-1, columns)
@@ -340,8 +305,8 @@ class AudioFrontEnd:
         self._window = s.window.to(self.device)
         self._fb = s.fb.to(self.device)
         self._use_triton = triton is not None and triton_runs_on(self.device)
-        self._audio = _Uploader(self.device)
-        self._meta = _Uploader(self.device)
+        self._audio = HostStaging(self.device)
+        self._meta = HostStaging(self.device)
         # host-side state per slot: the host knows every count, so no decision waits on the GPU
         self._open = np.zeros(num_slots, dtype=bool)
         self._ended = np.zeros(num_slots, dtype=bool)
@@ -478,13 +443,17 @@ class AudioFrontEnd:
         if rows.shape[0] > 0:
             host = self._audio.host(plan.nbytes)
             _int_view(host[: rows.size * 4], np.int32, ROW_FIELDS)[:] = rows
-            for group in plan.groups.values():
-                parts = [np.frombuffer(payload, dtype=np.uint8) for payload in group.payloads]
-                np.concatenate(parts, out=host[group.start : group.end])
+            buffer = memoryview(host)
+            for group in plan.groups.values():  # slice assignments: no array object per payload
+                end = group.start
+                for payload in group.payloads:
+                    start, end = end, end + len(payload)
+                    buffer[start:end] = payload
             self._check_finite(host, plan)
         # every check passed: commit the host state, then copy and decode
-        for slot in pushes:
-            self._partial.pop(slot, None)
+        if self._partial:
+            for slot in pushes:
+                self._partial.pop(slot, None)
         self._partial.update(plan.partial)
         if rows.shape[0] == 0:
             return
@@ -501,7 +470,10 @@ class AudioFrontEnd:
         s = self.settings
         slots = np.fromiter(pushes, dtype=np.int64, count=len(pushes))
         self._check_live(slots)
-        data = [_host_bytes(audio, self._format[slot], slot) for slot, audio in pushes.items()]
+        formats = self._format
+        data = [  # bytes (what a socket gives) as they are
+            audio if type(audio) is bytes else _host_bytes(audio, formats[slot], slot) for slot, audio in pushes.items()
+        ]
         if self._partial:  # the first bytes of a split sample come first (rare: copies are fine)
             for i, slot in enumerate(pushes):
                 if slot in self._partial:
@@ -542,7 +514,8 @@ class AudioFrontEnd:
             rows[first:last, 1] = counts[members]
             rows[first:last, 2] = member_slots
             rows[first:last, 3] = (s.pad + self._samples[member_slots]) % self.capacity
-            groups[sample_format] = _Group(first, last, start, end, [data[i] for i in members.tolist()])
+            payloads = data if members.size == len(data) else [data[i] for i in members.tolist()]  # all, in order
+            groups[sample_format] = _Group(first, last, start, end, payloads)
             first, start = last, end
         return _Plan(rows, groups, partial, start)
 

@@ -37,6 +37,7 @@ from nemo_fastdecode.streaming.encoder import StreamingEncoderStep, check_stream
 from nemo_fastdecode.streaming.events import BoostingOptions
 from nemo_fastdecode.streaming.geometry import StreamingGeometry
 from nemo_fastdecode.streaming.slots import SlotState
+from nemo_fastdecode.streaming.staging import HostStaging
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
@@ -214,14 +215,15 @@ class StreamingTranscriber:
             if self.decoder is None:
                 raise ValueError("phrase_boosting needs the decoder (decode=True)")
             self.decoder.enable_boosting()
-        self._open = [False] * num_slots
+        self._open = np.zeros(num_slots, dtype=bool)
+        self._staging = HostStaging(self.device)  # each step's slot ids and chunk lengths
         self._started = np.zeros(num_slots, dtype=bool)  # host mirror of slots.started: checks without a sync
 
     # ------------------------------------------------------------------------------------------
     @property
     def open_slots(self) -> list[int]:
         """Slots that hold a stream now."""
-        return [slot for slot, is_open in enumerate(self._open) if is_open]
+        return np.flatnonzero(self._open).tolist()
 
     def open(self, boosting: BoostingOptions | None = None) -> int:
         """Start a stream in the lowest free slot (emptied); returns the slot id.
@@ -233,15 +235,14 @@ class StreamingTranscriber:
             if self.decoder is None:
                 raise ValueError("phrase boosting needs the decoder (StreamingTranscriber(decode=True))")
             self.decoder.boosting_tree(boosting)  # built (and checked) before any slot changes
-        for slot, is_open in enumerate(self._open):
-            if not is_open:
-                self.slots.reset_(slot)
-                if self.decoder is not None:
-                    self.decoder.reset(slot)
-                    if boosting is not None:
-                        self.decoder.set_boosting(slot, boosting)
-                self._open[slot], self._started[slot] = True, False
-                return slot
+        for slot in np.flatnonzero(~self._open)[:1].tolist():  # the lowest free slot
+            self.slots.reset_(slot)
+            if self.decoder is not None:
+                self.decoder.reset(slot)
+                if boosting is not None:
+                    self.decoder.set_boosting(slot, boosting)
+            self._open[slot], self._started[slot] = True, False
+            return slot
         raise RuntimeError(f"all {self.num_slots} slots are in use; close or flush a stream, or use more num_slots")
 
     def check_boosting(self, boosting: BoostingOptions) -> None:
@@ -323,7 +324,7 @@ class StreamingTranscriber:
     # ------------------------------------------------------------------------------------------
     def step(
         self,
-        slot_ids: Sequence[int],
+        slot_ids: Sequence[int] | np.ndarray,
         chunks: Sequence[torch.Tensor] | torch.Tensor,
         *,
         lengths: Sequence[int] | np.ndarray | None = None,
@@ -332,7 +333,7 @@ class StreamingTranscriber:
         """Advance the streams in ``slot_ids`` by one chunk each.
 
         Args:
-            slot_ids: ``N`` distinct open slots, in any order.
+            slot_ids: ``N`` distinct open slots, in any order (ints, or a 1-D integer array).
             chunks: ``N`` feature chunks ``[feat_in, T_i]`` (float32/float16/bfloat16, any device), or one
                 tensor ``[N, feat_in, T]``; ``1 <= T_i <= geometry.first_chunk`` for a stream's first step,
                 ``<= geometry.chunk`` after.
@@ -348,15 +349,18 @@ class StreamingTranscriber:
             ValueError / TypeError naming the bad slot id or chunk and the valid choices.
         """
         slots = self._check_step_slots(slot_ids)
-        if lengths is None:
-            features, lengths = self._batch_chunks(slots, chunks)
+        packed = lengths is not None
+        if packed:
+            host_lengths = self._checked_lengths(slots, chunks, lengths)
         else:
-            features, lengths = self._packed_chunks(slots, chunks, lengths)
+            features, host_lengths = self._batch_chunks(slots, chunks)
+        # slot ids and lengths in one copy out of a pinned buffer: the host queues the step without waiting
+        staged = self._staging.upload(np.stack([np.asarray(slots, dtype=np.int64), host_lengths]))
+        if packed:
+            features = self._masked(chunks, host_lengths, staged[1])
         n = len(slots)
         with torch.inference_mode():
-            padded_ids, encoded, encoded_lengths = self.runner.run_padded(
-                torch.tensor(slots, dtype=torch.long), features, lengths
-            )
+            padded_ids, encoded, encoded_lengths = self.runner.run_padded(staged[0], features, staged[1])
             if self.decoder is not None:  # the whole bucket: padding rows are the dummy slot, length 0
                 self.decoder.decode(slots, encoded, encoded_lengths, padded_ids)
             encoded, encoded_lengths = encoded[:n].clone(), encoded_lengths[:n].clone()
@@ -384,13 +388,23 @@ class StreamingTranscriber:
         if not self._open[slot]:
             raise ValueError(f"cannot {action} slot {slot}: it is not open; open slots: {_listing(self.open_slots)}")
 
-    def _check_step_slots(self, slot_ids: Sequence[int]) -> list[int]:
+    def _check_step_slots(self, slot_ids: Sequence[int] | np.ndarray) -> list[int]:
         if isinstance(slot_ids, torch.Tensor):
             slot_ids = slot_ids.tolist()
-        slots = list(slot_ids)
+        if isinstance(slot_ids, np.ndarray) and slot_ids.ndim == 1 and slot_ids.dtype.kind in "iu":
+            index = slot_ids.astype(np.int64, copy=False)
+            slots, plain = index.tolist(), True
+        else:
+            slots = list(slot_ids)
+            plain = set(map(type, slots)) == {int}
+            index = np.asarray(slots, dtype=np.int64) if plain and slots else None
         if not slots:
             raise ValueError("slot_ids is empty; pass at least one open slot")
-        seen: set[int] = set()
+        if plain:  # the usual call: checked at once, vectorised
+            in_range = index.min() >= 0 and index.max() < self.num_slots
+            if in_range and self._open[index].all() and len(set(slots)) == len(slots):
+                return slots
+        seen: set[int] = set()  # else one by one, naming the first bad slot id
         for slot in slots:
             self._check_slot(slot, "step")
             if slot in seen:
@@ -398,10 +412,10 @@ class StreamingTranscriber:
             seen.add(slot)
         return slots
 
-    def _packed_chunks(
+    def _checked_lengths(
         self, slots: list[int], chunks: torch.Tensor, lengths: Sequence[int] | np.ndarray
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Check a packed ``[N, F, T]`` batch and its ``[N]`` lengths (vectorised); zero past each row's length."""
+    ) -> np.ndarray:
+        """Check a packed ``[N, F, T]`` batch and its ``[N]`` lengths (vectorised); the lengths as int64."""
         g = self.geometry
         if not isinstance(chunks, torch.Tensor) or chunks.dim() != 3:
             raise ValueError("with lengths, chunks must be one [N, feat_in, T] tensor")
@@ -422,13 +436,17 @@ class StreamingTranscriber:
                 f"length {host[i]} of row {i} (slot {slots[i]}) is out of range; valid: 1 <= T <= {limits[i]} "
                 f"(a stream's {which}, at most the tensor's {frames} frames)"
             )
-        longest = int(host.max())
-        device_lengths = torch.from_numpy(host).to(chunks.device)
-        valid = torch.arange(longest, device=chunks.device)[None, None, :] < device_lengths[:, None, None]
-        features = torch.where(valid, chunks[:, :, :longest].to(torch.float32), 0.0)  # as _batch_chunks pads
-        return features, torch.from_numpy(host)
+        return host
 
-    def _batch_chunks(self, slots: list[int], chunks) -> tuple[torch.Tensor, torch.Tensor]:
+    def _masked(self, chunks: torch.Tensor, lengths: np.ndarray, staged: torch.Tensor) -> torch.Tensor:
+        """``[N, F, max(lengths)]`` float32 chunks, zero past each row's length (``staged``: the lengths on the
+        transcriber's device)."""
+        longest = int(lengths.max())
+        device_lengths = staged if chunks.device == staged.device else torch.from_numpy(lengths).to(chunks.device)
+        valid = torch.arange(longest, device=chunks.device)[None, None, :] < device_lengths[:, None, None]
+        return torch.where(valid, chunks[:, :, :longest].to(torch.float32), 0.0)  # as _batch_chunks pads
+
+    def _batch_chunks(self, slots: list[int], chunks) -> tuple[torch.Tensor, np.ndarray]:
         """Validate the chunks and pack them left-aligned into ``[N, F, Tmax]`` (one transfer to the device)."""
         g = self.geometry
         if isinstance(chunks, torch.Tensor) and chunks.dim() != 3:
@@ -446,7 +464,7 @@ class StreamingTranscriber:
                 and 1 <= frames <= limits.min()
             ):
                 # already one batch, every row valid: no per-chunk work (else the per-chunk checks name the bad one)
-                return chunks.to(torch.float32), torch.full((n,), frames, dtype=torch.long)
+                return chunks.to(torch.float32), np.full(n, frames, dtype=np.int64)
             chunks = list(chunks.unbind(0))
         if len(chunks) != len(slots):
             raise ValueError(f"got {len(chunks)} chunks for {len(slots)} slot ids; pass one chunk per slot id")
@@ -479,7 +497,7 @@ class StreamingTranscriber:
             for c in chunks
         ]
         features = torch.stack(rows).to(torch.float32)  # [N, F, Tmax]
-        return features, torch.tensor(lengths, dtype=torch.long)
+        return features, np.asarray(lengths, dtype=np.int64)
 
 
 DECODINGS = ("greedy", "beam")

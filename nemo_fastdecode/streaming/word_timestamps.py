@@ -9,7 +9,11 @@ grow with things an event does not need, and are taken away here without changin
 - a BPE decoding's ``tokenizer_type`` rebuilds the whole vocabulary on every call, and every token is decoded on its
   own, twice: NeMo's method runs with ``self`` a view of the model's decoding object that reads ``tokenizer_type``
   once and takes token text from :class:`~nemo_fastdecode.streaming.token_text.TokenText` (each id's pieces
-  remembered).
+  remembered);
+- it deep-copies its per-token offsets (``{"char": [id], "start_offset": s, "end_offset": e}`` each) with
+  ``copy.deepcopy``, which walks every dict and list generically: the view's ``_compute_offsets`` returns NeMo's
+  offsets in a list whose deep copy is built directly (new dicts, new lists, the same immutable values), the copy
+  ``deepcopy`` would make.
 """
 
 from __future__ import annotations
@@ -32,18 +36,50 @@ class _DecodingView:
     def __init__(self, text: TokenText):
         self._decoding, self._text = text.decoding, text
         self.tokenizer_type = text.decoding.tokenizer_type
+        self.blank_id = text.decoding.blank_id  # read for every token
+        self._token_pieces: dict[int, list[str]] = {}
 
     def decode_ids_to_tokens(self, ids: list[int]) -> list[str]:
         # NeMo's character TDT decoding maps its last len(durations) labels to no piece at all (it counts the
         # duration outputs against the labels), and its own word timestamps then fail with an IndexError: such an
         # id is an empty piece here, so the words come out, spelled as NeMo's text spells them (without it)
-        return [piece for token in ids for piece in (self._text.pieces([token]) or [""])]
+        out: list[str] = []
+        for token in ids:
+            found = self._token_pieces.get(token)
+            if found is None:
+                found = self._token_pieces[token] = self._text.pieces([token]) or [""]
+            out += found
+        return out
 
     def decode_ids_to_str(self, ids: list[int]) -> str:
         return self._text.text(ids)
 
+    def _compute_offsets(self, hypothesis: Hypothesis, blank_id: int, *args: Any) -> list[dict[str, Any]]:
+        return _Offsets(self._decoding._compute_offsets(hypothesis, blank_id, *args))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._decoding, name)
+
+
+class _Offsets(list):
+    """NeMo's per-token offsets, deep-copied directly: their values are ints and lists of the token ids, which
+    :class:`WordTimestamps` passes as ints (anything else takes the generic copy)."""
+
+    def __deepcopy__(self, memo: dict) -> list:
+        copied = []
+        for entry in self:
+            fresh = entry.copy()
+            for key, value in entry.items():
+                kind = type(value)
+                if kind is list:
+                    fresh[key] = value.copy()
+                elif kind not in _ATOMS:
+                    return copy.deepcopy(list(self), memo)
+            copied.append(fresh)
+        return copied
+
+
+_ATOMS = (int, float, str, bool)
 
 
 class WordTimestamps:
