@@ -98,14 +98,18 @@ def _stream_everything(front: AudioFrontEnd, streams: list[tuple[np.ndarray, str
     return [torch.cat(f, 1) for f in frames]
 
 
-def _check_against_nemo(preprocessor, device: torch.device, seed: int) -> float:
-    """Our front end on ``device`` against NeMo's whole-file features (``preprocessor`` on the CPU)."""
+def _check_against_nemo(preprocessor, device: torch.device, seed: int, warm_up: bool = False) -> float:
+    """Our front end on ``device`` against NeMo's whole-file features (``preprocessor`` on the CPU); ``warm_up``:
+    after :meth:`AudioFrontEnd.warm_up`."""
     rng = np.random.default_rng(seed)
     streams = []
     for i, length in enumerate(LENGTHS):
         pcm = _audio(length, rng)
         streams.append((pcm, "int16") if i % 3 else (pcm.astype(np.float32) / 32768, "float32"))
     front = AudioFrontEnd(preprocessor, num_slots=4, device=device, max_push_seconds=0.1)
+    if warm_up:
+        assert front.warm_up() == 2
+        assert not any(front._open)  # its slots are free again
     got = _stream_everything(front, streams, rng)
     worst, compared = 0.0, 0
     for (pcm, _), frames in zip(streams, got, strict=True):
@@ -139,6 +143,48 @@ def test_interleaved_pushes_give_the_whole_file_features(preprocessor, seed):
 def test_interleaved_pushes_on_cuda(preprocessor, exact_fp32):
     """Our front end on a GPU against NeMo's features on the CPU, to fp32 rounding of the FFT (POWER_RTOL)."""
     _check_against_nemo(preprocessor, torch.device("cuda"), seed=2)
+
+
+def test_warm_up_leaves_streams_exact_and_slots_free(preprocessor):
+    _check_against_nemo(preprocessor, torch.device("cpu"), seed=3, warm_up=True)
+
+
+def test_warm_up_waits_for_no_open_stream(preprocessor):
+    """With a stream open the warm-up launches nothing: the stream keeps its audio and emits the same frames."""
+    pcm = (np.sin(np.arange(900) / 7.0) * 9000).astype(np.int16).tobytes()
+    outputs = []
+    for warm_up in (False, True):
+        front = AudioFrontEnd(preprocessor, num_slots=2, max_push_seconds=0.1)
+        front.open(0)
+        front.append({0: pcm})
+        if warm_up:
+            assert front.warm_up() == 0
+        assert front.samples_received(0) == 900 and front.frames_emitted(0) == 0
+        outputs.append(front.features().for_slot(0))
+    assert outputs[0].shape[1] == _expected_frames(900) > 0
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_warm_up_launches_every_kernel_variant_a_stream_needs(preprocessor, exact_fp32):
+    """After the warm-up, interleaved streams of both formats and any push sizes compile (or load) no Triton kernel:
+    a server that compiled one under load would stall every stream."""
+    triton = pytest.importorskip("triton")
+    front = AudioFrontEnd(preprocessor, num_slots=4, device=torch.device("cuda"), max_push_seconds=0.1)
+    front.warm_up()
+    compiled = []
+    previous = triton.knobs.runtime.jit_post_compile_hook
+    triton.knobs.runtime.jit_post_compile_hook = lambda *args, **kwargs: compiled.append(kwargs.get("fn"))
+    try:
+        rng = np.random.default_rng(4)
+        streams = [(_audio(n, rng), "int16") for n in LENGTHS] + [
+            (_audio(4001, rng).astype(np.float32) / 32768, "float32")
+        ]
+        got = _stream_everything(front, streams, rng)
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = previous
+    assert sum(f.shape[1] for f in got) > 0
+    assert compiled == []
 
 
 def test_lookahead_is_nemo_dependence(preprocessor):

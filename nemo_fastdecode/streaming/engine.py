@@ -414,7 +414,10 @@ class StreamingEngine:
         return self._stepped_seconds(self._live_slot(stream_id, "read", ending_ok=True))
 
     def warm_up(self) -> WarmUpTimes:
-        """Capture every CUDA graph now (:meth:`StreamingTranscriber.warm_up`), before the first stream."""
+        """Capture every CUDA graph now (:meth:`StreamingTranscriber.warm_up`) and launch every variant of the audio
+        front end's kernels (:meth:`AudioFrontEnd.warm_up`, while no stream is open), before the first stream: a
+        kernel compiled under load stalls every stream."""
+        self.front.warm_up()
         return self.transcriber.warm_up()
 
     @property

@@ -420,6 +420,37 @@ class AudioFrontEnd:
         for slot in slots[self._ended[slots]][:1].tolist():
             raise ValueError(f"stream {slot} was flushed; reset or close it before pushing more audio")
 
+    def warm_up(self) -> int:
+        """Launch every kernel variant a cycle can launch once, on up to two slots; returns the slots used (0 while any
+        stream is open: a features() call would take the open streams' frames, so it launches nothing then).
+
+        Triton compiles (or loads from its disk cache) one binary per specialisation of a kernel's arguments: here
+        the sample format, the number of frames in one call (1, a multiple of 16, any other) and the parity of the
+        number of streams (which moves the 16-byte alignment of the per-stream index rows). A server that meets a
+        variant first under load stalls every stream for that compile, so it launches them all before it is ready.
+        The slots are closed again afterwards; their ring rows keep zeros, which no later stream reads.
+        """
+        if self._open.any():
+            return 0
+        free = list(range(min(2, self.num_slots)))
+        s = self.settings
+        # per stream and call: 1 frame, then 8 (16 in all with two streams) and 3, within what one push may carry
+        most = (self.capacity - s.n_fft - s.hop - 1) // s.hop
+        pushes = [s.lookahead] + [frames * s.hop for frames in (min(8, most), min(3, most)) if frames > 0]
+        for sample_format in (SampleFormat.INT16, SampleFormat.FLOAT32):
+            for count in range(1, len(free) + 1):
+                slots = free[:count]
+                for slot in slots:
+                    self.open(slot, sample_format=sample_format)
+                for samples in pushes:
+                    silence = bytes(samples * sample_format.itemsize)
+                    self.append({slot: silence for slot in slots})
+                    self.features()
+                self.features(flush=slots)
+                for slot in slots:
+                    self.close(slot)
+        return len(free)
+
     # ---- audio in ------------------------------------------------------------------------------------------
     def append(self, pushes: Mapping[int, Any]) -> None:
         """Append new audio of any number of open streams: one host buffer, one copy, one kernel per format.
