@@ -53,7 +53,9 @@ def refs(model, audio):
 
 @pytest.fixture(scope="module")
 def server(model):
-    s = ServerThread(model, slots=3, api_key=KEY, network_workers=WORKERS, limits={"max_message_bytes": 64 * 1024})
+    s = ServerThread(
+        model, slots=3, api_key=KEY, network_workers=WORKERS, limits={"max_message_bytes": 64 * 1024}, ready_timeout=120
+    )
     yield s
     s.stop()
 
@@ -259,7 +261,7 @@ def test_a_killed_worker_takes_only_its_own_clients_and_is_replaced(server, audi
 
 
 def test_shutdown_delivers_every_final_from_every_worker_then_closes_1001(model, audio, refs):
-    s = ServerThread(model, slots=2, network_workers=WORKERS)
+    s = ServerThread(model, slots=2, network_workers=WORKERS, ready_timeout=120)
 
     async def client(ws, pcm: np.ndarray, events_out: list) -> int:
         async with ws:
