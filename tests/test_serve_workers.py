@@ -94,6 +94,37 @@ def test_network_workers_is_checked():
         ServeConfig(network_workers=-1)
 
 
+def test_metric_families_of_several_processes_are_summed():
+    """What ``/metrics`` shows with workers: counters, histograms and gauges summed over the processes, the earliest
+    ``_created``, each family once."""
+    from nemo_fastdecode.serve.metrics import ServerMetrics
+    from nemo_fastdecode.serve.workers import _merge, _plain
+
+    main, first, second = ServerMetrics(), ServerMetrics(), ServerMetrics()
+    main.cycle_seconds.observe(0.003)
+    for k, worker in enumerate((first, second)):
+        worker.refused("invalid_api_key")
+        worker.connections.set(k + 1)
+        worker.chunk_latency_seconds.observe(0.02 * (k + 1))
+    merged = _merge([family for p in (main, first, second) for family in _plain(p.registry.collect())])
+    assert len({m.name for m in merged}) == len(merged) == len(list(main.registry.collect()))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for m in merged for s in m.samples}
+    assert samples[("nemo_fastdecode_refusals_total", (("reason", "invalid_api_key"),))] == 2
+    assert samples[("nemo_fastdecode_connections", ())] == 3
+    assert samples[("nemo_fastdecode_cycle_seconds_count", ())] == 1
+    assert samples[("nemo_fastdecode_chunk_latency_seconds_count", ())] == 2
+    assert samples[("nemo_fastdecode_chunk_latency_seconds_bucket", (("le", "0.025"),))] == 1
+    assert samples[("nemo_fastdecode_chunk_latency_seconds_bucket", (("le", "0.05"),))] == 2
+    created = [
+        s.value
+        for p in (main, first, second)
+        for m in p.registry.collect()
+        for s in m.samples
+        if s.name == "nemo_fastdecode_cycle_seconds_created"
+    ]
+    assert len(created) == 3 and samples[("nemo_fastdecode_cycle_seconds_created", ())] == min(created)
+
+
 def test_concurrent_clients_on_both_workers_get_exactly_their_own_transcripts(server, model, audio, refs):
     """Three clients at once, one with two items: each final is NeMo's streaming of that audio alone; the
     connections spread over both workers."""
