@@ -56,6 +56,7 @@ class ServerThread:
         slots: int = 3,
         limits: dict | None = None,
         model_name: str = "tiny-streaming",
+        ready_timeout: float = 30.0,
         **options: Any,
     ):
         self.config = ServeConfig(port=0, slots=slots, limits=LimitsConfig(**(limits or {})), **options)
@@ -65,7 +66,11 @@ class ServerThread:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.call(self.server.start())
-        self.call(self.server.wait_ready(30))
+        try:
+            self.call(self.server.wait_ready(ready_timeout), timeout=ready_timeout + 30)
+        except BaseException:
+            self.stop()
+            raise
         self.url = f"ws://127.0.0.1:{self.server.port}/v1/realtime"
         self.http = f"http://127.0.0.1:{self.server.port}"
 

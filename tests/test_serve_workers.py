@@ -53,7 +53,9 @@ def refs(model, audio):
 
 @pytest.fixture(scope="module")
 def server(model):
-    s = ServerThread(model, slots=3, api_key=KEY, network_workers=WORKERS, limits={"max_message_bytes": 64 * 1024})
+    s = ServerThread(
+        model, slots=3, api_key=KEY, network_workers=WORKERS, limits={"max_message_bytes": 64 * 1024}, ready_timeout=120
+    )
     yield s
     s.stop()
 
@@ -82,9 +84,45 @@ async def one_per_worker(s: ServerThread, key: str | None = KEY) -> list:
     raise AssertionError(f"200 connections reached workers {sorted(held)} only")
 
 
+async def receive_forever(ws) -> None:
+    while True:
+        await ws.recv()
+
+
 def test_network_workers_is_checked():
     with pytest.raises(ValueError, match="network_workers must be 0"):
         ServeConfig(network_workers=-1)
+
+
+def test_metric_families_of_several_processes_are_summed():
+    """What ``/metrics`` shows with workers: counters, histograms and gauges summed over the processes, the earliest
+    ``_created``, each family once."""
+    from nemo_fastdecode.serve.metrics import ServerMetrics
+    from nemo_fastdecode.serve.workers import _merge, _plain
+
+    main, first, second = ServerMetrics(), ServerMetrics(), ServerMetrics()
+    main.cycle_seconds.observe(0.003)
+    for k, worker in enumerate((first, second)):
+        worker.refused("invalid_api_key")
+        worker.connections.set(k + 1)
+        worker.chunk_latency_seconds.observe(0.02 * (k + 1))
+    merged = _merge([family for p in (main, first, second) for family in _plain(p.registry.collect())])
+    assert len({m.name for m in merged}) == len(merged) == len(list(main.registry.collect()))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for m in merged for s in m.samples}
+    assert samples[("nemo_fastdecode_refusals_total", (("reason", "invalid_api_key"),))] == 2
+    assert samples[("nemo_fastdecode_connections", ())] == 3
+    assert samples[("nemo_fastdecode_cycle_seconds_count", ())] == 1
+    assert samples[("nemo_fastdecode_chunk_latency_seconds_count", ())] == 2
+    assert samples[("nemo_fastdecode_chunk_latency_seconds_bucket", (("le", "0.025"),))] == 1
+    assert samples[("nemo_fastdecode_chunk_latency_seconds_bucket", (("le", "0.05"),))] == 2
+    created = [
+        s.value
+        for p in (main, first, second)
+        for m in p.registry.collect()
+        for s in m.samples
+        if s.name == "nemo_fastdecode_cycle_seconds_created"
+    ]
+    assert len(created) == 3 and samples[("nemo_fastdecode_cycle_seconds_created", ())] == min(created)
 
 
 def test_concurrent_clients_on_both_workers_get_exactly_their_own_transcripts(server, model, audio, refs):
@@ -232,8 +270,8 @@ def test_a_killed_worker_takes_only_its_own_clients_and_is_replaced(server, audi
             await asyncio.sleep(0.01)
         killed = max(pool.pids)
         os.kill(pool.pids[killed], signal.SIGKILL)
-        with pytest.raises(ConnectionClosed):
-            await asyncio.wait_for(victim.recv(), 10)
+        with pytest.raises(ConnectionClosed):  # (after any partial already on its way)
+            await asyncio.wait_for(receive_forever(victim), 30)
         await survivor.send(audio[0][8000:].tobytes())
         await survivor.send(json.dumps({"type": "input_audio_buffer.commit"}))
         events = await receive_until(survivor, lambda e: e["type"] == COMPLETED, 30)
@@ -242,7 +280,7 @@ def test_a_killed_worker_takes_only_its_own_clients_and_is_replaced(server, audi
 
     killed, events = run(scenario())
     check_completed(events[-1], refs[0], audio[0])
-    assert server.settled()  # the killed worker's slot and items are gone
+    assert server.settled(timeout=15.0)  # the killed worker's slot and items are gone
     assert pool.deaths == 1
     deadline = time.monotonic() + 120
     while not (pool.ready and len(pool.pids) == WORKERS and killed not in pool.pids):
@@ -259,7 +297,7 @@ def test_a_killed_worker_takes_only_its_own_clients_and_is_replaced(server, audi
 
 
 def test_shutdown_delivers_every_final_from_every_worker_then_closes_1001(model, audio, refs):
-    s = ServerThread(model, slots=2, network_workers=WORKERS)
+    s = ServerThread(model, slots=2, network_workers=WORKERS, ready_timeout=120)
 
     async def client(ws, pcm: np.ndarray, events_out: list) -> int:
         async with ws:

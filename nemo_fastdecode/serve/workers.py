@@ -27,6 +27,7 @@ audio, then it exits); a worker whose main process is gone closes its connection
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import itertools
@@ -146,6 +147,8 @@ class WorkerPool:
         """Reserve the port, spawn the workers, start the reader and sender threads (returns at once)."""
         self._placeholder = _reserve_port(self.config.host, self.config.port)
         self.port = self._placeholder.getsockname()[1]
+        # workers ignore SIGTERM: a process that exits without shutdown() must not leave them (nor wait for them)
+        atexit.register(self.close)
         for index in range(self.size):
             self._spawn(index)
         for target, name in ((self._read, "network-workers-in"), (self._send, "network-workers-out")):
@@ -200,6 +203,7 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stop the threads, kill any worker left, free the port."""
+        atexit.unregister(self.close)
         self._stopped = True
         self._outbox.put(None)
         for thread in self._threads:
