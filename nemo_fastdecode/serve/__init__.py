@@ -4,7 +4,7 @@
 * :mod:`~nemo_fastdecode.serve.protocol` -- client and server events as pydantic schemas, error and close codes.
 * :mod:`~nemo_fastdecode.serve.admission` -- the API key and the slot count: who gets a stream.
 * :mod:`~nemo_fastdecode.serve.connection` -- one client: session, audio buffer and items, bounded queues, pacing.
-* :mod:`~nemo_fastdecode.serve.frontend` -- one event loop's clients: listening, admission, routing, HTTP routes.
+* :mod:`~nemo_fastdecode.serve.listener` -- one event loop's clients: listening, admission, routing, HTTP routes.
 * :mod:`~nemo_fastdecode.serve.engine_loop` -- the engine's own thread: one batched cycle for every stream.
 * :mod:`~nemo_fastdecode.serve.workers` -- network worker processes: the sockets in N processes, the engine in one.
 * :mod:`~nemo_fastdecode.serve.metrics` -- Prometheus metrics.

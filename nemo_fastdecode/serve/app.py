@@ -32,7 +32,7 @@ from nemo_fastdecode.serve.admission import Admission
 from nemo_fastdecode.serve.config import ServeConfig
 from nemo_fastdecode.serve.connection import Connection
 from nemo_fastdecode.serve.engine_loop import Delivery, EngineLoop
-from nemo_fastdecode.serve.frontend import REALTIME_PATH, Frontend
+from nemo_fastdecode.serve.listener import REALTIME_PATH, Listener
 from nemo_fastdecode.serve.metrics import ServerMetrics
 from nemo_fastdecode.serve.workers import WorkerPool
 from nemo_fastdecode.streaming import StreamEvent, StreamingEngine
@@ -100,7 +100,7 @@ class RealtimeServer:
         vad = engine.endpointing if engine.endpointing.vad else None
         segmenting = endpointer is not None or vad is not None
         self.workers: WorkerPool | None = None
-        self.front: Frontend | None = None
+        self.listener: Listener | None = None
         if config.network_workers:
             self.workers = WorkerPool(
                 self.engine_loop, config, self.metrics, model_name=model_name, rate=self.rate, segmenting=segmenting,
@@ -109,7 +109,7 @@ class RealtimeServer:
             self.admission = Admission(engine.num_slots, config.api_key, shared=(self.workers.counts, 0))
         else:
             self.admission = Admission(engine.num_slots, config.api_key)
-            self.front = Frontend(
+            self.listener = Listener(
                 self.engine_loop,
                 config,
                 self.metrics,
@@ -129,7 +129,7 @@ class RealtimeServer:
     @property
     def connections(self) -> dict[int, Connection]:
         """The open connections of this process (none with network workers: theirs live in the workers)."""
-        return self.front.connections if self.front is not None else {}
+        return self.listener.connections if self.listener is not None else {}
 
     # ---- lifetime ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -143,7 +143,7 @@ class RealtimeServer:
         if self.workers is not None:
             self.workers.start()
         else:
-            await self.front.listen()
+            await self.listener.listen()
 
     @property
     def port(self) -> int:
@@ -151,7 +151,7 @@ class RealtimeServer:
         if self.workers is not None:
             assert self.workers.port is not None, "start() first"
             return self.workers.port
-        return self.front.port
+        return self.listener.port
 
     @property
     def ready(self) -> bool:
@@ -183,7 +183,7 @@ class RealtimeServer:
         if self.workers is not None:
             await loop.run_in_executor(None, self.workers.shutdown, timeout)
         else:
-            await self.front.close(timeout)
+            await self.listener.close(timeout)
         await loop.run_in_executor(None, self.engine_loop.stop, 10.0)
         if self._switch_interval is not None:
             sys.setswitchinterval(self._switch_interval)
@@ -211,7 +211,7 @@ class RealtimeServer:
             self.workers.deliver(deliveries)
             return
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to tell
-            self._loop.call_soon_threadsafe(self.front.route, deliveries)
+            self._loop.call_soon_threadsafe(self.listener.route, deliveries)
 
     async def _exposition(self) -> bytes:
         return self.metrics.exposition()

@@ -2,7 +2,7 @@
 
 With ``network_workers: N`` (N >= 1) the main process runs the engine thread (and owns the GPU) and N worker
 processes (``spawn``: the main process has CUDA) each run an asyncio loop with a
-:class:`~nemo_fastdecode.serve.frontend.Frontend` on the same host and port (``SO_REUSEPORT``: the kernel spreads new
+:class:`~nemo_fastdecode.serve.listener.Listener` on the same host and port (``SO_REUSEPORT``: the kernel spreads new
 connections over them). Workers do all the protocol work (handshake, key, validation, base64, sessions, JSON,
 sending), so it no longer shares one interpreter lock with the engine thread.
 
@@ -50,7 +50,7 @@ from prometheus_client.metrics_core import Metric
 from nemo_fastdecode.serve.admission import Admission
 from nemo_fastdecode.serve.config import ServeConfig
 from nemo_fastdecode.serve.engine_loop import Command, Delivery, DropRange, EngineLoop
-from nemo_fastdecode.serve.frontend import Frontend
+from nemo_fastdecode.serve.listener import Listener
 from nemo_fastdecode.serve.metrics import ServerMetrics
 from nemo_fastdecode.streaming import EndpointingOptions
 
@@ -436,7 +436,7 @@ class _NetworkWorker:
         self.stop: asyncio.Future[float] = self.loop.create_future()
         self.metrics = ServerMetrics()
         self.proxy = EngineProxy(self._post)
-        self.front = Frontend(
+        self.listener = Listener(
             self.proxy,
             spec.config,
             self.metrics,
@@ -451,11 +451,11 @@ class _NetworkWorker:
             first_id=spec.incarnation << ID_BITS,
         )
         threading.Thread(target=self._read, name="from-main", daemon=True).start()
-        await self.front.listen(spec.port, reuse_port=True)
+        await self.listener.listen(spec.port, reuse_port=True)
         self._post(("listening", None))
         publisher = asyncio.create_task(self._publish())
         timeout = await self.stop
-        await self.front.close(timeout)
+        await self.listener.close(timeout)
         self.proxy.flush()  # the last connections' drops
         publisher.cancel()
         self._post(("metrics", _plain(self.metrics.registry.collect())))
@@ -479,7 +479,7 @@ class _NetworkWorker:
     def _dispatch(self, message: tuple[str, Any]) -> None:
         kind, payload = message
         if kind == "deliveries":
-            self.front.route(payload)
+            self.listener.route(payload)
         elif kind == "exposition":
             request, text = payload
             future = self._waiting.pop(request, None)

@@ -1,6 +1,6 @@
 """The network side of the server: one asyncio loop's listening socket, its connections and its plain HTTP routes.
 
-A :class:`Frontend` admits clients (API key, slots), runs a :class:`~nemo_fastdecode.serve.connection.Connection`
+A :class:`Listener` admits clients (API key, slots), runs a :class:`~nemo_fastdecode.serve.connection.Connection`
 per client, sends their commands to an :class:`~nemo_fastdecode.serve.engine_loop.EnginePort` and routes the
 engine's :class:`~nemo_fastdecode.serve.engine_loop.Delivery` batches back to them. The server runs one in its own
 process (next to the engine thread) or one in each network worker process (:mod:`~nemo_fastdecode.serve.workers`),
@@ -28,14 +28,14 @@ from nemo_fastdecode.serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from nemo_fastdecode.serve.protocol import CloseCode, ErrorCode, ErrorDetail, ErrorEvent
 from nemo_fastdecode.streaming import EndpointingOptions
 
-__all__ = ["REALTIME_PATH", "Frontend"]
+__all__ = ["REALTIME_PATH", "Listener"]
 
 REALTIME_PATH = "/v1/realtime"
 #: the subprotocol OpenAI's browser clients offer next to their key (the server must pick one they offered)
 REALTIME_SUBPROTOCOL = "realtime"
 
 
-class Frontend:
+class Listener:
     """Clients on one event loop: admission, connections, delivery routing, ``/health`` ``/ready`` ``/metrics``.
 
     Args:
