@@ -79,7 +79,9 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -463,17 +465,16 @@ class StreamingEngine:
                     stacklevel=3,
                 )
                 self._carry[slot] = b""
-        out = self.front.features(flush=np.flatnonzero(flush).tolist())
+        out = self.front.features(flush=np.flatnonzero(flush))
         self._flushed |= flush
         heard = live & self._vad_on & (feed | flush)  # the VAD reads the rings before the next append overwrites them
         if heard.any():
             vad = self._vad.process(np.flatnonzero(heard), np.flatnonzero(flush & heard))
             self._report_speech(vad.marks, vad.ends)
             self._queue_cuts(vad.ends)
-        slots, counts = np.asarray(out.slots, dtype=np.int64), np.asarray(out.counts, dtype=np.int64)
-        self.queue.write(slots, np.asarray(out.starts, dtype=np.int64), counts, out.features)
-        self.schedule.add(slots, counts)
-        self.schedule.end(np.asarray(out.ended, dtype=np.int64))
+        self.queue.write(out.slots, out.starts, out.counts, out.features)
+        self.schedule.add(out.slots, out.counts)
+        self.schedule.end(out.ended)
         if (self.schedule.backlog > self.queue.capacity).any():  # the feed policy above rules this out
             raise RuntimeError("a stream's waiting feature frames overflowed the engine's feature queue")
         # 2. one step of every stream that has a chunk
@@ -551,6 +552,14 @@ class StreamingEngine:
         stream whose bytes all go, as one push (the usual case), hands that push over as it is."""
         fits = self._pending_bytes[slots] <= self._cycle_samples * self._itemsize[slots]
         pushes, pending = {}, self._pending
+        if fits.all():
+            order = slots.tolist()
+            waiting = list(map(pending.__getitem__, order))
+            if set(map(len, waiting)) == {1}:  # one push each since the last cycle: no Python loop per stream
+                pushes = dict(zip(order, map(itemgetter(0), waiting), strict=True))
+                deque(map(list.clear, waiting), maxlen=0)
+                self._pending_bytes[slots] = 0
+                return pushes
         for slot, whole in zip(slots.tolist(), fits.tolist(), strict=True):
             if not whole:
                 pushes[slot] = self._take(slot)
