@@ -503,7 +503,7 @@ class AudioFrontEnd:
         slots = np.fromiter(pushes, dtype=np.int64, count=len(pushes))
         self._check_live(slots)
         data = list(pushes.values())
-        if not set(map(type, data)) <= {bytes}:  # bytes (what a socket gives) as they are; the rest viewed as bytes
+        if list(map(type, data)).count(bytes) != len(data):  # bytes (what a socket gives) as they are
             formats = self._format
             data = [
                 audio if type(audio) is bytes else _host_bytes(audio, formats[slot], slot)
@@ -536,18 +536,21 @@ class AudioFrontEnd:
         is_float = self._is_float[slots[pushed]]
         rows = np.empty((len(pushed), ROW_FIELDS), dtype=np.int32)
         groups, first, start = {}, 0, len(pushed) * _ROW_BYTES
-        for sample_format, members in (
-            (SampleFormat.INT16, pushed[~is_float]),
-            (SampleFormat.FLOAT32, pushed[is_float]),
-        ):
+        if is_float.any():
+            by_format = ((SampleFormat.INT16, pushed[~is_float]), (SampleFormat.FLOAT32, pushed[is_float]))
+        else:  # int16 streams only: the usual case
+            by_format = ((SampleFormat.INT16, pushed),)
+        for sample_format, members in by_format:
             if members.size == 0:
                 continue
             start = -(-start // 4) * 4  # 4-aligned: the host's finiteness check views float payloads in place
-            end = start + int(lengths[members].sum())
+            sizes = lengths[members]
+            ends = np.cumsum(sizes)
+            end = start + int(ends[-1])
             if end >= 2**31:
                 raise ValueError(f"one append carries {end} bytes; at most 2**31 - 1 fit the int32 offsets")
             last, member_slots = first + members.size, slots[members]
-            rows[first:last, 0] = start + np.cumsum(lengths[members]) - lengths[members]
+            rows[first:last, 0] = start + ends - sizes
             rows[first:last, 1] = counts[members]
             rows[first:last, 2] = member_slots
             rows[first:last, 3] = (s.pad + self._samples[member_slots]) % self.capacity
