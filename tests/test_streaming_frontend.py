@@ -239,6 +239,25 @@ def test_split_samples_and_empty_pushes(preprocessor):
         assert front.features(flush=[0]).counts.size == 0  # 2 samples: no frame
 
 
+def test_output_arrays_index_the_packed_frames(preprocessor):
+    front = AudioFrontEnd(preprocessor, num_slots=4, max_push_seconds=0.1)
+    pcm = _audio(1000, np.random.default_rng(3))
+    for slot in (0, 2, 3):
+        front.open(slot)
+    front.append({3: pcm[:700].tobytes(), 0: pcm[:400].tobytes(), 2: pcm[:100].tobytes()})
+    out = front.features(flush=np.array([2]))
+    assert out.features.shape[1] > 0  # frames to compare
+    for name in ("slots", "starts", "counts", "offsets", "ended"):
+        assert getattr(out, name).dtype == np.int64
+    assert out.slots.tolist() == [0, 3] and out.ended.tolist() == [2]  # 100 samples: no frame even at the end
+    assert out.counts.tolist() == [_expected_frames(400), _expected_frames(700)]
+    assert out.offsets.tolist() == [0, _expected_frames(400)] and out.starts.tolist() == [0, 0]
+    assert [slot for slot, _ in out] == [0, 3] and out.for_slot(2).shape[1] == out.for_slot(1).shape[1] == 0
+    for slot, frames in out:
+        assert torch.equal(frames, out.for_slot(slot))
+    assert torch.equal(out.for_slot(3), _nemo_features(preprocessor, pcm)[:, : _expected_frames(700)])
+
+
 def test_refused_input_names_the_stream(preprocessor):
     front = AudioFrontEnd(preprocessor, num_slots=3, max_push_seconds=0.01)  # 160 samples
     with pytest.raises(ValueError, match="stream 0: sample rate 8000 Hz is not supported; .* runs at 16000 Hz"):

@@ -587,7 +587,9 @@ class AudioFrontEnd:
             module docstring for the precision).
         """
         s = self.settings
-        ending = np.unique(np.asarray(flush if isinstance(flush, np.ndarray) else list(flush), dtype=np.int64))
+        ending = np.asarray(flush if isinstance(flush, np.ndarray) else list(flush), dtype=np.int64)
+        if ending.size:
+            ending = np.unique(ending)
         self._check_live(ending)
         if self._partial:
             for slot in ending.tolist():
