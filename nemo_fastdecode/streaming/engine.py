@@ -79,9 +79,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections import deque
 from collections.abc import Callable, Sequence
-from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -552,14 +550,6 @@ class StreamingEngine:
         stream whose bytes all go, as one push (the usual case), hands that push over as it is."""
         fits = self._pending_bytes[slots] <= self._cycle_samples * self._itemsize[slots]
         pushes, pending = {}, self._pending
-        if fits.all():
-            order = slots.tolist()
-            waiting = list(map(pending.__getitem__, order))
-            if set(map(len, waiting)) == {1}:  # one push each since the last cycle: no Python loop per stream
-                pushes = dict(zip(order, map(itemgetter(0), waiting), strict=True))
-                deque(map(list.clear, waiting), maxlen=0)
-                self._pending_bytes[slots] = 0
-                return pushes
         for slot, whole in zip(slots.tolist(), fits.tolist(), strict=True):
             if not whole:
                 pushes[slot] = self._take(slot)
