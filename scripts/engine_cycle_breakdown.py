@@ -92,8 +92,16 @@ def stub_device_work(engine: StreamingEngine, blank: int) -> None:
     """``--host-only``: placeholders for the front end's device work, one random token per stream for the step."""
     frontend.pcm_frames_reference = lambda *args, **kwargs: None
     frontend.stft_frames_reference = lambda ring, window, index, **kwargs: torch.empty(index.stream_of.shape[0], 1)
-    front = engine.front
-    front._spectrum_to_mel = lambda frames: torch.zeros(front.settings.features, frames.shape[0])
+    front, placeholder = engine.front, torch.zeros(0)
+
+    def spectrum_to_mel(frames: torch.Tensor) -> torch.Tensor:
+        nonlocal placeholder  # one zero buffer, grown: a fresh [F, R] would time a host memset no GPU host does
+        size = front.settings.features * frames.shape[0]
+        if placeholder.numel() < size:
+            placeholder = torch.zeros(size)
+        return placeholder[:size].view(front.settings.features, frames.shape[0])
+
+    front._spectrum_to_mel = spectrum_to_mel
     decoder, generator = engine.transcriber.decoder, torch.Generator().manual_seed(0)
 
     def step(slot_ids, batch, lengths=None):

@@ -84,11 +84,11 @@ def _stream_everything(front: AudioFrontEnd, streams: list[tuple[np.ndarray, str
         ending = {slot for slot, stream in open_slots.items() if sent[stream] == len(blobs[stream])}
         ending = {slot for slot in ending if rng.random() < 0.5}  # some finished streams linger a few cycles
         out = front.features(flush=ending)
-        assert sorted(out.ended) == sorted(ending)
+        assert out.ended.tolist() == sorted(ending)
         for slot, stream in open_slots.items():
             new = out.for_slot(slot)
             if new.shape[1]:
-                assert out.starts[out.slots.index(slot)] == sum(f.shape[1] for f in frames[stream])
+                assert out.starts[out.slots.tolist().index(slot)] == sum(f.shape[1] for f in frames[stream])
             frames[stream].append(new.cpu())
             if slot not in ending:  # a frame is out as soon as its samples are
                 assert front.frames_emitted(slot) == _expected_frames(front.samples_received(slot))
@@ -236,7 +236,26 @@ def test_split_samples_and_empty_pushes(preprocessor):
     front.reset(0)
     front.append({0: data[:5]})
     with pytest.warns(UserWarning, match=r"stream 0 ends with 1 byte\(s\) of an incomplete int16 sample; dropped"):
-        assert front.features(flush=[0]).counts == []  # 2 samples: no frame
+        assert front.features(flush=[0]).counts.size == 0  # 2 samples: no frame
+
+
+def test_output_arrays_index_the_packed_frames(preprocessor):
+    front = AudioFrontEnd(preprocessor, num_slots=4, max_push_seconds=0.1)
+    pcm = _audio(1000, np.random.default_rng(3))
+    for slot in (0, 2, 3):
+        front.open(slot)
+    front.append({3: pcm[:700].tobytes(), 0: pcm[:400].tobytes(), 2: pcm[:100].tobytes()})
+    out = front.features(flush=np.array([2]))
+    assert out.features.shape[1] > 0  # frames to compare
+    for name in ("slots", "starts", "counts", "offsets", "ended"):
+        assert getattr(out, name).dtype == np.int64
+    assert out.slots.tolist() == [0, 3] and out.ended.tolist() == [2]  # 100 samples: no frame even at the end
+    assert out.counts.tolist() == [_expected_frames(400), _expected_frames(700)]
+    assert out.offsets.tolist() == [0, _expected_frames(400)] and out.starts.tolist() == [0, 0]
+    assert [slot for slot, _ in out] == [0, 3] and out.for_slot(2).shape[1] == out.for_slot(1).shape[1] == 0
+    for slot, frames in out:
+        assert torch.equal(frames, out.for_slot(slot))
+    assert torch.equal(out.for_slot(3), _nemo_features(preprocessor, pcm)[:, : _expected_frames(700)])
 
 
 def test_refused_input_names_the_stream(preprocessor):

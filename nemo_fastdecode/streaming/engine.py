@@ -463,17 +463,16 @@ class StreamingEngine:
                     stacklevel=3,
                 )
                 self._carry[slot] = b""
-        out = self.front.features(flush=np.flatnonzero(flush).tolist())
+        out = self.front.features(flush=np.flatnonzero(flush))
         self._flushed |= flush
         heard = live & self._vad_on & (feed | flush)  # the VAD reads the rings before the next append overwrites them
         if heard.any():
             vad = self._vad.process(np.flatnonzero(heard), np.flatnonzero(flush & heard))
             self._report_speech(vad.marks, vad.ends)
             self._queue_cuts(vad.ends)
-        slots, counts = np.asarray(out.slots, dtype=np.int64), np.asarray(out.counts, dtype=np.int64)
-        self.queue.write(slots, np.asarray(out.starts, dtype=np.int64), counts, out.features)
-        self.schedule.add(slots, counts)
-        self.schedule.end(np.asarray(out.ended, dtype=np.int64))
+        self.queue.write(out.slots, out.starts, out.counts, out.features)
+        self.schedule.add(out.slots, out.counts)
+        self.schedule.end(out.ended)
         if (self.schedule.backlog > self.queue.capacity).any():  # the feed policy above rules this out
             raise RuntimeError("a stream's waiting feature frames overflowed the engine's feature queue")
         # 2. one step of every stream that has a chunk

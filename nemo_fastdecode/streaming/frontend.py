@@ -44,7 +44,6 @@ Not thread-safe: one engine thread calls ``append`` and ``features``.
 
 from __future__ import annotations
 
-import bisect
 import math
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -186,30 +185,32 @@ class FrontEndOutput:
     Attributes:
         features: ``[F, R]`` float32 on the front end's device: the new frames of ``slots[i]`` are columns
             ``offsets[i] : offsets[i] + counts[i]``, in time order.
-        slots: the streams that got frames (slot ids), in increasing order.
-        starts: index of each stream's first new frame in its whole-file features.
-        counts: new frames per stream.
-        offsets: first column of each stream in ``features``.
-        ended: the slots flushed by this call (their last frames are here; they accept no more audio).
+        slots: ``[N]`` int64, the streams that got frames (slot ids), in increasing order.
+        starts: ``[N]`` int64, index of each stream's first new frame in its whole-file features.
+        counts: ``[N]`` int64, new frames per stream.
+        offsets: ``[N]`` int64, first column of each stream in ``features``.
+        ended: ``[E]`` int64, the slots flushed by this call, in increasing order (their last frames are here; they
+            accept no more audio).
     """
 
     features: torch.Tensor
-    slots: list[int]
-    starts: list[int]
-    counts: list[int]
-    offsets: list[int]
-    ended: list[int]
+    slots: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+    offsets: np.ndarray
+    ended: np.ndarray
 
     def for_slot(self, slot: int) -> torch.Tensor:
         """``[F, n]`` view of one stream's new frames (``n = 0`` if it got none)."""
-        i = bisect.bisect_left(self.slots, slot)
+        i = int(np.searchsorted(self.slots, slot))
         if i == len(self.slots) or self.slots[i] != slot:
             return self.features[:, :0]
-        return self.features[:, self.offsets[i] : self.offsets[i] + self.counts[i]]
+        offset = int(self.offsets[i])
+        return self.features[:, offset : offset + int(self.counts[i])]
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
         """``(slot, [F, n] view)`` per stream that got frames."""
-        for slot, offset, count in zip(self.slots, self.offsets, self.counts, strict=True):
+        for slot, offset, count in zip(self.slots.tolist(), self.offsets.tolist(), self.counts.tolist(), strict=True):
             yield slot, self.features[:, offset : offset + count]
 
 
@@ -501,23 +502,28 @@ class AudioFrontEnd:
         s = self.settings
         slots = np.fromiter(pushes, dtype=np.int64, count=len(pushes))
         self._check_live(slots)
-        formats = self._format
-        data = [  # bytes (what a socket gives) as they are
-            audio if type(audio) is bytes else _host_bytes(audio, formats[slot], slot) for slot, audio in pushes.items()
-        ]
+        data = list(pushes.values())
+        if list(map(type, data)).count(bytes) != len(data):  # bytes (what a socket gives) as they are
+            formats = self._format
+            data = [
+                audio if type(audio) is bytes else _host_bytes(audio, formats[slot], slot)
+                for slot, audio in zip(pushes, data, strict=True)
+            ]
         if self._partial:  # the first bytes of a split sample come first (rare: copies are fine)
             for i, slot in enumerate(pushes):
                 if slot in self._partial:
                     data[i] = self._partial[slot] + bytes(data[i])
         lengths = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
-        split = lengths % self._itemsize[slots]
+        itemsize = self._itemsize[slots]
+        split = lengths % itemsize
         partial = {}
-        for i in np.flatnonzero(split).tolist():
-            whole = int(lengths[i] - split[i])
-            partial[int(slots[i])] = bytes(data[i][whole:])
-            data[i] = memoryview(data[i])[:whole]
-        lengths -= split
-        counts = lengths // self._itemsize[slots]
+        if split.any():
+            for i in np.flatnonzero(split).tolist():
+                whole = int(lengths[i] - split[i])
+                partial[int(slots[i])] = bytes(data[i][whole:])
+                data[i] = memoryview(data[i])[:whole]
+            lengths -= split
+        counts = lengths // itemsize
         # the next frame still reads from one sample before its first padded position on
         held = s.pad + self._samples[slots] + counts - (self._emitted[slots] * s.hop - 1)
         for i in np.flatnonzero(held > self.capacity)[:1].tolist():
@@ -530,18 +536,21 @@ class AudioFrontEnd:
         is_float = self._is_float[slots[pushed]]
         rows = np.empty((len(pushed), ROW_FIELDS), dtype=np.int32)
         groups, first, start = {}, 0, len(pushed) * _ROW_BYTES
-        for sample_format, members in (
-            (SampleFormat.INT16, pushed[~is_float]),
-            (SampleFormat.FLOAT32, pushed[is_float]),
-        ):
+        if is_float.any():
+            by_format = ((SampleFormat.INT16, pushed[~is_float]), (SampleFormat.FLOAT32, pushed[is_float]))
+        else:  # int16 streams only: the usual case
+            by_format = ((SampleFormat.INT16, pushed),)
+        for sample_format, members in by_format:
             if members.size == 0:
                 continue
             start = -(-start // 4) * 4  # 4-aligned: the host's finiteness check views float payloads in place
-            end = start + int(lengths[members].sum())
+            sizes = lengths[members]
+            ends = np.cumsum(sizes)
+            end = start + int(ends[-1])
             if end >= 2**31:
                 raise ValueError(f"one append carries {end} bytes; at most 2**31 - 1 fit the int32 offsets")
             last, member_slots = first + members.size, slots[members]
-            rows[first:last, 0] = start + np.cumsum(lengths[members]) - lengths[members]
+            rows[first:last, 0] = start + ends - sizes
             rows[first:last, 1] = counts[members]
             rows[first:last, 2] = member_slots
             rows[first:last, 3] = (s.pad + self._samples[member_slots]) % self.capacity
@@ -578,15 +587,18 @@ class AudioFrontEnd:
             module docstring for the precision).
         """
         s = self.settings
-        ending = sorted(set(flush))
-        self._check_live(np.array(ending, dtype=np.int64))
-        for slot in ending:
-            if slot in self._partial:
-                warnings.warn(
-                    f"stream {slot} ends with {len(self._partial.pop(slot))} byte(s) of an incomplete "
-                    f"{self._format[slot].value} sample; dropped",
-                    stacklevel=2,
-                )
+        ending = np.asarray(flush if isinstance(flush, np.ndarray) else list(flush), dtype=np.int64)
+        if ending.size:
+            ending = np.unique(ending)
+        self._check_live(ending)
+        if self._partial:
+            for slot in ending.tolist():
+                if slot in self._partial:
+                    warnings.warn(
+                        f"stream {slot} ends with {len(self._partial.pop(slot))} byte(s) of an incomplete "
+                        f"{self._format[slot].value} sample; dropped",
+                        stacklevel=2,
+                    )
         live = self._open & ~self._ended
         ready = np.where(live, s.complete_frames(self._samples), self._emitted)
         ready[ending] = s.seq_len(self._samples[ending])
@@ -598,7 +610,7 @@ class AudioFrontEnd:
         features = self._mel(slots, starts, counts, offsets, total)
         self._emitted[slots] += counts
         self._ended[ending] = True
-        return FrontEndOutput(features, slots.tolist(), starts.tolist(), counts.tolist(), offsets.tolist(), ending)
+        return FrontEndOutput(features, slots, starts, counts, offsets, ending)
 
     def _mel(
         self, slots: np.ndarray, starts: np.ndarray, counts: np.ndarray, offsets: np.ndarray, total: int
@@ -608,11 +620,11 @@ class AudioFrontEnd:
         if total == 0:
             return torch.empty(s.features, 0, device=self.device)
         # per-stream facts, one small copy: slot, first frame, frame count, first column, end of valid samples
-        ends = s.pad + self._samples[slots]
-        meta = np.stack([slots, starts, counts, offsets, ends]).astype(np.int64)
-        host = self._meta.host(meta.nbytes)
-        _int_view(host, np.int64, len(slots))[:] = meta
-        slot, start, count, offset, end = _int_view(self._meta.send(meta.nbytes), torch.int64, len(slots))
+        nbytes = 5 * 8 * len(slots)
+        meta = _int_view(self._meta.host(nbytes), np.int64, len(slots))
+        meta[0], meta[1], meta[2], meta[3] = slots, starts, counts, offsets
+        np.add(self._samples[slots], s.pad, out=meta[4])
+        slot, start, count, offset, end = _int_view(self._meta.send(nbytes), torch.int64, len(slots))
         stream_of = torch.repeat_interleave(torch.arange(len(slots), device=self.device), count, output_size=total)
         index = FrameIndex(stream_of, slot, start, offset, end)
         cut = stft_frames if self._use_triton else stft_frames_reference
