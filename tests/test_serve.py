@@ -169,6 +169,22 @@ def check_completed(event: dict, ref, pcm: np.ndarray) -> None:
     assert event["usage"]["seconds"] == len(pcm) / RATE  # every sample sent was transcribed
 
 
+def check_clients(plans: list[list[np.ndarray]], results: list[list[dict]], expected: list[list]) -> None:
+    """Each client's events (``results[i]``, from streaming the items ``plans[i]``): one final per committed item, in
+    order and chained by ``previous_item_id``, each NeMo's streaming of that item alone (``expected[i]``), no error,
+    and deltas only of those items."""
+    for items, events, refs in zip(plans, results, expected, strict=True):
+        committed = [e for e in events if e["type"] == "input_audio_buffer.committed"]
+        completed = [e for e in events if e["type"] == COMPLETED]
+        assert [e["item_id"] for e in completed] == [e["item_id"] for e in committed]
+        assert [e["previous_item_id"] for e in committed] == [None] + [e["item_id"] for e in committed[:-1]]
+        for event, ref, pcm in zip(completed, refs, items, strict=True):
+            check_completed(event, ref, pcm)
+        assert not [e for e in events if e["type"] == "error"]
+        deltas = [e for e in events if e["type"].endswith(".delta")]
+        assert all(e["item_id"] in {c["item_id"] for c in completed} for e in deltas)
+
+
 def append(pcm: np.ndarray | bytes) -> str:
     data = pcm if isinstance(pcm, bytes) else pcm.tobytes()
     return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(data).decode()})
@@ -212,16 +228,7 @@ def test_concurrent_clients_get_exactly_their_own_transcripts(server, model, aud
         return await asyncio.gather(*(stream_items(server.url, items, seed) for seed, items in enumerate(plans)))
 
     results = run(clients())
-    for items, events, expected in zip(plans, results, [[refs[0]], part_refs, [refs[2]]], strict=True):
-        committed = [e for e in events if e["type"] == "input_audio_buffer.committed"]
-        completed = [e for e in events if e["type"] == COMPLETED]
-        assert [e["item_id"] for e in completed] == [e["item_id"] for e in committed]
-        assert [e["previous_item_id"] for e in committed] == [None] + [e["item_id"] for e in committed[:-1]]
-        for event, ref, pcm in zip(completed, expected, items, strict=True):
-            check_completed(event, ref, pcm)
-        assert not [e for e in events if e["type"] == "error"]
-        deltas = [e for e in events if e["type"].endswith(".delta")]
-        assert all(e["item_id"] in {c["item_id"] for c in completed} for e in deltas)
+    check_clients(plans, results, [[refs[0]], part_refs, [refs[2]]])
     second = [e for e in results[1] if e["type"] == COMPLETED][1]
     assert second["audio_start_ms"] == round(split / RATE * 1000)  # where item 2 starts in the connection's audio
     assert server.settled()

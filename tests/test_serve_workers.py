@@ -17,14 +17,13 @@ import urllib.request
 
 import numpy as np
 import pytest
-from conftest import tiny_streaming_model
-from test_serve import KEY, ServerThread, append, check_completed, run, stream_items
+import test_serve
+from test_serve import KEY, ServerThread, append, check_clients, check_completed, run, stream_items
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from nemo_fastdecode.serve import ServeConfig
 from nemo_fastdecode.serve.workers import ID_BITS
-from nemo_fastdecode.tools import synthetic as S
 from nemo_fastdecode.tools.loadtest.client import COMPLETED, connect_session, receive_until
 from nemo_fastdecode.tools.streaming_reference import reference_transcript
 
@@ -32,23 +31,9 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 WORKERS = 2
 
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_streaming_model()
-
-
-@pytest.fixture(scope="module")
-def audio() -> list[np.ndarray]:
-    signals = S.synthetic_audio([1.9, 2.6, 1.3], seed=11)
-    return [np.round(s * 32768).astype(np.int16) for s in signals]
-
-
-@pytest.fixture(scope="module")
-def refs(model, audio):
-    out = [reference_transcript(model, pcm) for pcm in audio]
-    assert all(r.token_ids for r in out)  # there is something to compare
-    return out
+# the tiny model, the audio and NeMo's references of the one-process server's tests (module-scoped fixtures: one
+# instance per module that uses them)
+model, audio, refs = test_serve.model, test_serve.audio, test_serve.refs
 
 
 @pytest.fixture(scope="module")
@@ -137,13 +122,7 @@ def test_concurrent_clients_on_both_workers_get_exactly_their_own_transcripts(se
         return await asyncio.gather(*(stream_items(server.url, items, seed) for seed, items in enumerate(plans)))
 
     results = run(clients())
-    for items, events, expected in zip(plans, results, [[refs[0]], part_refs, [refs[2]]], strict=True):
-        committed = [e for e in events if e["type"] == "input_audio_buffer.committed"]
-        completed = [e for e in events if e["type"] == COMPLETED]
-        assert [e["item_id"] for e in completed] == [e["item_id"] for e in committed]
-        for event, ref, pcm in zip(completed, expected, items, strict=True):
-            check_completed(event, ref, pcm)
-        assert not [e for e in events if e["type"] == "error"]
+    check_clients(plans, results, [[refs[0]], part_refs, [refs[2]]])
 
     async def on_each_worker():  # and a client on each worker, for certain
         held = await one_per_worker(server)
