@@ -562,7 +562,7 @@ class StreamingEngine:
 
     def _take(self, slot: int) -> bytes | memoryview:
         """The stream's waiting bytes, at most one cycle's worth (the rest waits); one join of its pushes."""
-        limit = self._cycle_samples * self._format[slot].itemsize
+        limit = self._cycle_samples * int(self._itemsize[slot])
         pieces, taken, size = self._pending[slot], [], 0
         while pieces and size < limit:
             piece = pieces.pop(0)
