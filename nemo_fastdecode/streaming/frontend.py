@@ -308,6 +308,7 @@ class AudioFrontEnd:
         self._use_triton = triton is not None and triton_runs_on(self.device)
         self._audio = HostStaging(self.device)
         self._meta = HostStaging(self.device)
+        self._reads = HostStaging(self.device)  # read_samples' indices
         # host-side state per slot: the host knows every count, so no decision waits on the GPU
         self._open = np.zeros(num_slots, dtype=bool)
         self._ended = np.zeros(num_slots, dtype=bool)
@@ -393,7 +394,7 @@ class AudioFrontEnd:
                 f"stream {slots[i]}: sample {starts[i]} was overwritten in the front end's ring ({received[i]} samples "
                 f"received, {self.capacity} kept); read the samples every cycle"
             )
-        meta = torch.from_numpy(np.stack([slots, starts, received]).astype(np.int64)).to(self.device)
+        meta = self._reads.upload(np.stack([slots, starts, received]).astype(np.int64))
         slot, start, end = meta[:, :, None]  # [N, 1] each
         index = start + torch.arange(length, device=self.device)  # [N, length] sample indices
         samples = self.ring[slot, (index + self.settings.pad) % self.capacity]  # ring column of sample i: pad + i
