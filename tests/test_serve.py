@@ -557,11 +557,12 @@ def test_a_slow_reader_is_told_and_closed_with_bounded_buffering(model):
         s.stop()
 
 
-def test_graceful_shutdown_delivers_every_final_then_closes_1001(model, audio, refs):
-    s = ServerThread(model, slots=2)
+def shut_down_with_two_clients(s: ServerThread, sessions, audio, refs) -> None:
+    """Two clients (``await sessions()``: their two open sessions) send ``audio[0]`` and ``audio[2]`` without a
+    commit, then the server shuts down: each gets the final of its audio (``refs``), then the ``server_shutting_down``
+    error and close 1001; afterwards nothing listens."""
 
-    async def client(pcm: np.ndarray, events_out: list) -> int:
-        ws, _ = await connect_session(s.url)
+    async def client(ws, pcm: np.ndarray, events_out: list) -> int:
         async with ws:
             await ws.send(pcm.tobytes())  # not committed: the shutdown commits it
             events_out += await receive_until(ws, lambda e: e["type"] == "error", 30)
@@ -570,7 +571,11 @@ def test_graceful_shutdown_delivers_every_final_then_closes_1001(model, audio, r
 
     async def scenario():
         got = [[], []]
-        clients = [asyncio.create_task(client(audio[i], got[k])) for k, i in enumerate((0, 2))]
+        held = await sessions()
+        clients = [
+            asyncio.create_task(client(ws, audio[i], got[k]))
+            for k, (ws, i) in enumerate(zip(held, (0, 2), strict=True))
+        ]
         for _ in range(300):
             if s.server.engine_loop.live_streams == 2:
                 break
@@ -580,16 +585,25 @@ def test_graceful_shutdown_delivers_every_final_then_closes_1001(model, audio, r
         await shutdown
         return got, codes
 
+    got, codes = run(scenario())
+    assert codes == [1001, 1001]
+    for events, i in zip(got, (0, 2), strict=True):
+        completed = [e for e in events if e["type"] == COMPLETED]
+        assert len(completed) == 1
+        check_completed(completed[0], refs[i], audio[i])
+        assert events[-1]["error"]["code"] == "server_shutting_down"
+    with pytest.raises((OSError, InvalidStatus)):  # no longer listening
+        run(connect_session(s.url), timeout=5)
+
+
+def test_graceful_shutdown_delivers_every_final_then_closes_1001(model, audio, refs):
+    s = ServerThread(model, slots=2)
+
+    async def sessions():
+        return [(await connect_session(s.url))[0] for _ in range(2)]
+
     try:
-        got, codes = run(scenario())
-        assert codes == [1001, 1001]
-        for events, i in zip(got, (0, 2), strict=True):
-            completed = [e for e in events if e["type"] == COMPLETED]
-            assert len(completed) == 1
-            check_completed(completed[0], refs[i], audio[i])
-            assert events[-1]["error"]["code"] == "server_shutting_down"
-        with pytest.raises((OSError, InvalidStatus)):  # no longer listening
-            run(connect_session(s.url), timeout=5)
+        shut_down_with_two_clients(s, sessions, audio, refs)
     finally:
         s.stop()
 

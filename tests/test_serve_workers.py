@@ -18,9 +18,18 @@ import urllib.request
 import numpy as np
 import pytest
 import test_serve
-from test_serve import KEY, ServerThread, append, check_clients, check_completed, run, stream_items
+from test_serve import (
+    KEY,
+    ServerThread,
+    append,
+    check_clients,
+    check_completed,
+    run,
+    shut_down_with_two_clients,
+    stream_items,
+)
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed
 
 from nemo_fastdecode.serve import ServeConfig
 from nemo_fastdecode.serve.workers import ID_BITS
@@ -277,40 +286,8 @@ def test_a_killed_worker_takes_only_its_own_clients_and_is_replaced(server, audi
 
 def test_shutdown_delivers_every_final_from_every_worker_then_closes_1001(model, audio, refs):
     s = ServerThread(model, slots=2, network_workers=WORKERS, ready_timeout=120)
-
-    async def client(ws, pcm: np.ndarray, events_out: list) -> int:
-        async with ws:
-            await ws.send(pcm.tobytes())  # not committed: the shutdown commits it
-            events_out += await receive_until(ws, lambda e: e["type"] == "error", 30)
-            await ws.wait_closed()
-            return ws.close_code
-
-    async def scenario():
-        got = [[], []]
-        held = await one_per_worker(s, key=None)
-        clients = [
-            asyncio.create_task(client(ws, audio[i], got[k]))
-            for k, (ws, i) in enumerate(zip(held, (0, 2), strict=True))
-        ]
-        for _ in range(300):
-            if s.server.engine_loop.live_streams == 2:
-                break
-            await asyncio.sleep(0.01)
-        shutdown = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(s.server.shutdown(20.0), s.loop))
-        codes = await asyncio.gather(*clients)
-        await shutdown
-        return got, codes
-
     try:
-        got, codes = run(scenario())
-        assert codes == [1001, 1001]
-        for events, i in zip(got, (0, 2), strict=True):
-            completed = [e for e in events if e["type"] == COMPLETED]
-            assert len(completed) == 1
-            check_completed(completed[0], refs[i], audio[i])
-            assert events[-1]["error"]["code"] == "server_shutting_down"
-        with pytest.raises((OSError, InvalidStatus)):  # no longer listening
-            run(connect_session(s.url), timeout=5)
+        shut_down_with_two_clients(s, lambda: one_per_worker(s, key=None), audio, refs)
         assert s.server.workers.alive == 0
     finally:
         s.stop()
