@@ -12,11 +12,13 @@ import dataclasses
 import gc
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -875,35 +877,46 @@ def test_serve_yaml_mirrors_the_config_and_overrides_are_checked():
         LoadtestConfig(url="ws://10.0.0.1:8000/v1/realtime")
 
 
+def start_serve_process(args: list[str], ready_within: float) -> tuple[subprocess.Popen, str]:
+    """``python -m nemo_fastdecode.serve *args`` from the repository root, and the line it prints once ready
+    (``... ready on ws://...``); fails, the process killed, if it ends first or is not ready within ``ready_within`` s.
+    Once it returns, the caller stops the process."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "nemo_fastdecode.serve", *args],
+        cwd=Path(__file__).parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + ready_within
+        while time.monotonic() < deadline:
+            line = server.stdout.readline()
+            assert line, "the server ended before it was ready"
+            if "ready on " in line:
+                return server, line
+        raise AssertionError(f"the server was not ready within {ready_within} s")
+    except BaseException:
+        server.kill()
+        server.wait()
+        raise
+
+
 def test_the_readme_commands_serve_stream_a_file_and_stop_on_sigterm(tmp_path, audio, trained_model, examples):
     """``python -m nemo_fastdecode.serve`` (the default model), then ``scripts/stream_file.py`` with no file (the first
     example utterance: NeMo's streaming of it, real words) and with a file; SIGTERM ends the server (exit 0)."""
     import signal
-    import subprocess
-    import sys
-    from pathlib import Path
 
     import soundfile as sf
 
     root = Path(__file__).parents[1]
     wav = tmp_path / "speech.wav"
     sf.write(wav, audio[0], RATE, subtype="PCM_16")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "nemo_fastdecode.serve", "port=0", "slots=2"],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    server = None
     try:
-        url = None
-        deadline = time.monotonic() + 120
-        while url is None and time.monotonic() < deadline:
-            line = server.stdout.readline()
-            assert line, "the server ended before it was ready"
-            if "ready on " in line:
-                url = line.split("ready on ")[1].split()[0]
-        assert url is not None and url.startswith("ws://127.0.0.1:")
+        server, ready = start_serve_process(["port=0", "slots=2"], ready_within=120)
+        url = ready.split("ready on ")[1].split()[0]
+        assert url.startswith("ws://127.0.0.1:")
 
         def stream_file(*args: str) -> str:
             command = [sys.executable, "scripts/stream_file.py", *args, "--url", url, "--fast"]
@@ -921,6 +934,6 @@ def test_the_readme_commands_serve_stream_a_file_and_stop_on_sigterm(tmp_path, a
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=30) == 0
     finally:
-        if server.poll() is None:
+        if server is not None and server.poll() is None:
             server.kill()
             server.wait()

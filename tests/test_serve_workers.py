@@ -26,6 +26,7 @@ from test_serve import (
     check_completed,
     run,
     shut_down_with_two_clients,
+    start_serve_process,
     stream_items,
 )
 from websockets.asyncio.client import connect
@@ -297,27 +298,15 @@ def test_python_m_serve_with_workers_serves_and_stops_on_sigterm():
     """``python -m nemo_fastdecode.serve network_workers=2``: the workers start from a ``-m`` entry point, a client
     gets its final, SIGTERM ends the server and its workers (exit 0)."""
     import subprocess
-    import sys
     from pathlib import Path
 
-    server = subprocess.Popen(
-        [sys.executable, "-m", "nemo_fastdecode.serve", "model=tiny-streaming", "port=0", "slots=2"]
-        + [f"network_workers={WORKERS}"],
-        cwd=Path(__file__).parents[1],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    server = None
     try:
-        url = None
-        deadline = time.monotonic() + 150
-        while url is None and time.monotonic() < deadline:
-            line = server.stdout.readline()
-            assert line, "the server ended before it was ready"
-            if "ready on " in line:
-                assert f"{WORKERS} network workers" in line
-                url = line.split("ready on ")[1].split()[0]
-        assert url is not None
+        server, ready = start_serve_process(
+            ["model=tiny-streaming", "port=0", "slots=2", f"network_workers={WORKERS}"], ready_within=150
+        )
+        assert f"{WORKERS} network workers" in ready
+        url = ready.split("ready on ")[1].split()[0]
 
         async def scenario():
             ws, created = await connect_session(url)
@@ -335,6 +324,6 @@ def test_python_m_serve_with_workers_serves_and_stops_on_sigterm():
         assert server.wait(timeout=60) == 0
         assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]  # exited and reaped
     finally:
-        if server.poll() is None:
+        if server is not None and server.poll() is None:
             server.kill()
             server.wait()
