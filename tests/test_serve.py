@@ -219,20 +219,40 @@ async def stream_items(url: str, items: list[np.ndarray], seed: int, key: str | 
 # exactness
 
 
-def test_concurrent_clients_get_exactly_their_own_transcripts(server, model, audio, refs):
-    """Three clients at once, one with two items: each final is NeMo's streaming of that audio alone."""
-    split = 17000
-    head, tail = audio[1][:split], audio[1][split:]
+SPLIT = 17000  # where the second client's audio is cut into two items
+
+
+async def session_once_a_slot_frees(url: str, key: str | None) -> Any:
+    """A session on ``url`` as soon as the server admits one again (a slot frees just after its client closes):
+    retried for up to about 2 s; its WebSocket."""
+    for _ in range(100):
+        ws, first = await connect_session(url, key)
+        if first["type"] == "session.created":
+            return ws
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no session once a slot was freed; the last answer: {first}")
+
+
+def three_concurrent_clients(url: str, model, audio, refs) -> list[list[dict]]:
+    """Three clients at once on ``url``, the second with two items (``audio[1]`` cut at :data:`SPLIT`); checks that each
+    final is NeMo's streaming of that audio alone (:func:`check_clients`); returns each client's events."""
+    head, tail = audio[1][:SPLIT], audio[1][SPLIT:]
     part_refs = [reference_transcript(model, head), reference_transcript(model, tail)]
     plans = [[audio[0]], [head, tail], [audio[2]]]
 
     async def clients():
-        return await asyncio.gather(*(stream_items(server.url, items, seed) for seed, items in enumerate(plans)))
+        return await asyncio.gather(*(stream_items(url, items, seed) for seed, items in enumerate(plans)))
 
     results = run(clients())
     check_clients(plans, results, [[refs[0]], part_refs, [refs[2]]])
+    return results
+
+
+def test_concurrent_clients_get_exactly_their_own_transcripts(server, model, audio, refs):
+    """Three clients at once, one with two items: each final is NeMo's streaming of that audio alone."""
+    results = three_concurrent_clients(server.url, model, audio, refs)
     second = [e for e in results[1] if e["type"] == COMPLETED][1]
-    assert second["audio_start_ms"] == round(split / RATE * 1000)  # where item 2 starts in the connection's audio
+    assert second["audio_start_ms"] == round(SPLIT / RATE * 1000)  # where item 2 starts in the connection's audio
     assert server.settled()
 
 
@@ -325,12 +345,7 @@ def test_a_full_server_refuses_with_1013_and_an_error_naming_the_capacity(server
         await ws.wait_closed()
         assert ws.close_code == 1013
         await held[0][0].close()  # a slot frees: the next client is served
-        for _ in range(100):
-            ws, first = await connect_session(server.url, KEY)
-            if first["type"] == "session.created":
-                break
-            await asyncio.sleep(0.02)
-        assert first["type"] == "session.created"
+        ws = await session_once_a_slot_frees(server.url, KEY)
         for w in [ws] + [w for w, _ in held[1:]]:
             await w.close()
 

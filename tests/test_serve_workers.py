@@ -22,12 +22,12 @@ from test_serve import (
     KEY,
     ServerThread,
     append,
-    check_clients,
     check_completed,
     run,
+    session_once_a_slot_frees,
     shut_down_with_two_clients,
     start_serve_process,
-    stream_items,
+    three_concurrent_clients,
 )
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
@@ -35,7 +35,6 @@ from websockets.exceptions import ConnectionClosed
 from nemo_fastdecode.serve import ServeConfig
 from nemo_fastdecode.serve.workers import ID_BITS
 from nemo_fastdecode.tools.loadtest.client import COMPLETED, connect_session, receive_until
-from nemo_fastdecode.tools.streaming_reference import reference_transcript
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -123,16 +122,7 @@ def test_metric_families_of_several_processes_are_summed():
 def test_concurrent_clients_on_both_workers_get_exactly_their_own_transcripts(server, model, audio, refs):
     """Three clients at once, one with two items: each final is NeMo's streaming of that audio alone; the
     connections spread over both workers."""
-    split = 17000
-    head, tail = audio[1][:split], audio[1][split:]
-    part_refs = [reference_transcript(model, head), reference_transcript(model, tail)]
-    plans = [[audio[0]], [head, tail], [audio[2]]]
-
-    async def clients():
-        return await asyncio.gather(*(stream_items(server.url, items, seed) for seed, items in enumerate(plans)))
-
-    results = run(clients())
-    check_clients(plans, results, [[refs[0]], part_refs, [refs[2]]])
+    three_concurrent_clients(server.url, model, audio, refs)
 
     async def on_each_worker():  # and a client on each worker, for certain
         held = await one_per_worker(server)
@@ -162,12 +152,7 @@ def test_the_slots_count_across_workers_1013_when_full(server):
             await ws.wait_closed()
             assert ws.close_code == 1013
         await held[0].close()  # a slot frees: the next client is served
-        for _ in range(100):
-            ws, first = await connect_session(server.url, KEY)
-            if first["type"] == "session.created":
-                break
-            await asyncio.sleep(0.02)
-        assert first["type"] == "session.created"
+        ws = await session_once_a_slot_frees(server.url, KEY)
         for w in [ws, *held[1:]]:
             await w.close()
 
