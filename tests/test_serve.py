@@ -273,6 +273,22 @@ def test_loadtest_clients_are_exact_end_to_end(server, model, audio, refs):
     assert server.settled()
 
 
+def test_loadtest_client_processes_start_their_clients_on_schedule(server, audio, refs):
+    """With client processes (each takes seconds to import, longer than the stagger), every client still connects
+    at its scheduled start: the processes are all up before the first start is fixed, so the load stays staggered
+    instead of arriving all at once."""
+    from nemo_fastdecode.tools.configs import LoadtestConfig
+
+    config = LoadtestConfig(
+        url=server.url, api_key=KEY, clients=3, processes=2, stagger_seconds=1.0, chunk_ms=100, binary=True
+    )
+    point = run_point(config, audio[:2], 3, refs[:2])  # the server has 3 slots
+    assert (point.completed, point.errors, point.refused, point.exact, point.checked) == (3, 0, {}, 3, 3)
+    assert point.start_lag_ms[50] > 0
+    assert point.start_lag_ms[99] < 1500, point.start_lag_ms  # a start after the imports would lag by seconds
+    assert server.settled()
+
+
 def test_the_default_loadtest_streams_the_examples_to_the_trained_model_exactly(trained_model, examples, tmp_path):
     """``nemo-fastdecode loadtest`` with its defaults against a server of the default model: every example utterance
     once, each final NeMo's cache-aware streaming of it alone, and real words (WER against the reference texts)."""

@@ -14,6 +14,7 @@ import multiprocessing
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -86,8 +87,29 @@ async def _run_group(
     return list(await asyncio.gather(*tasks))
 
 
+#: seconds from the moment every client process is up to the first scheduled start
+_START_MARGIN = 0.1
+#: seconds the client processes get to start (spawn and imports) before the point fails
+_STARTUP_TIMEOUT = 300.0
+
+# a client process's start line: (barrier of every process and the parent, the shared start time), set at spawn
+_start_line: tuple[Any, Any] | None = None
+
+
+def _join_start_line(barrier: Any, t0: Any) -> None:
+    global _start_line
+    _start_line = (barrier, t0)
+
+
 def _run_group_in_process(args: tuple) -> list[ClientResult]:
-    return asyncio.run(_run_group(*args))
+    """One client process's clients: after every process is up (its imports take seconds, longer than the stagger),
+    at the parent's start time plus each client's offset, so the starts stay staggered as scheduled."""
+    config, inputs, clients, offsets = args
+    assert _start_line is not None, "client processes are started by run_point"
+    barrier, t0 = _start_line
+    barrier.wait(_STARTUP_TIMEOUT)  # every process is up
+    barrier.wait(_STARTUP_TIMEOUT)  # and the parent has set the start time
+    return asyncio.run(_run_group(config, inputs, clients, [t0.value + o for o in offsets]))
 
 
 def run_point(
@@ -103,16 +125,23 @@ def run_point(
     scrape_at = metrics_url(config.url)
     before = scrape_histograms(scrape_at)
     rng = np.random.default_rng(config.seed)
-    t0 = time.monotonic() + 0.5 * (config.processes > 1)  # the processes' start-up before the first client
-    starts = t0 + rng.uniform(0.0, config.stagger_seconds, clients) if config.stagger_seconds else [t0] * clients
+    offsets = rng.uniform(0.0, config.stagger_seconds, clients) if config.stagger_seconds else np.zeros(clients)
     groups = [list(range(p, clients, config.processes)) for p in range(min(config.processes, clients))]
-    jobs = [(config, list(inputs), group, [float(starts[i]) for i in group]) for group in groups]
+    jobs = [(config, list(inputs), group, [float(offsets[i]) for i in group]) for group in groups]
     if len(jobs) == 1:
-        results = _run_group_in_process(jobs[0])
+        t0 = time.monotonic()
+        results = asyncio.run(_run_group(config, list(inputs), groups[0], [t0 + float(o) for o in offsets]))
     else:  # CLOCK_MONOTONIC is one clock for every process of the machine
         context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=context) as pool:
-            results = [r for part in pool.map(_run_group_in_process, jobs) for r in part]
+        barrier, start = context.Barrier(len(jobs) + 1), context.Value("d", 0.0)
+        with concurrent.futures.ProcessPoolExecutor(
+            len(jobs), mp_context=context, initializer=_join_start_line, initargs=(barrier, start)
+        ) as pool:
+            parts = pool.map(_run_group_in_process, jobs)  # each job holds its process at the barrier: one each
+            barrier.wait(_STARTUP_TIMEOUT)
+            start.value = t0 = time.monotonic() + _START_MARGIN
+            barrier.wait(_STARTUP_TIMEOUT)
+            results = [r for part in parts for r in part]
     wall = max((r.finished for r in results), default=t0) - t0
     point = summarize(clients, sorted(results, key=lambda r: r.index), wall, refs, texts)
     after = scrape_histograms(scrape_at) if before is not None else None

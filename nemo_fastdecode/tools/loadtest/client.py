@@ -33,7 +33,8 @@ class ClientResult:
         transcripts / words: each item's ``completed`` transcript and words, in commit order.
         chunk_latency_ms: per partial (before the commit): received - sent time of the audio it ends with.
         final_latency_ms: per item: ``completed`` received - commit sent.
-        started / finished: first audio sent, last final received.
+        scheduled / started / finished: when the client was due to connect, first audio sent, last final received
+            (``started - scheduled``: a late start plus the connection's handshake and session).
         refused: the close code when the server refused the connection (1013 capacity, 1008 key).
         errors: ``error`` events (code: message) and failures.
     """
@@ -46,6 +47,7 @@ class ClientResult:
     usage_seconds: list[float] = dataclasses.field(default_factory=list)
     chunk_latency_ms: list[float] = dataclasses.field(default_factory=list)
     final_latency_ms: list[float] = dataclasses.field(default_factory=list)
+    scheduled: float = 0.0
     started: float = 0.0
     finished: float = 0.0
     refused: int | None = None
@@ -126,7 +128,7 @@ async def run_client(
 
     Never raises for what the server does: refusals and errors are recorded in the result.
     """
-    result = ClientResult(index, audio_index, len(pcm) / rate)
+    result = ClientResult(index, audio_index, len(pcm) / rate, scheduled=start_at)
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     try:
         await asyncio.wait_for(

@@ -32,6 +32,8 @@ class LoadPoint:
         exact / checked: finals equal to NeMo's streaming of the input alone (text and word timestamps).
         wer / scored: NeMo's WER of the finals against their inputs' reference texts, over the ``scored`` clients
             whose input has one (``None`` / 0: no input has a reference text).
+        start_lag_ms: p50, p95, p99 over served clients of first audio sent - scheduled start (a client process
+            that falls behind, and the handshake).
         server_ms: the server's own p50 / p95 over the point from its ``/metrics`` (``cycle``: engine cycle time;
             ``chunk``: chunk audio received -> partial built; bucket upper bounds); ``None`` where not read.
     """
@@ -53,6 +55,7 @@ class LoadPoint:
     wer: float | None = None
     scored: int = 0
     server_ms: dict[str, dict[int, float] | None] | None = None
+    start_lag_ms: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,6 +102,7 @@ def summarize(
         throughput_x_realtime=sum(r.audio_seconds for r in finished) / wall_seconds if wall_seconds > 0 else 0.0,
         audio_seconds=sum(r.audio_seconds for r in finished),
         wall_seconds=wall_seconds,
+        start_lag_ms=percentiles([(r.started - r.scheduled) * 1000 for r in served if r.started > 0]),
     )
     if references is not None:
         for r in finished:
@@ -144,6 +148,12 @@ def format_markdown(result: LoadtestResult) -> str:
             lines.append(
                 f"\n- {p.clients} clients: WER {100 * p.wer:.2f}% of the finals against the reference texts "
                 f"({p.scored} finals)"
+            )
+    for p in result.points:
+        if p.start_lag_ms:
+            lag = " / ".join(f"{p.start_lag_ms[q]:.1f}" for q in (50, 95, 99))
+            lines.append(
+                f"\n- {p.clients} clients: start lag (first audio sent - scheduled start) p50 / p95 / p99 {lag} ms"
             )
     for p in result.points:
         if p.server_ms:
