@@ -261,7 +261,7 @@ def test_loadtest_clients_are_exact_end_to_end(server, model, audio, refs):
     from nemo_fastdecode.tools.configs import LoadtestConfig
 
     config = LoadtestConfig(url=server.url, api_key=KEY, clients=3, stagger_seconds=0.3, chunk_ms=100, binary=False)
-    point = run_point(config, audio[:2], 3, refs[:2])
+    point = run_point(config, audio[:2], 3, [[r] for r in refs[:2]])
     assert (point.completed, point.errors, point.refused, point.exact, point.checked) == (3, 0, {}, 3, 3)
     assert point.final_latency_ms[50] > 0 and point.rtf_mean > 0.5
     # the server's own view of the point, from its /metrics: cycles ran and chunks were timed
@@ -270,6 +270,26 @@ def test_loadtest_clients_are_exact_end_to_end(server, model, audio, refs):
     assert "the server's /metrics" in format_markdown(
         LoadtestResult(config=dataclasses.asdict(config), environment={}, points=[point])
     )
+    assert server.settled()
+
+
+def test_loadtest_clients_committing_turn_by_turn_get_each_item_exactly(server, model, audio):
+    """``commit_every_seconds``: each client's input goes as several items; each item's final is NeMo's streaming of
+    that item's audio alone (the references cut where the clients commit)."""
+    from nemo_fastdecode.tools.configs import LoadtestConfig
+    from nemo_fastdecode.tools.loadtest.client import item_ends
+
+    config = LoadtestConfig(url=server.url, api_key=KEY, clients=3, stagger_seconds=0.3, commit_every_seconds=0.8)
+    cuts = [item_ends(len(pcm), RATE, config.chunk_ms, config.commit_every_seconds) for pcm in audio[:2]]
+    assert [len(c) for c in cuts] == [3, 4]  # 1.9 s and 2.6 s in 0.8 s items
+    refs = [
+        [reference_transcript(model, pcm[a:b]) for a, b in zip([0, *c[:-1]], c, strict=True)]
+        for pcm, c in zip(audio, cuts, strict=False)
+    ]
+    assert all(any(r.token_ids for r in items) for items in refs)  # there is something to compare
+    point = run_point(config, audio[:2], 3, refs)
+    assert (point.completed, point.errors, point.refused, point.exact, point.checked) == (3, 0, {}, 3, 3)
+    assert len(point.final_latency_ms) == 3 and point.final_latency_ms[50] > 0
     assert server.settled()
 
 
@@ -282,7 +302,7 @@ def test_loadtest_client_processes_start_their_clients_on_schedule(server, audio
     config = LoadtestConfig(
         url=server.url, api_key=KEY, clients=3, processes=2, stagger_seconds=1.0, chunk_ms=100, binary=True
     )
-    point = run_point(config, audio[:2], 3, refs[:2])  # the server has 3 slots
+    point = run_point(config, audio[:2], 3, [[r] for r in refs[:2]])  # the server has 3 slots
     assert (point.completed, point.errors, point.refused, point.exact, point.checked) == (3, 0, {}, 3, 3)
     assert point.start_lag_ms[50] > 0
     assert point.start_lag_ms[99] < 1500, point.start_lag_ms  # a start after the imports would lag by seconds

@@ -468,6 +468,10 @@ class LoadtestConfig:
         realtime: pace each client's audio in real time (``False``: as fast as the server reads).
         binary: raw binary PCM frames instead of base64 ``input_audio_buffer.append``.
         stagger_seconds: client starts drawn uniformly in ``[0, stagger_seconds)``.
+        commit_every_seconds: each client commits after every this many seconds of its audio, so each input is
+            several items, turn by turn (``None``: one item, committed at the end). A synthetic model emits its
+            tokens early in each stream (its partials come in each item's first second): with items of a few
+            seconds, the partials' latency is sampled over the whole run instead of its start.
         processes: client processes (one asyncio loop each) when one cannot keep up.
         timeout_seconds: most time one client may take; the run is bounded by it plus the stagger.
         check: compare each final with NeMo's cache-aware streaming of that input alone (needs ``model``).
@@ -493,6 +497,7 @@ class LoadtestConfig:
     realtime: bool = True
     binary: bool = False
     stagger_seconds: float = 1.0
+    commit_every_seconds: float | None = None
     processes: int = 1
     timeout_seconds: float = 120.0
     check: bool = True

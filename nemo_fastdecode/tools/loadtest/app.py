@@ -20,7 +20,7 @@ import numpy as np
 
 from nemo_fastdecode.tools.cli import parse_config
 from nemo_fastdecode.tools.configs import LoadtestConfig
-from nemo_fastdecode.tools.loadtest.client import ClientResult, run_client
+from nemo_fastdecode.tools.loadtest.client import ClientResult, item_ends, run_client
 from nemo_fastdecode.tools.loadtest.report import LoadPoint, LoadtestResult, format_markdown, summarize, write_result
 from nemo_fastdecode.tools.loadtest.server_metrics import histogram_quantiles_ms, metrics_url, scrape_histograms
 from nemo_fastdecode.tools.streaming_reference import Reference
@@ -56,13 +56,21 @@ def load_inputs(config: LoadtestConfig) -> tuple[list[np.ndarray], list[str | No
     return [np.clip(np.round(f[:cut] * 32768), -32768, 32767).astype(np.int16) for f in floats], texts
 
 
-def references(config: LoadtestConfig, inputs: Sequence[np.ndarray]) -> list[Reference]:
-    """NeMo's cache-aware streaming of each input alone, on the server's model."""
+def references(config: LoadtestConfig, inputs: Sequence[np.ndarray]) -> list[list[Reference]]:
+    """Per input, NeMo's cache-aware streaming of each of its items alone (the audio between two of the client's
+    commits), on the server's model."""
     from nemo_fastdecode.tools.models import inference_device, load_model
     from nemo_fastdecode.tools.streaming_reference import reference_transcript
 
     model = load_model(config.model, device=inference_device(config.cuda), seed=config.seed)
-    return [reference_transcript(model, pcm, config.att_context_size) for pcm in inputs]
+    out = []
+    for pcm in inputs:
+        ends = item_ends(len(pcm), SAMPLE_RATE, config.chunk_ms, config.commit_every_seconds)
+        starts = [0, *ends[:-1]]
+        out.append(
+            [reference_transcript(model, pcm[a:b], config.att_context_size) for a, b in zip(starts, ends, strict=True)]
+        )
+    return out
 
 
 async def _run_group(
@@ -79,6 +87,7 @@ async def _run_group(
             chunk_ms=config.chunk_ms,
             realtime=config.realtime,
             binary=config.binary,
+            commit_every_seconds=config.commit_every_seconds,
             api_key=config.api_key,
             timeout=config.timeout_seconds,
         )
@@ -116,7 +125,7 @@ def run_point(
     config: LoadtestConfig,
     inputs: Sequence[np.ndarray],
     clients: int,
-    refs: list[Reference] | None,
+    refs: list[list[Reference]] | None,
     texts: Sequence[str | None] | None = None,
 ) -> LoadPoint:
     """``clients`` clients, staggered, over ``config.processes`` processes (one asyncio loop each); with the

@@ -17,7 +17,7 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-__all__ = ["ClientResult", "connect_session", "receive_until", "run_client", "session_update"]
+__all__ = ["ClientResult", "connect_session", "item_ends", "receive_until", "run_client", "session_update"]
 
 COMPLETED = "conversation.item.input_audio_transcription.completed"
 DELTA = "conversation.item.input_audio_transcription.delta"
@@ -56,6 +56,19 @@ class ClientResult:
     @property
     def ok(self) -> bool:
         return self.refused is None and not self.errors
+
+
+def item_ends(samples: int, rate: int, chunk_ms: float, commit_every_seconds: float | None) -> list[int]:
+    """Where a client's items end (sample indices, the last one ``samples``): it sends ``chunk_ms`` messages and
+    commits after the first message that reaches each multiple of ``commit_every_seconds``, and at the end."""
+    step = max(1, round(rate * chunk_ms / 1000))
+    message_ends = [*range(step, samples, step), samples]
+    ends = {samples}
+    if commit_every_seconds is not None:
+        period = max(1, round(commit_every_seconds * rate))
+        for t in range(period, samples, period):  # the first message that reaches t
+            ends.add(message_ends[min(-(-t // step), len(message_ends)) - 1])
+    return sorted(ends)
 
 
 def session_update(rate: int) -> str:
@@ -162,11 +175,12 @@ async def _stream(
         await ws.send(session_update(rate))
         step = max(1, round(rate * chunk_ms / 1000))
         bounds = list(range(0, len(pcm), step)) + [len(pcm)]
-        commit_at = set() if commit_every is None else set(range(0, len(pcm), round(commit_every * rate))[1:])
+        commit_at = set(item_ends(len(pcm), rate, chunk_ms, commit_every))
         sent: list[tuple[int, float]] = []  # (samples sent in the item so far, when)
         commits: dict[str, float] = {}
         waiting = asyncio.get_running_loop().create_future()
         expected = [0]  # finals still to come
+        sending = [True]  # items still to commit: the finals so far are not all
 
         def on_event(event: dict[str, Any], now: float) -> None:
             kind = event.get("type")
@@ -182,7 +196,7 @@ async def _stream(
                 result.usage_seconds.append(event["usage"]["seconds"])
                 result.final_latency_ms.append((now - commits.get(event["item_id"], now)) * 1000)
                 expected[0] -= 1
-                if expected[0] == 0 and not waiting.done():
+                if expected[0] == 0 and not sending[0] and not waiting.done():
                     waiting.set_result(None)
             elif kind == "error":
                 result.errors.append(f"{event['error']['code']}: {event['error']['message']}")
@@ -191,16 +205,19 @@ async def _stream(
         receiver = asyncio.create_task(receive_until(ws, lambda e: False, timeout, on_event))
         start = result.started = time.monotonic()
         item_start = 0
-        for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
             if realtime:
                 await asyncio.sleep(max(0.0, start + a / rate - time.monotonic()))
             await ws.send(append_message(pcm[a:b].tobytes(), binary))
             sent.append((b - item_start, time.monotonic()))
-            if b in commit_at or k == len(bounds) - 2:
+            if b in commit_at:
                 expected[0] += 1
                 pending_commit.append(time.monotonic())
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
                 item_start, sent = b, []
+        sending[0] = False
+        if expected[0] == 0 and not waiting.done():  # every final came in before the last send returned
+            waiting.set_result(None)
         done, _ = await asyncio.wait([waiting, receiver], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         result.finished = time.monotonic()
         receiver.cancel()

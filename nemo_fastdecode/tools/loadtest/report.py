@@ -29,7 +29,8 @@ class LoadPoint:
             -> partial received; finals: commit sent -> final received).
         rtf_mean: mean over clients of (first audio sent -> last final) / audio seconds (real-time pacing: >= 1).
         throughput_x_realtime: audio seconds transcribed / wall seconds of the run.
-        exact / checked: finals equal to NeMo's streaming of the input alone (text and word timestamps).
+        exact / checked: clients whose every final equals NeMo's streaming of that item's audio alone (text and
+            word timestamps).
         wer / scored: NeMo's WER of the finals against their inputs' reference texts, over the ``scored`` clients
             whose input has one (``None`` / 0: no input has a reference text).
         start_lag_ms: p50, p95, p99 over served clients of first audio sent - scheduled start (a client process
@@ -75,7 +76,7 @@ def summarize(
     clients: int,
     results: list[ClientResult],
     wall_seconds: float,
-    references: list[Reference] | None,
+    references: list[list[Reference]] | None,
     texts: Sequence[str | None] | None = None,
 ) -> LoadPoint:
     """Pool the clients' timings; check each final against its input's reference (NeMo's streaming of it alone) and,
@@ -107,13 +108,19 @@ def summarize(
     if references is not None:
         for r in finished:
             point.checked += 1
-            ref = references[r.audio_index]
-            words = [{k: w[k] for k in WORD_KEYS} for w in r.words[0]]
-            if r.transcripts == [ref.text] and words == [{k: w[k] for k in WORD_KEYS} for w in ref.words]:
+            refs = references[r.audio_index]
+            words = [[{k: w[k] for k in WORD_KEYS} for w in item] for item in r.words]
+            want = [[{k: w[k] for k in WORD_KEYS} for w in ref.words] for ref in refs]
+            if r.transcripts == [ref.text for ref in refs] and words == want:
                 point.exact += 1
             elif len(point.mismatches) < 5:
                 point.mismatches.append(
-                    {"client": r.index, "input": r.audio_index, "got": r.transcripts, "want": ref.text}
+                    {
+                        "client": r.index,
+                        "input": r.audio_index,
+                        "got": r.transcripts,
+                        "want": [ref.text for ref in refs],
+                    }
                 )
     if texts is not None:
         records = [{"text": texts[r.audio_index], "pred_text": " ".join(r.transcripts)} for r in finished]
@@ -128,7 +135,8 @@ def format_markdown(result: LoadtestResult) -> str:
         "",
         f"Model {c['model']!r}; {c['chunk_ms']:g} ms messages, {'real-time' if c['realtime'] else 'unpaced'}, "
         f"{'binary' if c['binary'] else 'base64 JSON'} audio; starts staggered over {c['stagger_seconds']:g} s; "
-        f"{c['processes']} client process(es).",
+        + (f"a commit every {c['commit_every_seconds']:g} s of audio; " if c.get("commit_every_seconds") else "")
+        + f"{c['processes']} client process(es).",
         "",
         "| clients | served | refused | errors | chunk p50 / p95 / p99 ms | final p50 / p95 / p99 ms | RTF | x real time "
         "| exact |",
