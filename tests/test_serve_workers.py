@@ -119,6 +119,47 @@ def test_metric_families_of_several_processes_are_summed():
     assert len(created) == 3 and samples[("nemo_fastdecode_cycle_seconds_created", ())] == min(created)
 
 
+def test_a_workers_pushes_cross_as_columns_and_apply_as_they_came(model, audio, refs):
+    """A worker's turn crosses the pipe with each run of pushes as one ``PushBatch`` (a few arrays and one bytes
+    object), in order; the engine loop applies the batches exactly as the pushes one by one: the same finals, NeMo's
+    streaming of each item alone, also for a second item queued behind its connection's first."""
+    import itertools
+    import pickle
+
+    from nemo_fastdecode.serve.engine_loop import EngineLoop, Finish, Push, PushBatch, batched
+    from nemo_fastdecode.serve.metrics import ServerMetrics
+    from nemo_fastdecode.streaming import StreamingEngine, StreamOptions
+
+    options = StreamOptions()
+    items = {(0, 0): audio[0].tobytes(), (1, 0): audio[1].tobytes(), (1, 1): audio[2].tobytes()}
+    per_item = [
+        [Push(key, data[k : k + 1999], float(k), options) for k in range(0, len(data), 1999)] + [Finish(key, 0.0)]
+        for key, data in items.items()  # odd byte counts: samples split between pushes
+    ]
+    # the items interleaved, each in its order (the second item's audio waits behind its connection's first)
+    commands = [c for turn in itertools.zip_longest(*per_item) for c in turn if c is not None]
+    crossed = pickle.loads(pickle.dumps(batched(commands)))
+    kinds = [type(c) for c in crossed]
+    assert kinds.count(Finish) == 3 and PushBatch in kinds and Push not in kinds
+    assert all(len(c.options) == 1 for c in crossed if isinstance(c, PushBatch))
+    assert [p for c in crossed for p in (c.pushes() if isinstance(c, PushBatch) else [c])] == commands
+
+    def finals(sequence: list) -> dict:
+        loop = EngineLoop(StreamingEngine(model, 2, use_cuda_graphs=False), lambda d: None, ServerMetrics())
+        out = {}
+        for command in sequence:
+            deliveries = loop._apply(command)
+            while loop.engine.busy:
+                deliveries += loop._cycle()
+            out.update({d.key: d.event.token_ids for d in deliveries if d.event is not None and d.event.is_last})
+        return out
+
+    direct = finals(commands)
+    assert direct == {(0, 0): refs[0].token_ids, (1, 0): refs[1].token_ids, (1, 1): refs[2].token_ids}
+    assert all(direct.values())  # there is something to compare
+    assert finals(crossed) == direct
+
+
 def test_concurrent_clients_on_both_workers_get_exactly_their_own_transcripts(server, model, audio, refs):
     """Three clients at once, one with two items: each final is NeMo's streaming of that audio alone; the
     connections spread over both workers."""

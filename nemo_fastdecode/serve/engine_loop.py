@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+import numpy as np
+
 from nemo_fastdecode.serve.metrics import ServerMetrics
 from nemo_fastdecode.streaming import (
     SpeechEvent,
@@ -40,7 +42,20 @@ from nemo_fastdecode.streaming import (
     StreamOptions,
 )
 
-__all__ = ["Abort", "Command", "Delivery", "Drop", "DropRange", "EngineLoop", "EnginePort", "Finish", "ItemKey", "Push"]
+__all__ = [
+    "Abort",
+    "Command",
+    "Delivery",
+    "Drop",
+    "DropRange",
+    "EngineLoop",
+    "EnginePort",
+    "Finish",
+    "ItemKey",
+    "Push",
+    "PushBatch",
+    "batched",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +105,88 @@ class DropRange:
 
     first: int
     stop: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PushBatch:
+    """Consecutive :class:`Push` commands in columns: what a network worker sends for one turn of its event loop.
+
+    One object with a few arrays and one bytes object crosses the process boundary instead of one object per push
+    (at thousands of clients, unpickling the pushes one by one cost the engine's process more than applying them).
+    Push ``i``: ``keys[i]``, ``audio[offsets[i]:offsets[i + 1]]``, ``received[i]``, ``options[option_of[i]]``,
+    ``turn_detection[i]``.
+    """
+
+    keys: np.ndarray  # [N, 2] int64: (connection id, item index)
+    received: np.ndarray  # [N] float64
+    offsets: np.ndarray  # [N + 1] int64
+    audio: bytes
+    options: list[StreamOptions]  # distinct options, in first-use order
+    option_of: np.ndarray  # [N] int64
+    turn_detection: np.ndarray  # [N] bool
+
+    @classmethod
+    def of(cls, pushes: list[Push]) -> PushBatch:
+        """The batch of ``pushes`` (in order)."""
+        distinct: dict[object, int] = {}
+        options: list[StreamOptions] = []
+        option_of = np.empty(len(pushes), dtype=np.int64)
+        for i, push in enumerate(pushes):
+            try:
+                key: object = push.options
+                index = distinct.get(key)
+            except TypeError:  # options holding a list: unhashable, told apart by identity
+                key = id(push.options)
+                index = distinct.get(key)
+            if index is None:
+                index = distinct[key] = len(options)
+                options.append(push.options)
+            option_of[i] = index
+        sizes = np.fromiter((len(p.pcm) for p in pushes), dtype=np.int64, count=len(pushes))
+        return cls(
+            keys=np.array([p.key for p in pushes], dtype=np.int64).reshape(len(pushes), 2),
+            received=np.fromiter((p.received for p in pushes), dtype=np.float64, count=len(pushes)),
+            offsets=np.concatenate([[0], np.cumsum(sizes)]),
+            audio=b"".join(p.pcm for p in pushes),
+            options=options,
+            option_of=option_of,
+            turn_detection=np.fromiter((p.turn_detection for p in pushes), dtype=bool, count=len(pushes)),
+        )
+
+    def __len__(self) -> int:
+        return len(self.received)
+
+    def pushes(self) -> list[Push]:
+        """The pushes, as they were."""
+        keys, offsets = self.keys.tolist(), self.offsets.tolist()
+        received, option_of, turn = self.received.tolist(), self.option_of.tolist(), self.turn_detection.tolist()
+        return [
+            Push(
+                tuple(keys[i]),
+                self.audio[offsets[i] : offsets[i + 1]],
+                received[i],
+                self.options[option_of[i]],
+                turn[i],
+            )
+            for i in range(len(keys))
+        ]
+
+
+def batched(commands: list[Command]) -> list[Command | PushBatch]:
+    """``commands`` with each run of consecutive pushes as one :class:`PushBatch` (the order kept)."""
+    out: list[Command | PushBatch] = []
+    run: list[Push] = []
+    for command in commands:
+        if isinstance(command, Push):
+            run.append(command)
+            continue
+        if run:
+            out.append(PushBatch.of(run))
+            run = []
+        out.append(command)
+    if run:
+        out.append(PushBatch.of(run))
+    return out
 
 
 Command = Push | Finish | Abort | Drop | DropRange
@@ -152,7 +249,7 @@ class EngineLoop:
         self.engine, self._deliver, self.metrics = engine, deliver, metrics
         self.endpointer = endpointer
         self._idle_wait = idle_wait
-        self._commands: queue.SimpleQueue[Command | list[Command] | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command | list[Command | PushBatch] | None] = queue.SimpleQueue()
         self._lanes: dict[int, collections.deque[_Item]] = {}
         self._key_of: dict[int, ItemKey] = {}  # engine stream id -> item
         self._segmenting: set[int] = set()  # streams whose item asked for turn detection
@@ -172,7 +269,7 @@ class EngineLoop:
         """Queue a command for the next cycle (never blocks)."""
         self._commands.put(command)
 
-    def submit_many(self, commands: list[Command]) -> None:
+    def submit_many(self, commands: list[Command | PushBatch]) -> None:
         """Queue a batch of commands, in order, for the next cycle (one queue operation for the whole batch)."""
         if commands:
             self._commands.put(commands)
@@ -228,9 +325,9 @@ class EngineLoop:
             self._lanes.clear()
             self.ready.set()
 
-    def _take(self, block: bool) -> list[Command | None]:
+    def _take(self, block: bool) -> list[Command | PushBatch | None]:
         """Every queued command (batches flattened); waits up to ``idle_wait`` for the first one when ``block``."""
-        out: list[Command | None] = []
+        out: list[Command | PushBatch | None] = []
         try:
             entry = self._commands.get(timeout=self._idle_wait) if block else self._commands.get_nowait()
             while True:
@@ -245,7 +342,28 @@ class EngineLoop:
             pass
         return out
 
-    def _apply(self, command: Command) -> list[Delivery]:
+    def _apply_batch(self, batch: PushBatch) -> list[Delivery]:
+        """The batch's pushes in order; a push to an item whose stream is open goes straight to it (the usual case,
+        with no :class:`Push` built), any other through :meth:`_apply`."""
+        out: list[Delivery] = []
+        keys, offsets, received = batch.keys.tolist(), batch.offsets.tolist(), batch.received.tolist()
+        turns, audio, lanes = batch.turn_detection.tolist(), batch.audio, self._lanes
+        for i, (connection, index) in enumerate(keys):
+            lane = lanes.get(connection)
+            item = lane[0] if lane else None
+            pcm = audio[offsets[i] : offsets[i + 1]]
+            if item is not None and item.stream is not None and item.key == (connection, index):
+                if turns[i]:
+                    item.turn_detection = True
+                out += self._push(item, pcm, received[i])
+            else:
+                options = batch.options[int(batch.option_of[i])]
+                out += self._apply(Push((connection, index), pcm, received[i], options, turns[i]))
+        return out
+
+    def _apply(self, command: Command | PushBatch) -> list[Delivery]:
+        if isinstance(command, PushBatch):
+            return self._apply_batch(command)
         if isinstance(command, Drop | DropRange):
             dropped = (
                 [command.connection]

@@ -49,7 +49,7 @@ from prometheus_client.metrics_core import Metric
 
 from nemo_fastdecode.serve.admission import Admission
 from nemo_fastdecode.serve.config import ServeConfig
-from nemo_fastdecode.serve.engine_loop import Command, Delivery, DropRange, EngineLoop
+from nemo_fastdecode.serve.engine_loop import Command, Delivery, DropRange, EngineLoop, batched
 from nemo_fastdecode.serve.listener import Listener
 from nemo_fastdecode.serve.metrics import ServerMetrics
 from nemo_fastdecode.streaming import EndpointingOptions
@@ -407,7 +407,8 @@ def _merge(families: list[Family]) -> list[Metric]:
 # ---- a worker process ------------------------------------------------------------------------------------------------
 class EngineProxy:
     """A worker's engine port: what its connections submit in one turn of its event loop goes to the main process
-    as one message (the cost of a message across processes is paid per batch, not per command)."""
+    as one message (the cost of a message across processes is paid per batch, not per command), its runs of
+    pushes in columns (:class:`~nemo_fastdecode.serve.engine_loop.PushBatch`)."""
 
     def __init__(self, send: Callable[[tuple[str, Any]], None]):
         self._send, self._pending = send, []
@@ -421,7 +422,7 @@ class EngineProxy:
     def flush(self) -> None:
         if self._pending:
             batch, self._pending = self._pending, []
-            self._send(("commands", batch))
+            self._send(("commands", batched(batch)))
 
 
 class _NetworkWorker:
