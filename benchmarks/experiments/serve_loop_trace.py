@@ -1,0 +1,126 @@
+"""Run the server with a once-a-second trace of its engine loop: where a chunk's latency goes under load.
+
+python benchmarks/experiments/serve_loop_trace.py trace.txt model=hybrid-17x512-streaming slots=2048 \
+    att_context_size=[70,1] network_workers=4
+
+then load it with ``nemo-fastdecode loadtest``. Each line of ``trace.txt`` covers about a second of the engine thread
+(main process): its loop turns and cycles, the cycles' mean and longest time, the commands applied, how long a push
+took from its arrival at the server (stamped by the network side) to the engine loop (``Push`` commands only: a
+network worker's pushes come in columns and are not counted), the partial and final events, the open streams, their
+backlog of feature frames at the start of a cycle and how many of them had a full chunk then; and, for every chunk
+stepped (with or without new text), its latency from the arrival of the audio that completed it to the end of the
+cycle that decoded it. That last figure does not depend on how often the model emits tokens, unlike the partials'.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from nemo_fastdecode.serve import engine_loop
+from nemo_fastdecode.serve.engine_loop import EngineLoop, Push
+from nemo_fastdecode.tools.serve_cli import main
+
+HEADER = (
+    "time  chunk_ms_p50/p95/max chunks  turns cycles cycle_ms_mean cycle_ms_max  commands push_lag_ms_p50/p95/max  "
+    "events open backlog_mean backlog_max full_chunks\n"
+)
+
+
+class LoopTrace:
+    """Wraps three methods of :class:`EngineLoop` (``_take``, ``_apply``, ``_cycle``) to gather the figures."""
+
+    def __init__(self, path: str):
+        self.out = open(path, "w", buffering=1)  # noqa: SIM115 (open for the server's life)
+        self.out.write(HEADER)
+        self.stepped = np.zeros(0, dtype=np.int64)
+        self._reset(time.monotonic())
+
+    def _reset(self, now: float) -> None:
+        self.lags: list[float] = []
+        self.chunks: list[float] = []
+        self.cycles: list[float] = []
+        self.backlogs: list[tuple[float, float, int]] = []
+        self.turns = self.commands = self.events = 0
+        self.last = now
+
+    def install(self) -> None:
+        take, apply, cycle = EngineLoop._take, EngineLoop._apply, EngineLoop._cycle
+        trace = self
+
+        def traced_take(loop: EngineLoop, block: bool):
+            trace.turns += 1
+            return take(loop, block)
+
+        def traced_apply(loop: EngineLoop, command):
+            trace.commands += len(command) if isinstance(command, engine_loop.PushBatch) else 1
+            if isinstance(command, Push):
+                trace.lags.append(time.monotonic() - command.received)
+            return apply(loop, command)
+
+        def traced_cycle(loop: EngineLoop):
+            trace.before_cycle(loop)
+            start = time.perf_counter()
+            deliveries = cycle(loop)
+            trace.cycles.append(time.perf_counter() - start)
+            trace.events += len(deliveries)
+            trace.after_cycle(loop, time.monotonic())
+            return deliveries
+
+        EngineLoop._take, EngineLoop._apply, EngineLoop._cycle = traced_take, traced_apply, traced_cycle
+
+    def before_cycle(self, loop: EngineLoop) -> None:
+        engine = loop.engine
+        schedule = engine.schedule
+        if not getattr(schedule, "_traced", False):  # remember which slots each cycle steps
+            advance = schedule.advance
+
+            def traced_advance(slots: np.ndarray, lengths: np.ndarray) -> None:
+                self.stepped = slots.copy()
+                advance(slots, lengths)
+
+            schedule.advance, schedule._traced = traced_advance, True
+        self.stepped = np.zeros(0, dtype=np.int64)
+        live = np.flatnonzero(engine._stream_of >= 0)
+        if live.size:
+            backlog = schedule.backlog[live]
+            full, _ = schedule.next_chunks(live)
+            self.backlogs.append((float(backlog.mean()), float(backlog.max()), int(full.size)))
+
+    def after_cycle(self, loop: EngineLoop, clock: float) -> None:
+        engine = loop.engine
+        hop, rate = engine.front.settings.hop, engine.front.settings.sample_rate
+        for slot in self.stepped.tolist():  # the arrival that completed each stepped chunk's audio
+            key = loop._key_of.get(int(engine._stream_of[slot]))
+            item = next((i for i in loop._lanes.get(key[0], ()) if i.key == key), None) if key else None
+            if item is None:
+                continue
+            end = int(engine.schedule.stepped[slot]) * hop * item.rate // rate
+            received = next((t for samples, t in item.arrivals if samples >= end), None)
+            if received is not None:
+                self.chunks.append(clock - received)
+        if clock - self.last >= 1.0:
+            self.write(clock, len(engine._slot_of))
+
+    def write(self, now: float, open_streams: int) -> None:
+        def quantiles(values: list[float]) -> str:
+            ms = np.asarray(values or [0.0]) * 1e3
+            return f"{np.percentile(ms, 50):.0f}/{np.percentile(ms, 95):.0f}/{ms.max():.0f}"
+
+        cycles = np.asarray(self.cycles or [0.0]) * 1e3
+        backlogs = np.asarray(self.backlogs or [(0.0, 0.0, 0)])
+        self.out.write(
+            f"{now:.1f}  {quantiles(self.chunks)} {len(self.chunks)}  {self.turns} {len(self.cycles)} "
+            f"{cycles.mean():.1f} {cycles.max():.1f}  {self.commands} {quantiles(self.lags)}  {self.events} "
+            f"{open_streams} {backlogs[:, 0].mean():.1f} {backlogs[:, 1].max():.0f} {backlogs[:, 2].mean():.0f}\n"
+        )
+        self._reset(now)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    LoopTrace(sys.argv[1]).install()
+    raise SystemExit(main(sys.argv[2:]))
