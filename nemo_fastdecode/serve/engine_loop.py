@@ -343,27 +343,35 @@ class EngineLoop:
         return out
 
     def _apply_batch(self, batch: PushBatch) -> list[Delivery]:
-        """The batch's pushes in order; a push to an item whose stream is open goes straight to it (the usual case,
-        with no :class:`Push` built), any other through :meth:`_apply`."""
+        """The batch's pushes in order, with no :class:`Push` built."""
         out: list[Delivery] = []
         keys, offsets, received = batch.keys.tolist(), batch.offsets.tolist(), batch.received.tolist()
-        turns, audio, lanes = batch.turn_detection.tolist(), batch.audio, self._lanes
-        for i, (connection, index) in enumerate(keys):
-            lane = lanes.get(connection)
-            item = lane[0] if lane else None
-            pcm = audio[offsets[i] : offsets[i + 1]]
-            if item is not None and item.stream is not None and item.key == (connection, index):
-                if turns[i]:
-                    item.turn_detection = True
-                out += self._push(item, pcm, received[i])
-            else:
-                options = batch.options[int(batch.option_of[i])]
-                out += self._apply(Push((connection, index), pcm, received[i], options, turns[i]))
+        options = [batch.options[j] for j in batch.option_of.tolist()]
+        for i, (key, turn) in enumerate(zip(keys, batch.turn_detection.tolist(), strict=True)):
+            pcm = batch.audio[offsets[i] : offsets[i + 1]]
+            out += self._apply_push(tuple(key), pcm, received[i], options[i], turn)
         return out
+
+    def _apply_push(
+        self, key: ItemKey, pcm: bytes, received: float, options: StreamOptions, turn_detection: bool
+    ) -> list[Delivery]:
+        """A push: to its item's stream when that is open, else kept until it opens."""
+        lane = self._lanes.setdefault(key[0], collections.deque())
+        item = next((i for i in lane if i.key == key), None)
+        if item is None:
+            item = _Item(key)
+            lane.append(item)
+        item.turn_detection = item.turn_detection or turn_detection
+        if item.stream is None:
+            item.pushes.append((pcm, received, options, turn_detection))
+            return self._start_head(key[0])
+        return self._push(item, pcm, received)
 
     def _apply(self, command: Command | PushBatch) -> list[Delivery]:
         if isinstance(command, PushBatch):
             return self._apply_batch(command)
+        if isinstance(command, Push):
+            return self._apply_push(command.key, command.pcm, command.received, command.options, command.turn_detection)
         if isinstance(command, Drop | DropRange):
             dropped = (
                 [command.connection]
@@ -388,12 +396,6 @@ class EngineLoop:
         if item is None:
             item = _Item(command.key)
             lane.append(item)
-        if isinstance(command, Push):
-            item.turn_detection = item.turn_detection or command.turn_detection
-            if item.stream is None:
-                item.pushes.append((command.pcm, command.received, command.options, command.turn_detection))
-                return self._start_head(connection)
-            return self._push(item, command.pcm, command.received)
         # Finish: acknowledged with the segment it ends, before the events it leads to; with turn detection segments
         # may still end before the audio is out: acknowledged with the last event then
         item.finish_received = command.received
