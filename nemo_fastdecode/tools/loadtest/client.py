@@ -17,7 +17,15 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-__all__ = ["ClientResult", "connect_session", "item_ends", "receive_until", "run_client", "session_update"]
+__all__ = [
+    "ClientResult",
+    "connect_session",
+    "item_ends",
+    "message_ends",
+    "receive_until",
+    "run_client",
+    "session_update",
+]
 
 COMPLETED = "conversation.item.input_audio_transcription.completed"
 DELTA = "conversation.item.input_audio_transcription.delta"
@@ -58,16 +66,22 @@ class ClientResult:
         return self.refused is None and not self.errors
 
 
-def item_ends(samples: int, rate: int, chunk_ms: float, commit_every_seconds: float | None) -> list[int]:
-    """Where a client's items end (sample indices, the last one ``samples``): it sends ``chunk_ms`` messages and
-    commits after the first message that reaches each multiple of ``commit_every_seconds``, and at the end."""
+def message_ends(samples: int, rate: int, chunk_ms: float) -> list[int]:
+    """Where a client's messages of ``chunk_ms`` audio end (sample indices, the last one ``samples``; none for no
+    audio)."""
     step = max(1, round(rate * chunk_ms / 1000))
-    message_ends = [*range(step, samples, step), samples]
+    return [*range(step, samples, step), samples] if samples > 0 else []
+
+
+def item_ends(samples: int, rate: int, chunk_ms: float, commit_every_seconds: float | None) -> list[int]:
+    """Where a client's items end (sample indices, the last one ``samples``): it commits after the first message
+    (:func:`message_ends`) that reaches each multiple of ``commit_every_seconds``, and at the end."""
+    messages = message_ends(samples, rate, chunk_ms)
     ends = {samples}
     if commit_every_seconds is not None:
         period = max(1, round(commit_every_seconds * rate))
         for t in range(period, samples, period):  # the first message that reaches t
-            ends.add(message_ends[min(-(-t // step), len(message_ends)) - 1])
+            ends.add(next(end for end in messages if end >= t))
     return sorted(ends)
 
 
@@ -173,8 +187,7 @@ async def _stream(
             result.errors.append(f"{first['error']['code']}: {first['error']['message']}")
             return
         await ws.send(session_update(rate))
-        step = max(1, round(rate * chunk_ms / 1000))
-        bounds = list(range(0, len(pcm), step)) + [len(pcm)]
+        bounds = [0, *message_ends(len(pcm), rate, chunk_ms)]
         commit_at = set(item_ends(len(pcm), rate, chunk_ms, commit_every))
         sent: list[tuple[int, float]] = []  # (samples sent in the item so far, when)
         commits: dict[str, float] = {}

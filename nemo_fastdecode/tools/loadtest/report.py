@@ -72,6 +72,11 @@ class LoadtestResult:
         return all(p.errors == 0 and not p.refused and p.exact == p.checked for p in self.points)
 
 
+def _compared(words: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An item's word timestamps, only the keys an exact final must match."""
+    return [{k: w[k] for k in WORD_KEYS} for w in words]
+
+
 def summarize(
     clients: int,
     results: list[ClientResult],
@@ -109,9 +114,8 @@ def summarize(
         for r in finished:
             point.checked += 1
             refs = references[r.audio_index]
-            words = [[{k: w[k] for k in WORD_KEYS} for w in item] for item in r.words]
-            want = [[{k: w[k] for k in WORD_KEYS} for w in ref.words] for ref in refs]
-            if r.transcripts == [ref.text for ref in refs] and words == want:
+            want = [_compared(ref.words) for ref in refs]
+            if r.transcripts == [ref.text for ref in refs] and [_compared(words) for words in r.words] == want:
                 point.exact += 1
             elif len(point.mismatches) < 5:
                 point.mismatches.append(
