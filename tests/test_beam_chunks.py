@@ -165,14 +165,16 @@ def test_finished_stream_gains_no_labels(kind):
 @pytest.mark.parametrize("chunking", ["one_frame", "uneven"])
 def test_one_beam_chunks_equal_whole_utterances(kind, chunking):
     """With one beam there is nothing for chunk ends to change: the chunked search is the whole-utterance search
-    (tokens, timestamps, durations, scores), for NeMo and for us."""
+    (tokens, timestamps, durations; scores to fp32 rounding: a chunk's joint GEMM has other shapes, which BLAS may
+    round differently, e.g. MKL on AVX-512), for NeMo and for us."""
     decoder, joint = make_networks(tdt=kind == "tdt", seed=3, blank_bias=REALISTIC_BIAS[kind])
     x, lengths = random_encoder_output(len(LENGTHS), MAX_TIME, seed=4, lengths=LENGTHS)
     decode = fast_beam(kind, decoder, joint, 1, 3)
     whole = [as_tuple(h) for h in decode(encoder_output=x, encoded_lengths=lengths)[0]]
     chunked, _ = decode_in_chunks(decode.decoding_computer, x, lengths, bounds_of(chunking))
     assert emitted(whole) > 0
-    assert chunked == whole
+    assert [h[:3] for h in chunked] == [h[:3] for h in whole]
+    assert [h[3] for h in chunked] == pytest.approx([h[3] for h in whole], rel=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["rnnt", "tdt"])

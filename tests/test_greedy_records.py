@@ -4,7 +4,8 @@ Baselines: NeMo's decoder of the same algorithm (RNN-T frame loop ``loop_labels=
 no CUDA graphs, fp32 on the CPU, on the same encoder outputs. Labels are compared exactly, and so are logits and
 confidence of the label loops (the joint's output comes from the same ops). NeMo's frame loop projects each
 frame's encoder output on its own (``joint.joint``) where ours projects the batch once: the GEMMs differ in shape,
-so there logits and confidence agree to fp32 rounding (bit for bit on the tiny test networks).
+so there logits and confidence agree to fp32 rounding (bit for bit on the tiny test networks where BLAS rounds
+a row alike at any shape, e.g. MKL on AVX2; not MKL on AVX-512).
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ def assert_same_records(expected, actual, blank: int = VOCAB_SIZE, exact: bool =
                     assert a_logits.dtype == e_logits.dtype
                     if exact:
                         assert torch.equal(a_logits, e_logits), f"row {row} frame {frame}: logits"
-                    else:
-                        torch.testing.assert_close(a_logits, e_logits)
+                    else:  # other GEMM shapes: BLAS may order the joint's sums differently
+                        torch.testing.assert_close(a_logits, e_logits, rtol=1e-5, atol=1e-5)
                     compared["alignments"] += 1
                     compared["blank steps"] += int(a_label) == blank
         assert (a.frame_confidence is None) == (e.frame_confidence is None), f"row {row}: frame confidence kept"
