@@ -167,9 +167,10 @@ def alone_without_endpointing(model, pcm: np.ndarray, max_cycle_seconds: float, 
     return [dataclasses.replace(event, stream_id=stream_id) for event in events]
 
 
-def check_segments(events: list, tokens: list[tuple[int, int]]) -> list[int]:
+def check_segments(events: list, tokens: list[tuple[int, int]], decoding) -> list[int]:
     """The stream's events: segments in order, each final once, partials within it, the last one last; their tokens
-    joined are the stream's. Returns the token count at each mid-stream final."""
+    joined are the stream's, each event's text the text of its tokens (``decoding``: the model's). Returns the token
+    count at each mid-stream final."""
     finals = [e for e in events if e.is_final]
     assert [e.segment for e in finals] == list(range(len(finals)))
     assert [e.is_last for e in finals] == [False] * (len(finals) - 1) + [True]
@@ -179,6 +180,7 @@ def check_segments(events: list, tokens: list[tuple[int, int]]) -> list[int]:
     for previous, event in zip(finals, finals[1:], strict=False):
         assert event.start == previous.end
     for event in events:  # partial events belong to the segment that is open
+        assert event.text == decoding.decode_ids_to_str(event.token_ids)
         if not event.is_final:
             final = finals[event.segment]
             assert event.token_ids == final.token_ids[: len(event.token_ids)]
@@ -210,7 +212,7 @@ def test_blank_run_ends_utterances_where_nemo_does(model):
             emitted = sum(frame < decoded for frame, _ in tokens)
             if fires and step < len(frames) - 1 and emitted > (expected[-1] if expected else 0):
                 expected.append(emitted)
-        assert check_segments(events[k], tokens) == expected, k
+        assert check_segments(events[k], tokens, model.decoding) == expected, k
         cuts += len(expected)
     assert cuts >= 4
 
@@ -264,7 +266,7 @@ def test_vad_ends_one_utterance_per_speech_segment_and_the_stream_goes_on(model)
             if bound <= sum(frames) and emitted > (expected[-1] if expected else 0):
                 expected.append(emitted)
                 ends.append(sample / RATE)
-        assert check_segments(events[k], tokens) == expected, k
+        assert check_segments(events[k], tokens, model.decoding) == expected, k
         assert [e.end for e in events[k] if e.is_final and not e.is_last] == ends
         cuts += len(expected)
     assert cuts >= 3
@@ -339,4 +341,4 @@ def test_vad_and_blank_run_on_the_gpu(exact_fp32):
     events = run(engine, audio, [StreamOptions()] * 2, seed=3)
     for k, pcm in enumerate(audio):
         tokens, _ = reference(model, pcm)
-        check_segments(events[k], tokens)
+        check_segments(events[k], tokens, model.decoding)

@@ -180,6 +180,7 @@ class Driver:
             for event in self.partials[stream]:  # partial events: the transcript grew, a prefix of the final one
                 assert not event.is_final and event.words is None and event.reason is None
                 assert previous < len(event.token_ids) and event.token_ids == final.token_ids[: len(event.token_ids)]
+                assert event.text == self.engine.model.decoding.decode_ids_to_str(event.token_ids)
                 previous = len(event.token_ids)
         assert self.engine.open_streams == [] and not self.engine.busy
 

@@ -51,3 +51,48 @@ def test_id_arrays_give_what_lists_give(decoding):
         beyond = np.array([0, blank - 1, blank + 5, 2**40], dtype=np.int64)
         assert text.pieces(beyond) == decoding.decode_ids_to_tokens(beyond.tolist())
         assert text.texts(beyond, [1, 3]) == [decoding.decode_ids_to_str([0]), decoding.decode_ids_to_str(beyond[1:])]
+
+
+def test_continued_text_is_the_whole_lists_text(decoding):
+    """A partial event extends the text said before by its new ids' surfaces: the result is NeMo's text of the whole
+    list, for any split (nothing before, one id before, the text so far empty), and the join is really used."""
+    text = TokenText(decoding)
+    g = np.random.default_rng(2)
+    blank = decoding.blank_id
+    cases = []
+    for _ in range(60):
+        ids = g.integers(0, blank, size=int(g.integers(1, 30))).tolist()
+        cut = int(g.integers(0, len(ids)))
+        cases.append((ids[:cut], ids[cut:]))
+    cases += [([], [3, 4]), ([5], []), ([5], [6])]
+    befores = [before for before, _ in cases]
+    news = [new for _, new in cases]
+    got = text.continued(
+        [text.text(before) for before in befores],
+        befores,
+        np.array(sum(news, []), dtype=np.int64),
+        [len(new) for new in news],
+    )
+    expected = [decoding.decode_ids_to_str(before + new) for before, new in cases]
+    assert sum(map(len, expected)) > 200  # text to compare
+    assert got == expected
+    assert text._joining()  # appended, not decoded whole
+    assert text.continued([], [], np.zeros(0, dtype=np.int64), []) == []
+
+
+def test_continued_text_decodes_whole_where_a_join_is_not_exact(decoding):
+    """Ids whose surface cannot be appended (id 4 taken as such here, e.g. a byte piece) on either side of the join,
+    and an empty text so far (sentencepiece strips a space ahead of the first text): the whole list is decoded. The
+    texts so far passed are wrong on purpose: a join would show them."""
+    text = TokenText(decoding)
+    assert text._joining()
+    text._surface[4] = None
+    cases = [([1, 2], [4]), ([4], [1]), ([1], [2, 4, 3]), ([1], [2])]
+    got = text.continued(
+        ["wrong", "wrong", "wrong", ""],
+        [before for before, _ in cases],
+        np.array([4, 1, 2, 4, 3, 2], dtype=np.int64),
+        [1, 1, 3, 1],
+    )
+    assert got == [decoding.decode_ids_to_str(before + new) for before, new in cases]
+    assert text.continued(["wrong"], [[1]], np.array([2], dtype=np.int64), [1]) == ["wrong" + text._continuation(2)]

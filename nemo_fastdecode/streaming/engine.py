@@ -215,6 +215,10 @@ class StreamingEngine:
         self._segment = np.zeros(num_slots, dtype=np.int64)
         self._segment_token = np.zeros(num_slots, dtype=np.int64)  # first token of the current segment
         self._segment_start = np.zeros(num_slots, dtype=np.float64)  # seconds
+        # greedy: the current segment's tokens and text as the last partial event said them (its next event reads
+        # only the newer tokens from the device and extends the text)
+        self._said_ids: list[list[int]] = [[] for _ in range(num_slots)]
+        self._said_text: list[str] = [""] * num_slots
         self._pending: list[list[bytes | memoryview]] = [[] for _ in range(num_slots)]
         self._carry: list[bytes] = [b""] * num_slots  # the first bytes of a sample whose other bytes are to come
         self._samples = np.zeros(num_slots, dtype=np.int64)  # whole samples pushed
@@ -283,6 +287,7 @@ class StreamingEngine:
         self._pending_bytes[slot] = self._reported[slot] = self._samples[slot] = 0
         self._segment[slot] = self._segment_token[slot] = 0
         self._segment_start[slot] = 0.0
+        self._said_ids[slot], self._said_text[slot] = [], ""
         self._carry[slot] = b""
         self._options[slot], self._reason[slot] = options, None
         self._format[slot] = SampleFormat.parse(options.sample_format)
@@ -600,13 +605,17 @@ class StreamingEngine:
         :meth:`_end_segments` takes them; ``counts``: the streams' token counts if already read, greedy only).
 
         The tokens come as one host array (greedy: read from the token storage, hypotheses built only for the events
-        with word timestamps), their texts in one batch; per event the host work is a list slice and the event."""
+        with word timestamps), their texts in one batch. Greedy partials cost their new tokens, not the segment: only
+        the tokens after those the previous partial said are read, and its text is extended (``TokenText.continued``).
+        """
         if not slots:
             return []
         index = np.asarray(slots, dtype=np.int64)
         decoder = self.transcriber.decoder
         wants_words = [final or self._options[slot].partial_words for slot in slots]
         firsts = self._segment_token[index]
+        # tokens of the segment the last partial said (on the host); a cut at bounds counts them all again
+        said = np.zeros_like(firsts) if self._beam or bounds is not None else self._reported[index] - firsts
         if self._beam:
             hyps = decoder.hypotheses(slots, with_state=False)
             counts = np.array([0 if hyp is None else len(hyp.y_sequence) for hyp in hyps], dtype=np.int64)
@@ -622,7 +631,7 @@ class StreamingEngine:
         else:
             counts = decoder.token_counts(index) if counts is None else counts
             stops = np.maximum(counts, firsts)
-            labels, times = decoder.token_rows(index, firsts, stops, with_timestamps=bounds is not None)
+            labels, times = decoder.token_rows(index, firsts + said, stops, with_timestamps=bounds is not None)
             words_of = [slot for slot, wants in zip(slots, wants_words, strict=True) if wants]
             built = dict(zip(words_of, decoder.hypotheses(words_of, with_state=False), strict=True)) if words_of else {}
             hyps = [built.get(slot) for slot in slots]
@@ -631,10 +640,12 @@ class StreamingEngine:
             for i in np.flatnonzero(sizes).tolist():
                 sizes[i] = int((times[i, : sizes[i]] < bounds[i]).sum())
         keep = np.flatnonzero(sizes) if skip_empty else np.arange(len(slots))
-        # the kept streams' tokens, one run per stream, in one array
-        sizes = sizes[keep]
-        ids = labels[keep][np.arange(labels.shape[1]) < sizes[:, None]]
-        texts = self._token_text.texts(ids, sizes.tolist())
+        # the kept streams' new tokens, one run per stream, in one array; their texts extend what was said
+        sizes, new = sizes[keep], sizes[keep] - said[keep]
+        ids = labels[keep][np.arange(labels.shape[1]) < new[:, None]]
+        kept = [slots[i] for i in keep.tolist()]
+        befores = [self._said_ids[slot] if count else [] for slot, count in zip(kept, said[keep].tolist(), strict=True)]
+        texts = self._token_text.continued([self._said_text[slot] for slot in kept], befores, ids, new.tolist())
         flat, offset = ids.tolist(), 0
         if ends is None:
             rate = self.front.settings.sample_rate
@@ -644,11 +655,13 @@ class StreamingEngine:
                 ends = (self.schedule.stepped[index] * self.front.settings.hop / rate).tolist()
         self._reported[index[keep]] = firsts[keep] + sizes
         stream_ids, segments = self._stream_of[index].tolist(), self._segment[index].tolist()
-        starts, firsts, sizes = self._segment_start[index].tolist(), firsts.tolist(), sizes.tolist()
+        starts, firsts, sizes, new = self._segment_start[index].tolist(), firsts.tolist(), sizes.tolist(), new.tolist()
         events = []
         for k, i in enumerate(keep.tolist()):
             slot, first, size = slots[i], firsts[i], sizes[k]
-            token_ids, offset = flat[offset : offset + size], offset + size
+            token_ids, offset = befores[k] + flat[offset : offset + new[k]], offset + new[k]
+            if not self._beam:  # a final ends the segment: the next one starts with nothing said
+                self._said_ids[slot], self._said_text[slot] = ([], "") if final else (token_ids.copy(), texts[k])
             if not wants_words[i]:
                 words = None
             elif size:
