@@ -7,6 +7,7 @@ inference framework (``CacheAwareRNNTPipeline``) is compared in test_streaming_e
 from __future__ import annotations
 
 import copy
+import dataclasses
 import textwrap
 
 import numpy as np
@@ -410,6 +411,31 @@ def test_end_segment_is_a_final_event_mid_stream(cases, audio):
     for event in segments[1:]:  # word timestamps count from the stream's start: after the segment's start
         assert all(word["start"] >= event.start for word in event.words)
     assert engine.open_streams == []
+
+
+def test_partials_without_token_ids_say_the_same_text(cases, audio):
+    """Two streams of the same audio in the same cycles, one opened with ``partial_token_ids=False``: its partial
+    events are the other's with ``token_ids`` None (across a segment end too), its finals the same."""
+    model, att, refs = cases[CASES[0][0]]
+    engine = StreamingEngine(model, num_slots=2, att_context_size=att)
+    full, lean = engine.open(), engine.open(StreamOptions(partial_token_ids=False))
+    events: dict[int, list] = {full: [], lean: []}
+    for k, piece in enumerate(np.array_split(audio[6], 40)):
+        for stream in (full, lean):
+            engine.push(stream, piece)
+        for event in engine.poll():
+            events[event.stream_id].append(event)
+        if k == 14:
+            for stream in (full, lean):
+                events[stream].append(engine.end_segment(stream))
+    for stream in (full, lean):
+        events[stream].append(engine.close(stream))
+    partials = [e for e in events[full] if not e.is_final]
+    assert {e.segment for e in partials} == {0, 1}  # partials in both segments to compare
+    assert [dataclasses.replace(e, stream_id=lean, token_ids=None if not e.is_final else e.token_ids) for e in
+            events[full]] == events[lean]  # fmt: skip
+    assert all(e.token_ids is None for e in events[lean] if not e.is_final)
+    assert sum((e.token_ids for e in events[lean] if e.is_final), []) == refs[6][0]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -345,6 +345,7 @@ class Connection:
                 sample_format="int16",
                 endpointing=endpointing,
                 boosting=self.session.boosting,
+                partial_token_ids=False,  # deltas are text: partials cross processes without the segment's ids
             )
             self._options = (key, options)
         return self._options[1]

@@ -659,9 +659,16 @@ class StreamingEngine:
         events = []
         for k, i in enumerate(keep.tolist()):
             slot, first, size = slots[i], firsts[i], sizes[k]
-            token_ids, offset = befores[k] + flat[offset : offset + new[k]], offset + new[k]
-            if not self._beam:  # a final ends the segment: the next one starts with nothing said
-                self._said_ids[slot], self._said_text[slot] = ([], "") if final else (token_ids.copy(), texts[k])
+            fresh, offset = flat[offset : offset + new[k]], offset + new[k]
+            if final or self._beam:  # a final ends the segment: the next one starts with nothing said
+                token_ids = befores[k] + fresh
+                if not self._beam:
+                    self._said_ids[slot], self._said_text[slot] = [], ""
+            else:  # what this partial says, kept for the next one (its own list: the event's is the caller's)
+                said_ids = self._said_ids[slot]
+                said_ids += fresh
+                self._said_text[slot] = texts[k]
+                token_ids = said_ids.copy() if self._options[slot].partial_token_ids else None
             if not wants_words[i]:
                 words = None
             elif size:

@@ -170,6 +170,9 @@ class StreamOptions:
             ``"float32"`` (little-endian, finite). Raw bytes are read in this format; numpy arrays must have its dtype.
         channels: must be 1 (mono).
         partial_words: word timestamps on partial events too (host work per event; final events always have them).
+        partial_token_ids: partial events carry the segment's token ids so far; ``False``: their ``token_ids`` is
+            ``None`` (text only: a partial then costs its new tokens alone, where a copy of the segment's ids grows
+            with it; final events always have them).
         endpointing: this stream's end-of-utterance rules; ``None``: the engine's (``StreamingEngine(endpointing=)``).
         boosting: this stream's phrases to boost (:class:`BoostingOptions`); ``None``: none.
     """
@@ -178,6 +181,7 @@ class StreamOptions:
     sample_format: str = "int16"
     channels: int = 1
     partial_words: bool = False
+    partial_token_ids: bool = True
     endpointing: EndpointingOptions | None = None
     boosting: BoostingOptions | None = None
 
@@ -197,7 +201,8 @@ class StreamEvent:
     Attributes:
         stream_id: the id :meth:`StreamingEngine.open` returned.
         text: the segment's transcript so far (NeMo's ``decode_ids_to_str`` of ``token_ids``).
-        token_ids: the segment's token ids.
+        token_ids: the segment's token ids; ``None`` on partial events of a stream opened with
+            ``StreamOptions(partial_token_ids=False)``.
         words: word timestamps as NeMo computes them (``RNNTDecoding.compute_rnnt_timestamps`` then
             ``process_timestamp_outputs``): dicts with ``word``, ``start_offset`` / ``end_offset`` (encoder frames from
             the stream's start) and ``start`` / ``end`` (seconds). Always on final events; on partial events with
@@ -213,7 +218,7 @@ class StreamEvent:
 
     stream_id: int
     text: str
-    token_ids: list[int]
+    token_ids: list[int] | None
     words: list[dict[str, Any]] | None
     is_final: bool
     is_last: bool = False
