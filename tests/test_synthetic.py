@@ -316,3 +316,40 @@ def test_a_bpe_model_transcribes_files(tmp_path):
     hyps = model.transcribe([str(p) for p in paths], batch_size=2, verbose=False)
     assert len(hyps) == 2 and all(isinstance(h.text, str) for h in hyps)
     assert any(len(h.y_sequence) > 0 for h in hyps)
+
+
+# ---------------------------------------------------------------- cache-aware presets that emit throughout a stream
+
+
+def test_residual_scale_scales_exactly_the_encoder_layers_residual_branches():
+    plain = S.build_synthetic_model("tiny-streaming", seed=0, balance_joint=False).state_dict()
+    scaled = S.build_synthetic_model("tiny-streaming", seed=0, balance_joint=False, residual_scale=0.1).state_dict()
+    branches = ("feed_forward1.linear2.", "feed_forward2.linear2.", "self_attn.linear_out.", "conv.pointwise_conv2.")
+    changed = [name for name in plain if not torch.equal(plain[name], scaled[name])]
+    assert changed and all(name.startswith("encoder.layers.") and any(b in name for b in branches) for name in changed)
+    for name in changed:
+        torch.testing.assert_close(scaled[name], 0.1 * plain[name], rtol=1e-6, atol=0)
+    assert len(changed) == 2 * 4 * len(S.build_synthetic_model("tiny-streaming", seed=0).encoder.layers)  # w, b
+
+
+def test_trained_like_streaming_preset_emits_one_token_per_frame_throughout_streams(monkeypatch):
+    """A preset marked ``trained_like`` (as the benchmark-size cache-aware ones are; a tiny one here) loads calibrated
+    to a trained model's rate and bursts: tokens in every third of long streams, mostly one per emitting frame."""
+    import dataclasses
+
+    from nemo_fastdecode.tools import models
+    from nemo_fastdecode.tools.synthetic import presets
+
+    preset = dataclasses.replace(presets.get_preset("tiny-streaming"), residual_scale=0.1, trained_like=True)
+    monkeypatch.setitem(presets._PRESETS, "tiny-streaming", preset)
+    model = models.load_model("tiny-streaming", vocab="bpe")
+    assert 0.3 < model._fastdecode_tokens_per_frame < 0.7  # the trained models' 0.46
+    encoded, lengths = S.encode(model, S.synthetic_audio([12.0, 10.0], seed=5), batch_size=2, device="cpu")
+    hyps = model.decoding.rnnt_decoder_predictions_tensor(
+        encoder_output=encoded[0], encoded_lengths=lengths[0], return_hypotheses=True
+    )
+    for hyp, frames in zip(hyps, lengths[0].tolist(), strict=True):
+        times = np.asarray(hyp.timestamp, dtype=np.int64)  # encoder frames
+        thirds = np.bincount(3 * times // frames, minlength=3)
+        assert (thirds > 5).all(), thirds
+        assert len(times) <= 1.5 * len(np.unique(times))  # tokens per emitting frame

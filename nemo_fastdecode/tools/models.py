@@ -57,7 +57,9 @@ def load_model(name: str, *, device: str | torch.device = "cpu", seed: int = 0, 
             :mod:`~nemo_fastdecode.tools.trained_models`), a synthetic preset (``tiny-rnnt``, ...; built with random weights by
             :func:`~nemo_fastdecode.tools.synthetic.build_synthetic_model`, then its blank bias is calibrated
             on its own encoder outputs of :func:`demo_audio` so that greedy decoding emits about 0.3
-            tokens per frame), a path ending in ``.nemo`` (``ASRModel.restore_from``), or a pretrained
+            tokens per frame; the benchmark-size cache-aware presets instead emit like a trained model, its rate and
+            bursts, throughout a stream: :func:`~nemo_fastdecode.tools.synthetic.calibrate_trained_like`), a path
+            ending in ``.nemo`` (``ASRModel.restore_from``), or a pretrained
             model name (``ASRModel.from_pretrained``, which needs network access).
         device: where to put the model.
         seed: weights of a synthetic model (ignored otherwise).
@@ -79,9 +81,13 @@ def load_model(name: str, *, device: str | torch.device = "cpu", seed: int = 0, 
         model = synthetic.build_synthetic_model(name, seed=seed, device=device, vocab=vocab)
         audio = demo_audio(seed)
         encoded, lengths = synthetic.encode(model, audio, batch_size=len(audio), device=device)
-        model._fastdecode_tokens_per_frame = synthetic.calibrate_blank_bias(
-            model, encoded, lengths, TARGET_TOKENS_PER_FRAME, iterations=6, tolerance=0.03
-        )
+        if synthetic.get_preset(name).trained_like:  # tokens spread over a stream, mostly one per emitting frame
+            calibration = synthetic.calibrate_trained_like(model, encoded, lengths, seed=seed)
+            model._fastdecode_tokens_per_frame = calibration.achieved.tokens_per_frame
+        else:
+            model._fastdecode_tokens_per_frame = synthetic.calibrate_blank_bias(
+                model, encoded, lengths, TARGET_TOKENS_PER_FRAME, iterations=6, tolerance=0.03
+            )
     elif is_trained(name) or name.endswith(".nemo"):
         path = str(trained_model_path(name)) if is_trained(name) else name
         if not os.path.isfile(path):

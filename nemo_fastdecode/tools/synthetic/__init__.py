@@ -34,7 +34,13 @@ from nemo_fastdecode.tools.synthetic.model import (
     tokens_per_frame,
     transducer_spec,
 )
-from nemo_fastdecode.tools.synthetic.presets import PRESETS, SAMPLE_RATE, char_vocabulary, make_synthetic_config
+from nemo_fastdecode.tools.synthetic.presets import (
+    PRESETS,
+    SAMPLE_RATE,
+    char_vocabulary,
+    get_preset,
+    make_synthetic_config,
+)
 from nemo_fastdecode.tools.synthetic.trained_like import (
     TRAINED_CALIBRATION,
     TrainedLikeCalibration,
@@ -45,6 +51,7 @@ from nemo_fastdecode.tools.synthetic.trained_like import (
 
 __all__ = [
     "PRESETS",
+    "get_preset",
     "SAMPLE_RATE",
     "TRAINED_CALIBRATION",
     "TrainedLikeCalibration",

@@ -36,6 +36,7 @@ def build_synthetic_model(
     seed: int = 0,
     device: str | torch.device = "cpu",
     balance_joint: bool = True,
+    residual_scale: float | None = None,
 ) -> ASRModel:
     """Build a NeMo transducer model of Parakeet architecture with RANDOM (synthetic, untrained) weights.
 
@@ -68,6 +69,11 @@ def build_synthetic_model(
         device: where to put the model.
         balance_joint: rescale the joint's output layer and centre its biases (see below). Without
             it, a random joint picks the same token at almost every step, whatever the input.
+        residual_scale: scale each encoder layer's residual branches (both feed-forward modules', the attention's
+            and the convolution module's output projections) by this, before the joint is balanced; ``None``: the
+            preset's (0.1 for the benchmark-size cache-aware presets, else 1). A deep random encoder's frames
+            otherwise converge to nearly one vector once its left context fills, so a cache-aware model would emit
+            only at a stream's start.
 
     With ``balance_joint`` the joint is rescaled once, deterministically, and stays random: on the
     encoder frames of a few seconds of :func:`synthetic_audio` and on prediction-network states after
@@ -116,6 +122,9 @@ def build_synthetic_model(
         torch.manual_seed(seed)
         model = cls(cfg=cfg)
     model.eval()
+    scale = p.residual_scale if residual_scale is None else residual_scale
+    if scale != 1.0:
+        _scale_residual_branches(model, scale)
     if balance_joint:
         _balance_joint(model, seed)
     if tmp is not None:
@@ -124,6 +133,21 @@ def build_synthetic_model(
     model = model.to(device)
     model.eval()
     return model
+
+
+def _scale_residual_branches(model: ASRModel, scale: float) -> None:
+    """Multiply the output projections of every encoder layer's residual branches by ``scale`` (weights, biases)."""
+    with torch.no_grad():
+        for layer in model.encoder.layers:
+            for branch in (
+                layer.feed_forward1.linear2,
+                layer.feed_forward2.linear2,
+                layer.self_attn.linear_out,
+                layer.conv.pointwise_conv2,
+            ):
+                branch.weight.mul_(scale)
+                if branch.bias is not None:
+                    branch.bias.mul_(scale)
 
 
 def _balance_joint(model: ASRModel, seed: int, logit_std: float = 2.0, states: int = 16) -> None:

@@ -41,6 +41,16 @@ class _Preset:
     # cache-aware streaming encoder (NeMo's fastconformer *_streaming.yaml): its att_context_size list
     # (first = default look-ahead), chunked_limited attention, causal convolutions and subsampling
     att_context_size: tuple[tuple[int, int], ...] | None = None
+    # the encoder layers' residual branches scaled by this at build (see build_synthetic_model); and whether tools
+    # calibrate the model to emit like a trained one (rate and bursts) rather than to a rate alone
+    residual_scale: float = 1.0
+    trained_like: bool = False
+
+
+#: Residual-branch scale of the benchmark-size cache-aware presets: a deep random encoder's frames converge to
+#: nearly one vector once a second of left context fills (adjacent frames' cosine 0.99), so it would emit only at a
+#: stream's start; at 0.1 they stay apart (about 0.9) and a trained-like calibration spreads tokens over the stream.
+STREAMING_RESIDUAL_SCALE = 0.1
 
 
 _TDT_DURATIONS = (0, 1, 2, 3, 4)
@@ -86,9 +96,17 @@ _PRESETS: dict[str, _Preset] = {
         pred_rnn_layers=1,
         hybrid=True,
         att_context_size=_STREAMING_CONTEXTS,
+        residual_scale=STREAMING_RESIDUAL_SCALE,
+        trained_like=True,
     ),
     "rnnt-0.6b-streaming": _Preset(
-        n_layers=24, **_BIG, **_BIG_DEC, pred_rnn_layers=1, att_context_size=_STREAMING_CONTEXTS
+        n_layers=24,
+        **_BIG,
+        **_BIG_DEC,
+        pred_rnn_layers=1,
+        att_context_size=_STREAMING_CONTEXTS,
+        residual_scale=STREAMING_RESIDUAL_SCALE,
+        trained_like=True,
     ),
 }
 
