@@ -881,7 +881,7 @@ def test_an_engine_failure_fails_the_items_and_health(model, audio):
     """A device error in a cycle: every open item gets a ``failed`` event, /health and /ready turn 503."""
     s = ServerThread(model, slots=1)
 
-    def broken_poll():
+    def broken_poll(while_stepping=None):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     try:

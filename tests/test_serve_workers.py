@@ -160,6 +160,53 @@ def test_a_workers_pushes_cross_as_columns_and_apply_as_they_came(model, audio, 
     assert finals(crossed) == direct
 
 
+def test_pushes_that_come_while_a_cycle_steps_apply_inside_it_in_order(model, audio, refs):
+    """Commands that come while the engine steps (three per cycle here, as a worker's turn lands mid-cycle): the
+    pushes to open streams apply inside the cycle, a finish or the first push of an item waiting behind its
+    connection's first holds itself and everything after it for the cycle's end; the finals are NeMo's of each item
+    alone, the same as with every command applied between cycles."""
+    from nemo_fastdecode.serve.engine_loop import EngineLoop, Finish, Push, batched
+    from nemo_fastdecode.serve.metrics import ServerMetrics
+    from nemo_fastdecode.streaming import StreamingEngine, StreamOptions
+
+    options = StreamOptions()
+    items = {(0, 0): audio[0].tobytes(), (1, 0): audio[1].tobytes(), (1, 1): audio[2].tobytes()}
+    commands = []
+    for k in range(0, max(map(len, items.values())), 2560):  # 80 ms pieces, the items side by side
+        commands += [Push(key, data[k : k + 2560], float(k), options) for key, data in items.items() if k < len(data)]
+    commands += [Finish(key, 0.0) for key in items]
+    finals, inside = {}, []
+
+    def deliver(deliveries):
+        finals.update({d.key: d.event.token_ids for d in deliveries if d.event is not None and d.event.is_last})
+
+    loop = EngineLoop(StreamingEngine(model, 2, use_cuda_graphs=False), deliver, ServerMetrics())
+    poll, push, waiting = loop.engine.poll, loop.engine.push, list(commands)
+
+    def poll_while_commands_come(while_stepping=None):
+        loop.submit_many(batched(waiting[:3]))  # they come while this cycle runs
+        del waiting[:3]
+        return poll(while_stepping=while_stepping)
+
+    def push_noting_when(stream, pcm):
+        push(stream, pcm)
+        inside.append(loop.engine._stepping)
+
+    loop.engine.poll, loop.engine.push = poll_while_commands_come, push_noting_when
+    loop.submit(commands[0])
+    del waiting[:1]
+    for _ in range(10_000):
+        if len(finals) == len(items):
+            break
+        if not loop.engine.busy and waiting:  # nothing to step: the next commands come now
+            loop.submit_many(batched(waiting[:3]))
+            del waiting[:3]
+        assert loop._turn()
+    assert finals == {(0, 0): refs[0].token_ids, (1, 0): refs[1].token_ids, (1, 1): refs[2].token_ids}
+    assert all(finals.values()) and not waiting and not loop._held
+    assert sum(inside) > len(inside) / 2 and not all(inside)  # most pushes applied while stepping, not all
+
+
 def test_concurrent_clients_on_both_workers_get_exactly_their_own_transcripts(server, model, audio, refs):
     """Three clients at once, one with two items: each final is NeMo's streaming of that audio alone; the
     connections spread over both workers."""

@@ -413,6 +413,46 @@ def test_end_segment_is_a_final_event_mid_stream(cases, audio):
     assert engine.open_streams == []
 
 
+def test_pushes_while_the_cycle_steps_feed_the_next_cycle_exactly(cases, audio):
+    """``poll(while_stepping=...)``: audio pushed there (as a server's pushes overlap the GPU's step) waits for the
+    next cycle, and the transcripts are NeMo's; every other method is refused there, leaving the streams as they were.
+    """
+    model, att, refs = cases[CASES[0][0]]
+    engine = StreamingEngine(model, num_slots=2, att_context_size=att)
+    streams = {engine.open(): 6, engine.open(): 4}
+    pieces = {stream: np.array_split(audio[k], 30) for stream, k in streams.items()}
+    refused: list[str] = []
+
+    def push_next() -> None:
+        waiting = [stream for stream in streams if pieces[stream]]
+        for stream in waiting:
+            engine.push(stream, pieces[stream].pop(0))
+        stream = next(iter(streams))
+        for call in (engine.open, lambda: engine.finish(stream), lambda: engine.abort(stream),
+                     lambda: engine.end_segment(stream), lambda: engine.close(stream), engine.poll):  # fmt: skip
+            with pytest.raises(RuntimeError, match="while a cycle steps") as error:
+                call()
+            refused.append(str(error.value))
+
+    for stream in streams:
+        engine.push(stream, pieces[stream].pop(0))
+    stepped_with_pushes, events = 0, []
+    while any(pieces.values()):
+        waiting = sum(len(p) for p in pieces.values())
+        events += engine.poll(while_stepping=push_next)
+        assert sum(len(p) for p in pieces.values()) < waiting  # pushed inside the cycle
+        stepped_with_pushes += engine.busy
+    for stream in streams:
+        engine.finish(stream)
+    while engine.busy:
+        events += engine.poll()
+    assert stepped_with_pushes > 5 and len(refused) > 30
+    finals = {e.stream_id: e for e in events if e.is_final}
+    assert sorted(finals) == sorted(streams)
+    for stream, k in streams.items():
+        check_final(finals[stream], refs[k], k)
+
+
 def test_partials_without_token_ids_say_the_same_text(cases, audio):
     """Two streams of the same audio in the same cycles, one opened with ``partial_token_ids=False``: its partial
     events are the other's with ``token_ids`` None (across a segment end too), its finals the same."""

@@ -6,6 +6,9 @@ and gets :class:`Delivery` batches back through a callback (the server hands the
 batches come in through :meth:`EngineLoop.submit_many`). The thread owns the
 :class:`~nemo_fastdecode.streaming.StreamingEngine` (which is not thread-safe): it drains the queue, applies the
 commands, runs one :meth:`~StreamingEngine.poll` while the engine has work, and sleeps on the queue when it has none.
+Pushes that come while a cycle steps are applied inside it (``poll(while_stepping=...)``): the host's per-push work
+overlaps the GPU's step, and the audio waits for the next cycle, as it would have; the first command that needs more
+than a push to an open stream, and every later one, wait for the cycle's end, so commands apply in the order they came.
 
 Each connection is a *lane* of items (an item: the audio between two commits, one engine stream). Only a lane's
 first item holds an engine stream; the next one's audio waits here until the first one's final has been built, so a
@@ -254,6 +257,7 @@ class EngineLoop:
         self._key_of: dict[int, ItemKey] = {}  # engine stream id -> item
         self._segmenting: set[int] = set()  # streams whose item asked for turn detection
         self._segments: dict[int, int] = {}  # segments the endpointer ended, per stream
+        self._held: list[Command | PushBatch | None] = []  # taken while a cycle stepped, applied after it
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()
         self.failed: BaseException | None = None
@@ -296,19 +300,8 @@ class EngineLoop:
             if warm_up:
                 self.engine.warm_up()
             self.ready.set()
-            while True:
-                commands = self._take(block=not self.engine.busy)
-                stop = None in commands
-                deliveries: list[Delivery] = []
-                for command in commands:
-                    if command is not None:
-                        deliveries += self._apply(command)
-                if stop:
-                    break
-                if self.engine.busy:
-                    deliveries += self._cycle()
-                if deliveries:
-                    self._deliver(deliveries)
+            while self._turn():
+                pass
         except BaseException as error:  # a bug or a device failure: every client is told, /health reports it
             log.exception("the engine loop failed; every open item is ended with an error")
             self.failed = error
@@ -324,6 +317,22 @@ class EngineLoop:
                 self._abort_stream(stream)
             self._lanes.clear()
             self.ready.set()
+
+    def _turn(self) -> bool:
+        """Apply the commands that came (waiting for one while the engine is idle), then one cycle if the engine has
+        work (pushes that come meanwhile are applied while it steps); ``False`` once told to stop."""
+        commands = self._held + self._take(block=not (self.engine.busy or self._held))
+        self._held = []
+        stop = None in commands
+        deliveries: list[Delivery] = []
+        for command in commands:
+            if command is not None:
+                deliveries += self._apply(command)
+        if not stop and self.engine.busy:
+            deliveries += self._cycle()
+        if deliveries:
+            self._deliver(deliveries)
+        return not stop
 
     def _take(self, block: bool) -> list[Command | PushBatch | None]:
         """Every queued command (batches flattened); waits up to ``idle_wait`` for the first one when ``block``."""
@@ -345,11 +354,8 @@ class EngineLoop:
     def _apply_batch(self, batch: PushBatch) -> list[Delivery]:
         """The batch's pushes in order, with no :class:`Push` built."""
         out: list[Delivery] = []
-        keys, offsets, received = batch.keys.tolist(), batch.offsets.tolist(), batch.received.tolist()
-        options = [batch.options[j] for j in batch.option_of.tolist()]
-        for i, (key, turn) in enumerate(zip(keys, batch.turn_detection.tolist(), strict=True)):
-            pcm = batch.audio[offsets[i] : offsets[i + 1]]
-            out += self._apply_push(tuple(key), pcm, received[i], options[i], turn)
+        for unit in _push_units(batch):
+            out += self._apply_push(*unit)
         return out
 
     def _apply_push(
@@ -436,19 +442,27 @@ class EngineLoop:
         return out
 
     def _push(self, item: _Item, pcm: bytes, received: float) -> list[Delivery]:
+        error = self._push_now(item, pcm, received)
+        if error is None:
+            return []
+        # the checks before the engine rule this out; never take others down
+        self._remove(item)
+        self._abort_stream(item.stream)
+        return [Delivery(item.key, None, str(error)), *self._start_head(item.key[0])]
+
+    def _push_now(self, item: _Item, pcm: bytes, received: float) -> StreamingEngineError | None:
+        """Push to the item's open stream; the engine's refusal (nothing changed then), or ``None``."""
         try:
             self.engine.push(item.stream, pcm)
-        except StreamingEngineError as error:  # the checks before the engine rule this out; never take others down
-            self._remove(item)
-            self._abort_stream(item.stream)
-            return [Delivery(item.key, None, str(error)), *self._start_head(item.key[0])]
+        except StreamingEngineError as error:
+            return error
         item.samples += len(pcm) // 2
         item.arrivals.append((item.samples, received))
-        return []
+        return None
 
     def _cycle(self) -> list[Delivery]:
         start = time.perf_counter()
-        events = self.engine.poll()
+        events = self.engine.poll(while_stepping=self._push_while_stepping)
         if self.endpointer is not None and self._segmenting:
             for stream in self.endpointer(events):
                 key = self._key_of.get(stream)
@@ -484,6 +498,43 @@ class EngineLoop:
                 out += self._start_head(key[0])
         return out
 
+    def _push_while_stepping(self) -> None:
+        """While the GPU steps the cycle: the queued pushes of connections whose first item has a stream (to it, or
+        kept for the item behind it), in order, up to the first command that needs more (a finish, an abort, a push
+        that would open a stream or that the engine refuses); that command and every later one wait for the cycle's
+        end, so commands still apply in the order they came."""
+        if self._held:
+            return
+        commands = self._take(block=False)
+        for index, command in enumerate(commands):
+            rest = self._push_to_open_streams(command)
+            if rest:
+                self._held = rest + commands[index + 1 :]
+                return
+
+    def _push_to_open_streams(self, command: Command | PushBatch | None) -> list[Command | PushBatch | None]:
+        """Apply the command's pushes while each can be without opening a stream and the engine takes it; returns what
+        is left (the command itself if it is not a push; the remaining pushes, as :class:`Push` commands)."""
+        if isinstance(command, Push):
+            units = [(command.key, command.pcm, command.received, command.options, command.turn_detection)]
+        elif isinstance(command, PushBatch):
+            units = _push_units(command)
+        else:
+            return [command]
+        for index, unit in enumerate(units):
+            key, pcm, received, _, turn_detection = unit
+            lane = self._lanes.get(key[0])
+            if not lane or lane[0].stream is None:  # the push would open a stream
+                return [Push(*u) for u in units[index:]]
+            item = next((i for i in lane if i.key == key), None)
+            if item is None or item.stream is None:  # behind its connection's open item: kept until that ends
+                self._apply_push(*unit)
+            elif self._push_now(item, pcm, received) is None:
+                item.turn_detection = item.turn_detection or turn_detection
+            else:  # refused: applied again after the cycle, where the refusal is handled
+                return [Push(*u) for u in units[index:]]
+        return []
+
     def _item(self, key: ItemKey) -> _Item:
         return next(i for i in self._lanes[key[0]] if i.key == key)
 
@@ -511,3 +562,13 @@ class EngineLoop:
         self._segmenting.discard(stream)
         self._segments.pop(stream, None)
         self.metrics.open_streams.set(len(self._key_of))
+
+
+def _push_units(batch: PushBatch) -> list[tuple[ItemKey, bytes, float, StreamOptions, bool]]:
+    """The batch's pushes, in order, as ``(key, pcm, received, options, turn_detection)``."""
+    keys, offsets, received = batch.keys.tolist(), batch.offsets.tolist(), batch.received.tolist()
+    options, turns = batch.options, batch.turn_detection.tolist()
+    return [
+        (tuple(key), batch.audio[offsets[i] : offsets[i + 1]], received[i], options[j], turns[i])
+        for i, (key, j) in enumerate(zip(keys, batch.option_of.tolist(), strict=True))
+    ]

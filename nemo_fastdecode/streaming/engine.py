@@ -236,6 +236,7 @@ class StreamingEngine:
         self._endpointed = np.zeros(num_slots, dtype=bool)  # any rule on
         self._cuts: list[list[tuple[int, int]]] = [[] for _ in range(num_slots)]
         self._next_cut = np.full(num_slots, np.iinfo(np.int64).max, dtype=np.int64)  # frame of the first cut
+        self._stepping = False  # inside poll's while_stepping: only push may run
         self.speech_events: list[SpeechEvent] = []
         """The VAD's speech starts and stops found by the last :meth:`poll` (streams with ``vad`` on), per stream in
         time order; replaced at every poll."""
@@ -257,6 +258,7 @@ class StreamingEngine:
             ValueError: options the front end cannot take (rate, channels, sample format), or phrases the model cannot
                 boost, naming the value.
         """
+        self._refuse_while_stepping("open a stream")
         options = StreamOptions() if options is None else options
         if not isinstance(options, StreamOptions):
             raise TypeError(f"options must be a StreamOptions, got {type(options).__name__}")
@@ -340,6 +342,7 @@ class StreamingEngine:
     def finish(self, stream_id: int) -> None:
         """End of the stream's audio: a later :meth:`poll` steps the rest (batched with the other streams) and emits
         its final event. Nothing happens if it is already ending."""
+        self._refuse_while_stepping("finish a stream")
         slot = self._live_slot(stream_id, "finish", ending_ok=True)
         if not self._ending[slot]:
             self._ending[slot], self._reason[slot] = True, EndReason.END
@@ -351,6 +354,7 @@ class StreamingEngine:
         The stream steps alone here, chunk after chunk; a server that ends many streams at once batches them with
         :meth:`finish` instead (or :meth:`abort` to drop it without a final event).
         """
+        self._refuse_while_stepping("close a stream")
         slot = self._live_slot(stream_id, "close", ending_ok=True)
         self.finish(stream_id)
         members = np.zeros(self.num_slots, dtype=bool)
@@ -363,6 +367,7 @@ class StreamingEngine:
     def abort(self, stream_id: int) -> None:
         """Drop the stream now: its waiting audio and frames are discarded, no final event is built, and the slot is
         free at once (a client that went away; a server that discards a buffer). Its id is ended."""
+        self._refuse_while_stepping("abort a stream")
         self._free(self._live_slot(stream_id, "abort", ending_ok=True))
 
     def end_segment(self, stream_id: int) -> StreamEvent:
@@ -372,6 +377,7 @@ class StreamingEngine:
         :attr:`EndReason.SEGMENT`); audio, caches and decoder state continue, and later events carry the next
         segment's tokens only, and its index. Audio pushed but not yet stepped belongs to the next segment.
         """
+        self._refuse_while_stepping("end a segment")
         slot = self._live_slot(stream_id, "end a segment of")
         if self._beam:
             raise ValueError(
@@ -433,8 +439,12 @@ class StreamingEngine:
         return bool((live & ((self._pending_bytes > 0) | self._ending)).any() or steps.size)
 
     # ---- the cycle -----------------------------------------------------------------------------------------
-    def poll(self) -> list[StreamEvent]:
+    def poll(self, while_stepping: Callable[[], None] | None = None) -> list[StreamEvent]:
         """One cycle for every stream (see the module docstring); returns its events.
+
+        ``while_stepping``: called once the cycle's device work is queued and before its results are read back, so
+        that host work overlaps the GPU's step. It may call :meth:`push` only (the audio waits for the next cycle);
+        any other method raises ``RuntimeError`` there. A server applies its clients' pushes in it.
 
         Events: first a partial event for each stream whose transcript grew in this cycle (a stream that stepped
         without a new token has none: greedy tokens never change once emitted, so there is nothing new to say),
@@ -448,11 +458,14 @@ class StreamingEngine:
             for slot in np.flatnonzero(idle).tolist():
                 self._ending[slot], self._reason[slot] = True, EndReason.IDLE_TIMEOUT
         self.speech_events = []
-        return self._cycle(live)
+        return self._cycle(live, while_stepping=while_stepping)
 
-    def _cycle(self, members: np.ndarray, endpoint: bool = True) -> list[StreamEvent]:
+    def _cycle(
+        self, members: np.ndarray, endpoint: bool = True, while_stepping: Callable[[], None] | None = None
+    ) -> list[StreamEvent]:
         """Feed, compute features, step and report the streams in ``members`` (``[S]`` bool); ``endpoint``: end
-        utterances where the streams' rules say so."""
+        utterances where the streams' rules say so; ``while_stepping``: as :meth:`poll` takes it."""
+        self._refuse_while_stepping("poll")
         live = members & (self._stream_of >= 0)
         # 1. audio in: one copy for every stream fed; features for every stream (ended ones: their last frames)
         feed = live & (self._pending_bytes > 0) & (self.schedule.backlog < self._max_chunk)
@@ -486,6 +499,12 @@ class StreamingEngine:
             batch = self.queue.read(stepped, self.schedule.stepped[stepped], lengths)
             self.transcriber.step(stepped, batch, lengths=lengths)
             self.schedule.advance(stepped, lengths)
+        if while_stepping is not None:
+            self._stepping = True
+            try:
+                while_stepping()
+            finally:
+                self._stepping = False
         # 3. events: utterance ends, partial for the streams whose tokens grew, final for the streams that are over
         ending = np.flatnonzero(live & self._flushed)
         done = ending[self.schedule.done(ending)]
@@ -705,6 +724,11 @@ class StreamingEngine:
         self.transcriber.close(slot)
 
     # ---- checks --------------------------------------------------------------------------------------------
+    def _refuse_while_stepping(self, action: str) -> None:
+        """Only :meth:`push` may run inside ``poll(while_stepping=...)``: the cycle still reads the streams' state."""
+        if self._stepping:
+            raise RuntimeError(f"cannot {action} while a cycle steps: poll(while_stepping=...) may only push audio")
+
     def _live_slot(self, stream_id: Any, action: str, ending_ok: bool = False) -> int:
         """The slot of an open stream; a clear error for ids never opened and streams that ended."""
         if isinstance(stream_id, bool) or not isinstance(stream_id, (int, np.integer)):
