@@ -254,7 +254,7 @@ class EngineLoop:
         self._idle_wait = idle_wait
         self._commands: queue.SimpleQueue[Command | list[Command | PushBatch] | None] = queue.SimpleQueue()
         self._lanes: dict[int, collections.deque[_Item]] = {}
-        self._key_of: dict[int, ItemKey] = {}  # engine stream id -> item
+        self._item_of: dict[int, _Item] = {}  # engine stream id -> its item
         self._segmenting: set[int] = set()  # streams whose item asked for turn detection
         self._segments: dict[int, int] = {}  # segments the endpointer ended, per stream
         self._held: list[Command | PushBatch | None] = []  # taken while a cycle stepped, applied after it
@@ -287,7 +287,7 @@ class EngineLoop:
     @property
     def live_streams(self) -> int:
         """Engine streams open now (read from any thread: a snapshot)."""
-        return len(self._key_of)
+        return len(self._item_of)
 
     @property
     def open_lanes(self) -> int:
@@ -313,7 +313,7 @@ class EngineLoop:
             if failed:
                 self._deliver(failed)
         finally:
-            for stream in list(self._key_of):
+            for stream in list(self._item_of):
                 self._abort_stream(stream)
             self._lanes.clear()
             self.ready.set()
@@ -429,10 +429,10 @@ class EngineLoop:
             lane.popleft()
             return [Delivery(item.key, None, str(error)), *self._start_head(connection)]
         item.rate = options.sample_rate or self.engine.front.settings.sample_rate
-        self._key_of[item.stream] = item.key
+        self._item_of[item.stream] = item
         if turn_detection:
             self._segmenting.add(item.stream)
-        self.metrics.open_streams.set(len(self._key_of))
+        self.metrics.open_streams.set(len(self._item_of))
         out = []
         for pcm, received, _, _ in item.pushes:
             out += self._push(item, pcm, received)
@@ -465,8 +465,8 @@ class EngineLoop:
         events = self.engine.poll(while_stepping=self._push_while_stepping)
         if self.endpointer is not None and self._segmenting:
             for stream in self.endpointer(events):
-                key = self._key_of.get(stream)
-                if stream in self._segmenting and self._item(key).finish_received is None:
+                item = self._item_of.get(stream)
+                if stream in self._segmenting and item is not None and item.finish_received is None:
                     events.append(self.engine.end_segment(stream))
         now = time.perf_counter()
         self.metrics.cycle_seconds.observe(now - start)
@@ -474,14 +474,14 @@ class EngineLoop:
         clock = time.monotonic()
         out = []
         for speech in self.engine.speech_events:  # before the finals they lead to
-            key = self._key_of.get(speech.stream_id)
-            if key is not None:
-                out.append(Delivery(key, None, speech=speech))
+            item = self._item_of.get(speech.stream_id)
+            if item is not None:
+                out.append(Delivery(item.key, None, speech=speech))
         for event in events:
-            key = self._key_of.get(event.stream_id)
-            if key is None:
+            item = self._item_of.get(event.stream_id)
+            if item is None:
                 continue
-            item = self._item(key)
+            key = item.key
             if event.is_final and not event.is_last:
                 self._segments[event.stream_id] = self._segments.get(event.stream_id, 0) + 1
             if event.is_last and item.turn_detection:  # the client's commit: the last segment
@@ -535,9 +535,6 @@ class EngineLoop:
                 return [Push(*u) for u in units[index:]]
         return []
 
-    def _item(self, key: ItemKey) -> _Item:
-        return next(i for i in self._lanes[key[0]] if i.key == key)
-
     def _observe_chunk_latency(self, item: _Item, event: StreamEvent, clock: float) -> None:
         """Received -> built, for the audio whose arrival completed the chunk the partial ends with."""
         end = round(event.end * item.rate)
@@ -558,10 +555,10 @@ class EngineLoop:
         self._forget(stream)
 
     def _forget(self, stream: int) -> None:
-        self._key_of.pop(stream, None)
+        self._item_of.pop(stream, None)
         self._segmenting.discard(stream)
         self._segments.pop(stream, None)
-        self.metrics.open_streams.set(len(self._key_of))
+        self.metrics.open_streams.set(len(self._item_of))
 
 
 def _push_units(batch: PushBatch) -> list[tuple[ItemKey, bytes, float, StreamOptions, bool]]:
