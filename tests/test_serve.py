@@ -264,13 +264,33 @@ def test_loadtest_clients_are_exact_end_to_end(server, model, audio, refs):
     point = run_point(config, audio[:2], 3, [[r] for r in refs[:2]])
     assert (point.completed, point.errors, point.refused, point.exact, point.checked) == (3, 0, {}, 3, 3)
     assert point.final_latency_ms[50] > 0 and point.rtf_mean > 0.5
+    assert point.partials > 0  # partials were timed
     # the server's own view of the point, from its /metrics: cycles ran and chunks were timed
     assert point.server_ms is not None and point.server_ms["cycle"] is not None and point.server_ms["chunk"] is not None
     assert 0 < point.server_ms["chunk"][50] <= point.server_ms["chunk"][95]
-    assert "the server's /metrics" in format_markdown(
-        LoadtestResult(config=dataclasses.asdict(config), environment={}, points=[point])
-    )
+    report = format_markdown(LoadtestResult(config=dataclasses.asdict(config), environment={}, points=[point]))
+    assert "the server's /metrics" in report and f"{point.partials} partials timed" in report
     assert server.settled()
+
+
+def test_loadtest_point_says_where_in_their_items_the_timed_partials_fall():
+    """A model that emits only at a stream's start would time stream starts only: the point counts the partials
+    timed and the share of them past their item's first second."""
+    from nemo_fastdecode.tools.configs import LoadtestConfig
+    from nemo_fastdecode.tools.loadtest.client import ClientResult
+    from nemo_fastdecode.tools.loadtest.report import summarize
+
+    results = [
+        ClientResult(0, 0, 3.0, chunk_latency_ms=[10.0, 20.0, 30.0], partial_audio_ms=[480.0, 1000.0, 2400.0]),
+        ClientResult(1, 0, 3.0, chunk_latency_ms=[40.0], partial_audio_ms=[1040.0]),
+        ClientResult(2, 0, 3.0, refused=1013),
+    ]
+    point = summarize(3, results, 10.0, None)
+    assert (point.partials, point.late_partial_share) == (4, 0.5)
+    report = format_markdown(
+        LoadtestResult(config=dataclasses.asdict(LoadtestConfig()), environment={}, points=[point])
+    )
+    assert "3 clients: 4 partials timed, 50.0% of them past their item's first second of audio" in report
 
 
 def test_loadtest_clients_committing_turn_by_turn_get_each_item_exactly(server, model, audio):

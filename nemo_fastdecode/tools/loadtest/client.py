@@ -40,6 +40,7 @@ class ClientResult:
         audio_seconds: audio sent.
         transcripts / words: each item's ``completed`` transcript and words, in commit order.
         chunk_latency_ms: per partial (before the commit): received - sent time of the audio it ends with.
+        partial_audio_ms: per partial timed there: where its audio ends in its item (``audio_end_ms``).
         final_latency_ms: per item: ``completed`` received - commit sent.
         scheduled / started / finished: when the client was due to connect, first audio sent, last final received
             (``started - scheduled``: a late start plus the connection's handshake and session).
@@ -54,6 +55,7 @@ class ClientResult:
     words: list[list[dict[str, Any]]] = dataclasses.field(default_factory=list)
     usage_seconds: list[float] = dataclasses.field(default_factory=list)
     chunk_latency_ms: list[float] = dataclasses.field(default_factory=list)
+    partial_audio_ms: list[float] = dataclasses.field(default_factory=list)
     final_latency_ms: list[float] = dataclasses.field(default_factory=list)
     scheduled: float = 0.0
     started: float = 0.0
@@ -201,6 +203,7 @@ async def _stream(
                 end = event["audio_end_ms"] * rate / 1000  # the item's samples the partial accounts for
                 when = next((t for n, t in sent if n >= end), sent[-1][1])
                 result.chunk_latency_ms.append((now - when) * 1000)
+                result.partial_audio_ms.append(event["audio_end_ms"])
             elif kind == "input_audio_buffer.committed":
                 commits[event["item_id"]] = pending_commit.pop(0)
             elif kind == COMPLETED:

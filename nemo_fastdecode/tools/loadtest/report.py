@@ -33,6 +33,8 @@ class LoadPoint:
             word timestamps).
         wer / scored: NeMo's WER of the finals against their inputs' reference texts, over the ``scored`` clients
             whose input has one (``None`` / 0: no input has a reference text).
+        partials: partials timed (``chunk_latency_ms``); ``late_partial_share``: the share of them whose audio ends
+            past their item's first second (a model that emits only at a stream's start times stream starts only).
         start_lag_ms: p50, p95, p99 over served clients of first audio sent - scheduled start (a client process
             that falls behind, and the handshake).
         server_ms: the server's own p50 / p95 over the point from its ``/metrics`` (``cycle``: engine cycle time;
@@ -57,6 +59,8 @@ class LoadPoint:
     scored: int = 0
     server_ms: dict[str, dict[int, float] | None] | None = None
     start_lag_ms: dict[int, float] = field(default_factory=dict)
+    partials: int = 0
+    late_partial_share: float = 0.0
 
 
 @dataclass
@@ -110,6 +114,9 @@ def summarize(
         wall_seconds=wall_seconds,
         start_lag_ms=percentiles([(r.started - r.scheduled) * 1000 for r in served if r.started > 0]),
     )
+    ends = [end for r in served for end in r.partial_audio_ms]
+    point.partials = len(ends)
+    point.late_partial_share = sum(end > 1000 for end in ends) / len(ends) if ends else 0.0
     if references is not None:
         for r in finished:
             point.checked += 1
@@ -161,6 +168,11 @@ def format_markdown(result: LoadtestResult) -> str:
                 f"\n- {p.clients} clients: WER {100 * p.wer:.2f}% of the finals against the reference texts "
                 f"({p.scored} finals)"
             )
+    for p in result.points:
+        lines.append(
+            f"\n- {p.clients} clients: {p.partials} partials timed, {100 * p.late_partial_share:.1f}% of them past "
+            "their item's first second of audio"
+        )
     for p in result.points:
         if p.start_lag_ms:
             lag = " / ".join(f"{p.start_lag_ms[q]:.1f}" for q in (50, 95, 99))
