@@ -207,6 +207,27 @@ def test_pushes_that_come_while_a_cycle_steps_apply_inside_it_in_order(model, au
     assert sum(inside) > len(inside) / 2 and not all(inside)  # most pushes applied while stepping, not all
 
 
+def test_the_engine_loop_freezes_what_lives_before_it_serves(model):
+    """What is alive once the engine is ready (the model, the libraries) is frozen out of the garbage collector's
+    full collections, which stop every thread for as long as they walk it (0.3 s in a server's process)."""
+    import gc
+
+    from nemo_fastdecode.serve.engine_loop import EngineLoop
+    from nemo_fastdecode.serve.metrics import ServerMetrics
+    from nemo_fastdecode.streaming import StreamingEngine
+
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    loop = EngineLoop(StreamingEngine(model, 1, use_cuda_graphs=False), lambda d: None, ServerMetrics())
+    loop.start(warm_up=False)
+    try:
+        assert loop.ready.wait(30) and loop.failed is None
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        loop.stop(timeout=30)
+        gc.unfreeze()
+
+
 def test_concurrent_clients_on_both_workers_get_exactly_their_own_transcripts(server, model, audio, refs):
     """Three clients at once, one with two items: each final is NeMo's streaming of that audio alone; the
     connections spread over both workers."""

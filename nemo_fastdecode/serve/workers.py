@@ -30,6 +30,7 @@ import asyncio
 import atexit
 import contextlib
 import dataclasses
+import gc
 import itertools
 import logging
 import multiprocessing
@@ -516,6 +517,7 @@ def worker_main(spec: WorkerSpec, conn: multiprocessing.connection.Connection, c
     logging.getLogger("websockets.server").setLevel(logging.WARNING)
     if spec.config.gil_switch_interval_ms is not None:  # the pipe's reader thread waits less for the loop's turn
         sys.setswitchinterval(spec.config.gil_switch_interval_ms / 1000)
+    gc.freeze()  # the imports' objects (NeMo's, torch's): a full collection no longer walks them (see EngineLoop)
     code = 0
     try:
         asyncio.run(_NetworkWorker(spec, conn, counts, flags).run())
