@@ -4,9 +4,9 @@ python benchmarks/experiments/serve_loop_trace.py trace.txt model=hybrid-17x512-
     att_context_size=[70,1] network_workers=4
 
 then load it with ``nemo-fastdecode loadtest``. Each line of ``trace.txt`` covers about a second of the engine thread
-(main process): its loop turns and cycles, the cycles' mean and longest time, the commands applied, how long a push
-took from its arrival at the server (stamped by the network side) to the engine loop (``Push`` commands only: a
-network worker's pushes come in columns and are not counted), the partial and final events, the open streams, their
+(main process): its loop turns and cycles, the cycles' mean and longest time, the commands applied (each push counts
+one) and how many pushes were applied while a cycle stepped, how long a push took from its arrival at the server
+(stamped by the network side) to the engine, the partial and final events, the open streams, their
 backlog of feature frames at the start of a cycle and how many of them had a full chunk then; and, for every chunk
 stepped (with or without new text), its latency from the arrival of the audio that completed it to the end of the
 cycle that decoded it. That last figure does not depend on how often the model emits tokens, unlike the partials'.
@@ -19,18 +19,19 @@ import time
 
 import numpy as np
 
-from nemo_fastdecode.serve import engine_loop
-from nemo_fastdecode.serve.engine_loop import EngineLoop, Push
+from nemo_fastdecode.serve.engine_loop import EngineLoop, Push, PushBatch
 from nemo_fastdecode.tools.serve_cli import main
 
 HEADER = (
-    "time  chunk_ms_p50/p95/max chunks  turns cycles cycle_ms_mean cycle_ms_max  commands push_lag_ms_p50/p95/max  "
+    "time  chunk_ms_p50/p95/max chunks  turns cycles cycle_ms_mean cycle_ms_max  commands pushes_while_stepping "
+    "push_lag_ms_p50/p95/max  "
     "events open backlog_mean backlog_max full_chunks\n"
 )
 
 
 class LoopTrace:
-    """Wraps three methods of :class:`EngineLoop` (``_take``, ``_apply``, ``_cycle``) to gather the figures."""
+    """Wraps four methods of :class:`EngineLoop` (``_turn``, ``_apply``, ``_push_now``, ``_cycle``) to gather the
+    figures."""
 
     def __init__(self, path: str):
         self.out = open(path, "w", buffering=1)  # noqa: SIM115 (open for the server's life)
@@ -43,22 +44,27 @@ class LoopTrace:
         self.chunks: list[float] = []
         self.cycles: list[float] = []
         self.backlogs: list[tuple[float, float, int]] = []
-        self.turns = self.commands = self.events = 0
+        self.turns = self.commands = self.stepping_pushes = self.events = 0
         self.last = now
 
     def install(self) -> None:
-        take, apply, cycle = EngineLoop._take, EngineLoop._apply, EngineLoop._cycle
+        turn, apply, push_now, cycle = EngineLoop._turn, EngineLoop._apply, EngineLoop._push_now, EngineLoop._cycle
         trace = self
 
-        def traced_take(loop: EngineLoop, block: bool):
+        def traced_turn(loop: EngineLoop):
             trace.turns += 1
-            return take(loop, block)
+            return turn(loop)
 
         def traced_apply(loop: EngineLoop, command):
-            trace.commands += len(command) if isinstance(command, engine_loop.PushBatch) else 1
-            if isinstance(command, Push):
-                trace.lags.append(time.monotonic() - command.received)
+            if not isinstance(command, Push | PushBatch):  # pushes are counted where they reach the engine
+                trace.commands += 1
             return apply(loop, command)
+
+        def traced_push_now(loop: EngineLoop, item, pcm: bytes, received: float):
+            trace.commands += 1
+            trace.stepping_pushes += loop.engine._stepping
+            trace.lags.append(time.monotonic() - received)
+            return push_now(loop, item, pcm, received)
 
         def traced_cycle(loop: EngineLoop):
             trace.before_cycle(loop)
@@ -69,7 +75,8 @@ class LoopTrace:
             trace.after_cycle(loop, time.monotonic())
             return deliveries
 
-        EngineLoop._take, EngineLoop._apply, EngineLoop._cycle = traced_take, traced_apply, traced_cycle
+        EngineLoop._turn, EngineLoop._apply, EngineLoop._push_now = traced_turn, traced_apply, traced_push_now
+        EngineLoop._cycle = traced_cycle
 
     def before_cycle(self, loop: EngineLoop) -> None:
         engine = loop.engine
@@ -93,8 +100,7 @@ class LoopTrace:
         engine = loop.engine
         hop, rate = engine.front.settings.hop, engine.front.settings.sample_rate
         for slot in self.stepped.tolist():  # the arrival that completed each stepped chunk's audio
-            key = loop._key_of.get(int(engine._stream_of[slot]))
-            item = next((i for i in loop._lanes.get(key[0], ()) if i.key == key), None) if key else None
+            item = loop._item_of.get(int(engine._stream_of[slot]))
             if item is None:
                 continue
             end = int(engine.schedule.stepped[slot]) * hop * item.rate // rate
@@ -113,7 +119,8 @@ class LoopTrace:
         backlogs = np.asarray(self.backlogs or [(0.0, 0.0, 0)])
         self.out.write(
             f"{now:.1f}  {quantiles(self.chunks)} {len(self.chunks)}  {self.turns} {len(self.cycles)} "
-            f"{cycles.mean():.1f} {cycles.max():.1f}  {self.commands} {quantiles(self.lags)}  {self.events} "
+            f"{cycles.mean():.1f} {cycles.max():.1f}  {self.commands} {self.stepping_pushes} {quantiles(self.lags)}  "
+            f"{self.events} "
             f"{open_streams} {backlogs[:, 0].mean():.1f} {backlogs[:, 1].max():.0f} {backlogs[:, 2].mean():.0f}\n"
         )
         self._reset(now)
