@@ -162,18 +162,7 @@ class PushBatch:
 
     def pushes(self) -> list[Push]:
         """The pushes, as they were."""
-        keys, offsets = self.keys.tolist(), self.offsets.tolist()
-        received, option_of, turn = self.received.tolist(), self.option_of.tolist(), self.turn_detection.tolist()
-        return [
-            Push(
-                tuple(keys[i]),
-                self.audio[offsets[i] : offsets[i + 1]],
-                received[i],
-                self.options[option_of[i]],
-                turn[i],
-            )
-            for i in range(len(keys))
-        ]
+        return [Push(*unit) for unit in _push_units(self)]
 
 
 def batched(commands: list[Command]) -> list[Command | PushBatch]:
@@ -356,13 +345,6 @@ class EngineLoop:
             pass
         return out
 
-    def _apply_batch(self, batch: PushBatch) -> list[Delivery]:
-        """The batch's pushes in order, with no :class:`Push` built."""
-        out: list[Delivery] = []
-        for unit in _push_units(batch):
-            out += self._apply_push(*unit)
-        return out
-
     def _apply_push(
         self, key: ItemKey, pcm: bytes, received: float, options: StreamOptions, turn_detection: bool
     ) -> list[Delivery]:
@@ -379,10 +361,12 @@ class EngineLoop:
         return self._push(item, pcm, received)
 
     def _apply(self, command: Command | PushBatch) -> list[Delivery]:
-        if isinstance(command, PushBatch):
-            return self._apply_batch(command)
-        if isinstance(command, Push):
-            return self._apply_push(command.key, command.pcm, command.received, command.options, command.turn_detection)
+        units = _push_units(command)
+        if units is not None:  # a batch's pushes in order, with no Push built
+            out: list[Delivery] = []
+            for unit in units:
+                out += self._apply_push(*unit)
+            return out
         if isinstance(command, Drop | DropRange):
             dropped = (
                 [command.connection]
@@ -520,11 +504,8 @@ class EngineLoop:
     def _push_to_open_streams(self, command: Command | PushBatch | None) -> list[Command | PushBatch | None]:
         """Apply the command's pushes while each can be without opening a stream and the engine takes it; returns what
         is left (the command itself if it is not a push; the remaining pushes, as :class:`Push` commands)."""
-        if isinstance(command, Push):
-            units = [(command.key, command.pcm, command.received, command.options, command.turn_detection)]
-        elif isinstance(command, PushBatch):
-            units = _push_units(command)
-        else:
+        units = _push_units(command)
+        if units is None:
             return [command]
         for index, unit in enumerate(units):
             key, pcm, received, _, turn_detection = unit
@@ -566,11 +547,18 @@ class EngineLoop:
         self.metrics.open_streams.set(len(self._item_of))
 
 
-def _push_units(batch: PushBatch) -> list[tuple[ItemKey, bytes, float, StreamOptions, bool]]:
-    """The batch's pushes, in order, as ``(key, pcm, received, options, turn_detection)``."""
-    keys, offsets, received = batch.keys.tolist(), batch.offsets.tolist(), batch.received.tolist()
-    options, turns = batch.options, batch.turn_detection.tolist()
+def _push_units(
+    command: Command | PushBatch | None,
+) -> list[tuple[ItemKey, bytes, float, StreamOptions, bool]] | None:
+    """A :class:`Push`'s or a :class:`PushBatch`'s pushes, in order, as ``(key, pcm, received, options,
+    turn_detection)``; ``None`` for any other command."""
+    if isinstance(command, Push):
+        return [(command.key, command.pcm, command.received, command.options, command.turn_detection)]
+    if not isinstance(command, PushBatch):
+        return None
+    keys, offsets, received = command.keys.tolist(), command.offsets.tolist(), command.received.tolist()
+    options, turns = command.options, command.turn_detection.tolist()
     return [
-        (tuple(key), batch.audio[offsets[i] : offsets[i + 1]], received[i], options[j], turns[i])
-        for i, (key, j) in enumerate(zip(keys, batch.option_of.tolist(), strict=True))
+        (tuple(key), command.audio[offsets[i] : offsets[i + 1]], received[i], options[j], turns[i])
+        for i, (key, j) in enumerate(zip(keys, command.option_of.tolist(), strict=True))
     ]

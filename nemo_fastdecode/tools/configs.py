@@ -469,9 +469,7 @@ class LoadtestConfig:
         binary: raw binary PCM frames instead of base64 ``input_audio_buffer.append``.
         stagger_seconds: client starts drawn uniformly in ``[0, stagger_seconds)``.
         commit_every_seconds: each client commits after every this many seconds of its audio, so each input is
-            several items, turn by turn (``None``: one item, committed at the end). A synthetic model emits its
-            tokens early in each stream (its partials come in each item's first second): with items of a few
-            seconds, the partials' latency is sampled over the whole run instead of its start.
+            several items, turn by turn, as a voice agent's user speaks (``None``: one item, committed at the end).
         processes: client processes (one asyncio loop each) when one cannot keep up.
         timeout_seconds: most time one client may take; the run is bounded by it plus the stagger.
         check: compare each final with NeMo's cache-aware streaming of that input alone (needs ``model``).
