@@ -130,7 +130,14 @@ def run(args: argparse.Namespace) -> None:
 
 def measure(model: torch.nn.Module, pcms: list[np.ndarray], n: int, args: argparse.Namespace, device: torch.device):
     """Time ``args.repeats`` cycles of ``n`` streams, then their finishing cycles; print the parts."""
-    engine = StreamingEngine(model, n, att_context_size=args.att, use_cuda_graphs=device.type == "cuda")
+    engine = StreamingEngine(
+        model,
+        n,
+        att_context_size=args.att,
+        use_cuda_graphs=device.type == "cuda",
+        dtype=getattr(torch, args.dtype),
+        encoder_matmul=args.encoder_matmul,
+    )
     if args.host_only:
         stub_device_work(engine, int(model.decoding.blank_id))
     else:
@@ -192,6 +199,8 @@ def main() -> None:
     parser.add_argument("--vocab", default="bpe", choices=["bpe", "char"], help="a synthetic model's vocabulary")
     parser.add_argument("--att", type=int, nargs=2, default=[16, 1], help="att_context_size [left, lookahead]")
     parser.add_argument("--streams", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the engine's dtype")
+    parser.add_argument("--encoder-matmul", default="fp32", choices=["fp32", "tf32x3", "tf32"], help="encoder GEMMs")
     parser.add_argument("--repeats", type=int, default=10, help="timed cycles per stream count")
     parser.add_argument("--host-only", action="store_true", help="placeholders for the device work (CPU)")
     parser.add_argument("--partial-words", action="store_true", help="word timestamps on partial events too")

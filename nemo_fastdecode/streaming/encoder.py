@@ -89,14 +89,15 @@ class StreamingEncoderStep:
             :func:`check_streaming_encoder`); its look-ahead is ``encoder.att_context_size``.
         slots: the slot caches (its geometry must be the encoder's).
         use_triton: attention kernel choice passed to ``indexed_attention`` (``None``: Triton on CUDA).
-        matmul_precision: one of :data:`ENCODER_MATMULS`: ``"fp32"`` (default) runs NeMo's Linear and Conv1d
-            modules; ``"tf32x3"`` (opt-in) runs their GEMMs, the pointwise convolutions as GEMMs over
-            ``[B, T, C]``, on the 3xTF32 Triton kernel, and the convolution module between them as one kernel
-            (:mod:`~nemo_fastdecode.kernels.streaming_conv`) where it has NeMo's shape; q, k, v as one GEMM; the
-            subsampling's convolutions fused with their ReLUs, masks and paddings
-            (:mod:`~nemo_fastdecode.streaming.subsampling`) and its
-            output Linear on the kept frames only (fp32 slots only; Triton's interpreter on the CPU).
-            ``"tf32"`` (opt-in): all of that with single-TF32 products (NeMo's ``matmul_precision=high``).
+        matmul_precision: one of :data:`ENCODER_MATMULS`: ``"fp32"`` (default) runs NeMo's modules' own products
+            (the pointwise convolutions as the same GEMMs over ``[B, T, C]``) and, with fp32 slots, the
+            subsampling's convolutions with their masks and ReLUs in fewer passes
+            (:mod:`~nemo_fastdecode.streaming.subsampling`), its output Linear on the kept frames only;
+            ``"tf32x3"`` (opt-in, fp32 slots; Triton's interpreter on the CPU) runs the GEMMs on the 3xTF32 Triton
+            kernel, the convolution module between them as one kernel (:mod:`~nemo_fastdecode.kernels.streaming_conv`)
+            where it has NeMo's shape, q, k, v as one GEMM, and the subsampling's convolutions fused with their ReLUs,
+            masks and paddings. ``"tf32"`` (opt-in): all of that with single-TF32 products (NeMo's
+            ``matmul_precision=high``).
     """
 
     def __init__(
@@ -150,12 +151,18 @@ class StreamingEncoderStep:
                 fused_conv_weights(layer.conv, g.conv_cache) if self.tensor_core_matmul else None
                 for layer in encoder.layers
             ]
-            # tf32x3: the subsampling's convolutions fused with their masks, ReLUs and paddings (None: NeMo's module)
+            # fp32 compute: the subsampling's convolutions (NeMo's own) with their masks, ReLUs and paddings in fewer
+            # passes; tf32x3: fused with them. None (bf16 compute, other subsamplings): NeMo's module
+            # Triton kernels: on CUDA, and wherever tf32x3 runs (on the CPU the interpreter is slow: fp32 keeps torch)
+            self.kernels = self.tensor_core_matmul or device.type == "cuda"
             self.subsampling = (
                 CausalSubsampling.from_module(
-                    encoder.pre_encode, use_triton=True, max_frames=g.max_input_frames, fuse_convolutions=True
+                    encoder.pre_encode,
+                    use_triton=self.kernels,
+                    max_frames=g.max_input_frames,
+                    fuse_convolutions=self.tensor_core_matmul,
                 )
-                if self.tensor_core_matmul
+                if slots.dtype == torch.float32
                 else None
             )
             # tf32x3: q, k and v as one GEMM over the three weights stacked (one launch instead of three)
@@ -225,7 +232,7 @@ class StreamingEncoderStep:
         Returns the new frames right-aligned in ``[B, Tq, d_model]`` and their number ``[B]``.
         """
         s, g = self.slots, self.geometry
-        window = pre_encode_window if self.tensor_core_matmul else pre_encode_window_reference  # one kernel / torch
+        window = pre_encode_window if self.kernels else pre_encode_window_reference  # one kernel / torch (a copy)
         x = window(features.float(), feature_lengths, started, s.pre_encode, slot_ids, g.max_input_frames)
         in_lengths = feature_lengths + torch.where(started, g.pre_encode_cache, 0)
 
@@ -280,8 +287,10 @@ class StreamingEncoderStep:
                 x, weight, module.bias, swish=swish, residual=residual, residual_scale=residual_scale,
                 layer_norm=layer_norm, row_stats=keep_stats, precision=self.matmul_precision, scatter=scatter,
             )  # fmt: skip
-        # fp32: NeMo's module; tf32x3 off the kernel: cuBLAS fp32 where the 3xTF32 kernel would be slower
-        y = F.linear(x, weight, module.bias) if self.tensor_core_matmul else module(x)
+        # fp32: NeMo's Linear (a Conv1d's product as the same GEMM); tf32x3 off the kernel: cuBLAS fp32 where the 3xTF32
+        # kernel would be slower
+        plain = self.tensor_core_matmul or not isinstance(module, torch.nn.Linear)
+        y = F.linear(x, weight, module.bias) if plain else module(x)
         if activation is not None:
             y = activation(y)
         if residual is not None:
@@ -373,22 +382,18 @@ class StreamingEncoderStep:
             hidden = self._linear(conv.pointwise_conv1, x)  # [B, Tq, 2C]
             x = glu_depthwise_conv_step(hidden, s.conv[index], slot_ids, conv_src, *self.fused_conv[index])
             return self._linear(conv.pointwise_conv2, x, residual=residual, keep_stats=True)
-        if self.tensor_core_matmul:  # the pointwise convolutions as GEMMs over [B, Tq, C]
-            x = F.glu(self._linear(conv.pointwise_conv1, x).transpose(1, 2), dim=1)  # [B, C, Tq]
-        else:
-            x = x.compute() if isinstance(x, _Normalized) else x
-            x = F.glu(conv.pointwise_conv1(x.transpose(1, 2)), dim=1)  # [B, C, Tq]
+        # the pointwise convolutions as GEMMs over [B, Tq, C]: as Conv1d over [B, C, Tq] cuDNN runs them up to ~60x
+        # slower (a 2-frame "image" per stream; bf16 worst)
+        x = F.glu(self._linear(conv.pointwise_conv1, x).transpose(1, 2), dim=1)  # [B, C, Tq]
         joined = join_conv_cache(x, s.conv[index], slot_ids, conv_src)  # [B, C, K - 1 + Tq]
         dw = conv.depthwise_conv
         x = F.conv1d(joined, dw.weight, dw.bias, stride=1, padding=0, dilation=dw.dilation, groups=dw.groups)
         # NeMo's layer_norm variant normalises over channels, time-major
         layer_norm = conv.norm_type == "layer_norm"
         x = conv.batch_norm(x.transpose(1, 2)).transpose(1, 2) if layer_norm else conv.batch_norm(x)
-        if self.tensor_core_matmul:
-            return self._linear(
-                conv.pointwise_conv2, conv.activation(x).transpose(1, 2), residual=residual, keep_stats=True
-            )
-        return residual + conv.pointwise_conv2(conv.activation(x)).transpose(1, 2), None
+        return self._linear(
+            conv.pointwise_conv2, conv.activation(x).transpose(1, 2), residual=residual, keep_stats=True
+        )
 
     def _drop_oldest_frames(self, slot_ids, lengths, ring_start):
         """Keep each slot's last ``W`` attention frames (NeMo's cache_last_channel update) by moving its ring start.
