@@ -5,9 +5,9 @@ python benchmarks/experiments/stream_exactness_check.py [stream_audio_bench over
 Loads the model and inputs as ``scripts/stream_audio_bench.py --config-name stream_audio_bench_hybrid_17x512`` does,
 streams every input through one fp32 ``StreamingEngine`` (all at once, whole files pushed, then finished), and
 compares each final with NeMo's cache-aware streaming of the file alone (``tools/streaming_reference``). For each
-input that differs it prints where the tokens part, and runs three variants of the encoder step to tell a
-rounding-order flip (a near tie) from a fault: the pointwise convolutions as NeMo's Conv1d modules instead of GEMMs,
-NeMo's subsampling module instead of :class:`CausalSubsampling`, and both.
+input that differs it prints where the tokens part, runs the engine again with the pointwise convolutions as NeMo's
+Conv1d modules (not GEMMs) and NeMo's subsampling module (not :class:`CausalSubsampling`), then the encoder and decoder on NeMo's own
+features of the file (split into NeMo's chunks), and how far the engine's front-end features are from those.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 
-from nemo_fastdecode.streaming import StreamingEngine
+from nemo_fastdecode.streaming import StreamingEngine, StreamingTranscriber
 from nemo_fastdecode.streaming.encoder import StreamingEncoderStep, _Normalized
+from nemo_fastdecode.streaming.geometry import split_features
 from nemo_fastdecode.streaming.transcriber import set_att_context_size
 from nemo_fastdecode.tools.stream_audio_bench.app import _inputs, _load, resolve_config
 from nemo_fastdecode.tools.streaming_reference import reference_transcript
@@ -65,7 +66,7 @@ def main(argv: list[str]) -> None:
     pcm = [np.round(a * 32768).astype(np.int16) for a in audios]
     reference = [reference_transcript(model, p).token_ids for p in pcm]
     print(f"{len(pcm)} inputs, {sum(map(len, reference))} reference tokens")
-    variants = {
+    variants = {"as built": (False, False), "Conv1d and NeMo subsampling": (True, True)}
         "as built": (False, False),
         "Conv1d": (True, False),
         "NeMo subsampling": (False, True),
@@ -83,6 +84,36 @@ def main(argv: list[str]) -> None:
                 f"   input {i}: {len(a)} vs {len(b)} tokens, first difference at token {at}: {a[at : at + 3]} vs {b[at : at + 3]}"
             )
     StreamingEncoderStep._linear = LINEAR
+    for i in differ:
+        on_nemo_features(model, pcm[i], list(cfg.att_context_size), reference[i], f"input {i}")
+
+
+def on_nemo_features(model, pcm: np.ndarray, att: list[int], reference: list[int], name: str) -> None:
+    """The transcriber on NeMo's preprocessor features of the whole file, and the front end's distance from them."""
+    device = next(model.parameters()).device
+    signal = torch.from_numpy(pcm.astype(np.float32) / 32768)[None].to(device)
+    with torch.inference_mode():
+        feats, length = model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]], device=device))
+    feats = feats[0, :, : int(length)]
+    streamer = StreamingTranscriber(model, 1, att_context_size=att)
+    slot = streamer.open()
+    for chunk in split_features(feats, streamer.geometry):
+        streamer.step([slot], [chunk])
+    tokens = [int(t) for t in streamer.flush(slot).hypothesis.y_sequence]
+    print(f"{name}, transcriber on NeMo's features: {'equal to' if tokens == reference else 'differs from'} NeMo alone")
+    engine = StreamingEngine(model, 1, att_context_size=att)
+    front = engine.front
+    front.open(0)
+    pieces, step = [], 8000  # half a second per call: within what the front end holds between two calls
+    for start in range(0, len(pcm) + step, step):
+        front.append({0: pcm[start : start + step].tobytes()})
+        out = front.features(flush=[0] if start >= len(pcm) else ())
+        if len(out.slots):
+            pieces.append(out.features[:, int(out.offsets[0]) : int(out.offsets[0]) + int(out.counts[0])])
+    ours = torch.cat(pieces, dim=1)
+    frames = min(ours.shape[1], feats.shape[1])
+    gap = (ours[:, :frames] - feats[:, :frames]).abs()
+    print(f"{name}, front end vs NeMo's features: {frames} frames, max |difference| {gap.max().item():.3g}")
 
 
 if __name__ == "__main__":
