@@ -67,11 +67,6 @@ def main(argv: list[str]) -> None:
     reference = [reference_transcript(model, p).token_ids for p in pcm]
     print(f"{len(pcm)} inputs, {sum(map(len, reference))} reference tokens")
     variants = {"as built": (False, False), "Conv1d and NeMo subsampling": (True, True)}
-        "as built": (False, False),
-        "Conv1d": (True, False),
-        "NeMo subsampling": (False, True),
-        "both": (True, True),
-    }
     for name, (conv1d, nemo_subsampling) in variants.items():
         StreamingEncoderStep._linear = conv1d_linear if conv1d else LINEAR
         ours = finals(model, pcm, list(cfg.att_context_size), nemo_subsampling)
