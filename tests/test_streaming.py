@@ -699,3 +699,31 @@ def test_fast_math_decoding_agrees_with_nemo_alone(model, features, reference):
     assert all(isinstance(c.fast_predictor, FastMathPredictor) for c in streamer.decoder.computers.values())
     for stream, (_, nemo_hyp, _) in enumerate(runs):
         assert as_int_list(finals[stream].hypothesis.y_sequence) == as_int_list(nemo_hyp.y_sequence)
+
+
+def test_fp32_step_runs_pointwise_convolutions_as_gemms(model, features, reference, monkeypatch):
+    """The fp32 encoder step calls no Conv1d module (cuDNN runs a kernel-size-1 Conv1d over a few frames per stream
+    many times slower than the same GEMM) and subsamples through ``CausalSubsampling``; its outputs stay NeMo's."""
+    from nemo_fastdecode.streaming import subsampling as streaming_subsampling
+
+    conv1d_calls, subsampling_calls = [], []
+    conv1d_forward = torch.nn.Conv1d.forward
+    monkeypatch.setattr(torch.nn.Conv1d, "forward", lambda self, x: conv1d_calls.append(1) or conv1d_forward(self, x))
+    call = streaming_subsampling.CausalSubsampling.__call__
+    monkeypatch.setattr(
+        streaming_subsampling.CausalSubsampling,
+        "__call__",
+        lambda self, *a, **k: subsampling_calls.append(1) or call(self, *a, **k),
+    )
+    att, runs = reference
+    streamer = StreamingTranscriber(model, num_slots=2, att_context_size=att)
+    assert isinstance(streamer.encoder_step.subsampling, streaming_subsampling.CausalSubsampling)
+    chunks = [split_features(f, streamer.geometry)[:3] for f in features[:2]]
+    slots = [streamer.open() for _ in chunks]
+    for position in range(3):
+        result = streamer.step(slots, [c[position] for c in chunks])
+        for row, stream in enumerate(range(2)):
+            ours = result.encoded[row, : int(result.encoded_lengths[row])]
+            assert ours.numel() > 0
+            assert relative_error(ours, runs[stream][0][position]) <= 1e-4
+    assert subsampling_calls and not conv1d_calls
