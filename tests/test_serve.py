@@ -35,7 +35,7 @@ from nemo_fastdecode.tools import trained_models
 from nemo_fastdecode.tools.cli import parse_config
 from nemo_fastdecode.tools.loadtest.app import run_point
 from nemo_fastdecode.tools.loadtest.client import COMPLETED, connect_session, receive_until, session_update
-from nemo_fastdecode.tools.loadtest.report import LoadtestResult, format_markdown
+from nemo_fastdecode.tools.loadtest.report import LoadtestResult, format_markdown, read_result
 from nemo_fastdecode.tools.loadtest.server_metrics import histogram_quantiles_ms, metrics_url, scrape_histograms
 from nemo_fastdecode.tools.models import load_model
 from nemo_fastdecode.tools.streaming_reference import reference_transcript
@@ -352,6 +352,7 @@ def test_the_default_loadtest_streams_the_examples_to_the_trained_model_exactly(
     markdown = format_markdown(result)
     assert f"WER {100 * point.wer:.2f}% of the finals against the reference texts (6 finals)" in markdown
     assert json.loads((tmp_path / "loadtest.json").read_text())["points"][0]["wer"] == point.wer
+    assert format_markdown(read_result(tmp_path / "loadtest.json")) == markdown  # the JSON reads back whole
 
 
 def test_a_synthetic_loadtest_model_gets_synthetic_audio_and_no_wer():

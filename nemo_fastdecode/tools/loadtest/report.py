@@ -13,7 +13,7 @@ from nemo_fastdecode.tools.streaming_reference import Reference
 from nemo_fastdecode.tools.streaming_sim.plot import Series, plot_latency
 from nemo_fastdecode.tools.wer import scored_records, word_error_rate_of
 
-__all__ = ["LoadPoint", "LoadtestResult", "format_markdown", "summarize", "write_result"]
+__all__ = ["LoadPoint", "LoadtestResult", "format_markdown", "read_result", "summarize", "write_result"]
 
 WORD_KEYS = ("word", "start", "end", "start_offset", "end_offset")
 
@@ -190,6 +190,23 @@ def format_markdown(result: LoadtestResult) -> str:
             lines.append(f"\n- {p.clients} clients, client {m['client']} (input {m['input']}): NOT EXACT")
     lines += ["", "RTF: (first audio sent -> final received) / audio seconds, per client, mean."]
     return "\n".join(lines)
+
+
+def read_result(path: str | Path) -> LoadtestResult:
+    """A result :func:`write_result` wrote as JSON (its percentile keys, which JSON turns into strings, as ints)."""
+    data = json.loads(Path(path).read_text())
+
+    def quantiles(values: dict[str, float] | None) -> dict[int, float] | None:
+        return None if values is None else {int(q): v for q, v in values.items()}
+
+    points = []
+    for point in data["points"]:
+        for name in ("chunk_latency_ms", "final_latency_ms", "start_lag_ms"):
+            point[name] = quantiles(point[name])
+        if point.get("server_ms") is not None:
+            point["server_ms"] = {name: quantiles(q) for name, q in point["server_ms"].items()}
+        points.append(LoadPoint(**point))
+    return LoadtestResult(data["config"], data["environment"], points, data.get("files", {}))
 
 
 def write_result(result: LoadtestResult, out_dir: Path, tag: str | None) -> None:
