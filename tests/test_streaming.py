@@ -400,15 +400,32 @@ def test_bad_configuration(model, monkeypatch):
         StreamingTranscriber(offline, num_slots=1)
 
 
-def test_bf16_caches_run_close_to_fp32(model, features):
+@pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
+def test_bf16_caches_run_close_to_fp32(model, features, use_triton, monkeypatch):
+    """bf16 compute (autocast, bf16 caches) stays close to fp32; with Triton (its interpreter here) the subsampling
+    runs fused in fp32 (autocast off around it), without it NeMo's module runs in bf16."""
+    from nemo_fastdecode.streaming import subsampling as streaming_subsampling
+
+    if use_triton and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs TRITON_INTERPRET=1 for the Triton kernels on the CPU")
+    fused = []
+    masked_depthwise_conv = streaming_subsampling.masked_depthwise_conv
+    monkeypatch.setattr(
+        streaming_subsampling, "masked_depthwise_conv", lambda *a: fused.append(a[0].dtype) or masked_depthwise_conv(*a)
+    )
     g_chunks = split_features(features[2], StreamingTranscriber(model, 1, att_context_size=[16, 1]).geometry)
     outputs = {}
     for dtype in (torch.float32, torch.bfloat16):
-        streamer = StreamingTranscriber(model, num_slots=1, att_context_size=[16, 1], dtype=dtype, decode=False)
+        streamer = StreamingTranscriber(
+            model, num_slots=1, att_context_size=[16, 1], dtype=dtype, decode=False, use_triton=use_triton
+        )
         slot = streamer.open()
         outputs[dtype] = torch.cat([streamer.step([slot], [c]).encoded[0].float() for c in g_chunks[:6]])
+        assert outputs[dtype].numel() > 0
         assert streamer.slots.keys.dtype == dtype
     assert relative_error(outputs[torch.bfloat16], outputs[torch.float32]) < 0.1
+    # fused (bf16 with Triton only): one strided stage per kernel call, on fp32 activations
+    assert fused == ([torch.float32] * len(fused) if use_triton else []) and (len(fused) > 0) == use_triton
 
 
 @pytest.mark.parametrize("encoder_matmul", ["fp32", "tf32x3", "tf32x3-mixed"])
@@ -480,8 +497,9 @@ def test_triton_kernel_path_matches_nemo_alone(model, features, reference, encod
     assert sum(kw.get("layer_norm") is not None for kw in gemms) == fused_norms
     # tf32x3: the subsampling's ReLUs (with masks and paddings) are fused, one per convolution stage and step
     stages = int(math.log2(model.encoder.pre_encode.subsampling_factor))
-    # each step: the first convolution inside the first depthwise kernel, one kernel per strided stage, the last ReLU
-    assert len(relu_pads) == (len(order) if on_kernels else 0)
+    # each step: the first convolution inside the first depthwise kernel, one kernel per strided stage, the last ReLU;
+    # fp32 (NeMo's convolutions, per layer): one masked ReLU per stage
+    assert len(relu_pads) == len(order) * (1 if on_kernels else stages)
     assert depthwise_convs == ([True] + [False] * (stages - 2)) * (len(order) if on_kernels else 0)
     # tf32x3: the convolution module between its GEMMs is one fused kernel per layer and step
     assert len(convs) == (len(order) * len(model.encoder.layers) if on_kernels else 0)
@@ -727,3 +745,29 @@ def test_fp32_step_runs_pointwise_convolutions_as_gemms(model, features, referen
             assert ours.numel() > 0
             assert relative_error(ours, runs[stream][0][position]) <= 1e-4
     assert subsampling_calls and not conv1d_calls
+
+
+@pytest.mark.gpu
+def test_bf16_cuda_graph_step_subsamples_in_fp32_and_stays_close_to_nemo(features):
+    """bf16 compute on CUDA as it runs in production (graphs, Triton): the subsampling fused in fp32 inside the
+    autocast region, encoder outputs close to NeMo's fp32 stream step of each stream alone."""
+    from nemo_fastdecode.streaming.subsampling import CausalSubsampling
+
+    gpu_model = tiny_streaming_model().cuda().eval()
+    att = [16, 1]
+    gpu_model.encoder.set_default_att_context_size(att)
+    streams = [f.cuda() for f in features[:2]]
+    runs = [nemo_alone(gpu_model, f) for f in streams]
+    streamer = StreamingTranscriber(gpu_model, num_slots=2, att_context_size=att, dtype=torch.bfloat16)
+    assert streamer.runner.use_graphs
+    subsampling = streamer.encoder_step.subsampling
+    assert isinstance(subsampling, CausalSubsampling) and subsampling.fuse_convolutions
+    streamer.warm_up()
+    chunks = [split_features(f, streamer.geometry) for f in streams]
+    slots = [streamer.open() for _ in streams]
+    for position in range(min(len(c) for c in chunks)):
+        result = streamer.step(slots, [c[position] for c in chunks])
+        for row in range(2):
+            ours = result.encoded[row, : int(result.encoded_lengths[row])].float()
+            assert ours.numel() > 0
+            assert relative_error(ours, runs[row][0][position]) < 0.1

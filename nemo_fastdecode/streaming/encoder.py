@@ -88,7 +88,8 @@ class StreamingEncoderStep:
         encoder: a NeMo ``ConformerEncoder`` in eval mode, set up for cache-aware streaming (see
             :func:`check_streaming_encoder`); its look-ahead is ``encoder.att_context_size``.
         slots: the slot caches (its geometry must be the encoder's).
-        use_triton: attention kernel choice passed to ``indexed_attention`` (``None``: Triton on CUDA).
+        use_triton: the step's Triton kernels (indexed attention, the pre-encode window, the subsampling's) or their
+            torch references; ``None``: Triton on CUDA (tf32x3 runs Triton whatever this says).
         matmul_precision: one of :data:`ENCODER_MATMULS`: ``"fp32"`` (default) runs NeMo's modules' own products
             (the pointwise convolutions as the same GEMMs over ``[B, T, C]``) and, with fp32 slots, the
             subsampling's convolutions with their masks and ReLUs in fewer passes
@@ -151,18 +152,17 @@ class StreamingEncoderStep:
                 fused_conv_weights(layer.conv, g.conv_cache) if self.tensor_core_matmul else None
                 for layer in encoder.layers
             ]
-            # fp32 compute: the subsampling's convolutions (NeMo's own) with their masks, ReLUs and paddings in fewer
-            # passes; tf32x3: fused with them. None (bf16 compute, other subsamplings): NeMo's module
-            # Triton kernels: on CUDA, and wherever tf32x3 runs (on the CPU the interpreter is slow: fp32 keeps torch)
-            self.kernels = self.tensor_core_matmul or device.type == "cuda"
+            self.kernels = self.tensor_core_matmul or (device.type == "cuda" if use_triton is None else use_triton)
+            # the subsampling's convolutions with their masks, ReLUs and paddings in fewer passes: fp32 compute with
+            # NeMo's own convolutions; tf32x3, and bf16 compute where Triton runs, fused with them in fp32 (NeMo's
+            # module in bf16 makes passes over [B, C, T/2, F/2], ~9 ms of a 20 ms step at 2,048 streams). None (bf16
+            # on torch, other subsamplings): NeMo's module
+            fused = self.tensor_core_matmul or (self.kernels and slots.dtype != torch.float32)
             self.subsampling = (
                 CausalSubsampling.from_module(
-                    encoder.pre_encode,
-                    use_triton=self.kernels,
-                    max_frames=g.max_input_frames,
-                    fuse_convolutions=self.tensor_core_matmul,
+                    encoder.pre_encode, use_triton=self.kernels, max_frames=g.max_input_frames, fuse_convolutions=fused
                 )
-                if slots.dtype == torch.float32
+                if slots.dtype == torch.float32 or fused
                 else None
             )
             # tf32x3: q, k and v as one GEMM over the three weights stacked (one launch instead of three)
@@ -238,9 +238,10 @@ class StreamingEncoderStep:
 
         if self.subsampling is None:
             sub, sub_lengths = self.encoder.pre_encode(x=x.transpose(1, 2), lengths=in_lengths)  # [B, T', d]
-        else:  # the convolutions only: the output Linear runs on the kept frames below
+        else:  # the convolutions only, in fp32 (its kernels' dtype): the output Linear runs on the kept frames below
             # the window is zero past each row's frames already: NeMo's first mask would change nothing
-            conv, sub_lengths = self.subsampling(x.transpose(1, 2), in_lengths, input_masked=True)  # [B, C, T', F']
+            with torch.autocast(x.device.type, enabled=False):
+                conv, sub_lengths = self.subsampling(x.transpose(1, 2), in_lengths, input_masked=True)  # [B, C, T', F']
         drop = torch.where(started, g.drop_extra, 0)
         frames = (sub_lengths.to(torch.long) - drop).clamp(min=0, max=self.tq)
         frames = torch.where(feature_lengths > 0, frames, 0)

@@ -101,7 +101,8 @@ class StreamingTranscriber:
         dtype: dtype of the caches and of the encoder's compute (autocast); fp32 is the exact reference.
         decode: run the greedy decoder every step (``False``: encoder only).
         use_cuda_graphs: replay one CUDA graph per batch-size bucket on a GPU.
-        use_triton: attention kernel (``None``: Triton on CUDA, torch reference on the CPU).
+        use_triton: the encoder step's Triton kernels (attention, pre-encode window, subsampling) or their torch
+            references (``None``: Triton on CUDA, torch on the CPU).
         max_symbols: greedy ``max_symbols`` (default: the model's).
         pad_to_bucket: pad eager steps to their bucket too (for tests; graphs always pad).
         fast_math: decode with ``fast_greedy``'s opt-in fast math (not bit-identical to NeMo's decoding).
