@@ -7,7 +7,7 @@ modules and calls, so the same arithmetic) and does the work between them in few
 around it and the next ``CausalConv2D``'s zero padding is one :func:`~nemo_fastdecode.kernels.masked_relu.masked_relu_pad`,
 and masks whose zeros the next masked ReLU would restore anyway are skipped. The output equals NeMo's ``self.conv(x, lengths)``.
 
-``fuse_convolutions`` (the ``tf32x3`` streaming path) goes further: each strided depthwise convolution runs with the
+``fuse_convolutions`` (the ``tf32x3`` streaming path, and bf16 compute with Triton, in fp32) goes further: each strided depthwise convolution runs with the
 masked ReLU before it in one kernel (:func:`~nemo_fastdecode.kernels.masked_depthwise.masked_depthwise_conv`), the
 first one with the first convolution too, so the largest activation ``[B, C, T/2, F/2]`` is never stored. Its sums
 run in another order than cuDNN's: equal to NeMo's output to fp32 rounding, not bit for bit.
