@@ -512,11 +512,11 @@ class EngineLoop:
             lane = self._lanes.get(key[0])
             if not lane or lane[0].stream is None:  # the push would open a stream
                 return [Push(*u) for u in units[index:]]
-            item = next((i for i in lane if i.key == key), None)
-            if item is None or item.stream is None:  # behind its connection's open item: kept until that ends
+            head = lane[0]  # the lane's only item with a stream
+            if head.key != key:  # behind its connection's open item: kept until that ends
                 self._apply_push(*unit)
-            elif self._push_now(item, pcm, received) is None:
-                item.turn_detection = item.turn_detection or turn_detection
+            elif self._push_now(head, pcm, received) is None:
+                head.turn_detection = head.turn_detection or turn_detection
             else:  # refused: applied again after the cycle, where the refusal is handled
                 return [Push(*u) for u in units[index:]]
         return []
