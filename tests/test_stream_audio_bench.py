@@ -60,6 +60,10 @@ def test_smoke_run_measures_both_sides_on_the_same_audio(tmp_path):
     for count in result.counts:
         assert not count.errors
         assert count.ours.chunks > count.num_streams and count.ours.latency_p95_ms > 0 and count.ours.busy_share > 0
+        parts = count.ours_parts  # every stream has a first, a last and middle chunks
+        assert parts.first_chunks == parts.last_chunks == count.num_streams and parts.middle_chunks > 0
+        assert parts.first_chunks + parts.middle_chunks + parts.last_chunks == count.ours.chunks
+        assert min(parts.first_p95_ms, parts.middle_p95_ms, parts.last_p95_ms) > 0
         assert count.ours_identical == 1.0  # every stream equals NeMo's streaming of its file alone (fp32)
         assert count.ours_cycle.stepped_per_cycle == count.num_streams  # every timed cycle stepped all streams
         assert 0 < count.ours_cycle.frontend_share < 1 and count.ours_cycle.cycle_ms > 0

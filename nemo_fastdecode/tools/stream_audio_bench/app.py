@@ -148,7 +148,7 @@ def run(
                 pcm, n, geometry.chunk_seconds, stagger, engine.front.settings.complete_frames, sample_rate, cfg.seed
             )
             name = f"nemo_fastdecode StreamingEngine ({cfg.dtype}, {cfg.encoder_matmul})"
-            count.ours, tokens = serve_on_clock(engine, streams, device, name, warmup)
+            count.ours, tokens, count.ours_parts = serve_on_clock(engine, streams, device, name, warmup)
             if reference is not None:
                 count.ours_identical = sum(t == reference[s.file] for t, s in zip(tokens, streams, strict=True)) / n
             count.ours_cycle = time_cycles(engine, pcm, n, cfg.cycle_repeats, device)

@@ -96,10 +96,30 @@ def plan_pcm_streams(
     return streams
 
 
+@dataclass
+class LatencyParts:
+    """Chunk latency p95 (ms) by where the chunk sits in its stream: the first chunk (the stream's opening and its
+    first step), the middle ones, the last (its final event, word timestamps included). With every stream starting
+    within one stagger window, the first and last chunks of all streams crowd together: this says whether they, or
+    the steady state, set the overall p95."""
+
+    first_p95_ms: float
+    middle_p95_ms: float
+    last_p95_ms: float
+    first_chunks: int
+    middle_chunks: int
+    last_chunks: int
+
+
+def _p95_ms(values: Sequence[float]) -> float:
+    return round(1000 * float(np.percentile(values, 95)), 3) if len(values) else 0.0
+
+
 def serve_on_clock(
     engine: StreamingEngine, streams: Sequence[PcmStream], device: torch.device, name: str, warmup_seconds: float = 0.0
-) -> tuple[PathStats, list[list[int]]]:
-    """Serve ``streams`` on the virtual clock (module docstring): stats, and each stream's final token ids.
+) -> tuple[PathStats, list[list[int]], LatencyParts]:
+    """Serve ``streams`` on the virtual clock (module docstring): stats, each stream's final token ids, and the
+    latency split by the chunk's place in its stream.
 
     The engine needs ``len(streams)`` free slots (every stream is open from its first push to its final event).
     """
@@ -109,6 +129,7 @@ def serve_on_clock(
     decoded = np.zeros(len(streams), dtype=np.int64)  # feature frames stepped per stream
     tokens: list[list[int]] = [[] for _ in streams]
     latencies, cycle_times, batches = [], [], []
+    parts: dict[str, list[float]] = {"first": [], "middle": [], "last": []}
     hop_seconds = engine.front.settings.hop / engine.front.settings.sample_rate
     now, next_delivery, done = 0.0, 0, 0
     while done < len(streams):
@@ -141,17 +162,22 @@ def serve_on_clock(
                 del ids[i]
                 tokens[i] = list(event.token_ids)
                 latencies.append(now - streams[i].end)  # the last chunk: from the last push to the final event
+                parts["last"].append(latencies[-1])
                 stepped, done = stepped + 1, done + 1
         for i, stream_id in ids.items():
             frames = round(engine.decoded_seconds(stream_id) / hop_seconds)
             if frames > decoded[i]:
+                parts["first" if decoded[i] == 0 else "middle"].append(now - streams[i].chunk_arrival(frames))
                 decoded[i] = frames
                 latencies.append(now - streams[i].chunk_arrival(frames))
                 stepped += 1
         batches.append(stepped)
     audio = sum(len(s.pcm) / s.sample_rate for s in streams)
     span = now - min((s.start for s in streams), default=0.0)
-    return path_stats(name, latencies, cycle_times, batches, audio, span, warmup_seconds), tokens
+    split = LatencyParts(
+        *(_p95_ms(parts[k]) for k in ("first", "middle", "last")), *(len(parts[k]) for k in ("first", "middle", "last"))
+    )
+    return path_stats(name, latencies, cycle_times, batches, audio, span, warmup_seconds), tokens, split
 
 
 @dataclass
