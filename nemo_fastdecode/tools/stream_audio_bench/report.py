@@ -117,7 +117,11 @@ def format_markdown(result: BenchResult) -> str:
             f"| {count.num_streams} | {latency} | {cycle} | {busy} | {together} | {share} | {nemo} | {ratio} | {same} |"
         )
     best = result.max_realtime()
-    lines += ["", "| streams | ours: p95 of first chunks / middle chunks / last chunks (ms) | chunks |", "|---|---|---|"]
+    lines += [
+        "",
+        "| streams | ours: p95 of first chunks / middle chunks / last chunks (ms) | chunks |",
+        "|---|---|---|",
+    ]
     for count in result.counts:
         if (p := count.ours_parts) is not None:
             lines.append(
