@@ -6,8 +6,8 @@ python scripts/engine_cycle_breakdown.py --model hybrid-17x512-streaming --att 7
 
 Every stream plays synthetic int16 speech; each timed cycle pushes one chunk period (160 ms at ``[70, 1]`` or
 ``[16, 1]``) to every stream (not timed), then one poll steps them all. Each part is timed between two
-synchronisations: the front end (``append``, ``features``), the feature queue, the step (encoder + decoder), the
-cycle's device reads and events; "rest" is the poll minus the parts. A last cycle finishes every stream: its final
+synchronisations: the cycle's audio taken from the inbox, the front end (``append_staged``, ``features``), the
+feature queue, the step (encoder + decoder), the cycle's device reads and events; "rest" is the poll minus the parts. A last cycle finishes every stream: its final
 events (with word timestamps) and freed slots.
 
 ``--host-only`` (for a CPU, where the device work runs as torch references at CPU speed): the front end's PCM decode,
@@ -34,7 +34,8 @@ from nemo_fastdecode.tools import synthetic
 from nemo_fastdecode.tools.models import load_model
 
 PARTS = {  # name: (engine attribute owning the method or None for the engine, method)
-    "front.append": ("front", "append"),
+    "inbox.take": ("inbox", "take"),
+    "front.append_staged": ("front", "append_staged"),
     "front.features": ("front", "features"),
     "queue.write": ("queue", "write"),
     "queue.read": ("queue", "read"),
@@ -164,6 +165,8 @@ def measure(model: torch.nn.Module, pcms: list[np.ndarray], n: int, args: argpar
             polls.append(time.perf_counter() - started)
         for name, seconds in spent.items():
             parts.setdefault(name, []).append(seconds)
+    if args.torch_profile:
+        profile_one_poll(engine, ids, pcms, position, push, args.torch_profile)
     for stream_id in ids:
         engine.finish(stream_id)
     last: dict[str, float] = {}
@@ -193,6 +196,23 @@ def measure(model: torch.nn.Module, pcms: list[np.ndarray], n: int, args: argpar
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
 
 
+def profile_one_poll(
+    engine: StreamingEngine, ids: list[int], pcms: list[np.ndarray], position: int, push: int, rows: int
+) -> None:
+    """torch.profiler over one more poll (its pushes not profiled): operators by host time and by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    push_all(engine, ids, pcms, position, push)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        engine.poll()
+        _synchronize(engine.device)
+    table = prof.key_averages()
+    print(table.table(sort_by="self_cpu_time_total", row_limit=rows))
+    if engine.device.type == "cuda":
+        print(table.table(sort_by="self_cuda_time_total", row_limit=rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny-streaming", help="a cache-aware synthetic preset or .nemo path")
@@ -205,6 +225,9 @@ def main() -> None:
     parser.add_argument("--host-only", action="store_true", help="placeholders for the device work (CPU)")
     parser.add_argument("--partial-words", action="store_true", help="word timestamps on partial events too")
     parser.add_argument("--profile", type=int, default=0, metavar="TOP", help="cProfile the timed polls: top rows")
+    parser.add_argument(
+        "--torch-profile", type=int, default=0, metavar="TOP", help="torch.profiler over one more poll: top operators"
+    )
     run(parser.parse_args())
 
 

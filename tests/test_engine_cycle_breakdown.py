@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_cycle_breakdown.py"
-PARTS = ["front.append", "front.features", "queue.write", "queue.read", "step", "grew (device read)", "events", "rest"]
+PARTS = [
+    "inbox.take",
+    "front.append_staged",
+    "front.features",
+    "queue.write",
+    "queue.read",
+    "step",
+    "grew (device read)",
+    "events",
+    "rest",
+]
 
 
 @pytest.mark.parametrize("host_only", [False, True])

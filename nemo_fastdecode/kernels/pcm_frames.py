@@ -115,8 +115,9 @@ def pcm_frames(
 
     Args:
         data: ``[N]`` the packed bytes of all rows (any dtype: it is read as bytes; e.g. uint8 or int16).
-        rows: ``[B, 4]`` int32: byte offset into ``data``, samples, slot, first ring position (``< C``). Slots
-            must be distinct, and a row's samples at most ``C`` (the kernel does not check: the front end does).
+        rows: ``[B, 4]`` int32: byte offset into ``data``, samples, slot, first ring position (``< C``). Rows of
+            one slot must write distinct positions (together at most ``C`` samples; the kernel does not check: the
+            front end does).
         ring: ``[S, C]`` float32 per-slot sample rings, written at ``[slot, (position + i) % C]``.
         sample_format: how every row's bytes encode samples (one launch per format).
         max_samples: the largest sample count among the rows (host-known: sizes the grid without a sync).

@@ -3,7 +3,9 @@
 :class:`StreamingEngine` wraps one :class:`~nemo_fastdecode.streaming.frontend.AudioFrontEnd` (every stream's PCM in
 one host-to-device copy per cycle, NeMo's whole-file mel features frame by frame) and one
 :class:`~nemo_fastdecode.streaming.transcriber.StreamingTranscriber` (cache-aware encoder + greedy decoder over slots).
-Clients ``push`` audio whenever it arrives; the serving loop calls ``poll`` over and over; each poll is one cycle:
+Clients ``push`` audio whenever it arrives (each push is copied at once into pinned host memory:
+:class:`~nemo_fastdecode.streaming.inbox.AudioInbox`); the serving loop calls ``poll`` over and over; each poll is one
+cycle:
 
 1. idle streams (no push for ``idle_timeout_seconds``) are ended;
 2. every stream's waiting audio (at most ``max_cycle_seconds`` of it, and only while fewer than a chunk of its
@@ -101,6 +103,7 @@ from nemo_fastdecode.streaming.events import (
     UnknownStreamError,
 )
 from nemo_fastdecode.streaming.frontend import AudioFrontEnd, SampleFormat
+from nemo_fastdecode.streaming.inbox import AudioInbox
 from nemo_fastdecode.streaming.token_text import TokenText
 from nemo_fastdecode.streaming.transcriber import StreamingTranscriber, WarmUpTimes
 from nemo_fastdecode.streaming.vad import BatchedVAD, SpeechEnds, SpeechMarks
@@ -210,7 +213,8 @@ class StreamingEngine:
         self._ending = np.zeros(num_slots, dtype=bool)  # no more audio: flush, step the rest, emit the final event
         self._flushed = np.zeros(num_slots, dtype=bool)  # the front end gave the stream's last frames
         self._last_push = np.zeros(num_slots, dtype=np.float64)
-        self._pending_bytes = np.zeros(num_slots, dtype=np.int64)
+        self.inbox = AudioInbox(num_slots, self.device)  # pushed bytes, in pinned memory until a cycle takes them
+        self._pending_bytes = self.inbox.pending_bytes  # [S] bytes waiting (the inbox's own array)
         self._reported = np.zeros(num_slots, dtype=np.int64)  # tokens of the stream when its last event was built
         self._segment = np.zeros(num_slots, dtype=np.int64)
         self._segment_token = np.zeros(num_slots, dtype=np.int64)  # first token of the current segment
@@ -219,7 +223,6 @@ class StreamingEngine:
         # only the newer tokens from the device and extends the text)
         self._said_ids: list[list[int]] = [[] for _ in range(num_slots)]
         self._said_text: list[str] = [""] * num_slots
-        self._pending: list[list[bytes | memoryview]] = [[] for _ in range(num_slots)]
         self._carry: list[bytes] = [b""] * num_slots  # the first bytes of a sample whose other bytes are to come
         self._samples = np.zeros(num_slots, dtype=np.int64)  # whole samples pushed
         self._format = [SampleFormat.INT16] * num_slots
@@ -285,8 +288,8 @@ class StreamingEngine:
         self.schedule.reset(slot)
         self._ending[slot] = self._flushed[slot] = False
         self._last_push[slot] = self._clock()
-        self._pending[slot].clear()
-        self._pending_bytes[slot] = self._reported[slot] = self._samples[slot] = 0
+        self.inbox.drop(slot)
+        self._reported[slot] = self._samples[slot] = 0
         self._segment[slot] = self._segment_token[slot] = 0
         self._segment_start[slot] = 0.0
         self._said_ids[slot], self._said_text[slot] = [], ""
@@ -336,8 +339,7 @@ class StreamingEngine:
         self._samples[slot] += whole // itemsize
         self._last_push[slot] = self._clock()
         if whole:
-            self._pending[slot].append(samples)
-            self._pending_bytes[slot] += whole
+            self.inbox.write(slot, samples)
 
     def finish(self, stream_id: int) -> None:
         """End of the stream's audio: a later :meth:`poll` steps the rest (batched with the other streams) and emits
@@ -469,9 +471,10 @@ class StreamingEngine:
         live = members & (self._stream_of >= 0)
         # 1. audio in: one copy for every stream fed; features for every stream (ended ones: their last frames)
         feed = live & (self._pending_bytes > 0) & (self.schedule.backlog < self._max_chunk)
-        pushes = self._take_all(np.flatnonzero(feed))
-        if pushes:
-            self.front.append(pushes)
+        fed = np.flatnonzero(feed)  # each takes at most one cycle's audio; the rest waits
+        staged = self.inbox.take(fed, self._cycle_samples * self._itemsize[fed])
+        if staged is not None:
+            self.front.append_staged(staged)
         flush = live & self._ending & (self._pending_bytes == 0) & ~self._flushed
         for slot in np.flatnonzero(flush).tolist():
             if self._carry[slot]:
@@ -568,36 +571,6 @@ class StreamingEngine:
             events += self._end_segments(slots[ready].tolist(), bounds, ends, skip_empty=True)
         quiet = (blank > 0) & (counts > self._segment_token[slots]) & ~np.isin(slots, done)
         return events + self._end_segments(slots[quiet].tolist())
-
-    def _take_all(self, slots: np.ndarray) -> dict[int, bytes | memoryview]:
-        """``{slot: bytes}``: the waiting bytes of each of ``slots`` (at most one cycle's worth; the rest waits). A
-        stream whose bytes all go, as one push (the usual case), hands that push over as it is."""
-        fits = self._pending_bytes[slots] <= self._cycle_samples * self._itemsize[slots]
-        pushes, pending = {}, self._pending
-        for slot, whole in zip(slots.tolist(), fits.tolist(), strict=True):
-            if not whole:
-                pushes[slot] = self._take(slot)
-                continue
-            pieces = pending[slot]
-            pushes[slot] = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-            pieces.clear()
-        self._pending_bytes[slots[fits]] = 0
-        return pushes
-
-    def _take(self, slot: int) -> bytes | memoryview:
-        """The stream's waiting bytes, at most one cycle's worth (the rest waits); one join of its pushes."""
-        limit = self._cycle_samples * int(self._itemsize[slot])
-        pieces, taken, size = self._pending[slot], [], 0
-        while pieces and size < limit:
-            piece = pieces.pop(0)
-            if size + len(piece) > limit:
-                cut = limit - size
-                pieces.insert(0, memoryview(piece)[cut:])  # views of immutable bytes: no copy
-                piece = memoryview(piece)[:cut]
-            taken.append(piece)
-            size += len(piece)
-        self._pending_bytes[slot] -= size
-        return taken[0] if len(taken) == 1 else b"".join(taken)
 
     def _grew(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """``[N]`` bool: the streams' token counts grew since their last event (one device read); with beam search,
@@ -717,8 +690,7 @@ class StreamingEngine:
         self._cuts[slot].clear()
         del self._slot_of[int(self._stream_of[slot])]
         self._stream_of[slot] = -1
-        self._pending[slot].clear()
-        self._pending_bytes[slot] = 0
+        self.inbox.drop(slot)
         self._options[slot] = None
         self.front.close(slot)
         self.transcriber.close(slot)

@@ -1,8 +1,9 @@
 """The streaming audio front end: every stream's raw PCM in, the mel features NeMo computes on the whole file out.
 
-Per engine cycle, :meth:`AudioFrontEnd.append` takes the new bytes of any number of streams, joins them into ONE
-host buffer (pinned on a GPU host), copies it to the device in one copy, and one kernel per sample format
-(:mod:`~nemo_fastdecode.kernels.pcm_frames`) decodes and appends the samples to each slot's sample ring.
+Per engine cycle, :meth:`AudioFrontEnd.append_staged` takes the new bytes of any number of streams from ONE host
+buffer (pinned on a GPU host; the engine's pushes are written there as they arrive:
+:class:`~nemo_fastdecode.streaming.inbox.AudioInbox`), copies it to the device in one copy, and one kernel per sample
+format (:mod:`~nemo_fastdecode.kernels.pcm_frames`) decodes and appends the samples to each slot's sample ring.
 :meth:`AudioFrontEnd.features` then computes, for all streams in one batched pass, every feature frame whose
 samples have all arrived: one kernel cuts the windowed, pre-emphasised frames from the rings
 (:mod:`~nemo_fastdecode.kernels.stft_frames`), torch's FFT transforms them, one kernel takes the power spectrum
@@ -62,12 +63,12 @@ from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.pcm_frames import ROW_FIELDS, SampleFormat, pcm_frames, pcm_frames_reference
 from nemo_fastdecode.kernels.power_spectrum import power_spectrum, power_spectrum_reference
 from nemo_fastdecode.kernels.stft_frames import FrameIndex, stft_frames, stft_frames_reference
+from nemo_fastdecode.streaming.inbox import AudioInbox, StagedAudio, earlier_in_slot
 from nemo_fastdecode.streaming.staging import HostStaging
 
 __all__ = ["AudioFrontEnd", "FrontEndOutput", "MelSettings", "SampleFormat"]
 
 _NO_NORMALIZATION = ("NA", None, "", False)  # NeMo's FilterbankFeatures skips normalize_batch or passes x through
-_ROW_BYTES = ROW_FIELDS * 4  # one int32 [4] row of the header per stream
 
 
 @dataclass(frozen=True)
@@ -241,28 +242,6 @@ def _int_view(data: np.ndarray | torch.Tensor, dtype: Any, columns: int) -> Any:
     return data.view(dtype).reshape(-1, columns)
 
 
-@dataclass
-class _Group:
-    """The rows ``[first, last)`` of one sample format in a packed buffer, their bytes ``[start, end)``, payloads."""
-
-    first: int
-    last: int
-    start: int
-    end: int
-    payloads: list[bytes | memoryview]
-
-
-@dataclass
-class _Plan:
-    """The layout of one append: int32 rows ``[B, 4]`` (byte offset, samples, slot, ring position), the rows of each
-    format, the first bytes of the samples split at the end of a push (per slot), and the total byte count."""
-
-    rows: np.ndarray
-    groups: dict[SampleFormat, _Group]
-    partial: dict[int, bytes]
-    nbytes: int
-
-
 class AudioFrontEnd:
     """Raw audio of ``num_slots`` streams in, NeMo's whole-file mel features out, for all streams at once.
 
@@ -306,7 +285,7 @@ class AudioFrontEnd:
         self._window = s.window.to(self.device)
         self._fb = s.fb.to(self.device)
         self._use_triton = triton is not None and triton_runs_on(self.device)
-        self._audio = HostStaging(self.device)
+        self._packing = AudioInbox(num_slots, self.device)  # append()'s pushes, packed for append_staged()
         self._meta = HostStaging(self.device)
         self._reads = HostStaging(self.device)  # read_samples' indices
         # host-side state per slot: the host knows every count, so no decision waits on the GPU
@@ -457,9 +436,8 @@ class AudioFrontEnd:
     def append(self, pushes: Mapping[int, Any]) -> None:
         """Append new audio of any number of open streams: one host buffer, one copy, one kernel per format.
 
-        The bytes are packed as ``[int32 rows [B, 4] | int16 payloads | float32 payloads]`` (rows: byte offset,
-        samples, slot, first ring position; the float payloads start at a multiple of 4 bytes), copied to the
-        device at once, and decoded into the sample rings by :func:`~nemo_fastdecode.kernels.pcm_frames.pcm_frames`.
+        The pushes are packed into a host buffer (an :class:`~nemo_fastdecode.streaming.inbox.AudioInbox` of the
+        front end's own) and appended by :meth:`append_staged`.
 
         Args:
             pushes: ``{slot: audio}``; audio is bytes-like (``bytes``, ``bytearray``, ``memoryview``) in the stream's
@@ -471,108 +449,84 @@ class AudioFrontEnd:
                 more audio than ``max_push_seconds`` since the last :meth:`features` (each names the stream).
                 Nothing is appended when an error is raised.
         """
-        plan = self._plan(pushes)
-        rows = plan.rows
-        if rows.shape[0] > 0:
-            host = self._audio.host(plan.nbytes)
-            _int_view(host[: rows.size * 4], np.int32, ROW_FIELDS)[:] = rows
-            buffer = memoryview(host)
-            for group in plan.groups.values():  # slice assignments: no array object per payload
-                end = group.start
-                for payload in group.payloads:
-                    start, end = end, end + len(payload)
-                    buffer[start:end] = payload
-            self._check_finite(host, plan)
-        # every check passed: commit the host state, then copy and decode
-        if self._partial:
-            for slot in pushes:
-                self._partial.pop(slot, None)
-        self._partial.update(plan.partial)
-        if rows.shape[0] == 0:
-            return
-        self._samples[rows[:, 2]] += rows[:, 1]  # slots are distinct
-        received = self._audio.send(plan.nbytes)
-        device_rows = _int_view(received[: rows.size * 4], torch.int32, ROW_FIELDS)
-        decode = pcm_frames if self._use_triton else pcm_frames_reference
-        for sample_format, group in plan.groups.items():
-            max_samples = int(rows[group.first : group.last, 1].max())
-            decode(received, device_rows[group.first : group.last], self.ring, sample_format, max_samples)
-
-    def _plan(self, pushes: Mapping[int, Any]) -> _Plan:
-        """Check every push and lay out the packed buffer, vectorised over the streams; changes no state."""
-        s = self.settings
         slots = np.fromiter(pushes, dtype=np.int64, count=len(pushes))
         self._check_live(slots)
-        data = list(pushes.values())
-        if list(map(type, data)).count(bytes) != len(data):  # bytes (what a socket gives) as they are
-            formats = self._format
-            data = [
-                audio if type(audio) is bytes else _host_bytes(audio, formats[slot], slot)
-                for slot, audio in zip(pushes, data, strict=True)
-            ]
-        if self._partial:  # the first bytes of a split sample come first (rare: copies are fine)
-            for i, slot in enumerate(pushes):
-                if slot in self._partial:
-                    data[i] = self._partial[slot] + bytes(data[i])
-        lengths = np.fromiter(map(len, data), dtype=np.int64, count=len(data))
-        itemsize = self._itemsize[slots]
-        split = lengths % itemsize
+        data = [_host_bytes(audio, self._format[slot], slot) for slot, audio in pushes.items()]
         partial = {}
-        if split.any():
-            for i in np.flatnonzero(split).tolist():
-                whole = int(lengths[i] - split[i])
-                partial[int(slots[i])] = bytes(data[i][whole:])
-                data[i] = memoryview(data[i])[:whole]
-            lengths -= split
-        counts = lengths // itemsize
+        for i, slot in enumerate(slots.tolist()):
+            if slot in self._partial:  # the first bytes of a split sample come first (rare: copies are fine)
+                data[i] = self._partial[slot] + bytes(data[i])
+            split = len(data[i]) % int(self._itemsize[slot])
+            if split:
+                partial[slot] = bytes(data[i][len(data[i]) - split :])
+                data[i] = memoryview(data[i])[: len(data[i]) - split]
+        for slot, audio in zip(slots.tolist(), data, strict=True):
+            self._packing.write(slot, audio)
+        staged = self._packing.take(slots, self._packing.pending_bytes[slots])
+        if staged is not None:
+            self.append_staged(staged)
+        # every check passed: commit the split samples' first bytes
+        for slot in slots.tolist():
+            self._partial.pop(slot, None)
+        self._partial.update(partial)
+
+    def append_staged(self, staged: StagedAudio) -> None:
+        """Append audio staged in a host log (:meth:`AudioInbox.take`): one copy, one kernel per sample format.
+
+        Each record holds whole samples of its slot's format; a slot's records follow each other in its ring. The
+        int32 rows ``[R, 4]`` (byte offset, samples, slot, first ring position) are written after the log's payloads
+        and go with them in the same copy; :func:`~nemo_fastdecode.kernels.pcm_frames.pcm_frames` decodes them.
+
+        Raises:
+            ValueError: a closed or flushed slot, a record of partial samples, non-finite float samples, or more audio
+                than ``max_push_seconds`` since the last :meth:`features` (each names the stream). Nothing is
+                appended when an error is raised.
+        """
+        s = self.settings
+        slots, sizes = staged.slots, staged.sizes
+        self._check_live(slots)
+        itemsize = self._itemsize[slots]
+        for i in np.flatnonzero(sizes % itemsize)[:1].tolist():
+            raise ValueError(f"stream {slots[i]}: a staged record of {sizes[i]} bytes holds a partial sample")
+        counts = sizes // itemsize
+        before = earlier_in_slot(slots, counts)
+        totals = np.zeros(self.num_slots, dtype=np.int64)
+        np.add.at(totals, slots, counts)
+        touched = np.flatnonzero(totals)
         # the next frame still reads from one sample before its first padded position on
-        held = s.pad + self._samples[slots] + counts - (self._emitted[slots] * s.hop - 1)
+        held = s.pad + self._samples[touched] + totals[touched] - (self._emitted[touched] * s.hop - 1)
         for i in np.flatnonzero(held > self.capacity)[:1].tolist():
             raise ValueError(
-                f"stream {slots[i]}: {counts[i]} new samples exceed what the front end holds between two features() "
-                f"calls (max_push_seconds={self.max_push_seconds}); call features() more often or raise "
+                f"stream {touched[i]}: {totals[touched[i]]} new samples exceed what the front end holds between two "
+                f"features() calls (max_push_seconds={self.max_push_seconds}); call features() more often or raise "
                 "max_push_seconds"
             )
-        pushed = np.flatnonzero(counts > 0)
-        is_float = self._is_float[slots[pushed]]
-        rows = np.empty((len(pushed), ROW_FIELDS), dtype=np.int32)
-        groups, first, start = {}, 0, len(pushed) * _ROW_BYTES
-        if is_float.any():
-            by_format = ((SampleFormat.INT16, pushed[~is_float]), (SampleFormat.FLOAT32, pushed[is_float]))
-        else:  # int16 streams only: the usual case
-            by_format = ((SampleFormat.INT16, pushed),)
-        for sample_format, members in by_format:
-            if members.size == 0:
-                continue
-            start = -(-start // 4) * 4  # 4-aligned: the host's finiteness check views float payloads in place
-            sizes = lengths[members]
-            ends = np.cumsum(sizes)
-            end = start + int(ends[-1])
-            if end >= 2**31:
-                raise ValueError(f"one append carries {end} bytes; at most 2**31 - 1 fit the int32 offsets")
-            last, member_slots = first + members.size, slots[members]
-            rows[first:last, 0] = start + ends - sizes
-            rows[first:last, 1] = counts[members]
-            rows[first:last, 2] = member_slots
-            rows[first:last, 3] = (s.pad + self._samples[member_slots]) % self.capacity
-            payloads = data if members.size == len(data) else [data[i] for i in members.tolist()]  # all, in order
-            groups[sample_format] = _Group(first, last, start, end, payloads)
-            first, start = last, end
-        return _Plan(rows, groups, partial, start)
-
-    def _check_finite(self, host: np.ndarray, plan: _Plan) -> None:
-        """Refuse NaN and infinite float samples, naming the stream (one vectorised check over all float rows)."""
-        group = plan.groups.get(SampleFormat.FLOAT32)
-        if group is None or np.isfinite(host[group.start : group.end].view(np.float32)).all():
-            return
-        for offset, count, slot, _ in plan.rows[group.first : group.last].tolist():
-            values = host[offset : offset + 4 * count].view(np.float32)
+        is_float = self._is_float[slots]
+        for i in np.flatnonzero(is_float).tolist():
+            values = staged.payload(i).view(np.float32)
             if not np.isfinite(values).all():
                 bad = int(np.flatnonzero(~np.isfinite(values))[0])
                 raise ValueError(
-                    f"stream {slot}: non-finite sample {values[bad]} at sample {int(self._samples[slot]) + bad}; "
-                    "audio must be finite"
+                    f"stream {slots[i]}: non-finite sample {values[bad]} at sample "
+                    f"{int(self._samples[slots[i]] + before[i]) + bad}; audio must be finite"
                 )
+        order = np.argsort(is_float, kind="stable") if is_float.any() else np.arange(len(slots))  # formats grouped
+        rows = np.empty((len(slots), ROW_FIELDS), dtype=np.int32)
+        rows[:, 0] = staged.offsets[order]
+        rows[:, 1] = counts[order]
+        rows[:, 2] = slots[order]
+        rows[:, 3] = ((s.pad + self._samples[slots] + before) % self.capacity)[order]
+        received, device_rows = staged.upload(rows)
+        self._samples[touched] += totals[touched]  # every check passed: commit
+        decode = pcm_frames if self._use_triton else pcm_frames_reference
+        floats = int(is_float.sum())
+        for sample_format, first, last in (
+            (SampleFormat.INT16, 0, len(slots) - floats),
+            (SampleFormat.FLOAT32, len(slots) - floats, len(slots)),
+        ):
+            if last > first:
+                max_samples = int(rows[first:last, 1].max())
+                decode(received, device_rows[first:last], self.ring, sample_format, max_samples)
 
     # ---- features out --------------------------------------------------------------------------------------
     def features(self, flush: Iterable[int] = ()) -> FrontEndOutput:

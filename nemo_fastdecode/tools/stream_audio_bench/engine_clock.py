@@ -201,7 +201,8 @@ def time_cycles(
 
     Stream ``j`` plays ``audios[j % len(audios)]`` from its start, wrapping around. The streams' first chunks run
     first (untimed); then ``repeats`` timed cycles; then ``repeats`` more with the front end's calls
-    (``engine.front.append`` / ``features``) timed inside the cycle (synchronised around them), for its share.
+    (``engine.inbox.take``, ``engine.front.append_staged`` / ``features``) timed inside the cycle (synchronised around
+    them), for its share.
     """
     settings = engine.front.settings
     push = round(engine.geometry.chunk_seconds * settings.sample_rate)
@@ -254,8 +255,12 @@ def time_cycles(
 
 @contextlib.contextmanager
 def _timed_front(engine: StreamingEngine, device: torch.device) -> Iterator[list[float]]:
-    """Time the front end's calls in a cycle (seconds, synchronised before and after each): yields ``[seconds]``."""
-    front, spent = engine.front, [0.0]
+    """Time the front end's calls in a cycle (seconds, synchronised before and after each): yields ``[seconds]``.
+
+    The calls: taking the cycle's audio from the engine's inbox, appending it (one copy, the PCM decode) and the
+    features. Copying each push into the inbox happens when it arrives (:meth:`StreamingEngine.push`), outside.
+    """
+    front, inbox, spent = engine.front, engine.inbox, [0.0]
 
     def timed(method: Callable) -> Callable:
         def call(*args, **kwargs):
@@ -268,11 +273,12 @@ def _timed_front(engine: StreamingEngine, device: torch.device) -> Iterator[list
 
         return call
 
-    front.append, front.features = timed(front.append), timed(front.features)  # instance attributes over methods
+    inbox.take = timed(inbox.take)  # instance attributes over methods
+    front.append_staged, front.features = timed(front.append_staged), timed(front.features)
     try:
         yield spent
     finally:
-        del front.append, front.features
+        del inbox.take, front.append_staged, front.features
 
 
 def warm_up_engine(engine: StreamingEngine, audios: Sequence[np.ndarray], num_streams: int) -> float:

@@ -173,8 +173,9 @@ HOW_MEASURED = [
     "together, an upper bound on the GPU's busy share).",
     "- ours, cycle all together: median of the timed polls in which all N streams step one chunk each (one chunk "
     "period of audio pushed to every stream before each, not timed; first chunks done before). Front end share: "
-    "median, over as many more such polls, of the time inside the front end's calls (append, features; synchronised "
-    "around each) over the poll's time.",
+    "median, over as many more such polls, of the time inside the front end's calls (taking the cycle's audio from "
+    "the inbox, append, features; synchronised around each) over the poll's time. Each push is copied into the "
+    "engine's pinned inbox when it arrives, outside the poll (a server does it while the GPU steps).",
     "- NeMo pipeline step, all together: NeMo's pipeline is driven by its own request generator and does not follow "
     "a virtual clock; here N streams each get one frame of chunk_size_in_secs audio per step and "
     "pipeline.transcribe_step (features per buffer, cache gather/scatter, encoder, decoding, text) is timed "

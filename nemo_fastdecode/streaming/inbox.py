@@ -1,0 +1,188 @@
+"""Pushed audio, copied once into pinned host memory as it arrives, handed to the front end a cycle at a time.
+
+Each push is written at once into the current *log*: one host buffer (pinned on a GPU host) in which the pushes of
+all streams lie one after another, each at a 4-byte aligned offset, with a record ``(slot, offset, bytes)`` per push.
+:meth:`AudioInbox.take` hands the bytes of the streams a cycle feeds to the front end as :class:`StagedAudio` (records
+into that log, which goes to the device in ONE copy) and switches to the other log, so that pushes arriving while
+the cycle steps never write into bytes still being copied. The per-byte host work of gathering every stream's audio
+into one buffer is thus done as the audio arrives (in a server, while the GPU steps), not inside the cycle.
+
+Bytes a cycle does not take (a stream with a chunk already waiting, or more than one cycle's audio) move to the new
+log, in push order. A dropped stream's records are skipped by an epoch per slot, without searching the log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["AudioInbox", "StagedAudio", "earlier_in_slot"]
+
+_ALIGN = 4  # float32 payloads are viewed in place on the host (finiteness checks)
+
+
+class _PinnedLog:
+    """One host buffer of pushes and their records; copied to the device as a whole prefix.
+
+    Written only while no copy out of it is in flight: the first write after :meth:`send` waits for that copy (long
+    done in practice: the engine reads the cycle's results back before the log comes round again).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._pinned = device.type == "cuda"
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+        self.host = self.buffer.numpy()
+        self._bytes = memoryview(self.host)  # slice assignment from bytes: the cheapest copy Python has
+        self.cursor = 0
+        self.slots: list[int] = []
+        self.offsets: list[int] = []
+        self.sizes: list[int] = []
+        self.epochs: list[int] = []
+        self._received = torch.empty(0, dtype=torch.uint8, device=device)
+        self._copied = torch.cuda.Event() if self._pinned else None
+        self._in_flight = False
+
+    def reserve(self, nbytes: int) -> int:
+        """Room for ``nbytes`` at the next aligned offset (the buffer grows, keeping its bytes); returns the offset."""
+        if self._in_flight:
+            self._copied.synchronize()
+            self._in_flight = False
+        start = -(-self.cursor // _ALIGN) * _ALIGN
+        end = start + nbytes
+        if end > self.host.size:
+            grown = torch.empty(1 << max(end - 1, 1).bit_length(), dtype=torch.uint8, pin_memory=self._pinned)
+            grown_host = grown.numpy()
+            grown_host[: self.cursor] = self.host[: self.cursor]
+            self.buffer, self.host, self._bytes = grown, grown_host, memoryview(grown_host)
+        self.cursor = end
+        return start
+
+    def write(self, slot: int, data: bytes | memoryview, epoch: int) -> None:
+        """Copy ``data`` (bytes, or a memoryview of unsigned bytes) to the log as one record of ``slot``."""
+        size = len(data)
+        start = self.reserve(size)
+        self._bytes[start : start + size] = data
+        self.slots.append(slot)
+        self.offsets.append(start)
+        self.sizes.append(size)
+        self.epochs.append(epoch)
+
+    def clear(self) -> None:
+        self.cursor = 0
+        self.slots, self.offsets, self.sizes, self.epochs = [], [], [], []
+
+    def send(self, nbytes: int) -> torch.Tensor:
+        """The log's first ``nbytes`` on the device: one copy (on the CPU, the host buffer itself)."""
+        if not self._pinned:
+            return self.buffer[:nbytes]
+        if self._received.numel() < nbytes:
+            self._received = torch.empty(self.buffer.numel(), dtype=torch.uint8, device=self.device)
+        received = self._received[:nbytes]
+        received.copy_(self.buffer[:nbytes], non_blocking=True)
+        self._copied.record(torch.cuda.current_stream(self.device))
+        self._in_flight = True
+        return received
+
+
+@dataclass
+class StagedAudio:
+    """One cycle's audio in a host log: ``[R]`` records of whole samples, in push order within each slot.
+
+    Attributes:
+        slots: ``[R]`` int64 slot of each record (a slot may have several).
+        offsets: ``[R]`` int64 byte offset of each record in the log (a multiple of 4).
+        sizes: ``[R]`` int64 bytes of each record.
+    """
+
+    slots: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+    _log: _PinnedLog
+
+    def payload(self, record: int) -> np.ndarray:
+        """``[sizes[record]]`` uint8 host view of one record's bytes."""
+        start = int(self.offsets[record])
+        return self._log.host[start : start + int(self.sizes[record])]
+
+    def upload(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the int32 ``rows`` after the log's payloads and copy both to the device at once.
+
+        Returns ``(bytes, rows)``: the log's bytes on the device and the rows' device view (valid until the log's
+        next use: read them in the kernels queued before the next :meth:`AudioInbox.take`).
+        """
+        start = self._log.reserve(rows.nbytes)
+        self._log.host[start : start + rows.nbytes] = rows.view(np.uint8).reshape(-1)
+        received = self._log.send(start + rows.nbytes)
+        return received, received[start:].view(torch.int32).reshape(rows.shape)
+
+
+class AudioInbox:
+    """Every stream's pushed bytes, waiting in pinned host memory for the cycle that feeds them.
+
+    Args:
+        num_slots: the slots of the engine (``0 .. num_slots - 1``).
+        device: where the staged audio goes (pinned host logs on a CUDA device).
+    """
+
+    def __init__(self, num_slots: int, device: torch.device):
+        self._logs = (_PinnedLog(device), _PinnedLog(device))
+        self._log = self._logs[0]
+        self.pending_bytes = np.zeros(num_slots, dtype=np.int64)
+        """``[S]`` bytes waiting per slot (read by the engine's feed policy; changed only here)."""
+        self._epoch = np.zeros(num_slots, dtype=np.int64)
+
+    def write(self, slot: int, data: bytes | memoryview) -> None:
+        """Copy one push of whole samples into the current log."""
+        if len(data):
+            self._log.write(slot, data, int(self._epoch[slot]))
+            self.pending_bytes[slot] += len(data)
+
+    def drop(self, slot: int) -> None:
+        """Forget every byte waiting for ``slot`` (a stream closed or a slot reopened)."""
+        self.pending_bytes[slot] = 0
+        self._epoch[slot] += 1
+
+    def take(self, slots: np.ndarray, limits: np.ndarray) -> StagedAudio | None:
+        """The waiting bytes of ``slots``: at most ``limits[i]`` bytes of ``slots[i]`` (whole samples, in push order).
+
+        Returns ``None`` when nothing is taken; else the staged records, after which new pushes go to the other log
+        and the bytes left behind move there ahead of them.
+        """
+        log = self._log
+        if slots.size == 0 or not log.slots:
+            return None
+        record_slot = np.asarray(log.slots, dtype=np.int64)
+        offsets = np.asarray(log.offsets, dtype=np.int64)
+        live = np.asarray(log.epochs, dtype=np.int64) == self._epoch[record_slot]
+        sizes = np.where(live, np.asarray(log.sizes, dtype=np.int64), 0)
+        limit = np.zeros_like(self.pending_bytes)
+        limit[slots] = limits
+        taken = np.clip(limit[record_slot] - earlier_in_slot(record_slot, sizes), 0, sizes)  # each slot's first bytes
+        keep = taken > 0
+        if not keep.any():
+            return None
+        np.subtract.at(self.pending_bytes, record_slot[keep], taken[keep])
+        staged = StagedAudio(record_slot[keep], offsets[keep], taken[keep], log)
+        self._log = other = self._logs[1] if log is self._logs[0] else self._logs[0]
+        other.clear()
+        for i in np.flatnonzero(sizes > taken).tolist():  # rare: streams not fed, or fed a part
+            start = int(offsets[i] + taken[i])
+            other.write(int(record_slot[i]), log._bytes[start : int(offsets[i] + sizes[i])], int(log.epochs[i]))
+        return staged
+
+
+def earlier_in_slot(slots: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``[R]``: for each record, the sum of ``sizes`` over the records of its slot that come before it."""
+    if len(np.unique(slots)) == len(slots):
+        return np.zeros_like(sizes)
+    order = np.argsort(slots, kind="stable")
+    ordered, ordered_sizes = slots[order], sizes[order]
+    before = np.cumsum(ordered_sizes) - ordered_sizes  # over all earlier records, then less the other slots' ones
+    starts = np.r_[True, ordered[1:] != ordered[:-1]]
+    before -= before[np.maximum.accumulate(np.where(starts, np.arange(len(ordered)), 0))]
+    out = np.empty_like(sizes)
+    out[order] = before
+    return out

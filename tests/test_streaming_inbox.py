@@ -1,0 +1,113 @@
+"""The engine's audio inbox (streaming/inbox.py): pushes copied once into a host log, each cycle's bytes taken in push
+order up to a limit per stream, the rest kept in order for later cycles, dropped streams forgotten; and the front end
+appending staged records (several per stream) as it appends the same audio in one piece."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nemo_fastdecode.streaming.frontend import AudioFrontEnd
+from nemo_fastdecode.streaming.inbox import AudioInbox, earlier_in_slot
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def _taken(staged) -> dict[int, bytes]:
+    """``{slot: bytes}`` of staged records, joined in record order."""
+    out: dict[int, bytes] = {}
+    for i, slot in enumerate(staged.slots.tolist()):
+        out[slot] = out.get(slot, b"") + staged.payload(i).tobytes()
+    return out
+
+
+def test_earlier_in_slot_sums_each_slots_earlier_records():
+    slots = np.array([3, 1, 3, 3, 1, 0])
+    sizes = np.array([10, 20, 30, 40, 50, 60])
+    assert earlier_in_slot(slots, sizes).tolist() == [0, 0, 10, 40, 20, 0]
+    assert earlier_in_slot(np.array([2, 0, 1]), np.array([5, 6, 7])).tolist() == [0, 0, 0]
+
+
+def test_take_hands_over_each_streams_first_bytes_and_keeps_the_rest_in_order():
+    inbox = AudioInbox(4, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    sent: dict[int, bytes] = {0: b"", 1: b"", 2: b""}
+    for _ in range(12):  # interleaved pushes of three streams
+        slot = int(rng.integers(0, 3))
+        data = rng.integers(0, 256, int(rng.integers(1, 40)) * 2, dtype=np.uint8).tobytes()
+        inbox.write(slot, data)
+        sent[slot] += data
+    assert inbox.pending_bytes[:3].tolist() == [len(sent[s]) for s in range(3)]
+    inbox.write(3, b"\x01\x02")
+    inbox.drop(3)  # a closed stream: its bytes are never handed over
+    assert inbox.pending_bytes[3] == 0
+    staged = inbox.take(np.array([0, 1, 3]), np.array([10, 10**6, 10**6]))
+    got = _taken(staged)
+    assert set(got) == {0, 1} and got[0] == sent[0][:10] and got[1] == sent[1]
+    assert (staged.offsets % 4 == 0).all()  # float payloads can be viewed in place
+    inbox.write(0, b"\xaa\xbb")  # a push while the cycle steps: behind what was left of stream 0
+    assert inbox.pending_bytes[:3].tolist() == [len(sent[0]) - 10 + 2, 0, len(sent[2])]
+    got = _taken(inbox.take(np.array([0, 2]), np.array([10**6, 10**6])))
+    assert got == {0: sent[0][10:] + b"\xaa\xbb", 2: sent[2]}
+    assert inbox.pending_bytes.tolist() == [0, 0, 0, 0]
+    assert inbox.take(np.array([0, 1, 2]), np.array([10, 10, 10])) is None  # nothing waits
+
+
+def test_a_slot_reopened_after_a_drop_gets_only_its_new_bytes():
+    inbox = AudioInbox(2, torch.device("cpu"))
+    inbox.write(1, b"old!")
+    inbox.drop(1)
+    inbox.write(1, b"new!")
+    assert _taken(inbox.take(np.array([1]), np.array([100]))) == {1: b"new!"}
+
+
+@pytest.fixture(scope="module")
+def preprocessor():
+    from nemo_fastdecode.tools.synthetic import build_synthetic_model
+
+    model = build_synthetic_model("tiny-streaming", balance_joint=False)
+    return model.eval().preprocessor
+
+
+def test_staged_records_append_as_the_same_audio_in_one_piece(preprocessor):
+    """Several records per stream in one append (int16 and float32 streams) give the features of the whole audio
+    appended at once, and the rows land in each stream's ring one after another."""
+    rng = np.random.default_rng(2)
+    pcm = (rng.standard_normal(4000) * 4000).astype("<i2")
+    floats = (rng.standard_normal(3000) * 0.2).astype("<f4")
+    whole = AudioFrontEnd(preprocessor, num_slots=2, max_push_seconds=0.5)
+    pieces = AudioFrontEnd(preprocessor, num_slots=2, max_push_seconds=0.5)
+    inbox = AudioInbox(2, torch.device("cpu"))
+    for front in (whole, pieces):
+        front.open(0)
+        front.open(1, sample_format="float32")
+    whole.append({0: pcm.tobytes(), 1: floats.tobytes()})
+    for lo, hi in ((0, 1000), (1000, 1001), (1001, 3000), (3000, 4000)):
+        inbox.write(0, pcm[lo:hi].tobytes())
+        inbox.write(1, floats[lo : min(hi, 3000)].tobytes())
+    staged = inbox.take(np.array([0, 1]), np.array([10**6, 10**6]))
+    assert len(staged.slots) == 7  # the float stream's last piece is empty
+    pieces.append_staged(staged)
+    assert [pieces.samples_received(s) for s in (0, 1)] == [4000, 3000]
+    a, b = whole.features(flush=[0, 1]), pieces.features(flush=[0, 1])
+    assert a.features.shape[1] > 0
+    assert torch.equal(a.features, b.features) and a.counts.tolist() == b.counts.tolist()
+
+
+def test_staged_audio_is_checked_before_anything_is_appended(preprocessor):
+    front = AudioFrontEnd(preprocessor, num_slots=2, max_push_seconds=0.1)
+    front.open(0)
+    front.open(1, sample_format="float32")
+    inbox = AudioInbox(2, torch.device("cpu"))
+    inbox.write(0, bytes(200))
+    inbox.write(1, np.array([0.5, np.nan], dtype="<f4").tobytes())
+    with pytest.raises(ValueError, match="stream 1: non-finite sample nan at sample 1"):
+        front.append_staged(inbox.take(np.array([0, 1]), np.array([1000, 1000])))
+    inbox.write(0, bytes(2 * 2100))  # more than the ring holds between two features() calls (0.1 s + a frame)
+    with pytest.raises(ValueError, match="stream 0: 2100 new samples exceed"):
+        front.append_staged(inbox.take(np.array([0]), np.array([10**6])))
+    inbox.write(0, bytes(3))
+    with pytest.raises(ValueError, match="partial sample"):
+        front.append_staged(inbox.take(np.array([0]), np.array([10])))
+    assert [front.samples_received(s) for s in (0, 1)] == [0, 0]  # nothing was appended
