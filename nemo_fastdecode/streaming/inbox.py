@@ -95,12 +95,14 @@ class StagedAudio:
         slots: ``[R]`` int64 slot of each record (a slot may have several).
         offsets: ``[R]`` int64 byte offset of each record in the log (a multiple of 4).
         sizes: ``[R]`` int64 bytes of each record.
+        unique_slots: no slot has two records (``False``: not known).
     """
 
     slots: np.ndarray
     offsets: np.ndarray
     sizes: np.ndarray
     _log: _PinnedLog
+    unique_slots: bool = False  # known: no slot has two records
 
     def payload(self, record: int) -> np.ndarray:
         """``[sizes[record]]`` uint8 host view of one record's bytes."""
@@ -154,18 +156,26 @@ class AudioInbox:
         log = self._log
         if slots.size == 0 or not log.slots:
             return None
-        record_slot = np.asarray(log.slots, dtype=np.int64)
-        offsets = np.asarray(log.offsets, dtype=np.int64)
-        live = np.asarray(log.epochs, dtype=np.int64) == self._epoch[record_slot]
-        sizes = np.where(live, np.asarray(log.sizes, dtype=np.int64), 0)
+        record_slot = np.fromiter(log.slots, dtype=np.int64, count=len(log.slots))
+        offsets = np.fromiter(log.offsets, dtype=np.int64, count=len(log.offsets))
+        sizes = np.fromiter(log.sizes, dtype=np.int64, count=len(log.sizes))
+        live = np.fromiter(log.epochs, dtype=np.int64, count=len(log.epochs)) == self._epoch[record_slot]
         limit = np.zeros_like(self.pending_bytes)
         limit[slots] = limits
-        taken = np.clip(limit[record_slot] - earlier_in_slot(record_slot, sizes), 0, sizes)  # each slot's first bytes
+        # the usual cycle: one push per stream since the last one
+        unique = len(record_slot) <= len(self.pending_bytes) and np.bincount(record_slot).max() == 1
+        if not live.all():
+            sizes = np.where(live, sizes, 0)
+        before = 0 if unique else earlier_in_slot(record_slot, sizes)
+        taken = np.clip(limit[record_slot] - before, 0, sizes)  # each slot's first bytes, in push order
         keep = taken > 0
         if not keep.any():
             return None
-        np.subtract.at(self.pending_bytes, record_slot[keep], taken[keep])
-        staged = StagedAudio(record_slot[keep], offsets[keep], taken[keep], log)
+        if unique:
+            self.pending_bytes[record_slot[keep]] -= taken[keep]
+        else:
+            np.subtract.at(self.pending_bytes, record_slot[keep], taken[keep])
+        staged = StagedAudio(record_slot[keep], offsets[keep], taken[keep], log, unique)
         self._log = other = self._logs[1] if log is self._logs[0] else self._logs[0]
         other.clear()
         for i in np.flatnonzero(sizes > taken).tolist():  # rare: streams not fed, or fed a part
