@@ -18,45 +18,40 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from nemo_fastdecode.streaming.staging import HostStaging
+
 __all__ = ["AudioInbox", "StagedAudio", "earlier_in_slot"]
 
 _ALIGN = 4  # float32 payloads are viewed in place on the host (finiteness checks)
 
 
 class _PinnedLog:
-    """One host buffer of pushes and their records; copied to the device as a whole prefix.
+    """One host buffer of pushes and their records (a :class:`HostStaging`), copied to the device as a whole prefix.
 
     Written only while no copy out of it is in flight: the first write after :meth:`send` waits for that copy (long
     done in practice: the engine reads the cycle's results back before the log comes round again).
     """
 
     def __init__(self, device: torch.device):
-        self.device = device
-        self._pinned = device.type == "cuda"
-        self.buffer = torch.empty(0, dtype=torch.uint8)
-        self.host = self.buffer.numpy()
-        self._bytes = memoryview(self.host)  # slice assignment from bytes: the cheapest copy Python has
+        self._staging = HostStaging(device)
+        self._refresh()
         self.cursor = 0
         self.slots: list[int] = []
         self.offsets: list[int] = []
         self.sizes: list[int] = []
         self.epochs: list[int] = []
-        self._received = torch.empty(0, dtype=torch.uint8, device=device)
-        self._copied = torch.cuda.Event() if self._pinned else None
-        self._in_flight = False
+
+    def _refresh(self) -> None:
+        self.host = self._staging.staging.numpy()
+        self._bytes = memoryview(self.host)  # slice assignment from bytes: the cheapest copy Python has
 
     def reserve(self, nbytes: int) -> int:
         """Room for ``nbytes`` at the next aligned offset (the buffer grows, keeping its bytes); returns the offset."""
-        if self._in_flight:
-            self._copied.synchronize()
-            self._in_flight = False
         start = -(-self.cursor // _ALIGN) * _ALIGN
         end = start + nbytes
-        if end > self.host.size:
-            grown = torch.empty(1 << max(end - 1, 1).bit_length(), dtype=torch.uint8, pin_memory=self._pinned)
-            grown_host = grown.numpy()
-            grown_host[: self.cursor] = self.host[: self.cursor]
-            self.buffer, self.host, self._bytes = grown, grown_host, memoryview(grown_host)
+        if end > self.host.size or self._staging.pending:
+            self._staging.reserve(end, keep=self.cursor)
+            self._refresh()
         self.cursor = end
         return start
 
@@ -76,15 +71,7 @@ class _PinnedLog:
 
     def send(self, nbytes: int) -> torch.Tensor:
         """The log's first ``nbytes`` on the device: one copy (on the CPU, the host buffer itself)."""
-        if not self._pinned:
-            return self.buffer[:nbytes]
-        if self._received.numel() < nbytes:
-            self._received = torch.empty(self.buffer.numel(), dtype=torch.uint8, device=self.device)
-        received = self._received[:nbytes]
-        received.copy_(self.buffer[:nbytes], non_blocking=True)
-        self._copied.record(torch.cuda.current_stream(self.device))
-        self._in_flight = True
-        return received
+        return self._staging.send(nbytes)
 
 
 @dataclass

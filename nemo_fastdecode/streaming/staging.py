@@ -35,12 +35,30 @@ class HostStaging:
 
     def host(self, nbytes: int) -> np.ndarray:
         """``[nbytes]`` uint8 host buffer to fill."""
+        self.reserve(nbytes)
+        return self._staging[:nbytes].numpy()
+
+    def reserve(self, nbytes: int, keep: int = 0) -> None:
+        """Make the host buffer writable and at least ``nbytes`` long: wait for the previous copy out of it, grow it
+        (to the next power of two) keeping its first ``keep`` bytes."""
         if self._pending:
             self._copied.synchronize()  # the previous cycle's copy has long finished in practice
+            self._pending = False
         if self._staging.numel() < nbytes:
             size = 1 << max(nbytes - 1, 1).bit_length()
-            self._staging = torch.empty(size, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
-        return self._staging[:nbytes].numpy()
+            grown = torch.empty(size, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+            grown[:keep] = self._staging[:keep]
+            self._staging = grown
+
+    @property
+    def staging(self) -> torch.Tensor:
+        """The whole host buffer (valid until the next :meth:`reserve` that grows it)."""
+        return self._staging
+
+    @property
+    def pending(self) -> bool:
+        """A copy out of the host buffer may still run: wait (:meth:`reserve`) before writing to it."""
+        return self._pending
 
     def send(self, nbytes: int) -> torch.Tensor:
         """The first ``nbytes`` of the host buffer on the device: one copy (none on the CPU)."""
