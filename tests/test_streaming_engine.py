@@ -213,6 +213,42 @@ def test_one_push_per_stream_and_one_poll_per_push_also_match(cases, audio):
         check_final(finals[stream_id], refs[stream], stream)
 
 
+def test_a_pushed_buffer_may_be_reused_as_soon_as_push_returns(cases, audio):
+    """push copies the audio into the engine's inbox before it returns: a client that refills one bytearray, one
+    numpy array or one memoryview for every piece (as a socket reader does) still gets NeMo's tokens."""
+    model, att, refs = cases[CASES[1][0]]
+    engine = StreamingEngine(model, num_slots=len(audio), att_context_size=att)
+    ids = [engine.open() for _ in audio]
+    piece = 1001  # odd byte counts: split samples wait in the engine as a copy too
+    buffers = {"bytearray": bytearray(piece), "array": np.zeros(piece // 2, dtype=np.int16)}
+    for offset in range(0, max(len(pcm) for pcm in audio) * 2, piece):
+        for stream, (stream_id, pcm) in enumerate(zip(ids, audio, strict=True)):
+            data = pcm.tobytes()[offset : offset + piece]
+            if not data:
+                continue
+            kind = ("bytearray", "memoryview", "array")[stream % 3]
+            if kind == "array" and len(data) % 2 == 0 and offset % 2 == 0:
+                array = buffers["array"][: len(data) // 2]
+                array[:] = np.frombuffer(data, dtype=np.int16)
+                engine.push(stream_id, array)
+                array[:] = 12345  # overwritten before the engine ever steps
+            else:  # the same bytearray object refilled (a full piece), or a view of it
+                buffer = buffers["bytearray"]
+                buffer[: len(data)] = data
+                pushed = buffer if len(data) == piece and kind == "bytearray" else memoryview(buffer)[: len(data)]
+                engine.push(stream_id, pushed)
+                buffer[:] = b"\x7f" * len(buffer)
+        engine.poll()
+    for stream_id in ids:
+        engine.finish(stream_id)
+    finals = {}
+    while engine.busy:
+        finals.update({e.stream_id: e for e in engine.poll() if e.is_last})
+    assert sum(len(finals[i].token_ids) for i in ids) > 0  # there is something to compare
+    for stream, stream_id in enumerate(ids):
+        check_final(finals[stream_id], refs[stream], stream)
+
+
 def test_decoded_seconds_grows_one_chunk_per_cycle_and_is_the_partial_events_end(cases, audio):
     model, att, _ = cases[CASES[1][0]]
     engine = StreamingEngine(model, num_slots=1, att_context_size=att)

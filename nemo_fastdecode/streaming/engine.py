@@ -309,7 +309,8 @@ class StreamingEngine:
         self._next_cut[slot] = np.iinfo(np.int64).max
 
     def push(self, stream_id: int, pcm: bytes | bytearray | memoryview | np.ndarray) -> None:
-        """Queue audio of one stream for the next cycles (any length, at any time; copied unless ``bytes``).
+        """Queue audio of one stream for the next cycles (any length, at any time): its whole samples are copied
+        at once into the engine's pinned :attr:`inbox`, so the caller may reuse its buffer when this returns.
 
         Args:
             stream_id: an open stream.
@@ -335,7 +336,7 @@ class StreamingEngine:
         if whole and self._format[slot] is SampleFormat.FLOAT32:
             self._check_finite(stream_id, slot, samples)
         # every check passed
-        self._carry[slot] = carry + data if not whole else data[len(data) - (total - whole) :]
+        self._carry[slot] = carry + data if not whole else bytes(data[len(data) - (total - whole) :])  # kept: a copy
         self._samples[slot] += whole // itemsize
         self._last_push[slot] = self._clock()
         if whole:
@@ -727,7 +728,8 @@ class StreamingEngine:
         return shown + (f", ... ({len(ids)} in all)" if len(ids) > limit else "")
 
     def _as_bytes(self, stream_id: int, slot: int, pcm: Any) -> bytes | memoryview:
-        """The push's raw bytes, immutable (copied unless ``bytes``): a 1-D array of the stream's dtype, or bytes."""
+        """The push's raw bytes, not copied (``bytes``, or an unsigned-byte view of a 1-D array of the stream's dtype,
+        a ``bytearray`` or a ``memoryview``): :meth:`push` copies them into the inbox before it returns."""
         if type(pcm) is bytes:
             return pcm
         sample_format = self._format[slot].value
@@ -751,12 +753,12 @@ class StreamingEngine:
                     f"stream {stream_id}: {len(self._carry[slot])} byte(s) of a split sample wait for the rest; push "
                     "those bytes before pushing an array",
                 )
-            return np.ascontiguousarray(pcm).tobytes()
+            return memoryview(np.ascontiguousarray(pcm)).cast("B")
         if isinstance(pcm, (bytearray, memoryview)):
             view = memoryview(pcm)
             if not view.c_contiguous:
                 raise StreamError(stream_id, f"stream {stream_id}: audio bytes must be contiguous")
-            return view.tobytes()
+            return view.cast("B")
         raise StreamError(
             stream_id,
             f"stream {stream_id}: audio must be bytes or a 1-D numpy array, got {type(pcm).__name__}",
