@@ -249,6 +249,51 @@ def test_a_pushed_buffer_may_be_reused_as_soon_as_push_returns(cases, audio):
         check_final(finals[stream_id], refs[stream], stream)
 
 
+def test_push_many_is_push_in_order(cases, audio):
+    """A server's batch of pushes (push_many): int16 pieces of any byte count (split samples), float32 streams and
+    empty pieces, several per stream, interleaved; the finals equal NeMo's as with one push() per piece."""
+    model, att, refs = cases[CASES[1][0]]
+    engine = StreamingEngine(model, num_slots=len(audio), att_context_size=att)
+    kinds = ["int16" if i % 3 else "float32" for i in range(len(audio))]
+    data = [
+        pcm.tobytes() if kind == "int16" else (pcm.astype(np.float32) / 32768).astype("<f4").tobytes()
+        for pcm, kind in zip(audio, kinds, strict=True)
+    ]
+    ids = [engine.open(StreamOptions(sample_format=kind)) for kind in kinds]
+    rng, sent = np.random.default_rng(3), [0] * len(audio)
+    while any(s < len(d) for s, d in zip(sent, data, strict=True)):
+        pieces, who = [], []
+        for stream in rng.integers(0, len(audio), 12).tolist():
+            size = int(rng.choice([0, 1, 3, 4, 2560, 4001]))
+            pieces.append(data[stream][sent[stream] : sent[stream] + size])
+            sent[stream] += len(pieces[-1])
+            who.append(ids[stream])
+        bounds = np.cumsum([0] + [len(piece) for piece in pieces])
+        assert engine.push_many(who, b"".join(pieces), bounds[:-1], bounds[1:]) == len(who)
+        engine.poll()
+    for stream_id in ids:
+        engine.finish(stream_id)
+    finals = {}
+    while engine.busy:
+        finals.update({e.stream_id: e for e in engine.poll() if e.is_last})
+    assert sum(len(finals[i].token_ids) for i in ids) > 0  # there is something to compare
+    for stream, stream_id in enumerate(ids):
+        check_final(finals[stream_id], refs[stream], stream)
+
+
+def test_push_many_stops_at_the_first_refused_push(cases):
+    model, att, _ = cases[CASES[1][0]]
+    engine = StreamingEngine(model, num_slots=3, att_context_size=att)
+    a, b, c = engine.open(), engine.open(), engine.open()
+    engine.finish(b)
+    bounds = np.arange(0, 5 * 320, 320)  # four pieces of 160 samples
+    applied = engine.push_many([a, c, b, a], bytes(4 * 320), bounds[:-1], bounds[1:])
+    assert applied == 2  # b was finished: its push and the one after it are not applied
+    assert engine.inbox.pending_bytes.tolist() == [320, 0, 320]  # slots 0, 1, 2: the lowest free, in order
+    with pytest.raises(StreamEndedError, match=f"stream {b}"):
+        engine.push(b, bytes(320))
+
+
 def test_decoded_seconds_grows_one_chunk_per_cycle_and_is_the_partial_events_end(cases, audio):
     model, att, _ = cases[CASES[1][0]]
     engine = StreamingEngine(model, num_slots=1, att_context_size=att)

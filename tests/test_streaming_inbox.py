@@ -111,3 +111,19 @@ def test_staged_audio_is_checked_before_anything_is_appended(preprocessor):
     with pytest.raises(ValueError, match="partial sample"):
         front.append_staged(inbox.take(np.array([0]), np.array([10])))
     assert [front.samples_received(s) for s in (0, 1)] == [0, 0]  # nothing was appended
+
+
+def test_write_many_is_write_in_order_adjacent_or_not():
+    """A batch's pieces (adjacent: one copy; apart: one copy each) are the same records as one write() per piece."""
+    block = bytes(range(200)) * 4
+    slots = np.array([2, 0, 2, 1])
+    for starts, stops in (([0, 10, 30, 36], [10, 30, 36, 100]), ([4, 50, 300, 600], [10, 52, 340, 700])):
+        starts, stops = np.array(starts), np.array(stops)
+        one, many = AudioInbox(3, torch.device("cpu")), AudioInbox(3, torch.device("cpu"))
+        for slot, start, stop in zip(slots.tolist(), starts.tolist(), stops.tolist(), strict=True):
+            one.write(slot, block[start:stop])
+        many.write_many(slots, block, starts, stops)
+        expected = [int((stops - starts)[slots == slot].sum()) for slot in range(3)]
+        assert many.pending_bytes.tolist() == one.pending_bytes.tolist() == expected
+        everything = np.array([0, 1, 2]), np.array([10**6] * 3)
+        assert _taken(many.take(*everything)) == _taken(one.take(*everything))

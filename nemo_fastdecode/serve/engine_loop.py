@@ -7,7 +7,8 @@ batches come in through :meth:`EngineLoop.submit_many`). The thread owns the
 :class:`~nemo_fastdecode.streaming.StreamingEngine` (which is not thread-safe): it drains the queue, applies the
 commands, runs one :meth:`~StreamingEngine.poll` while the engine has work, and sleeps on the queue when it has none.
 Pushes that come while a cycle steps are applied inside it (``poll(while_stepping=...)``): the host's per-push work
-overlaps the GPU's step, and the audio waits for the next cycle, as it would have; the first command that needs more
+overlaps the GPU's step, and the audio waits for the next cycle, as it would have. A network batch's pushes to open
+streams go to the engine together (:meth:`~StreamingEngine.push_many`: one copy into its inbox); the first command that needs more
 than a push to an open stream, and every later one, wait for the cycle's end, so commands apply in the order they came.
 
 Each connection is a *lane* of items (an item: the audio between two commits, one engine stream). Only a lane's
@@ -361,12 +362,13 @@ class EngineLoop:
         return self._push(item, pcm, received)
 
     def _apply(self, command: Command | PushBatch) -> list[Delivery]:
-        units = _push_units(command)
-        if units is not None:  # a batch's pushes in order, with no Push built
+        if isinstance(command, PushBatch):  # the pushes to open streams go in together, the rest one by one
             out: list[Delivery] = []
-            for unit in units:
-                out += self._apply_push(*unit)
+            for push in self._push_batch_to_open_streams(command):
+                out += self._apply_push(*_push_units(push)[0])
             return out
+        if isinstance(command, Push):
+            return self._apply_push(*_push_units(command)[0])
         if isinstance(command, Drop | DropRange):
             dropped = (
                 [command.connection]
@@ -504,22 +506,55 @@ class EngineLoop:
     def _push_to_open_streams(self, command: Command | PushBatch | None) -> list[Command | PushBatch | None]:
         """Apply the command's pushes while each can be without opening a stream and the engine takes it; returns what
         is left (the command itself if it is not a push; the remaining pushes, as :class:`Push` commands)."""
+        if isinstance(command, PushBatch):
+            return self._push_batch_to_open_streams(command)
         units = _push_units(command)
         if units is None:
             return [command]
-        for index, unit in enumerate(units):
-            key, pcm, received, _, turn_detection = unit
-            lane = self._lanes.get(key[0])
-            if not lane or lane[0].stream is None:  # the push would open a stream
-                return [Push(*u) for u in units[index:]]
-            head = lane[0]  # the lane's only item with a stream
-            if head.key != key:  # behind its connection's open item: kept until that ends
-                self._apply_push(*unit)
-            elif self._push_now(head, pcm, received) is None:
-                head.turn_detection = head.turn_detection or turn_detection
-            else:  # refused: applied again after the cycle, where the refusal is handled
-                return [Push(*u) for u in units[index:]]
+        key, pcm, received, _, turn_detection = units[0]  # one Push
+        lane = self._lanes.get(key[0])
+        if not lane or lane[0].stream is None:  # the push would open a stream
+            return [command]
+        head = lane[0]  # the lane's only item with a stream
+        if head.key != key:  # behind its connection's open item: kept until that ends
+            self._apply_push(*units[0])
+        elif self._push_now(head, pcm, received) is None:
+            head.turn_detection = head.turn_detection or turn_detection
+        else:  # refused: applied again after the cycle, where the refusal is handled
+            return [command]
         return []
+
+    def _push_batch_to_open_streams(self, batch: PushBatch) -> list[Command | PushBatch | None]:
+        """:meth:`_push_to_open_streams` of a network batch: the pushes to open streams go to the engine together
+        (:meth:`~StreamingEngine.push_many`), up to the first that would open a stream or that the engine refuses."""
+        connections, indices = batch.keys[:, 0].tolist(), batch.keys[:, 1].tolist()
+        lanes = self._lanes
+        heads: list[_Item | None] = []  # per push: the open item it feeds, or None (kept for an item behind it)
+        for connection, index in zip(connections, indices, strict=True):
+            lane = lanes.get(connection)
+            if not lane or lane[0].stream is None:  # this push would open a stream: it and the rest wait
+                break
+            head = lane[0]
+            heads.append(head if head.key == (connection, index) else None)
+        fed = [i for i, head in enumerate(heads) if head is not None]
+        order = np.asarray(fed, dtype=np.int64)
+        starts, stops = batch.offsets[order], batch.offsets[order + 1]
+        applied = self.engine.push_many([heads[i].stream for i in fed], batch.audio, starts, stops)
+        end = fed[applied] if applied < len(fed) else len(heads)  # the first push not applied
+        received, turns = batch.received.tolist(), batch.turn_detection.tolist()
+        for i, size in zip(fed[:applied], (stops[:applied] - starts[:applied]).tolist(), strict=True):
+            head = heads[i]
+            head.turn_detection = head.turn_detection or turns[i]
+            head.samples += size // 2
+            head.arrivals.append((head.samples, received[i]))
+        rest = None
+        for i in range(end):
+            if heads[i] is None:  # kept for its item, which no stream feeds yet
+                rest = rest or _push_units(batch)
+                self._apply_push(*rest[i])
+        if end == len(batch):
+            return []
+        return [Push(*unit) for unit in (rest or _push_units(batch))[end:]]
 
     def _observe_chunk_latency(self, item: _Item, event: StreamEvent, clock: float) -> None:
         """Received -> built, for the audio whose arrival completed the chunk the partial ends with."""

@@ -99,6 +99,7 @@ from nemo_fastdecode.streaming.events import (
     StreamEndedError,
     StreamError,
     StreamEvent,
+    StreamingEngineError,
     StreamOptions,
     UnknownStreamError,
 )
@@ -341,6 +342,47 @@ class StreamingEngine:
         self._last_push[slot] = self._clock()
         if whole:
             self.inbox.write(slot, samples)
+
+    def push_many(
+        self, stream_ids: Sequence[int], audio: bytes | memoryview, starts: np.ndarray, stops: np.ndarray
+    ) -> int:
+        """:meth:`push` of ``audio[starts[i]:stops[i]]`` to ``stream_ids[i]`` for each ``i``, in order; the int16
+        pushes of whole samples go in together (one copy into the inbox when they are adjacent in ``audio``, the
+        counts updated in arrays). A server applies a network batch of pushes this way.
+
+        Returns how many pushes were applied: all, or the index of the first that :meth:`push` refuses (it and the
+        later ones are not applied; push it alone for its error).
+        """
+        count = len(stream_ids)
+        slot_of, carry = self._slot_of, self._carry
+        slots = np.fromiter((slot_of.get(i, -1) for i in stream_ids), dtype=np.int64, count=count)
+        starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
+        # together: open, not ending, int16, whole samples, no split sample waiting
+        simple = slots >= 0
+        simple[simple] = ~self._ending[slots[simple]] & (self._itemsize[slots[simple]] == 2)
+        simple &= (stops - starts) % 2 == 0
+        for i in np.flatnonzero(simple).tolist():
+            if carry[slots[i]]:
+                simple[i] = False
+        done = 0
+        while done < count:
+            run = count if simple[done:].all() else done + int(np.argmin(simple[done:]))
+            if run > done:
+                together = slots[done:run]
+                self.inbox.write_many(together, audio, starts[done:run], stops[done:run])
+                np.add.at(self._samples, together, (stops[done:run] - starts[done:run]) // 2)
+                self._last_push[together] = self._clock()
+                done = run
+            if done < count:  # one push the general way
+                try:
+                    self.push(stream_ids[done], audio[int(starts[done]) : int(stops[done])])
+                except StreamingEngineError:
+                    return done
+                slot = slots[done]
+                done += 1
+                if slot >= 0 and carry[slot]:  # it left a split sample: the stream's later pushes follow it
+                    simple[done:][slots[done:] == slot] = False
+        return count
 
     def finish(self, stream_id: int) -> None:
         """End of the stream's audio: a later :meth:`poll` steps the rest (batched with the other streams) and emits

@@ -1,7 +1,8 @@
 """Pushed audio, copied once into pinned host memory as it arrives, handed to the front end a cycle at a time.
 
 Each push is written at once into the current *log*: one host buffer (pinned on a GPU host) in which the pushes of
-all streams lie one after another, each at a 4-byte aligned offset, with a record ``(slot, offset, bytes)`` per push.
+all streams lie one after another, each at a 4-byte aligned offset (a batch of int16 pushes: one block), with a
+record ``(slot, offset, bytes)`` per push.
 :meth:`AudioInbox.take` hands the bytes of the streams a cycle feeds to the front end as :class:`StagedAudio` (records
 into that log, which goes to the device in ONE copy) and switches to the other log, so that pushes arriving while
 the cycle steps never write into bytes still being copied. The per-byte host work of gathering every stream's audio
@@ -128,6 +129,29 @@ class AudioInbox:
         if len(data):
             self._log.write(slot, data, int(self._epoch[slot]))
             self.pending_bytes[slot] += len(data)
+
+    def write_many(self, slots: np.ndarray, data: bytes | memoryview, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Copy ``data[starts[i]:stops[i]]`` as a push of ``slots[i]`` for every ``i``, in order (int16 audio: the
+        records may sit at any even offset). Adjacent pieces are copied in one piece."""
+        log, sizes = self._log, stops - starts
+        if len(slots) == 0:
+            return
+        if (starts[1:] == stops[:-1]).all():  # one block (a network batch): one copy
+            first = int(starts[0])
+            base = log.reserve(int(stops[-1]) - first)
+            log._bytes[base : base + int(stops[-1]) - first] = data[first : int(stops[-1])]
+            offsets = starts - first + base
+        else:
+            offsets = np.empty_like(starts)
+            for i, (start, stop) in enumerate(zip(starts.tolist(), stops.tolist(), strict=True)):
+                offsets[i] = base = log.reserve(stop - start)
+                log._bytes[base : base + stop - start] = data[start:stop]
+        kept = sizes > 0
+        log.slots += slots[kept].tolist()
+        log.offsets += offsets[kept].tolist()
+        log.sizes += sizes[kept].tolist()
+        log.epochs += self._epoch[slots[kept]].tolist()
+        np.add.at(self.pending_bytes, slots, sizes)
 
     def drop(self, slot: int) -> None:
         """Forget every byte waiting for ``slot`` (a stream closed or a slot reopened)."""
