@@ -8,8 +8,9 @@ batches come in through :meth:`EngineLoop.submit_many`). The thread owns the
 commands, runs one :meth:`~StreamingEngine.poll` while the engine has work, and sleeps on the queue when it has none.
 Pushes that come while a cycle steps are applied inside it (``poll(while_stepping=...)``): the host's per-push work
 overlaps the GPU's step, and the audio waits for the next cycle, as it would have. A network batch's pushes to open
-streams go to the engine together (:meth:`~StreamingEngine.push_many`: one copy into its inbox); the first command that needs more
-than a push to an open stream, and every later one, wait for the cycle's end, so commands apply in the order they came.
+streams go to the engine together (:meth:`~StreamingEngine.push_many`: one copy into its inbox); the first command
+that needs more than a push to an open stream, and every later one, wait for the cycle's end, so commands apply in
+the order they came.
 
 Each connection is a *lane* of items (an item: the audio between two commits, one engine stream). Only a lane's
 first item holds an engine stream; the next one's audio waits here until the first one's final has been built, so a
