@@ -213,6 +213,18 @@ def test_one_push_per_stream_and_one_poll_per_push_also_match(cases, audio):
         check_final(finals[stream_id], refs[stream], stream)
 
 
+def finish_and_check(engine, ids, refs):
+    """Finish every stream, drain the engine, and check each final against NeMo's streaming of its file alone."""
+    for stream_id in ids:
+        engine.finish(stream_id)
+    finals = {}
+    while engine.busy:
+        finals.update({e.stream_id: e for e in engine.poll() if e.is_last})
+    assert sum(len(finals[i].token_ids) for i in ids) > 0  # there is something to compare
+    for stream, stream_id in enumerate(ids):
+        check_final(finals[stream_id], refs[stream], stream)
+
+
 def test_a_pushed_buffer_may_be_reused_as_soon_as_push_returns(cases, audio):
     """push copies the audio into the engine's inbox before it returns: a client that refills one bytearray, one
     numpy array or one memoryview for every piece (as a socket reader does) still gets NeMo's tokens."""
@@ -239,14 +251,7 @@ def test_a_pushed_buffer_may_be_reused_as_soon_as_push_returns(cases, audio):
                 engine.push(stream_id, pushed)
                 buffer[:] = b"\x7f" * len(buffer)
         engine.poll()
-    for stream_id in ids:
-        engine.finish(stream_id)
-    finals = {}
-    while engine.busy:
-        finals.update({e.stream_id: e for e in engine.poll() if e.is_last})
-    assert sum(len(finals[i].token_ids) for i in ids) > 0  # there is something to compare
-    for stream, stream_id in enumerate(ids):
-        check_final(finals[stream_id], refs[stream], stream)
+    finish_and_check(engine, ids, refs)
 
 
 def test_push_many_is_push_in_order(cases, audio):
@@ -271,14 +276,7 @@ def test_push_many_is_push_in_order(cases, audio):
         bounds = np.cumsum([0] + [len(piece) for piece in pieces])
         assert engine.push_many(who, b"".join(pieces), bounds[:-1], bounds[1:]) == len(who)
         engine.poll()
-    for stream_id in ids:
-        engine.finish(stream_id)
-    finals = {}
-    while engine.busy:
-        finals.update({e.stream_id: e for e in engine.poll() if e.is_last})
-    assert sum(len(finals[i].token_ids) for i in ids) > 0  # there is something to compare
-    for stream, stream_id in enumerate(ids):
-        check_final(finals[stream_id], refs[stream], stream)
+    finish_and_check(engine, ids, refs)
 
 
 def test_push_many_stops_at_the_first_refused_push(cases):
