@@ -95,12 +95,12 @@ def stub_device_work(engine: StreamingEngine, blank: int) -> None:
     frontend.stft_frames_reference = lambda ring, window, index, **kwargs: torch.empty(index.stream_of.shape[0], 1)
     front, placeholder = engine.front, torch.zeros(0)
 
-    def spectrum_to_mel(frames: torch.Tensor) -> torch.Tensor:
+    def spectrum_to_mel(frames: torch.Tensor, count: int) -> torch.Tensor:
         nonlocal placeholder  # one zero buffer, grown: a fresh [F, R] would time a host memset no GPU host does
-        size = front.settings.features * frames.shape[0]
+        size = front.settings.features * count
         if placeholder.numel() < size:
             placeholder = torch.zeros(size)
-        return placeholder[:size].view(front.settings.features, frames.shape[0])
+        return placeholder[:size].view(front.settings.features, count)
 
     front._spectrum_to_mel = spectrum_to_mel
     decoder, generator = engine.transcriber.decoder, torch.Generator().manual_seed(0)

@@ -40,6 +40,11 @@ def test_matches_reference_and_torch_stft(n_fft, win, hop, preemph):
     on_device = FrameIndex(*(t.to(DEVICE) for t in vars(index).values()))
     got = stft_frames(ring.to(DEVICE), window.to(DEVICE), on_device, **args)
     assert torch.equal(got.cpu(), expected)
+    rows = int(counts.sum()) + 5  # a larger FFT batch: the same frames, then zero rows
+    padded = stft_frames(ring.to(DEVICE), window.to(DEVICE), on_device, **args, rows=rows).cpu()
+    assert padded.shape == (rows, n_fft) and torch.equal(padded[: len(expected)], expected)
+    assert not padded[len(expected) :].any()
+    assert torch.equal(stft_frames_reference(ring, window, index, **args, rows=rows), padded)
     # the frames of the streams that fit their rings are the ones torch.stft transforms in NeMo's FilterbankFeatures
     for (slot, first, count, samples), row in zip(streams[:3], offset.tolist()[:3], strict=True):
         x = ring[slot, pad : pad + samples]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from nemo_fastdecode.streaming.frontend import AudioFrontEnd, MelSettings
+from nemo_fastdecode.streaming.frontend import AudioFrontEnd, MelSettings, fft_rows
 
 # A frame's mel energy is a sum of 257 non-negative terms; BLAS (cuBLAS) may order it differently for another number
 # of frames, which moves it by at most ~257 fp32 roundings (relative 257 * 2**-24 = 1.5e-5), i.e. as much absolute
@@ -358,3 +358,10 @@ def test_benchmark_script_smoke_run(tmp_path):
     assert row["ours_gpu_span_ms"] is None and row["nemo_per_stream_timed_streams"] == 2
     assert all(row[k] > 0 for k in ("ours_cycle_ms", "ours_host_ms", "nemo_batched_ms", "nemo_per_stream_ms"))
     assert "| 4 | 0.02 |" in (tmp_path / "f.md").read_text()
+
+
+def test_fft_batch_sizes_are_few_and_close_to_the_frames():
+    """The FFT's batch sizes: at least the frames, at most 1/8 more, and 8 per octave (few cuFFT plans)."""
+    sizes = [fft_rows(n) for n in range(1, 70000)]
+    assert all(n <= size <= max(16, n + n / 8) for n, size in zip(range(1, 70000), sizes, strict=True))
+    assert len(set(sizes)) <= 8 * 13

@@ -97,7 +97,14 @@ def _check(ring: torch.Tensor, window: torch.Tensor, index: FrameIndex) -> None:
 
 
 def stft_frames(
-    ring: torch.Tensor, window: torch.Tensor, index: FrameIndex, *, hop: int, pad: int, preemph: float | None
+    ring: torch.Tensor,
+    window: torch.Tensor,
+    index: FrameIndex,
+    *,
+    hop: int,
+    pad: int,
+    preemph: float | None,
+    rows: int = 0,
 ) -> torch.Tensor:
     """Windowed, pre-emphasised frames of many streams.
 
@@ -107,18 +114,21 @@ def stft_frames(
         index: which frame of which stream each output row is.
         hop, pad: frame hop and left zero padding (``n_fft // 2``) in samples.
         preemph: pre-emphasis coefficient (``None``: none).
+        rows: at least this many output rows; those past the ``R`` frames are zeros (a batch size for the FFT).
 
     Returns:
-        ``[R, n_fft]`` float32: row ``r`` is ``window * y[t * hop - pad : t * hop - pad + n_fft]`` (zeros outside the
-        stream) for frame ``t = start[b] + r - offset[b]`` of stream ``b = stream_of[r]``.
+        ``[max(R, rows), n_fft]`` float32: row ``r < R`` is ``window * y[t * hop - pad : t * hop - pad + n_fft]``
+        (zeros outside the stream) for frame ``t = start[b] + r - offset[b]`` of stream ``b = stream_of[r]``.
     """
     _check(ring, window, index)
-    n_fft = window.shape[0]
-    out = torch.empty(index.stream_of.shape[0], n_fft, dtype=torch.float32, device=ring.device)
-    if out.shape[0] == 0:
+    n_fft, frames = window.shape[0], index.stream_of.shape[0]
+    out = torch.empty(max(frames, rows), n_fft, dtype=torch.float32, device=ring.device)
+    if out.shape[0] > frames:
+        out[frames:].zero_()
+    if frames == 0:
         return out
     with torch.cuda.device(ring.device) if ring.is_cuda else contextlib.nullcontext():
-        _stft_frames_kernel[(out.shape[0],)](
+        _stft_frames_kernel[(frames,)](
             ring, ring.stride(0), ring.shape[1], window, index.stream_of, index.slot, index.start, index.offset,
             index.end, out,
             0.0 if preemph is None else preemph, PAD=pad, HOP=hop, N_FFT=n_fft, PREEMPH=preemph is not None,
@@ -129,7 +139,14 @@ def stft_frames(
 
 
 def stft_frames_reference(
-    ring: torch.Tensor, window: torch.Tensor, index: FrameIndex, *, hop: int, pad: int, preemph: float | None
+    ring: torch.Tensor,
+    window: torch.Tensor,
+    index: FrameIndex,
+    *,
+    hop: int,
+    pad: int,
+    preemph: float | None,
+    rows: int = 0,
 ) -> torch.Tensor:
     """Torch version of :func:`stft_frames` (same arguments and result): gathers, masks, NeMo's operations."""
     _check(ring, window, index)
@@ -145,4 +162,5 @@ def stft_frames_reference(
         emphasised = samples[:, 1:]
     else:  # NeMo: cat(x[0], x[1:] - preemph * x[:-1]); x[-1] is a masked zero, so x[0] - 0 keeps x[0]
         emphasised = torch.where(valid[:, 1:], samples[:, 1:] - preemph * samples[:, :-1], 0.0)
-    return emphasised * window  # torch.stft: input.mul(window) before the FFT
+    frames = emphasised * window  # torch.stft: input.mul(window) before the FFT
+    return torch.nn.functional.pad(frames, (0, 0, 0, max(rows - frames.shape[0], 0)))

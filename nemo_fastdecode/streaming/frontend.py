@@ -25,7 +25,8 @@ The frames past ``seq_len`` (which NeMo masks to ``pad_value``) are never emitte
 yields exactly ``seq_len`` frames.
 
 Exactness (fp32): every step rounds as NeMo's torch operations do, on the same values, in the same layouts; only
-the number of frames per call differs. On the CPU that changes nothing: the features equal NeMo's bit for bit
+the number of frames per call differs (and the FFT's batch, rounded up by :func:`fft_rows` with zero frames so that
+cuFFT meets few batch sizes). On the CPU that changes nothing: the features equal NeMo's bit for bit
 (tested). On a GPU the frames, the FFT and the power spectrum stay bit-exact (cuFFT transforms each frame alone;
 checked on an H100), but cuBLAS may pick another algorithm for another number of frames: the mel product sums 257
 non-negative terms, so another summation order moves a mel energy by at most ~257 fp32 roundings (relative 1.5e-5,
@@ -235,6 +236,16 @@ def _host_bytes(audio: Any, sample_format: SampleFormat, slot: int) -> bytes | m
     if not view.c_contiguous:
         raise ValueError(f"stream {slot}: audio bytes must be contiguous")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def fft_rows(frames: int) -> int:
+    """The batch size the FFT runs at for ``frames`` frames: rounded up on a ladder of 8 sizes per octave (at most
+    1/8 more rows). cuFFT builds a plan for every new batch size (about a millisecond); a cycle's frame count varies
+    with the streams in it, so unrounded a server would meet new sizes for as long as it runs."""
+    if frames <= 16:
+        return 16
+    step = 1 << (frames.bit_length() - 4)
+    return -(-frames // step) * step
 
 
 def _int_view(data: np.ndarray | torch.Tensor, dtype: Any, columns: int) -> Any:
@@ -588,13 +599,14 @@ class AudioFrontEnd:
         stream_of = torch.repeat_interleave(torch.arange(len(slots), device=self.device), count, output_size=total)
         index = FrameIndex(stream_of, slot, start, offset, end)
         cut = stft_frames if self._use_triton else stft_frames_reference
-        frames = cut(self.ring, self._window, index, hop=s.hop, pad=s.pad, preemph=s.preemph)
-        return self._spectrum_to_mel(frames)
+        frames = cut(self.ring, self._window, index, hop=s.hop, pad=s.pad, preemph=s.preemph, rows=fft_rows(total))
+        return self._spectrum_to_mel(frames, total)
 
-    def _spectrum_to_mel(self, frames: torch.Tensor) -> torch.Tensor:
-        """``[R, n_fft]`` windowed frames -> ``[F, R]`` features, by NeMo's operations in NeMo's layout."""
+    def _spectrum_to_mel(self, frames: torch.Tensor, count: int) -> torch.Tensor:
+        """The first ``count`` of ``[R, n_fft]`` windowed frames -> ``[F, count]`` features, by NeMo's operations in
+        NeMo's layout. Each frame is transformed alone: the rows past ``count`` (padding) change no bit of the rest."""
         s = self.settings
-        spectrum = torch.fft.rfft(frames)  # [R, n_fft // 2 + 1]: torch.stft's one-sided r2c FFT of each frame
+        spectrum = torch.fft.rfft(frames)[:count]  # [count, n_fft // 2 + 1]: torch.stft's one-sided r2c FFT
         # on the CPU, NeMo's (torch's) square root is not IEEE's: there the torch operations give NeMo's bits
         fused = self.device.type == "cuda" and s.mag_power == 2.0
         power = (power_spectrum if fused else power_spectrum_reference)(spectrum, s.sqrt_guard, s.mag_power)
