@@ -448,8 +448,7 @@ class EngineLoop:
             self.engine.push(item.stream, pcm)
         except StreamingEngineError as error:
             return error
-        item.samples += len(pcm) // 2
-        item.arrivals.append((item.samples, received))
+        _note_pushed(item, len(pcm), received)
         return None
 
     def _cycle(self) -> list[Delivery]:
@@ -546,8 +545,7 @@ class EngineLoop:
         for i, size in zip(fed[:applied], (stops[:applied] - starts[:applied]).tolist(), strict=True):
             head = heads[i]
             head.turn_detection = head.turn_detection or turns[i]
-            head.samples += size // 2
-            head.arrivals.append((head.samples, received[i]))
+            _note_pushed(head, size, received[i])
         rest = None
         for i in range(end):
             if heads[i] is None:  # kept for its item, which no stream feeds yet
@@ -581,6 +579,13 @@ class EngineLoop:
         self._segmenting.discard(stream)
         self._segments.pop(stream, None)
         self.metrics.open_streams.set(len(self._item_of))
+
+
+def _note_pushed(item: _Item, nbytes: int, received: float) -> None:
+    """An item's stream took ``nbytes`` of PCM16 that arrived at ``received``: its samples, and the arrival the chunk
+    latency is measured from."""
+    item.samples += nbytes // 2
+    item.arrivals.append((item.samples, received))
 
 
 def _push_units(
