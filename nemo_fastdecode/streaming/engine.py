@@ -215,7 +215,6 @@ class StreamingEngine:
         self._flushed = np.zeros(num_slots, dtype=bool)  # the front end gave the stream's last frames
         self._last_push = np.zeros(num_slots, dtype=np.float64)
         self.inbox = AudioInbox(num_slots, self.device)  # pushed bytes, in pinned memory until a cycle takes them
-        self._pending_bytes = self.inbox.pending_bytes  # [S] bytes waiting (the inbox's own array)
         self._reported = np.zeros(num_slots, dtype=np.int64)  # tokens of the stream when its last event was built
         self._segment = np.zeros(num_slots, dtype=np.int64)
         self._segment_token = np.zeros(num_slots, dtype=np.int64)  # first token of the current segment
@@ -481,7 +480,7 @@ class StreamingEngine:
         """Whether a :meth:`poll` now has work: audio to feed, a chunk to step or a stream to end."""
         live = self._stream_of >= 0
         steps, _ = self.schedule.next_chunks(np.flatnonzero(live))
-        return bool((live & ((self._pending_bytes > 0) | self._ending)).any() or steps.size)
+        return bool((live & ((self.inbox.pending_bytes > 0) | self._ending)).any() or steps.size)
 
     # ---- the cycle -----------------------------------------------------------------------------------------
     def poll(self, while_stepping: Callable[[], None] | None = None) -> list[StreamEvent]:
@@ -513,12 +512,12 @@ class StreamingEngine:
         self._refuse_while_stepping("poll")
         live = members & (self._stream_of >= 0)
         # 1. audio in: one copy for every stream fed; features for every stream (ended ones: their last frames)
-        feed = live & (self._pending_bytes > 0) & (self.schedule.backlog < self._max_chunk)
+        feed = live & (self.inbox.pending_bytes > 0) & (self.schedule.backlog < self._max_chunk)
         fed = np.flatnonzero(feed)  # each takes at most one cycle's audio; the rest waits
         staged = self.inbox.take(fed, self._cycle_samples * self._itemsize[fed])
         if staged is not None:
             self.front.append_staged(staged)
-        flush = live & self._ending & (self._pending_bytes == 0) & ~self._flushed
+        flush = live & self._ending & (self.inbox.pending_bytes == 0) & ~self._flushed
         for slot in np.flatnonzero(flush).tolist():
             if self._carry[slot]:
                 warnings.warn(

@@ -83,14 +83,14 @@ class StagedAudio:
         slots: ``[R]`` int64 slot of each record (a slot may have several).
         offsets: ``[R]`` int64 byte offset of each record in the log (a multiple of 4).
         sizes: ``[R]`` int64 bytes of each record.
-        unique_slots: no slot has two records (``False``: not known).
+        unique_slots: no slot has two records (the usual cycle: one push per stream).
     """
 
     slots: np.ndarray
     offsets: np.ndarray
     sizes: np.ndarray
     _log: _PinnedLog
-    unique_slots: bool = False  # known: no slot has two records
+    unique_slots: bool
 
     def payload(self, record: int) -> np.ndarray:
         """``[sizes[record]]`` uint8 host view of one record's bytes."""
@@ -133,22 +133,17 @@ class AudioInbox:
     def write_many(self, slots: np.ndarray, data: bytes | memoryview, starts: np.ndarray, stops: np.ndarray) -> None:
         """Copy ``data[starts[i]:stops[i]]`` as a push of ``slots[i]`` for every ``i``, in order (int16 audio: the
         records may sit at any even offset). Adjacent pieces are copied in one piece."""
-        log, sizes = self._log, stops - starts
-        if len(slots) == 0:
+        view = memoryview(data).cast("B")  # slices of it are not copies
+        if len(slots) == 0 or not (starts[1:] == stops[:-1]).all():  # apart: one push at a time
+            for slot, start, stop in zip(slots.tolist(), starts.tolist(), stops.tolist(), strict=True):
+                self.write(slot, view[start:stop])
             return
-        if (starts[1:] == stops[:-1]).all():  # one block (a network batch): one copy
-            first = int(starts[0])
-            base = log.reserve(int(stops[-1]) - first)
-            log._bytes[base : base + int(stops[-1]) - first] = data[first : int(stops[-1])]
-            offsets = starts - first + base
-        else:
-            offsets = np.empty_like(starts)
-            for i, (start, stop) in enumerate(zip(starts.tolist(), stops.tolist(), strict=True)):
-                offsets[i] = base = log.reserve(stop - start)
-                log._bytes[base : base + stop - start] = data[start:stop]
+        log, sizes, first, last = self._log, stops - starts, int(starts[0]), int(stops[-1])
+        base = log.reserve(last - first)  # one block (a network batch): one copy
+        log._bytes[base : base + last - first] = view[first:last]
         kept = sizes > 0
         log.slots += slots[kept].tolist()
-        log.offsets += offsets[kept].tolist()
+        log.offsets += (starts[kept] - first + base).tolist()
         log.sizes += sizes[kept].tolist()
         log.epochs += self._epoch[slots[kept]].tolist()
         np.add.at(self.pending_bytes, slots, sizes)
@@ -197,8 +192,6 @@ class AudioInbox:
 
 def earlier_in_slot(slots: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """``[R]``: for each record, the sum of ``sizes`` over the records of its slot that come before it."""
-    if len(np.unique(slots)) == len(slots):
-        return np.zeros_like(sizes)
     order = np.argsort(slots, kind="stable")
     ordered, ordered_sizes = slots[order], sizes[order]
     before = np.cumsum(ordered_sizes) - ordered_sizes  # over all earlier records, then less the other slots' ones
