@@ -7,8 +7,8 @@ python scripts/engine_cycle_breakdown.py --model hybrid-17x512-streaming --att 7
 Every stream plays synthetic int16 speech; each timed cycle pushes one chunk period (160 ms at ``[70, 1]`` or
 ``[16, 1]``) to every stream (not timed), then one poll steps them all. Each part is timed between two
 synchronisations: the cycle's audio taken from the inbox, the front end (``append_staged``, ``features``), the
-feature queue, the step (encoder + decoder), the cycle's device reads and events; "rest" is the poll minus the parts. A last cycle finishes every stream: its final
-events (with word timestamps) and freed slots.
+feature queue, the step (encoder + decoder), the cycle's device reads and events; "rest" is the poll minus the parts.
+A last cycle finishes every stream: its final events (with word timestamps) and freed slots.
 
 ``--host-only`` (for a CPU, where the device work runs as torch references at CPU speed): the front end's PCM decode,
 frame cut and spectrum return placeholders and the step appends one random token per stream, so what is left is the

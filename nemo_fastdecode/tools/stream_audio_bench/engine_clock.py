@@ -167,9 +167,9 @@ def serve_on_clock(
         for i, stream_id in ids.items():
             frames = round(engine.decoded_seconds(stream_id) / hop_seconds)
             if frames > decoded[i]:
-                parts["first" if decoded[i] == 0 else "middle"].append(now - streams[i].chunk_arrival(frames))
-                decoded[i] = frames
                 latencies.append(now - streams[i].chunk_arrival(frames))
+                parts["first" if decoded[i] == 0 else "middle"].append(latencies[-1])
+                decoded[i] = frames
                 stepped += 1
         batches.append(stepped)
     audio = sum(len(s.pcm) / s.sample_rate for s in streams)
