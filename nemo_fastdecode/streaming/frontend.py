@@ -500,12 +500,12 @@ class AudioFrontEnd:
         for i in np.flatnonzero(sizes % itemsize)[:1].tolist():
             raise ValueError(f"stream {slots[i]}: a staged record of {sizes[i]} bytes holds a partial sample")
         counts = sizes // itemsize
+        totals = np.zeros(self.num_slots, dtype=np.int64)  # new samples per slot
         if staged.unique_slots:  # the usual cycle: one record per stream
-            before, touched, totals = 0, slots, np.zeros(self.num_slots, dtype=np.int64)
+            before, touched = np.zeros_like(counts), slots
             totals[slots] = counts
         else:
             before = earlier_in_slot(slots, counts)
-            totals = np.zeros(self.num_slots, dtype=np.int64)
             np.add.at(totals, slots, counts)
             touched = np.flatnonzero(totals)
         # the next frame still reads from one sample before its first padded position on
@@ -523,8 +523,7 @@ class AudioFrontEnd:
                 bad = int(np.flatnonzero(~np.isfinite(values))[0])
                 raise ValueError(
                     f"stream {slots[i]}: non-finite sample {values[bad]} at sample "
-                    f"{int(self._samples[slots[i]] + np.broadcast_to(before, slots.shape)[i]) + bad}; audio must be "
-                    "finite"
+                    f"{int(self._samples[slots[i]] + before[i]) + bad}; audio must be finite"
                 )
         order = np.argsort(is_float, kind="stable") if is_float.any() else np.arange(len(slots))  # formats grouped
         rows = np.empty((len(slots), ROW_FIELDS), dtype=np.int32)
