@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from nemo_fastdecode.serve import engine_loop
 from nemo_fastdecode.serve.engine_loop import EngineLoop, Push, PushBatch
 from nemo_fastdecode.tools.serve_cli import main
 
@@ -30,8 +31,8 @@ HEADER = (
 
 
 class LoopTrace:
-    """Wraps four methods of :class:`EngineLoop` (``_turn``, ``_apply``, ``_push_now``, ``_cycle``) to gather the
-    figures."""
+    """Wraps three methods of :class:`EngineLoop` (``_turn``, ``_apply``, ``_cycle``) and the module's ``_note_pushed``
+    (every push that reached an engine stream, one by one or in a network batch) to gather the figures."""
 
     def __init__(self, path: str):
         self.out = open(path, "w", buffering=1)  # noqa: SIM115 (open for the server's life)
@@ -48,11 +49,14 @@ class LoopTrace:
         self.last = now
 
     def install(self) -> None:
-        turn, apply, push_now, cycle = EngineLoop._turn, EngineLoop._apply, EngineLoop._push_now, EngineLoop._cycle
+        turn, apply, cycle = EngineLoop._turn, EngineLoop._apply, EngineLoop._cycle
+        note_pushed = engine_loop._note_pushed
         trace = self
+        loops: list[EngineLoop] = []
 
         def traced_turn(loop: EngineLoop):
             trace.turns += 1
+            loops[:] = [loop]
             return turn(loop)
 
         def traced_apply(loop: EngineLoop, command):
@@ -60,11 +64,11 @@ class LoopTrace:
                 trace.commands += 1
             return apply(loop, command)
 
-        def traced_push_now(loop: EngineLoop, item, pcm: bytes, received: float):
+        def traced_note_pushed(item, nbytes: int, received: float) -> None:
             trace.commands += 1
-            trace.stepping_pushes += loop.engine._stepping
+            trace.stepping_pushes += bool(loops and loops[0].engine._stepping)
             trace.lags.append(time.monotonic() - received)
-            return push_now(loop, item, pcm, received)
+            note_pushed(item, nbytes, received)
 
         def traced_cycle(loop: EngineLoop):
             trace.before_cycle(loop)
@@ -75,8 +79,8 @@ class LoopTrace:
             trace.after_cycle(loop, time.monotonic())
             return deliveries
 
-        EngineLoop._turn, EngineLoop._apply, EngineLoop._push_now = traced_turn, traced_apply, traced_push_now
-        EngineLoop._cycle = traced_cycle
+        EngineLoop._turn, EngineLoop._apply, EngineLoop._cycle = traced_turn, traced_apply, traced_cycle
+        engine_loop._note_pushed = traced_note_pushed
 
     def before_cycle(self, loop: EngineLoop) -> None:
         engine = loop.engine
