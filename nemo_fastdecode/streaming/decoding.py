@@ -138,6 +138,9 @@ class SlotDecoder:
             self.durations = torch.zeros_like(self.labels) if self.with_durations else None
             self.counts = torch.zeros([rows], dtype=torch.long, device=self.device)
             self.scores = torch.zeros([rows], dtype=torch.float64, device=self.device)
+            # row ids on the device: a slot's reset indexes a view of them (a tensor built from a host list would be
+            # a synchronous copy, waiting for the GPU's queued work at every stream's open)
+            self._row_ids = torch.arange(rows, device=self.device)
         # host upper bound of each slot's token count: the storage grows before it could overflow, and the
         # device counts are read only when the bound says it might (no host synchronisation per step)
         self._bound = np.zeros(rows, dtype=np.int64)
@@ -191,8 +194,7 @@ class SlotDecoder:
         """Start a slot afresh (a new stream): the state after ``<SOS>`` (the LM's after ``<BOS>``), no tokens, no
         boosting tree."""
         with torch.inference_mode():
-            rows = torch.tensor([slot], dtype=torch.long, device=self.device)
-            self.state.index_copy_(rows, self._fresh)
+            self.state.index_copy_(self._row_ids[slot : slot + 1], self._fresh)
             self.counts[slot] = 0
             self.scores[slot] = 0
         self._bound[slot] = 0

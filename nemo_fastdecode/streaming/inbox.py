@@ -8,8 +8,11 @@ into that log, which goes to the device in ONE copy) and switches to the other l
 the cycle steps never write into bytes still being copied. The per-byte host work of gathering every stream's audio
 into one buffer is thus done as the audio arrives (in a server, while the GPU steps), not inside the cycle.
 
-Bytes a cycle does not take (a stream with a chunk already waiting, or more than one cycle's audio) move to the new
-log, in push order. A dropped stream's records are skipped by an epoch per slot, without searching the log.
+Bytes a cycle does not take (a stream with a chunk already waiting, or more than one cycle's audio) leave the
+pinned logs for the stream's *backlog*, a plain byte buffer per slot, once; a later cycle that feeds the stream writes
+them back into its log ahead of the stream's newer records. A server that falls behind thus copies each byte at most
+twice more, whatever its wait, instead of carrying every waiting record from log to log in every cycle. A dropped
+stream's records are skipped by an epoch per slot, without searching the log.
 """
 
 from __future__ import annotations
@@ -123,6 +126,8 @@ class AudioInbox:
         self.pending_bytes = np.zeros(num_slots, dtype=np.int64)
         """``[S]`` bytes waiting per slot (read by the engine's feed policy; changed only here)."""
         self._epoch = np.zeros(num_slots, dtype=np.int64)
+        self._backlog = [bytearray() for _ in range(num_slots)]  # bytes older than any of the slot's records
+        self._backlog_bytes = np.zeros(num_slots, dtype=np.int64)
 
     def write(self, slot: int, data: bytes | memoryview) -> None:
         """Copy one push of whole samples into the current log."""
@@ -152,42 +157,67 @@ class AudioInbox:
         """Forget every byte waiting for ``slot`` (a stream closed or a slot reopened)."""
         self.pending_bytes[slot] = 0
         self._epoch[slot] += 1
+        self._backlog[slot] = bytearray()
+        self._backlog_bytes[slot] = 0
 
     def take(self, slots: np.ndarray, limits: np.ndarray) -> StagedAudio | None:
         """The waiting bytes of ``slots``: at most ``limits[i]`` bytes of ``slots[i]`` (whole samples, in push order).
 
-        Returns ``None`` when nothing is taken; else the staged records, after which new pushes go to the other log
-        and the bytes left behind move there ahead of them.
+        Returns ``None`` when nothing is taken; else the staged records, after which new pushes go to the other log;
+        the bytes left behind wait in their streams' backlogs.
         """
         log = self._log
-        if slots.size == 0 or not log.slots:
-            return None
-        record_slot = np.fromiter(log.slots, dtype=np.int64, count=len(log.slots))
-        offsets = np.fromiter(log.offsets, dtype=np.int64, count=len(log.offsets))
-        sizes = np.fromiter(log.sizes, dtype=np.int64, count=len(log.sizes))
-        live = np.fromiter(log.epochs, dtype=np.int64, count=len(log.epochs)) == self._epoch[record_slot]
         limit = np.zeros_like(self.pending_bytes)
         limit[slots] = limits
-        # the usual cycle: one push per stream since the last one
-        unique = len(record_slot) <= len(self.pending_bytes) and np.bincount(record_slot).max() == 1
+        owed = slots[(self._backlog_bytes[slots] > 0) & (limits > 0)]
+        if not log.slots and owed.size == 0:
+            return None
+        # 1. each fed stream's backlog first: its oldest bytes, written into the log as one record
+        early = np.zeros((3, owed.size), dtype=np.int64)  # slot, offset, bytes
+        for i, slot in enumerate(owed.tolist()):
+            backlog = self._backlog[slot]
+            size = min(int(limit[slot]), len(backlog))
+            start = log.reserve(size)
+            with memoryview(backlog) as view:  # released before the bytearray shrinks
+                log._bytes[start : start + size] = view[:size]
+            del backlog[:size]  # from the front of a bytearray: no move of the rest
+            early[:, i] = slot, start, size
+        limit[owed] -= early[2]
+        self._backlog_bytes[owed] -= early[2]
+        self.pending_bytes[owed] -= early[2]
+        # 2. the log's records, each slot's in push order, behind its backlog (a backlog left has used up the limit)
+        count = len(log.slots)
+        record_slot = np.fromiter(log.slots, dtype=np.int64, count=count)
+        offsets = np.fromiter(log.offsets, dtype=np.int64, count=count)
+        sizes = np.fromiter(log.sizes, dtype=np.int64, count=count)
+        live = np.fromiter(log.epochs, dtype=np.int64, count=count) == self._epoch[record_slot]
         if not live.all():
             sizes = np.where(live, sizes, 0)
+        # the usual cycle: one push per stream since the last one
+        unique = owed.size == 0 and count <= len(limit) and (count == 0 or np.bincount(record_slot).max() == 1)
         before = 0 if unique else earlier_in_slot(record_slot, sizes)
         taken = np.clip(limit[record_slot] - before, 0, sizes)  # each slot's first bytes, in push order
         keep = taken > 0
-        if not keep.any():
-            return None
         if unique:
             self.pending_bytes[record_slot[keep]] -= taken[keep]
         else:
             np.subtract.at(self.pending_bytes, record_slot[keep], taken[keep])
-        staged = StagedAudio(record_slot[keep], offsets[keep], taken[keep], log, unique)
-        self._log = other = self._logs[1] if log is self._logs[0] else self._logs[0]
-        other.clear()
-        for i in np.flatnonzero(sizes > taken).tolist():  # rare: streams not fed, or fed a part
-            start = int(offsets[i] + taken[i])
-            other.write(int(record_slot[i]), log._bytes[start : int(offsets[i] + sizes[i])], int(log.epochs[i]))
-        return staged
+        # 3. the rest of the log's records join their streams' backlogs, in push order
+        for i in np.flatnonzero(sizes > taken).tolist():
+            slot, start = int(record_slot[i]), int(offsets[i] + taken[i])
+            self._backlog[slot] += log._bytes[start : int(offsets[i] + sizes[i])]
+            self._backlog_bytes[slot] += sizes[i] - taken[i]
+        self._log = self._logs[1] if log is self._logs[0] else self._logs[0]
+        self._log.clear()
+        if early.shape[1] == 0 and not keep.any():
+            return None
+        return StagedAudio(
+            np.concatenate([early[0], record_slot[keep]]),
+            np.concatenate([early[1], offsets[keep]]),
+            np.concatenate([early[2], taken[keep]]),
+            log,
+            unique,
+        )
 
 
 def earlier_in_slot(slots: np.ndarray, sizes: np.ndarray) -> np.ndarray:
