@@ -7,13 +7,16 @@ then load it with ``nemo-fastdecode loadtest``. Each line of ``trace.txt`` cover
 (main process): its loop turns and cycles, the cycles' mean and longest time, the commands applied (each push counts
 one) and how many pushes were applied while a cycle stepped, how long a push took from its arrival at the server
 (stamped by the network side) to the engine, the partial and final events, the open streams, their
-backlog of feature frames at the start of a cycle and how many of them had a full chunk then; and, for every chunk
+backlog of feature frames at the start of a cycle and how many of them had a full chunk then; for every chunk
 stepped (with or without new text), its latency from the arrival of the audio that completed it to the end of the
-cycle that decoded it. That last figure does not depend on how often the model emits tokens, unlike the partials'.
+cycle that decoded it (that figure does not depend on how often the model emits tokens, unlike the partials'); and
+where the engine thread's second went: its CPU time, the wall time applying commands between cycles and applying
+pushes while a cycle stepped, and the wall time of the process's garbage collections (every thread waits for them).
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 
@@ -26,7 +29,7 @@ from nemo_fastdecode.tools.serve_cli import main
 HEADER = (
     "time  chunk_ms_p50/p95/max chunks  turns cycles cycle_ms_mean cycle_ms_max  commands pushes_while_stepping "
     "push_lag_ms_p50/p95/max  "
-    "events open backlog_mean backlog_max full_chunks\n"
+    "events open backlog_mean backlog_max full_chunks  cpu_ms apply_ms stepping_ms gc_ms gc_full\n"
 )
 
 
@@ -46,10 +49,14 @@ class LoopTrace:
         self.cycles: list[float] = []
         self.backlogs: list[tuple[float, float, int]] = []
         self.turns = self.commands = self.stepping_pushes = self.events = 0
+        self.apply_seconds = self.stepping_seconds = self.gc_seconds = 0.0
+        self.full_collections = 0
+        self.cpu = time.thread_time()  # of the engine thread: _reset runs on it (after the first)
         self.last = now
 
     def install(self) -> None:
         turn, apply, cycle = EngineLoop._turn, EngineLoop._apply, EngineLoop._cycle
+        while_stepping = EngineLoop._push_while_stepping
         note_pushed = engine_loop._note_pushed
         trace = self
         loops: list[EngineLoop] = []
@@ -62,7 +69,27 @@ class LoopTrace:
         def traced_apply(loop: EngineLoop, command):
             if not isinstance(command, Push | PushBatch):  # pushes are counted where they reach the engine
                 trace.commands += 1
-            return apply(loop, command)
+            start = time.perf_counter()
+            try:
+                return apply(loop, command)
+            finally:
+                trace.apply_seconds += time.perf_counter() - start
+
+        def traced_while_stepping(loop: EngineLoop) -> None:
+            start = time.perf_counter()
+            while_stepping(loop)
+            trace.stepping_seconds += time.perf_counter() - start
+
+        collecting = [0.0]
+
+        def on_gc(phase: str, info: dict) -> None:
+            if phase == "start":
+                collecting[0] = time.perf_counter()
+            else:
+                trace.gc_seconds += time.perf_counter() - collecting[0]
+                trace.full_collections += info["generation"] == 2
+
+        gc.callbacks.append(on_gc)
 
         def traced_note_pushed(item, nbytes: int, received: float) -> None:
             trace.commands += 1
@@ -80,6 +107,7 @@ class LoopTrace:
             return deliveries
 
         EngineLoop._turn, EngineLoop._apply, EngineLoop._cycle = traced_turn, traced_apply, traced_cycle
+        EngineLoop._push_while_stepping = traced_while_stepping
         engine_loop._note_pushed = traced_note_pushed
 
     def before_cycle(self, loop: EngineLoop) -> None:
@@ -125,7 +153,9 @@ class LoopTrace:
             f"{now:.1f}  {quantiles(self.chunks)} {len(self.chunks)}  {self.turns} {len(self.cycles)} "
             f"{cycles.mean():.1f} {cycles.max():.1f}  {self.commands} {self.stepping_pushes} {quantiles(self.lags)}  "
             f"{self.events} "
-            f"{open_streams} {backlogs[:, 0].mean():.1f} {backlogs[:, 1].max():.0f} {backlogs[:, 2].mean():.0f}\n"
+            f"{open_streams} {backlogs[:, 0].mean():.1f} {backlogs[:, 1].max():.0f} {backlogs[:, 2].mean():.0f}  "
+            f"{(time.thread_time() - self.cpu) * 1e3:.0f} {self.apply_seconds * 1e3:.0f} "
+            f"{self.stepping_seconds * 1e3:.0f} {self.gc_seconds * 1e3:.0f} {self.full_collections}\n"
         )
         self._reset(now)
 
