@@ -215,6 +215,87 @@ def test_pushes_that_come_while_a_cycle_steps_apply_inside_it_in_order(model, au
     assert sum(inside) > len(inside) / 2 and not all(inside)  # most pushes applied while stepping, not all
 
 
+def test_consecutive_pushes_join_into_one_batch_in_order():
+    """A turn's runs of pushes (single ones and network batches) become one batch each, in order; any other command
+    ends a run."""
+    from nemo_fastdecode.serve.engine_loop import Finish, Push, PushBatch, _joined
+    from nemo_fastdecode.streaming import StreamOptions
+
+    one, other = StreamOptions(), StreamOptions(partial_words=True)
+    pushes = [Push((c, 0), bytes([c]) * (c + 1), float(c), one if c % 2 else other) for c in range(7)]
+    commands = [
+        PushBatch.of(pushes[0:2]),
+        pushes[2],
+        PushBatch.of(pushes[3:5]),
+        Finish((9, 0), 1.0),
+        pushes[5],
+        PushBatch.of(pushes[6:7]),
+        None,
+    ]
+    joined = _joined(commands)
+    assert [type(c) for c in joined] == [PushBatch, Finish, PushBatch, type(None)]
+    assert joined[0].pushes() == pushes[:5] and joined[2].pushes() == pushes[5:]
+    assert joined[1] is commands[3]
+    assert _joined([]) == [] and _joined([commands[3]]) == [commands[3]]
+
+
+def test_a_push_that_opens_a_stream_waits_alone(model, audio, refs):
+    """In a batch, a push that would open a stream takes the general way with its connection's later pushes; the
+    other connections' pushes, before and after it, still go to the engine together (one ``push_many``), applied
+    between cycles and while a cycle steps alike; every item's final is NeMo's of its audio alone."""
+    from nemo_fastdecode.serve.engine_loop import EngineLoop, Finish, Push, PushBatch
+    from nemo_fastdecode.serve.metrics import ServerMetrics
+    from nemo_fastdecode.streaming import StreamingEngine, StreamOptions
+
+    options = StreamOptions()
+    data = [pcm.tobytes() for pcm in [*audio, audio[0]]]  # connection c streams data[c]
+    sent = [0] * len(data)
+    finals = {}
+
+    def deliver(deliveries):
+        finals.update({d.key: d.event.token_ids for d in deliveries if d.event is not None and d.event.is_last})
+
+    def batch(connections: list[int]) -> PushBatch:  # the next 40 ms of each named connection, in that order
+        pushes = []
+        for c in connections:
+            pushes.append(Push((c, 0), data[c][sent[c] : sent[c] + 1280], 0.0, options))
+            sent[c] += 1280
+        return PushBatch.of(pushes)
+
+    loop = EngineLoop(StreamingEngine(model, 4, use_cuda_graphs=False), deliver, ServerMetrics())
+    together, push_many = [], loop.engine.push_many
+
+    def push_many_noting(stream_ids, *args):
+        together.append(len(stream_ids))
+        return push_many(stream_ids, *args)
+
+    loop.engine.push_many = push_many_noting
+    loop._apply(batch([0, 1]))  # opens 0 and 1
+    together.clear()
+    loop._apply(batch([0, 2, 1, 2, 0]))  # between cycles: 2's first push opens its stream
+    assert together == [3]  # 0, 1 and 0 together; 2's two pushes went the general way (the first opens its stream)
+    assert loop._item_of.keys() == {0, 1, 2}
+    # while a cycle steps: the two messages join; connection 3's first push is held with its later one, the others
+    # (0, 1 and 2) apply inside the cycle together
+    loop.submit(batch([0]))
+    loop.submit(batch([3, 1, 3, 2]))
+    together.clear()
+    loop._push_while_stepping()
+    assert together == [3] and [p.key for p in loop._held] == [(3, 0), (3, 0)]
+    while loop._held or loop.engine.busy:
+        assert loop._turn()
+    assert loop._item_of.keys() == {0, 1, 2, 3} and not finals
+    for c in range(4):
+        loop.submit(PushBatch.of([Push((c, 0), data[c][sent[c] :], 0.0, options)]))
+        loop.submit(Finish((c, 0), 0.0))
+    for _ in range(10_000):
+        if len(finals) == 4:
+            break
+        assert loop._turn()
+    assert finals == {(c, 0): refs[c % 3].token_ids for c in range(4)}
+    assert all(finals.values())  # there is something to compare
+
+
 def test_the_engine_loop_freezes_what_lives_before_it_serves(model):
     """What is alive once the engine is ready (the model, the libraries) is frozen out of the garbage collector's
     full collections, which stop every thread for as long as they walk it (0.3 s in a server's process)."""

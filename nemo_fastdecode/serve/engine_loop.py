@@ -159,6 +159,28 @@ class PushBatch:
             turn_detection=np.fromiter((p.turn_detection for p in pushes), dtype=bool, count=len(pushes)),
         )
 
+    @classmethod
+    def joined(cls, batches: list[PushBatch]) -> PushBatch:
+        """One batch of the pushes of ``batches``, in order (one copy of their audio)."""
+        if len(batches) == 1:
+            return batches[0]
+        options: list[StreamOptions] = []
+        option_of, offsets, base = [], [np.zeros(1, dtype=np.int64)], 0
+        for batch in batches:
+            option_of.append(batch.option_of + len(options))
+            options += batch.options
+            offsets.append(batch.offsets[1:] + base)
+            base += int(batch.offsets[-1])
+        return cls(
+            keys=np.concatenate([b.keys for b in batches]),
+            received=np.concatenate([b.received for b in batches]),
+            offsets=np.concatenate(offsets),
+            audio=b"".join(b.audio for b in batches),
+            options=options,
+            option_of=np.concatenate(option_of),
+            turn_detection=np.concatenate([b.turn_detection for b in batches]),
+        )
+
     def __len__(self) -> int:
         return len(self.received)
 
@@ -317,7 +339,7 @@ class EngineLoop:
     def _turn(self) -> bool:
         """Apply the commands that came (waiting for one while the engine is idle), then one cycle if the engine has
         work (pushes that come meanwhile are applied while it steps); ``False`` once told to stop."""
-        commands = self._held + self._take(block=not (self.engine.busy or self._held))
+        commands = _joined(self._held + self._take(block=not (self.engine.busy or self._held)))
         self._held = []
         stop = None in commands
         deliveries: list[Delivery] = []
@@ -363,13 +385,11 @@ class EngineLoop:
         return self._push(item, pcm, received)
 
     def _apply(self, command: Command | PushBatch) -> list[Delivery]:
-        if isinstance(command, PushBatch):  # the pushes to open streams go in together, the rest one by one
+        if isinstance(command, Push | PushBatch):  # the pushes to open streams go in together, the rest one by one
             out: list[Delivery] = []
-            for push in self._push_batch_to_open_streams(command):
+            for push in self._push_to_open_streams(command):
                 out += self._apply_push(*_push_units(push)[0])
             return out
-        if isinstance(command, Push):
-            return self._apply_push(*_push_units(command)[0])
         if isinstance(command, Drop | DropRange):
             dropped = (
                 [command.connection]
@@ -491,69 +511,68 @@ class EngineLoop:
 
     def _push_while_stepping(self) -> None:
         """While the GPU steps the cycle: the queued pushes of connections whose first item has a stream (to it, or
-        kept for the item behind it), in order, up to the first command that needs more (a finish, an abort, a push
-        that would open a stream or that the engine refuses); that command and every later one wait for the cycle's
-        end, so commands still apply in the order they came."""
+        kept for the item behind it). A push that needs more (it would open a stream, or the engine refuses it) waits
+        for the cycle's end, and so does every later push of its connection; the first other command (a finish, an
+        abort, a drop) and everything after it wait too. Each connection's commands thus still apply in the order
+        they came."""
         if self._held:
             return
-        commands = self._take(block=False)
+        commands = _joined(self._take(block=False))
+        waiting: set[int] = set()  # connections with a push held back
+        held: list[Command | PushBatch | None] = []
         for index, command in enumerate(commands):
-            rest = self._push_to_open_streams(command)
-            if rest:
-                self._held = rest + commands[index + 1 :]
+            if not isinstance(command, Push | PushBatch):
+                self._held = held + commands[index:]
                 return
+            rest = self._push_to_open_streams(command, waiting)
+            held += rest
+            waiting.update(push.key[0] for push in rest)
+        self._held = held
 
-    def _push_to_open_streams(self, command: Command | PushBatch | None) -> list[Command | PushBatch | None]:
-        """Apply the command's pushes while each can be without opening a stream and the engine takes it; returns what
-        is left (the command itself if it is not a push; the remaining pushes, as :class:`Push` commands)."""
-        if isinstance(command, PushBatch):
-            return self._push_batch_to_open_streams(command)
-        units = _push_units(command)
-        if units is None:
-            return [command]
-        key, pcm, received, _, turn_detection = units[0]  # one Push
-        lane = self._lanes.get(key[0])
-        if not lane or lane[0].stream is None:  # the push would open a stream
-            return [command]
-        head = lane[0]  # the lane's only item with a stream
-        if head.key != key:  # behind its connection's open item: kept until that ends
-            self._apply_push(*units[0])
-        elif self._push_now(head, pcm, received) is None:
-            head.turn_detection = head.turn_detection or turn_detection
-        else:  # refused: applied again after the cycle, where the refusal is handled
-            return [command]
-        return []
-
-    def _push_batch_to_open_streams(self, batch: PushBatch) -> list[Command | PushBatch | None]:
-        """:meth:`_push_to_open_streams` of a network batch: the pushes to open streams go to the engine together
-        (:meth:`~StreamingEngine.push_many`), up to the first that would open a stream or that the engine refuses."""
-        connections, indices = batch.keys[:, 0].tolist(), batch.keys[:, 1].tolist()
-        lanes = self._lanes
-        heads: list[_Item | None] = []  # per push: the open item it feeds, or None (kept for an item behind it)
-        for connection, index in zip(connections, indices, strict=True):
-            lane = lanes.get(connection)
-            if not lane or lane[0].stream is None:  # this push would open a stream: it and the rest wait
-                break
-            head = lane[0]
-            heads.append(head if head.key == (connection, index) else None)
-        fed = [i for i, head in enumerate(heads) if head is not None]
+    def _push_to_open_streams(self, command: Push | PushBatch, waiting: set[int] | None = None) -> list[Push]:
+        """Apply the command's pushes that can be without opening a stream and that the engine takes, the pushes to
+        open streams together (:meth:`~StreamingEngine.push_many`); returns the others, in order, as :class:`Push`
+        commands: a push that would open a stream or that the engine refused, and every later push of its connection
+        (and of the connections in ``waiting``, which have an earlier push held back)."""
+        batch = command if isinstance(command, PushBatch) else PushBatch.of([command])
+        keys = batch.keys.tolist()
+        blocked = set() if waiting is None else set(waiting)
+        fed: list[int] = []  # pushes to their connection's open item
+        heads: list[_Item] = []
+        kept: list[int] = []  # pushes of an item behind its connection's open item: kept for it
+        for i, (connection, index) in enumerate(keys):
+            if connection in blocked:
+                continue
+            lane = self._lanes.get(connection)
+            if not lane or lane[0].stream is None:  # this push would open a stream
+                blocked.add(connection)
+                continue
+            head = lane[0]  # the lane's only item with a stream
+            if head.key == (connection, index):
+                fed.append(i)
+                heads.append(head)
+            else:
+                kept.append(i)
         order = np.asarray(fed, dtype=np.int64)
         starts, stops = batch.offsets[order], batch.offsets[order + 1]
-        applied = self.engine.push_many([heads[i].stream for i in fed], batch.audio, starts, stops)
-        end = fed[applied] if applied < len(fed) else len(heads)  # the first push not applied
+        applied = self.engine.push_many([head.stream for head in heads], batch.audio, starts, stops)
         received, turns = batch.received.tolist(), batch.turn_detection.tolist()
-        for i, size in zip(fed[:applied], (stops[:applied] - starts[:applied]).tolist(), strict=True):
-            head = heads[i]
+        for i, head, size in zip(fed[:applied], heads, (stops[:applied] - starts[:applied]).tolist(), strict=False):
             head.turn_detection = head.turn_detection or turns[i]
             _note_pushed(head, size, received[i])
-        rest = None
-        for i in range(end):
-            if heads[i] is None:  # kept for its item, which no stream feeds yet
-                rest = rest or _push_units(batch)
-                self._apply_push(*rest[i])
-        if end == len(batch):
+        done = set(fed[:applied])
+        if applied < len(fed):  # the engine refused one: it and its connection's later pushes go the general way
+            blocked.update(keys[i][0] for i in fed[applied:])
+        units = None
+        for i in kept:
+            if keys[i][0] not in blocked:
+                units = units or _push_units(batch)
+                self._apply_push(*units[i])
+                done.add(i)
+        if len(done) == len(batch):
             return []
-        return [Push(*unit) for unit in (rest or _push_units(batch))[end:]]
+        units = units or _push_units(batch)
+        return [Push(*units[i]) for i in range(len(batch)) if i not in done]
 
     def _observe_chunk_latency(self, item: _Item, event: StreamEvent, clock: float) -> None:
         """Received -> built, for the audio whose arrival completed the chunk the partial ends with."""
@@ -579,6 +598,30 @@ class EngineLoop:
         self._segmenting.discard(stream)
         self._segments.pop(stream, None)
         self.metrics.open_streams.set(len(self._item_of))
+
+
+def _joined(commands: list[Command | PushBatch | None]) -> list[Command | PushBatch | None]:
+    """``commands`` with each run of consecutive pushes (:class:`Push` es and :class:`PushBatch` es) as one
+    :class:`PushBatch`, the order kept: the engine's cost per batch is paid once per turn, however many network
+    messages brought the pushes."""
+    out: list[Command | PushBatch | None] = []
+    run: list[PushBatch] = []
+    singles: list[Push] = []
+    for command in commands + [None]:  # a sentinel ends the last run
+        if isinstance(command, Push):
+            singles.append(command)
+            continue
+        if singles:
+            run.append(PushBatch.of(singles))
+            singles = []
+        if isinstance(command, PushBatch):
+            run.append(command)
+            continue
+        if run:
+            out.append(PushBatch.joined(run))
+            run = []
+        out.append(command)
+    return out[:-1]
 
 
 def _note_pushed(item: _Item, nbytes: int, received: float) -> None:
