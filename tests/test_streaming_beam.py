@@ -281,13 +281,15 @@ def test_server_with_beam_search_gives_nemo_beam_search_alone(beam_cases, audio)
         results = run(clients(), 120)
     finally:
         server.stop()
+    deltas = []
     for i, events in zip(streams, results, strict=True):
         assert not [e for e in events if e["type"] == "error"], events
         final = events[-1]
         assert final["transcript"] == refs[i][1]
         assert words_of(final["words"]) == words_of(refs[i][2])
-        deltas = [e for e in events if e["type"].endswith(".delta")]
-        assert deltas and all(e["text"] for e in deltas)  # partials: the best beam's text so far
+        deltas += [e for e in events if e["type"].endswith(".delta")]
+    # partials: the best beam's text so far (a short item sent at once may be decoded in one cycle: its final alone)
+    assert deltas and all(e["text"] for e in deltas)
     with pytest.raises(ValueError, match=r"vad: true needs decoding: greedy"):
         ServeConfig(decoding="beam", vad=True)
     with pytest.raises(ValueError, match=r"decoding='nbest' is not supported; valid: 'greedy', 'beam'"):

@@ -161,8 +161,12 @@ def run(
 
 
 def alone_without_endpointing(model, pcm: np.ndarray, max_cycle_seconds: float, stream_id: int) -> list:
-    """The stream's events from an engine without the option, alone (events do not depend on the other streams)."""
-    engine = StreamingEngine(model, num_slots=1, att_context_size=ATT, max_cycle_seconds=max_cycle_seconds)
+    """The stream's events from an engine without the option, alone (events do not depend on the other streams).
+    Both engines step one chunk a cycle: streams that catch up several chunks a cycle would have their partials
+    where this run's random pushes left them behind, not where the other run's did."""
+    engine = StreamingEngine(
+        model, num_slots=1, att_context_size=ATT, max_cycle_seconds=max_cycle_seconds, max_chunks_per_cycle=1
+    )
     (events,) = run(engine, [pcm], [StreamOptions()], seed=7)
     return [dataclasses.replace(event, stream_id=stream_id) for event in events]
 
@@ -197,7 +201,7 @@ def test_blank_run_ends_utterances_where_nemo_does(model):
     stream's last (its last event follows there)."""
     audio = blank_run_audio()
     rules = [EndpointingOptions(blank_run_ms=80), EndpointingOptions(blank_run_ms=160, residue_tokens_at_end=3), None]
-    engine = StreamingEngine(model, num_slots=3, att_context_size=ATT, max_cycle_seconds=0.3)
+    engine = StreamingEngine(model, num_slots=3, att_context_size=ATT, max_cycle_seconds=0.3, max_chunks_per_cycle=1)
     events = run(engine, audio, [StreamOptions(endpointing=r) for r in rules], seed=0)
     assert events[2] == alone_without_endpointing(model, audio[2], 0.3, events[2][0].stream_id)
     ms_per_frame = model.cfg.preprocessor.window_stride * model.encoder.subsampling_factor * 1000
@@ -251,7 +255,9 @@ def test_vad_ends_one_utterance_per_speech_segment_and_the_stream_goes_on(model)
     options = EndpointingOptions(vad=True, min_silence_ms=300)
     audio = vad_audio()
     audio.append(to_pcm(S.synthetic_audio([1.5], seed=2)[0]))
-    engine = StreamingEngine(model, num_slots=3, att_context_size=ATT, max_cycle_seconds=0.4, endpointing=options)
+    engine = StreamingEngine(
+        model, num_slots=3, att_context_size=ATT, max_cycle_seconds=0.4, endpointing=options, max_chunks_per_cycle=1
+    )
     off = StreamOptions(endpointing=EndpointingOptions())
     events = run(engine, audio, [StreamOptions(), StreamOptions(), off], seed=1)
     assert events[2] == alone_without_endpointing(model, audio[2], 0.4, events[2][0].stream_id)

@@ -18,6 +18,7 @@ from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_o
 
 from nemo_fastdecode.streaming import (
     CapacityError,
+    EndpointingOptions,
     EndReason,
     StreamEndedError,
     StreamError,
@@ -131,7 +132,8 @@ class Driver:
     def poll(self) -> None:
         steps = len(self.batches)
         self._record(self.engine.poll())
-        assert len(self.batches) - steps <= 1  # one step per cycle, for every stream that has a chunk
+        # one step per cycle for every stream that has a chunk, then again for those still behind (catching up)
+        assert len(self.batches) - steps <= self.engine.max_chunks_per_cycle
 
     def _record(self, events) -> None:
         index = {engine_id: stream for stream, engine_id in self.ids.items()}
@@ -292,9 +294,12 @@ def test_push_many_stops_at_the_first_refused_push(cases):
         engine.push(b, bytes(320))
 
 
-def test_decoded_seconds_grows_one_chunk_per_cycle_and_is_the_partial_events_end(cases, audio):
-    model, att, _ = cases[CASES[1][0]]
-    engine = StreamingEngine(model, num_slots=1, att_context_size=att)
+@pytest.mark.parametrize("max_chunks", [1, 3])
+def test_decoded_seconds_grows_by_the_chunks_of_a_cycle_and_is_the_partial_events_end(cases, audio, max_chunks):
+    """A stream far behind (2.6 s pushed at once) steps ``max_chunks_per_cycle`` chunks in each cycle (one, or
+    catching up three at a time); its partial events end where its decoder is; the final is NeMo's either way."""
+    model, att, refs = cases[CASES[1][0]]
+    engine = StreamingEngine(model, num_slots=1, att_context_size=att, max_chunks_per_cycle=max_chunks)
     g = engine.geometry
     stream = engine.open()
     engine.push(stream, audio[6])  # 2.6 s at once: many chunks wait
@@ -305,12 +310,46 @@ def test_decoded_seconds_grows_one_chunk_per_cycle_and_is_the_partial_events_end
         assert all(e.end == seen[-1] for e in events)
         if len(seen) > 3:
             break
-    assert seen[:4] == [0.0, g.first_chunk / 100, (g.first_chunk + g.chunk) / 100, (g.first_chunk + 2 * g.chunk) / 100]
+    frames = [g.first_chunk + (k * max_chunks - 1) * g.chunk for k in range(1, 4)]
+    assert seen[:4] == [0.0, *(f / 100 for f in frames)]
     engine.finish(stream)
+    finals = []
     while engine.busy:
-        engine.poll()
+        finals += [e for e in engine.poll() if e.is_last]
+    check_final(finals[0], refs[6], 6)
     with pytest.raises(StreamEndedError):
         engine.decoded_seconds(stream)
+
+
+def test_streams_with_endpointing_step_one_chunk_a_cycle_while_the_others_catch_up(cases, audio):
+    """Catching up is for streams without utterance-end rules: one with NeMo's blank-run rule steps one chunk a cycle
+    (its ends are decided chunk by chunk), one without steps several; both end with NeMo's tokens."""
+    model, att, refs = cases[CASES[1][0]]
+    engine = StreamingEngine(model, num_slots=2, att_context_size=att, max_chunks_per_cycle=3)
+    plain = engine.open()
+    ruled = engine.open(StreamOptions(endpointing=EndpointingOptions(blank_run_ms=800.0)))
+    for stream in (plain, ruled):
+        engine.push(stream, audio[6])
+    engine.poll()
+    g = engine.geometry
+    assert engine.decoded_seconds(plain) == (g.first_chunk + 2 * g.chunk) / 100
+    assert engine.decoded_seconds(ruled) == g.first_chunk / 100
+    for stream in (plain, ruled):
+        engine.finish(stream)
+    events = {plain: [], ruled: []}
+    while engine.busy:
+        for event in engine.poll():
+            events[event.stream_id].append(event)
+    check_final(events[plain][-1], refs[6], 6)
+    said = [e for e in events[ruled] if e.is_final]  # its segments joined are the stream's tokens
+    assert [t for e in said for t in e.token_ids] == refs[6][0]
+
+
+def test_max_chunks_per_cycle_is_checked(cases):
+    model, att, _ = cases[CASES[1][0]]
+    for bad in (0, -1, 2.0, None):
+        with pytest.raises(ValueError, match="max_chunks_per_cycle must be an int >= 1, got"):
+            StreamingEngine(model, num_slots=1, att_context_size=att, max_chunks_per_cycle=bad)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ class LoopTrace:
     def __init__(self, path: str):
         self.out = open(path, "w", buffering=1)  # noqa: SIM115 (open for the server's life)
         self.out.write(HEADER)
-        self.stepped = np.zeros(0, dtype=np.int64)
+        self.stepped: list[np.ndarray] = []
         self._reset(time.monotonic())
 
     def _reset(self, now: float) -> None:
@@ -117,11 +117,12 @@ class LoopTrace:
             advance = schedule.advance
 
             def traced_advance(slots: np.ndarray, lengths: np.ndarray) -> None:
-                self.stepped = slots.copy()
                 advance(slots, lengths)
+                # (slot, its stepped frames): a cycle may step a stream more than once
+                self.stepped.append(np.stack([slots, schedule.stepped[slots]]))
 
             schedule.advance, schedule._traced = traced_advance, True
-        self.stepped = np.zeros(0, dtype=np.int64)
+        self.stepped = []
         live = np.flatnonzero(engine._stream_of >= 0)
         if live.size:
             backlog = schedule.backlog[live]
@@ -131,11 +132,12 @@ class LoopTrace:
     def after_cycle(self, loop: EngineLoop, clock: float) -> None:
         engine = loop.engine
         hop, rate = engine.front.settings.hop, engine.front.settings.sample_rate
-        for slot in self.stepped.tolist():  # the arrival that completed each stepped chunk's audio
+        stepped = np.concatenate(self.stepped, axis=1) if self.stepped else np.zeros((2, 0), dtype=np.int64)
+        for slot, frames in stepped.T.tolist():  # the arrival that completed each stepped chunk's audio
             item = loop._item_of.get(int(engine._stream_of[slot]))
             if item is None:
                 continue
-            end = int(engine.schedule.stepped[slot]) * hop * item.rate // rate
+            end = frames * hop * item.rate // rate
             received = next((t for samples, t in item.arrivals if samples >= end), None)
             if received is not None:
                 self.chunks.append(clock - received)

@@ -133,6 +133,11 @@ class StreamingEngine:
             emitted, its slot freed); ``None``: never.
         max_cycle_seconds: most audio of one stream fed to the front end per cycle (sizes its buffers); more waits
             on the host for the next cycles.
+        max_chunks_per_cycle: most chunks one stream steps in a cycle. A stream with more than a chunk of features
+            waiting (its server fell behind: a stall, a burst of openings) steps again in the same cycle, up to this
+            many times, so that it catches up several chunks at a time while the cycle's fixed host cost is paid
+            once; streams with endpointing or VAD step once (their utterance ends are decided chunk by chunk).
+            A stream's chunks are the same whichever cycle steps them: the transcripts do not change.
         clock: seconds, monotonic (injectable for tests).
         endpointing: when utterances end mid-stream (:class:`EndpointingOptions`; default: never), for every stream
             that does not set its own in :class:`StreamOptions`. Silero VAD is loaded here if it is on.
@@ -162,6 +167,7 @@ class StreamingEngine:
         max_symbols: int | None = None,
         idle_timeout_seconds: float | None = None,
         max_cycle_seconds: float = 1.0,
+        max_chunks_per_cycle: int = 4,
         clock: Callable[[], float] = time.monotonic,
         endpointing: EndpointingOptions | None = None,
         phrase_boosting: bool = False,
@@ -172,6 +178,9 @@ class StreamingEngine:
     ):
         if idle_timeout_seconds is not None and not idle_timeout_seconds > 0:
             raise ValueError(f"idle_timeout_seconds must be > 0 or None, got {idle_timeout_seconds!r}")
+        if not (isinstance(max_chunks_per_cycle, int) and max_chunks_per_cycle >= 1):
+            raise ValueError(f"max_chunks_per_cycle must be an int >= 1, got {max_chunks_per_cycle!r}")
+        self.max_chunks_per_cycle = max_chunks_per_cycle
         self.endpointing = _endpointing_options(EndpointingOptions() if endpointing is None else endpointing)
         self._beam = decoding == "beam"
         self._check_endpointing(self.endpointing)
@@ -493,8 +502,9 @@ class StreamingEngine:
         Events: first a partial event for each stream whose transcript grew in this cycle (a stream that stepped
         without a new token has none: greedy tokens never change once emitted, so there is nothing new to say),
         then a final event for each stream that ended (its slot is free afterwards), each in slot order.
-        A stream with more audio waiting than one chunk steps one chunk per cycle: call ``poll`` until
-        :attr:`busy` is false to drain a burst.
+        A stream with more audio waiting than one chunk steps up to ``max_chunks_per_cycle`` chunks in a cycle, and
+        takes at most ``max_cycle_seconds`` of its audio into features: call ``poll`` until :attr:`busy` is false
+        to drain a burst.
         """
         live = self._stream_of >= 0
         if self.idle_timeout_seconds is not None:
@@ -538,12 +548,16 @@ class StreamingEngine:
         self.schedule.end(out.ended)
         if (self.schedule.backlog > self.queue.capacity).any():  # the feed policy above rules this out
             raise RuntimeError("a stream's waiting feature frames overflowed the engine's feature queue")
-        # 2. one step of every stream that has a chunk
+        # 2. one step of every stream that has a chunk; those with another one waiting step again (catching up)
         stepped, lengths = self.schedule.next_chunks(np.flatnonzero(live))
-        if stepped.size:
-            batch = self.queue.read(stepped, self.schedule.stepped[stepped], lengths)
-            self.transcriber.step(stepped, batch, lengths=lengths)
-            self.schedule.advance(stepped, lengths)
+        again = stepped
+        for _ in range(self.max_chunks_per_cycle):
+            if again.size == 0:
+                break
+            batch = self.queue.read(again, self.schedule.stepped[again], lengths)
+            self.transcriber.step(again, batch, lengths=lengths)
+            self.schedule.advance(again, lengths)
+            again, lengths = self.schedule.next_chunks(again[~(self._endpointed[again] | self._vad_on[again])])
         if while_stepping is not None:
             self._stepping = True
             try:
