@@ -42,6 +42,7 @@ class LoopTrace:
         self.out.write(HEADER)
         self.stepped: list[np.ndarray] = []
         self._reset(time.monotonic())
+        self.cpu: float | None = None  # the first line's start is on another thread: its CPU time is not known
 
     def _reset(self, now: float) -> None:
         self.lags: list[float] = []
@@ -156,7 +157,8 @@ class LoopTrace:
             f"{cycles.mean():.1f} {cycles.max():.1f}  {self.commands} {self.stepping_pushes} {quantiles(self.lags)}  "
             f"{self.events} "
             f"{open_streams} {backlogs[:, 0].mean():.1f} {backlogs[:, 1].max():.0f} {backlogs[:, 2].mean():.0f}  "
-            f"{(time.thread_time() - self.cpu) * 1e3:.0f} {self.apply_seconds * 1e3:.0f} "
+            f"{'-' if self.cpu is None else f'{(time.thread_time() - self.cpu) * 1e3:.0f}'} "
+            f"{self.apply_seconds * 1e3:.0f} "
             f"{self.stepping_seconds * 1e3:.0f} {self.gc_seconds * 1e3:.0f} {self.full_collections}\n"
         )
         self._reset(now)
