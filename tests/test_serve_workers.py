@@ -86,6 +86,37 @@ async def receive_forever(ws) -> None:
 def test_network_workers_is_checked():
     with pytest.raises(ValueError, match="network_workers must be 0"):
         ServeConfig(network_workers=-1)
+    for bad in (-1.0, 101, "2"):
+        with pytest.raises(ValueError, match=r"network_batch_ms must be in \[0, 100\] milliseconds, got"):
+            ServeConfig(network_batch_ms=bad)
+
+
+@pytest.mark.parametrize("interval_ms", [0.0, 20.0])
+def test_a_worker_sends_its_commands_at_most_once_an_interval(interval_ms):
+    """A worker's engine port: each turn's commands in one message, and no two messages closer than the interval
+    (the commands of the turns between wait for the next one); every command is sent once, in order."""
+    from nemo_fastdecode.serve.engine_loop import Finish
+    from nemo_fastdecode.serve.workers import EngineProxy
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        sent: list[tuple[float, list]] = []
+        proxy = EngineProxy(lambda message: sent.append((loop.time(), message[1])), interval_ms / 1000)
+        commands = [Finish((c, 0), 0.0) for c in range(30)]
+        for turn in range(10):  # three commands a turn, a turn every 5 ms
+            for command in commands[3 * turn : 3 * turn + 3]:
+                proxy.submit(command)
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        return commands, sent
+
+    commands, sent = asyncio.run(main())
+    assert [c for _, batch in sent for c in batch] == commands
+    gaps = np.diff([t for t, _ in sent])
+    if interval_ms:
+        assert len(sent) < 10 and (gaps >= interval_ms / 1000 - 1e-3).all()
+    else:
+        assert len(sent) == 10  # one a turn
 
 
 def test_metric_families_of_several_processes_are_summed():

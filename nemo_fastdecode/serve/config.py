@@ -115,6 +115,11 @@ class ServeConfig:
             clients, where one event loop next to the engine falls behind: give each worker a few hundred clients
             and a core, leaving cores to the main process (e.g. 4 on a 16-core host for 2,000 clients); with fewer
             clients, 0 saves the hop between processes.
+        network_batch_ms: with network workers, each sends its connections' commands to this process at most once
+            per this many milliseconds (else once per turn of its event loop, which under load is every millisecond
+            or so): fewer, larger messages for the one thread that reads every worker's pipe, which shares this
+            process's interpreter lock with the engine thread, for at most this much more latency. ``0``: once per
+            turn.
         limits: per-connection limits.
     """
 
@@ -143,6 +148,7 @@ class ServeConfig:
     ngram_lm_model: str | None = None
     ngram_lm_alpha: float = 0.0
     network_workers: int = 0
+    network_batch_ms: float = 2.0
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def __post_init__(self) -> None:
@@ -178,6 +184,8 @@ class ServeConfig:
                 f"network_workers must be 0 (one process) or a number of worker processes >= 1, got "
                 f"{self.network_workers!r}"
             )
+        if not (isinstance(self.network_batch_ms, int | float) and 0 <= self.network_batch_ms <= 100):
+            raise ValueError(f"network_batch_ms must be in [0, 100] milliseconds, got {self.network_batch_ms!r}")
         if self.decoding == "beam" and self.vad:
             raise ValueError("vad: true needs decoding: greedy; valid with decoding: beam: vad: false")
 

@@ -33,6 +33,7 @@ import dataclasses
 import gc
 import itertools
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -407,21 +408,28 @@ def _merge(families: list[Family]) -> list[Metric]:
 
 # ---- a worker process ------------------------------------------------------------------------------------------------
 class EngineProxy:
-    """A worker's engine port: what its connections submit in one turn of its event loop goes to the main process
-    as one message (the cost of a message across processes is paid per batch, not per command), its runs of
-    pushes in columns (:class:`~nemo_fastdecode.serve.engine_loop.PushBatch`)."""
+    """A worker's engine port: what its connections submit goes to the main process in batches, one message per turn
+    of its event loop and at most one every ``interval`` seconds (the cost of a message across processes, and of
+    reading it in the main process, is paid per batch, not per command), its runs of pushes in columns
+    (:class:`~nemo_fastdecode.serve.engine_loop.PushBatch`)."""
 
-    def __init__(self, send: Callable[[tuple[str, Any]], None]):
-        self._send, self._pending = send, []
+    def __init__(self, send: Callable[[tuple[str, Any]], None], interval: float = 0.0):
+        self._send, self._pending, self._interval = send, [], interval
         self._loop = asyncio.get_running_loop()
+        self._last = -math.inf
 
     def submit(self, command: Command) -> None:
-        if not self._pending:
-            self._loop.call_soon(self.flush)  # after the callbacks ready now: the rest of this turn's commands
+        if not self._pending:  # after the callbacks ready now (the rest of this turn's commands), or a little later
+            wait = self._last + self._interval - self._loop.time()
+            if wait > 0:
+                self._loop.call_later(wait, self.flush)
+            else:
+                self._loop.call_soon(self.flush)
         self._pending.append(command)
 
     def flush(self) -> None:
         if self._pending:
+            self._last = self._loop.time()
             batch, self._pending = self._pending, []
             self._send(("commands", batched(batch)))
 
@@ -437,7 +445,7 @@ class _NetworkWorker:
         self.loop = asyncio.get_running_loop()
         self.stop: asyncio.Future[float] = self.loop.create_future()
         self.metrics = ServerMetrics()
-        self.proxy = EngineProxy(self._post)
+        self.proxy = EngineProxy(self._post, spec.config.network_batch_ms / 1000)
         self.listener = Listener(
             self.proxy,
             spec.config,
