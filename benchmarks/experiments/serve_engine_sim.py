@@ -1,6 +1,7 @@
 """The server's main process under N real-time clients, on any machine: the device's work stubbed, its time modelled.
 
 python benchmarks/experiments/serve_engine_sim.py --clients 1000 2000 --seconds 10 --stagger 5 --tick-ms 2
+python benchmarks/experiments/serve_engine_sim.py --real-engine --model hybrid-17x512-streaming --att 70 1 --dtype bfloat16
 
 What runs for real: the server's :class:`EngineLoop` in its own thread with a :class:`StreamingEngine` (inbox, feed
 policy, chunk schedule, feature queue and decoder bookkeeping, events, deliveries), and the main process's side of
@@ -13,7 +14,9 @@ What is modelled: the device. The front end's kernels, the feature queue's copie
 stubbed (one token per stream per step, so every stepped chunk has a partial); a step queued at ``t`` occupies a
 device queue until ``max(t, busy) + fixed + per_stream * streams``, and the cycle's first device read (the token
 counts) sleeps until then, as a CUDA synchronisation releases the GIL and waits. Defaults follow the H100's bf16
-17 x 512 hybrid step (all 2,048 streams about 30 ms).
+17 x 512 hybrid step (all 2,048 streams about 30 ms). ``--real-engine`` runs the real engine on GPU 0 instead (every client
+plays the same synthetic speech): the main process's limits, without the load generator's and the network workers'
+processes competing for its cores as in a load test on one host.
 
 Reported per client count: chunk latency (a push's due date -> the partial of the chunk it completed, built; the
 server's own ``chunk_latency`` measure) p50 / p95 / p99 and its p95 per second of the run (streams open over the
@@ -42,6 +45,7 @@ from nemo_fastdecode.serve.engine_loop import EngineLoop, Finish, PushBatch  # n
 from nemo_fastdecode.serve.metrics import ServerMetrics  # noqa: E402
 from nemo_fastdecode.serve.workers import ID_BITS, WorkerPool, _Worker  # noqa: E402
 from nemo_fastdecode.streaming import StreamingEngine, StreamOptions  # noqa: E402
+from nemo_fastdecode.tools import synthetic  # noqa: E402
 from nemo_fastdecode.tools.models import load_model  # noqa: E402
 
 MESSAGE_SECONDS = 0.08
@@ -107,10 +111,16 @@ def stub_engine(engine: StreamingEngine, blank: int, device: DeviceModel) -> Non
     decoder.token_counts = modelled_counts
 
 
-def run_point(model, clients: int, args: argparse.Namespace) -> dict:
+def run_point(model, clients: int, args: argparse.Namespace, clip: bytes) -> dict:
     device = DeviceModel(args.gpu_fixed_ms / 1e3, args.gpu_per_stream_us / 1e6)
-    engine = StreamingEngine(model, clients, att_context_size=[16, 1], use_cuda_graphs=False)
-    stub_engine(engine, int(model.decoding.blank_id), device)
+    on_gpu = args.real_engine and torch.cuda.is_available()
+    engine = StreamingEngine(
+        model, clients, att_context_size=args.att, dtype=getattr(torch, args.dtype), use_cuda_graphs=on_gpu
+    )
+    if args.real_engine:
+        engine.warm_up()
+    else:
+        stub_engine(engine, int(model.decoding.blank_id), device)
     pool = _PoolSide(args.workers)
     loop = EngineLoop(engine, pool.deliver, ServerMetrics())
     pool.engine_loop = _Unpacking(loop)
@@ -150,7 +160,9 @@ def run_point(model, clients: int, args: argparse.Namespace) -> dict:
         mine = np.arange(index, clients, args.workers)
         parent, child = context.Pipe(duplex=True)
         process = context.Process(
-            target=_feed, args=(child, index + 1, mine, offsets[mine], messages, args.tick_ms / 1e3), daemon=True
+            target=_feed,
+            args=(child, index + 1, mine, offsets[mine], messages, args.tick_ms / 1e3, clip),
+            daemon=True,
         )
         process.start()
         child.close()
@@ -190,7 +202,7 @@ def run_point(model, clients: int, args: argparse.Namespace) -> dict:
         "finals": len(final_latencies),
         "cycles": loop.cycles,
         "cycle_ms_mean": round(seconds / max(loop.cycles, 1) * 1e3, 1),
-        "device_busy": round(device.busy_seconds / seconds, 2),
+        "device_busy": None if args.real_engine else round(device.busy_seconds / seconds, 2),
         "seconds": round(seconds, 1),
         "cpu_share": cpu,
         "chunk_ms_p95_by_second": by_second,
@@ -246,12 +258,14 @@ class _Unpacking:
         self.loop.submit(command)
 
 
-def _feed(conn, incarnation: int, clients: np.ndarray, offsets: np.ndarray, messages: int, tick: float) -> None:
-    """A feeder process (a network worker's part): its clients' messages on their real-time due dates, one message
-    to the main process per tick; the deliveries read and dropped."""
+def _feed(
+    conn, incarnation: int, clients: np.ndarray, offsets: np.ndarray, messages: int, tick: float, clip: bytes
+) -> None:
+    """A feeder process (a network worker's part): its clients' messages on their real-time due dates (each client
+    plays ``clip``), one message to the main process per tick; the deliveries read and dropped."""
     conn.send("ready")
     first = conn.recv() + offsets
-    piece = bytes(np.random.default_rng(incarnation).integers(-3000, 3000, round(MESSAGE_SECONDS * RATE), np.int16))
+    size = round(MESSAGE_SECONDS * RATE) * 2
     keys = np.stack([(incarnation << ID_BITS) | clients, np.zeros_like(clients)], axis=1).astype(np.int64)
     sent = np.zeros(len(clients), dtype=np.int64)
     while (sent < messages).any():
@@ -261,7 +275,8 @@ def _feed(conn, incarnation: int, clients: np.ndarray, offsets: np.ndarray, mess
             arrived = first[due] + (sent[due] + 1) * MESSAGE_SECONDS
             sent[due] += 1
             n = due.size
-            entries: list = [("push", keys[due], arrived, np.arange(n + 1, dtype=np.int64) * len(piece), piece * n)]
+            audio = b"".join(clip[(k - 1) * size : k * size] for k in sent[due].tolist())
+            entries: list = [("push", keys[due], arrived, np.arange(n + 1, dtype=np.int64) * size, audio)]
             entries += [("finish", tuple(keys[c].tolist()), now) for c in due[sent[due] == messages].tolist()]
             conn.send(("commands", entries))
         while conn.poll():
@@ -283,13 +298,21 @@ def main() -> None:
     parser.add_argument("--stagger", type=float, default=5.0, help="starts uniform in [0, stagger) s")
     parser.add_argument("--workers", type=int, default=4, help="network workers: a push batch each per tick")
     parser.add_argument("--tick-ms", type=float, default=5.0, help="the network-in thread's period")
-    parser.add_argument("--gpu-fixed-ms", type=float, default=4.0)
-    parser.add_argument("--gpu-per-stream-us", type=float, default=12.0)
+    parser.add_argument("--gpu-fixed-ms", type=float, default=4.0, help="the modelled device's step: fixed time")
+    parser.add_argument("--gpu-per-stream-us", type=float, default=12.0, help="and time per stream stepped")
+    parser.add_argument("--real-engine", action="store_true", help="the real engine (on GPU 0 if there is one)")
+    parser.add_argument("--model", default="tiny-streaming", help="a cache-aware synthetic preset or .nemo path")
+    parser.add_argument("--att", type=int, nargs=2, default=[16, 1], help="att_context_size [left, lookahead]")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    model = load_model("tiny-streaming", device=torch.device("cpu"), vocab="bpe")
+    on_gpu = args.real_engine and torch.cuda.is_available()
+    if not on_gpu:
+        torch.set_num_threads(1)
+    model = load_model(args.model, device=torch.device("cuda" if on_gpu else "cpu"), vocab="bpe")
+    (speech,) = synthetic.synthetic_audio([args.seconds + 1.0], seed=3)
+    clip = np.clip(np.round(np.asarray(speech) * 32768), -32768, 32767).astype(np.int16).tobytes()
     for clients in args.clients:
-        print(run_point(model, clients, args), flush=True)
+        print(run_point(model, clients, args, clip), flush=True)
 
 
 if __name__ == "__main__":
