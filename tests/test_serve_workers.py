@@ -249,7 +249,7 @@ def test_pushes_that_come_while_a_cycle_steps_apply_inside_it_in_order(model, au
 def test_consecutive_pushes_join_into_one_batch_in_order():
     """A turn's runs of pushes (single ones and network batches) become one batch each, in order; any other command
     ends a run."""
-    from nemo_fastdecode.serve.engine_loop import Finish, Push, PushBatch, _joined
+    from nemo_fastdecode.serve.engine_loop import Finish, Push, PushBatch, batched
     from nemo_fastdecode.streaming import StreamOptions
 
     one, other = StreamOptions(), StreamOptions(partial_words=True)
@@ -263,11 +263,11 @@ def test_consecutive_pushes_join_into_one_batch_in_order():
         PushBatch.of(pushes[6:7]),
         None,
     ]
-    joined = _joined(commands)
+    joined = batched(commands)
     assert [type(c) for c in joined] == [PushBatch, Finish, PushBatch, type(None)]
     assert joined[0].pushes() == pushes[:5] and joined[2].pushes() == pushes[5:]
     assert joined[1] is commands[3]
-    assert _joined([]) == [] and _joined([commands[3]]) == [commands[3]]
+    assert batched([]) == [] and batched([commands[3]]) == [commands[3]]
 
 
 def test_a_push_that_opens_a_stream_waits_alone(model, audio, refs):

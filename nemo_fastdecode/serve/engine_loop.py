@@ -189,21 +189,28 @@ class PushBatch:
         return [Push(*unit) for unit in _push_units(self)]
 
 
-def batched(commands: list[Command]) -> list[Command | PushBatch]:
-    """``commands`` with each run of consecutive pushes as one :class:`PushBatch` (the order kept)."""
-    out: list[Command | PushBatch] = []
-    run: list[Push] = []
-    for command in commands:
+def batched(commands: list[Command | PushBatch | None]) -> list[Command | PushBatch | None]:
+    """``commands`` with each run of consecutive pushes (:class:`Push` es and :class:`PushBatch` es) as one
+    :class:`PushBatch`, the order kept: a worker's turn crosses the pipe in columns, and the engine's cost per batch
+    is paid once per turn, however many network messages brought the pushes."""
+    out: list[Command | PushBatch | None] = []
+    run: list[PushBatch] = []
+    singles: list[Push] = []
+    for command in [*commands, None]:  # a sentinel ends the last run
         if isinstance(command, Push):
+            singles.append(command)
+            continue
+        if singles:
+            run.append(PushBatch.of(singles))
+            singles = []
+        if isinstance(command, PushBatch):
             run.append(command)
             continue
         if run:
-            out.append(PushBatch.of(run))
+            out.append(PushBatch.joined(run))
             run = []
         out.append(command)
-    if run:
-        out.append(PushBatch.of(run))
-    return out
+    return out[:-1]
 
 
 Command = Push | Finish | Abort | Drop | DropRange
@@ -339,7 +346,7 @@ class EngineLoop:
     def _turn(self) -> bool:
         """Apply the commands that came (waiting for one while the engine is idle), then one cycle if the engine has
         work (pushes that come meanwhile are applied while it steps); ``False`` once told to stop."""
-        commands = _joined(self._held + self._take(block=not (self.engine.busy or self._held)))
+        commands = batched(self._held + self._take(block=not (self.engine.busy or self._held)))
         self._held = []
         stop = None in commands
         deliveries: list[Delivery] = []
@@ -517,7 +524,7 @@ class EngineLoop:
         they came."""
         if self._held:
             return
-        commands = _joined(self._take(block=False))
+        commands = batched(self._take(block=False))
         waiting: set[int] = set()  # connections with a push held back
         held: list[Command | PushBatch | None] = []
         for index, command in enumerate(commands):
@@ -598,30 +605,6 @@ class EngineLoop:
         self._segmenting.discard(stream)
         self._segments.pop(stream, None)
         self.metrics.open_streams.set(len(self._item_of))
-
-
-def _joined(commands: list[Command | PushBatch | None]) -> list[Command | PushBatch | None]:
-    """``commands`` with each run of consecutive pushes (:class:`Push` es and :class:`PushBatch` es) as one
-    :class:`PushBatch`, the order kept: the engine's cost per batch is paid once per turn, however many network
-    messages brought the pushes."""
-    out: list[Command | PushBatch | None] = []
-    run: list[PushBatch] = []
-    singles: list[Push] = []
-    for command in commands + [None]:  # a sentinel ends the last run
-        if isinstance(command, Push):
-            singles.append(command)
-            continue
-        if singles:
-            run.append(PushBatch.of(singles))
-            singles = []
-        if isinstance(command, PushBatch):
-            run.append(command)
-            continue
-        if run:
-            out.append(PushBatch.joined(run))
-            run = []
-        out.append(command)
-    return out[:-1]
 
 
 def _note_pushed(item: _Item, nbytes: int, received: float) -> None:
