@@ -327,6 +327,58 @@ def test_a_push_that_opens_a_stream_waits_alone(model, audio, refs):
     assert all(finals.values())  # there is something to compare
 
 
+def test_a_finish_while_stepping_holds_its_own_connection_only(model, audio, refs):
+    """While a cycle steps, a finish (or abort, or drop) waits for the cycle's end with its connection's later
+    commands; the other connections' pushes, before and after it, still go in; every item's final is NeMo's of its
+    audio alone."""
+    from nemo_fastdecode.serve.engine_loop import Abort, EngineLoop, Finish, Push, PushBatch
+    from nemo_fastdecode.serve.metrics import ServerMetrics
+    from nemo_fastdecode.streaming import StreamingEngine, StreamOptions
+
+    options = StreamOptions()
+    data = [pcm.tobytes() for pcm in audio]  # connection c streams data[c] as item 0; connection 0 then item 1
+    sent = [0] * len(data)
+    finals = {}
+
+    def deliver(deliveries):
+        finals.update({d.key: d.event.token_ids for d in deliveries if d.event is not None and d.event.is_last})
+
+    def push(c: int, size: int | None = None, item: int = 0) -> Push:
+        size = len(data[c]) - sent[c] if size is None else size
+        pcm = data[c][sent[c] : sent[c] + size]
+        sent[c] += size
+        return Push((c, item), pcm, 0.0, options)
+
+    loop = EngineLoop(StreamingEngine(model, 4, use_cuda_graphs=False), deliver, ServerMetrics())
+    together, push_many = [], loop.engine.push_many
+
+    def push_many_noting(stream_ids, *args):
+        together.append(len(stream_ids))
+        return push_many(stream_ids, *args)
+
+    loop.engine.push_many = push_many_noting
+    loop._apply(PushBatch.of([push(c, 1280) for c in range(3)]))  # opens 0, 1 and 2
+    # connection 0 ends its item and starts the next one; connection 2 aborts; 1 keeps streaming throughout
+    loop.submit(PushBatch.of([push(0), push(1, 1280)]))
+    loop.submit(Finish((0, 0), 0.0))
+    loop.submit(Abort((2, 0)))
+    loop.submit(PushBatch.of([push(1, 1280), Push((0, 1), data[0][:1280], 0.0, options), push(1, 1280)]))
+    together.clear()
+    loop._push_while_stepping()
+    assert together == [2, 2]  # 0's and 1's pushes, then 1's two after the finish: not 0's next item
+    assert [type(c) for c in loop._held] == [Finish, Abort, Push] and loop._held[2].key == (0, 1)
+    loop._held.append(Push((0, 1), data[0][1280:], 0.0, options))
+    loop._held.append(Finish((0, 1), 0.0))
+    loop.submit(PushBatch.of([push(1)]))
+    loop.submit(Finish((1, 0), 0.0))
+    for _ in range(10_000):
+        if len(finals) == 3:
+            break
+        assert loop._turn()
+    assert finals == {(0, 0): refs[0].token_ids, (0, 1): refs[0].token_ids, (1, 0): refs[1].token_ids}
+    assert all(finals.values())  # there is something to compare
+
+
 def test_the_engine_loop_freezes_what_lives_before_it_serves(model):
     """What is alive once the engine is ready (the model, the libraries) is frozen out of the garbage collector's
     full collections, which stop every thread for as long as they walk it (0.3 s in a server's process)."""

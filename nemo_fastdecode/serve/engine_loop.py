@@ -519,21 +519,26 @@ class EngineLoop:
     def _push_while_stepping(self) -> None:
         """While the GPU steps the cycle: the queued pushes of connections whose first item has a stream (to it, or
         kept for the item behind it). A push that needs more (it would open a stream, or the engine refuses it) waits
-        for the cycle's end, and so does every later push of its connection; the first other command (a finish, an
-        abort, a drop) and everything after it wait too. Each connection's commands thus still apply in the order
-        they came."""
+        for the cycle's end, and so does every later command of its connection; so does any other command (a finish,
+        an abort, a drop) and its connection's later commands, while the other connections' pushes still go in. Each
+        connection's commands thus still apply in the order they came. A dropped range of connections (a network
+        worker died, rare) holds everything after it."""
         if self._held:
             return
         commands = batched(self._take(block=False))
-        waiting: set[int] = set()  # connections with a push held back
+        waiting: set[int] = set()  # connections with a command held back
         held: list[Command | PushBatch | None] = []
         for index, command in enumerate(commands):
-            if not isinstance(command, Push | PushBatch):
+            if isinstance(command, Push | PushBatch):
+                rest = self._push_to_open_streams(command, waiting)
+                held += rest
+                waiting.update(push.key[0] for push in rest)
+            elif isinstance(command, Finish | Abort | Drop):
+                held.append(command)
+                waiting.add(command.connection if isinstance(command, Drop) else command.key[0])
+            else:  # a range drop or the stop: it and everything after it wait
                 self._held = held + commands[index:]
                 return
-            rest = self._push_to_open_streams(command, waiting)
-            held += rest
-            waiting.update(push.key[0] for push in rest)
         self._held = held
 
     def _push_to_open_streams(self, command: Push | PushBatch, waiting: set[int] | None = None) -> list[Push]:
