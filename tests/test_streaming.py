@@ -260,6 +260,34 @@ def test_open_close_reuse(streamer, features):
         streamer.close(slot)
 
 
+def test_streams_opened_between_steps_are_emptied_together(streamer, features):
+    """Slots opened between two steps are emptied in one reset before the step reads them: reused slots then behave
+    as new streams."""
+    g = streamer.geometry
+    first = split_features(features[0], g)
+    a, b = streamer.open(), streamer.open()
+    streamer.step([a, b], [first[0], first[0]])
+    streamer.step([a, b], [first[1], first[1]])
+    assert streamer.token_ids(a)  # the slots hold a stream's state to empty
+    streamer.close(a)
+    streamer.close(b)
+    resets, reset_ = [], streamer.slots.reset_
+    streamer.slots.reset_ = lambda rows: (resets.append(rows.tolist()), reset_(rows))
+    try:
+        assert [streamer.open(), streamer.open()] == [a, b] and not resets  # emptied when first read, not here
+        again = streamer.step([b, a], [first[0], first[0]], return_hypotheses=True)
+    finally:
+        del streamer.slots.reset_
+    assert resets == [[a, b]]
+    fresh = StreamingTranscriber(streamer.model, num_slots=1, att_context_size=[16, 1])
+    alone = fresh.step([fresh.open()], [first[0]], return_hypotheses=True)
+    for row in range(2):
+        assert relative_error(again.encoded[row], alone.encoded[0]) <= 1e-5
+        assert as_int_list(again.hypotheses[row].y_sequence) == as_int_list(alone.hypotheses[0].y_sequence)
+    for slot in (a, b):
+        streamer.close(slot)
+
+
 def test_bad_slot_ids(streamer, features):
     chunk = split_features(features[0], streamer.geometry)[0]
     slot = streamer.open()

@@ -9,6 +9,8 @@
 # `nemo-fastdecode loadtest` against it, samples the server with py-spy for $SPY_SECONDS s once $SPY_STREAMS streams are
 # open (when py-spy is installed), stops the server with SIGINT (its graceful shutdown) and packs the trace, the logs,
 # the profile and the load test's JSON, Markdown and plot into OUT_DIR/serve_TAG.tar.gz.
+# TRACE=0 runs the server as users do (`python3 -m nemo_fastdecode.serve`, no trace and its cost); py-spy then starts
+# $SPY_DELAY s (default 15) after the load test.
 # Defaults: the 17 x 512 hybrid at [70, 1] with 2,048 slots and 4 network workers; 8 client processes streaming
 # binary PCM of 15/14/13/12 s synthetic inputs, starts over 5 s. Later key=value arguments override them.
 set -uo pipefail
@@ -23,8 +25,13 @@ work=$(mktemp -d)
 start=$(date +%s)
 note() { echo "[$(($(date +%s) - start)) s] $*" | tee -a "$work/timeline.txt"; }
 
-python3 benchmarks/experiments/serve_loop_trace.py "$work/trace.txt" model=hybrid-17x512-streaming slots=2048 \
-  'att_context_size=[70,1]' network_workers=4 port="$port" "${server[@]}" >"$work/server.log" 2>&1 &
+if [[ ${TRACE:-1} == 0 ]]; then
+  serve=(python3 -m nemo_fastdecode.serve)
+else
+  serve=(python3 benchmarks/experiments/serve_loop_trace.py "$work/trace.txt")
+fi
+"${serve[@]}" model=hybrid-17x512-streaming slots=2048 'att_context_size=[70,1]' network_workers=4 port="$port" \
+  "${server[@]}" >"$work/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 300); do
   python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/ready', timeout=1)" 2>/dev/null && break
@@ -35,7 +42,9 @@ note "server ready (pid $server_pid)"
 
 spy_pid=
 if command -v py-spy >/dev/null; then
-  (for _ in $(seq 600); do  # the trace's 12th column: open streams
+  ([[ ${TRACE:-1} == 0 ]] && sleep "${SPY_DELAY:-15}"
+   for _ in $(seq 600); do  # the trace's 12th column: open streams
+     [[ ${TRACE:-1} == 0 ]] && break
      open=$(tail -1 "$work/trace.txt" 2>/dev/null | awk '{print $12}')
      [[ $open =~ ^[0-9]+$ ]] && ((open >= ${SPY_STREAMS:-1800})) && break
      sleep 1

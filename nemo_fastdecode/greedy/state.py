@@ -160,6 +160,16 @@ class BatchedGreedyState(BatchedLabelLoopingState):
         """The first ``batch_size`` rows (views)."""
         return self._with_fields([None if t is None else t.narrow(dim, 0, batch_size) for t, dim in self._fields()])
 
+    def expand(self, batch_size: int) -> BatchedGreedyState:
+        """A batch of one row repeated ``batch_size`` times (views, no copy)."""
+
+        def repeated(t: torch.Tensor, dim: int) -> torch.Tensor:
+            shape = list(t.shape)
+            shape[dim] = batch_size
+            return t.expand(shape)
+
+        return self._with_fields([None if t is None else repeated(t, dim) for t, dim in self._fields()])
+
     def clone(self) -> BatchedGreedyState:
         """A copy that owns its memory."""
         return self._with_fields([None if t is None else t.clone() for t, _ in self._fields()])

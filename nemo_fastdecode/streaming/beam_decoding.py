@@ -145,12 +145,13 @@ class SlotBeamDecoder:
         """No step is captured around the search (its own loop uses CUDA graphs)."""
         return []
 
-    def reset(self, slot: int) -> None:
-        """Start a slot afresh (a new stream): its next chunk begins from the empty hypotheses after ``<SOS>`` (the
-        LM's after ``<BOS>``), no boosting tree."""
-        self._best[slot] = self._reported[slot] = None
-        self._decoded[slot] = False
-        self.set_boosting(slot, None)
+    def reset(self, slots: int | Sequence[int], rows: torch.Tensor | None = None) -> None:
+        """Start slots afresh (new streams): their next chunk begins from the empty hypotheses after ``<SOS>`` (the
+        LM's after ``<BOS>``), no boosting tree. ``rows``: unused (the beams live on the host between chunks)."""
+        for slot in [slots] if isinstance(slots, int) else slots:
+            self._best[slot] = self._reported[slot] = None
+            self._decoded[slot] = False
+            self.set_boosting(slot, None)
 
     # ------------------------------------------------------------------------------------------
     def enable_boosting(self) -> None:

@@ -190,16 +190,21 @@ class SlotDecoder:
         """``[S + 1]`` int64: each slot's state in the n-gram LM (``None`` without one)."""
         return self.state.fusion_states_list[0] if self.lm is not None else None
 
-    def reset(self, slot: int) -> None:
-        """Start a slot afresh (a new stream): the state after ``<SOS>`` (the LM's after ``<BOS>``), no tokens, no
-        boosting tree."""
+    def reset(self, slots: int | Sequence[int], rows: torch.Tensor | None = None) -> None:
+        """Start slots afresh (new streams): the state after ``<SOS>`` (the LM's after ``<BOS>``), no tokens, no
+        boosting tree. ``rows``: the same slots as ``[N]`` int64 on the device, if the caller has them (else made
+        here); one copy per state tensor, however many slots."""
+        slots = [slots] if isinstance(slots, int) else list(slots)
+        if rows is None:
+            rows = self._row_ids[slots[0] : slots[0] + 1] if len(slots) == 1 else self._row_ids[slots]
         with torch.inference_mode():
-            self.state.index_copy_(self._row_ids[slot : slot + 1], self._fresh)
-            self.counts[slot] = 0
-            self.scores[slot] = 0
-        self._bound[slot] = 0
-        self._decoded[slot] = False
-        self.set_boosting(slot, None)
+            self.state.index_copy_(rows, self._fresh.expand(len(slots)))
+            self.counts.index_fill_(0, rows, 0)
+            self.scores.index_fill_(0, rows, 0)
+        self._bound[slots] = 0
+        self._decoded[slots] = False
+        for slot in slots:
+            self.set_boosting(slot, None)
 
     # ------------------------------------------------------------------------------------------
     def enable_boosting(self) -> None:

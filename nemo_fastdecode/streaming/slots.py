@@ -74,14 +74,13 @@ class SlotState:
         """Index of the slot that padding rows read and write (never open)."""
         return self.num_slots
 
-    def reset_(self, slot: int) -> None:
-        """Empty one slot for a new stream (zeros, as NeMo's ``get_initial_cache_state``)."""
-        self.key_values[:, slot].zero_()
-        self.conv[:, slot].zero_()
-        self.pre_encode[slot].zero_()
-        self.att_len[slot] = 0
-        self.ring_start[slot] = 0
-        self.started[slot] = False
+    def reset_(self, rows: torch.Tensor) -> None:
+        """Empty the slots ``rows`` (``[N]`` int64 on the caches' device) for new streams (zeros, as NeMo's
+        ``get_initial_cache_state``): one fill per tensor, however many slots."""
+        self.key_values.index_fill_(1, rows, 0)
+        self.conv.index_fill_(1, rows, 0)
+        for state in (self.pre_encode, self.att_len, self.ring_start, self.started):
+            state.index_fill_(0, rows, 0)
 
     def nbytes(self) -> int:
         """Memory held by the caches."""

@@ -190,9 +190,13 @@ class StreamingTranscriber:
             ngram_lm_model=ngram_lm_model,
             ngram_lm_alpha=ngram_lm_alpha,
         )
-        self.decoder: SlotDecoder | SlotBeamDecoder | None = None
+        # slots opened since their state was last emptied: emptied together before anything reads them (one fill per
+        # state tensor for all the streams that opened between two cycles, not a dozen small copies per stream)
+        self._opened: list[int] = []
+        self._reset_staging = HostStaging(self.device)
+        self._decoder: SlotDecoder | SlotBeamDecoder | None = None
         if decode and decoding == "beam":
-            self.decoder = SlotBeamDecoder(
+            self._decoder = SlotBeamDecoder(
                 model,
                 num_slots,
                 beam_size=beam_size,
@@ -202,7 +206,7 @@ class StreamingTranscriber:
                 ngram_lm_alpha=ngram_lm_alpha,
             )
         elif decode:
-            self.decoder = SlotDecoder(
+            self._decoder = SlotDecoder(
                 model,
                 num_slots,
                 max_symbols=max_symbols,
@@ -219,6 +223,27 @@ class StreamingTranscriber:
         self._open = np.zeros(num_slots, dtype=bool)
         self._staging = HostStaging(self.device)  # each step's slot ids and chunk lengths
         self._started = np.zeros(num_slots, dtype=bool)  # host mirror of slots.started: checks without a sync
+
+    @property
+    def decoder(self) -> SlotDecoder | SlotBeamDecoder | None:
+        """The slots' decoder (``None`` with ``decode=False``); the slots opened since the last read start afresh
+        first."""
+        if self._opened:
+            self._reset_opened()
+        return self._decoder
+
+    @decoder.setter
+    def decoder(self, decoder: SlotDecoder | SlotBeamDecoder | None) -> None:
+        self._decoder = decoder
+
+    def _reset_opened(self) -> None:
+        """Empty the caches and decoder states of the slots opened since the last call, all in one copy and a few
+        fills."""
+        opened, self._opened = self._opened, []
+        rows = self._reset_staging.upload(np.asarray(opened, dtype=np.int64))
+        self.slots.reset_(rows)
+        if self._decoder is not None:
+            self._decoder.reset(opened, rows)
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -237,11 +262,9 @@ class StreamingTranscriber:
                 raise ValueError("phrase boosting needs the decoder (StreamingTranscriber(decode=True))")
             self.decoder.boosting_tree(boosting)  # built (and checked) before any slot changes
         for slot in np.flatnonzero(~self._open)[:1].tolist():  # the lowest free slot
-            self.slots.reset_(slot)
-            if self.decoder is not None:
-                self.decoder.reset(slot)
-                if boosting is not None:
-                    self.decoder.set_boosting(slot, boosting)
+            self._opened.append(slot)  # emptied before its first use
+            if boosting is not None:
+                self.decoder.set_boosting(slot, boosting)  # after the slot is emptied (reading decoder empties it)
             self._open[slot], self._started[slot] = True, False
             return slot
         raise RuntimeError(f"all {self.num_slots} slots are in use; close or flush a stream, or use more num_slots")
@@ -350,6 +373,8 @@ class StreamingTranscriber:
             ValueError / TypeError naming the bad slot id or chunk and the valid choices.
         """
         slots = self._check_step_slots(slot_ids)
+        if self._opened:
+            self._reset_opened()
         packed = lengths is not None
         if packed:
             host_lengths = self._checked_lengths(slots, chunks, lengths)
