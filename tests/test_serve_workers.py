@@ -270,13 +270,29 @@ def test_consecutive_pushes_join_into_one_batch_in_order():
     assert batched([]) == [] and batched([commands[3]]) == [commands[3]]
 
 
+def _loop_noting_push_many(model, deliver):
+    """An engine loop over 4 slots, and the list to which each ``push_many`` call appends its number of pushes."""
+    from nemo_fastdecode.serve.engine_loop import EngineLoop
+    from nemo_fastdecode.serve.metrics import ServerMetrics
+    from nemo_fastdecode.streaming import StreamingEngine
+
+    loop = EngineLoop(StreamingEngine(model, 4, use_cuda_graphs=False), deliver, ServerMetrics())
+    together, push_many = [], loop.engine.push_many
+
+    def push_many_noting(stream_ids, *args):
+        together.append(len(stream_ids))
+        return push_many(stream_ids, *args)
+
+    loop.engine.push_many = push_many_noting
+    return loop, together
+
+
 def test_a_push_that_opens_a_stream_waits_alone(model, audio, refs):
     """In a batch, a push that would open a stream takes the general way with its connection's later pushes; the
     other connections' pushes, before and after it, still go to the engine together (one ``push_many``), applied
     between cycles and while a cycle steps alike; every item's final is NeMo's of its audio alone."""
-    from nemo_fastdecode.serve.engine_loop import EngineLoop, Finish, Push, PushBatch
-    from nemo_fastdecode.serve.metrics import ServerMetrics
-    from nemo_fastdecode.streaming import StreamingEngine, StreamOptions
+    from nemo_fastdecode.serve.engine_loop import Finish, Push, PushBatch
+    from nemo_fastdecode.streaming import StreamOptions
 
     options = StreamOptions()
     data = [pcm.tobytes() for pcm in [*audio, audio[0]]]  # connection c streams data[c]
@@ -293,14 +309,7 @@ def test_a_push_that_opens_a_stream_waits_alone(model, audio, refs):
             sent[c] += 1280
         return PushBatch.of(pushes)
 
-    loop = EngineLoop(StreamingEngine(model, 4, use_cuda_graphs=False), deliver, ServerMetrics())
-    together, push_many = [], loop.engine.push_many
-
-    def push_many_noting(stream_ids, *args):
-        together.append(len(stream_ids))
-        return push_many(stream_ids, *args)
-
-    loop.engine.push_many = push_many_noting
+    loop, together = _loop_noting_push_many(model, deliver)
     loop._apply(batch([0, 1]))  # opens 0 and 1
     together.clear()
     loop._apply(batch([0, 2, 1, 2, 0]))  # between cycles: 2's first push opens its stream
@@ -331,9 +340,8 @@ def test_a_finish_while_stepping_holds_its_own_connection_only(model, audio, ref
     """While a cycle steps, a finish (or abort, or drop) waits for the cycle's end with its connection's later
     commands; the other connections' pushes, before and after it, still go in; every item's final is NeMo's of its
     audio alone."""
-    from nemo_fastdecode.serve.engine_loop import Abort, EngineLoop, Finish, Push, PushBatch
-    from nemo_fastdecode.serve.metrics import ServerMetrics
-    from nemo_fastdecode.streaming import StreamingEngine, StreamOptions
+    from nemo_fastdecode.serve.engine_loop import Abort, Finish, Push, PushBatch
+    from nemo_fastdecode.streaming import StreamOptions
 
     options = StreamOptions()
     data = [pcm.tobytes() for pcm in audio]  # connection c streams data[c] as item 0; connection 0 then item 1
@@ -349,14 +357,7 @@ def test_a_finish_while_stepping_holds_its_own_connection_only(model, audio, ref
         sent[c] += size
         return Push((c, item), pcm, 0.0, options)
 
-    loop = EngineLoop(StreamingEngine(model, 4, use_cuda_graphs=False), deliver, ServerMetrics())
-    together, push_many = [], loop.engine.push_many
-
-    def push_many_noting(stream_ids, *args):
-        together.append(len(stream_ids))
-        return push_many(stream_ids, *args)
-
-    loop.engine.push_many = push_many_noting
+    loop, together = _loop_noting_push_many(model, deliver)
     loop._apply(PushBatch.of([push(c, 1280) for c in range(3)]))  # opens 0, 1 and 2
     # connection 0 ends its item and starts the next one; connection 2 aborts; 1 keeps streaming throughout
     loop.submit(PushBatch.of([push(0), push(1, 1280)]))
