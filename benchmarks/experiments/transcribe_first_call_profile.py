@@ -1,0 +1,61 @@
+"""Where the offline path's first ``model.transcribe`` call spends the time a later call does not: a host profile.
+
+python benchmarks/experiments/transcribe_first_call_profile.py --model rnnt-0.6b --calibration trained
+
+Builds the benchmark's synthetic model and files (:func:`nemo_fastdecode.tools.transcribe_benchmark.prepared`: a
+short warm-up ``transcribe`` of other audio with NeMo's decoder first), switches to ``fast_greedy`` with the offline
+path, then times and profiles (cProfile, the calling thread) the first call and ``--later`` more. Run it twice on one
+machine: the first run fills Triton's on-disk cache (its C launchers and kernels), the second profiles what every
+later process sees, which is the benchmark's "first call in a new process". Prints each call's seconds and the
+functions with the largest cumulative time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import nemo_fastdecode  # noqa: F401  (registers the strategies)
+from nemo_fastdecode.offline import enable_fast_transcribe
+from nemo_fastdecode.tools import transcribe_benchmark as bench
+from nemo_fastdecode.tools.models import apply_decoding
+from nemo_fastdecode.tools.timing import synchronize
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="rnnt-0.6b", help="a synthetic preset (rnnt-0.6b, tdt-0.6b, tiny-rnnt)")
+    parser.add_argument("--calibration", default="trained", help="tokens per frame (a number) or 'trained'")
+    parser.add_argument("--seconds", type=float, default=1800.0, help="total audio")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--later", type=int, default=2, help="later calls profiled after the first")
+    parser.add_argument("--top", type=int, default=40, help="functions listed per call")
+    parser.add_argument("--fp32", action="store_true", help="no bf16 autocast")
+    args = parser.parse_args()
+    calibration = args.calibration if args.calibration == "trained" else float(args.calibration)
+    synthetic_set = bench.SyntheticSet(args.model, args.seconds, args.batch_size, calibration, not args.fp32, 10, 0)
+    with bench.prepared(synthetic_set) as (model, paths, _):
+        device = next(model.parameters()).device
+        # the strategy switch and the offline path, outside the timing as in the benchmark
+        apply_decoding(model, {"strategy": "fast_greedy", "greedy": {"max_symbols": synthetic_set.max_symbols}})
+        enable_fast_transcribe(model)
+        for call in range(1 + args.later):
+            profile = cProfile.Profile()
+            synchronize(device)
+            start = time.perf_counter()
+            profile.enable()
+            bench._transcribe(model, paths, args.batch_size, synthetic_set.bf16)
+            synchronize(device)
+            profile.disable()
+            label = "first call" if call == 0 else f"later call {call}"
+            print(f"=== {args.model} {label}: {time.perf_counter() - start:.3f} s", flush=True)
+            out = io.StringIO()
+            pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(args.top)
+            print(out.getvalue(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
