@@ -228,8 +228,7 @@ class StreamingTranscriber:
     def decoder(self) -> SlotDecoder | SlotBeamDecoder | None:
         """The slots' decoder (``None`` with ``decode=False``); the slots opened since the last read start afresh
         first."""
-        if self._opened:
-            self._reset_opened()
+        self._reset_opened()
         return self._decoder
 
     @decoder.setter
@@ -238,7 +237,9 @@ class StreamingTranscriber:
 
     def _reset_opened(self) -> None:
         """Empty the caches and decoder states of the slots opened since the last call, all in one copy and a few
-        fills."""
+        fills (nothing when none opened)."""
+        if not self._opened:
+            return
         opened, self._opened = self._opened, []
         rows = self._reset_staging.upload(np.asarray(opened, dtype=np.int64))
         self.slots.reset_(rows)
@@ -373,8 +374,7 @@ class StreamingTranscriber:
             ValueError / TypeError naming the bad slot id or chunk and the valid choices.
         """
         slots = self._check_step_slots(slot_ids)
-        if self._opened:
-            self._reset_opened()
+        self._reset_opened()  # before the encoder reads the caches
         packed = lengths is not None
         if packed:
             host_lengths = self._checked_lengths(slots, chunks, lengths)
