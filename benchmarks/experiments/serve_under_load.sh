@@ -42,13 +42,15 @@ note "server ready (pid $server_pid)"
 
 spy_pid=
 if command -v py-spy >/dev/null; then
-  ([[ ${TRACE:-1} == 0 ]] && sleep "${SPY_DELAY:-15}"
-   for _ in $(seq 600); do  # the trace's 12th column: open streams
-     [[ ${TRACE:-1} == 0 ]] && break
-     open=$(tail -1 "$work/trace.txt" 2>/dev/null | awk '{print $12}')
-     [[ $open =~ ^[0-9]+$ ]] && ((open >= ${SPY_STREAMS:-1800})) && break
-     sleep 1
-   done
+  (if [[ ${TRACE:-1} == 0 ]]; then
+     sleep "${SPY_DELAY:-15}"
+   else
+     for _ in $(seq 600); do  # the trace's 12th column: open streams
+       open=$(tail -1 "$work/trace.txt" 2>/dev/null | awk '{print $12}')
+       [[ $open =~ ^[0-9]+$ ]] && ((open >= ${SPY_STREAMS:-1800})) && break
+       sleep 1
+     done
+   fi
    timeout 60 py-spy record --pid $server_pid -d "${SPY_SECONDS:-12}" -r 50 -f raw --threads --nonblocking \
      -o "$work/py-spy.txt" >"$work/py-spy.log" 2>&1) &
   spy_pid=$!
