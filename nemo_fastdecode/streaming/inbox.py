@@ -12,7 +12,7 @@ Bytes a cycle does not take (a stream with a chunk already waiting, or more than
 pinned logs for the stream's *backlog*, a plain byte buffer per slot, once; a later cycle that feeds the stream writes
 them back into its log ahead of the stream's newer records. A server that falls behind thus copies each byte at most
 twice more, whatever its wait, instead of carrying every waiting record from log to log in every cycle. A dropped
-stream's records are skipped by an epoch per slot, without searching the log.
+stream's records are skipped by the log's record count at its drop, without searching the log.
 """
 
 from __future__ import annotations
@@ -40,10 +40,9 @@ class _PinnedLog:
         self._staging = HostStaging(device)
         self._refresh()
         self.cursor = 0
-        self.slots: list[int] = []
-        self.offsets: list[int] = []
-        self.sizes: list[int] = []
-        self.epochs: list[int] = []
+        # (slot, offset, bytes) of each record, flat: one list, one conversion per cycle (the cost is per element)
+        self.records: list[int] = []
+        self.dropped: dict[int, int] = {}  # slot: the record count when it was dropped (its records before are dead)
 
     def _refresh(self) -> None:
         self.host = self._staging.staging.numpy()
@@ -59,19 +58,32 @@ class _PinnedLog:
         self.cursor = end
         return start
 
-    def write(self, slot: int, data: bytes | memoryview, epoch: int) -> None:
+    def write(self, slot: int, data: bytes | memoryview) -> None:
         """Copy ``data`` (bytes, or a memoryview of unsigned bytes) to the log as one record of ``slot``."""
         size = len(data)
         start = self.reserve(size)
         self._bytes[start : start + size] = data
-        self.slots.append(slot)
-        self.offsets.append(start)
-        self.sizes.append(size)
-        self.epochs.append(epoch)
+        self.records += (slot, start, size)
+
+    def drop(self, slot: int) -> None:
+        """Forget ``slot``'s records so far (records written later are the slot's next stream's)."""
+        if self.records:
+            self.dropped[slot] = len(self.records) // 3
+
+    def record_arrays(self, num_slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``[R]`` int64 slot, byte offset and bytes of each record; a dropped slot's earlier records have 0 bytes."""
+        table = np.array(self.records, dtype=np.int64).reshape(-1, 3)
+        slots, offsets, sizes = table[:, 0], table[:, 1], table[:, 2]
+        if self.dropped:
+            cut = np.zeros(num_slots, dtype=np.int64)
+            cut[list(self.dropped)] = list(self.dropped.values())
+            sizes = np.where(np.arange(len(slots)) < cut[slots], 0, sizes)
+        return slots, offsets, sizes
 
     def clear(self) -> None:
         self.cursor = 0
-        self.slots, self.offsets, self.sizes, self.epochs = [], [], [], []
+        self.records = []
+        self.dropped = {}
 
     def send(self, nbytes: int) -> torch.Tensor:
         """The log's first ``nbytes`` on the device: one copy (on the CPU, the host buffer itself)."""
@@ -125,14 +137,13 @@ class AudioInbox:
         self._log = self._logs[0]
         self.pending_bytes = np.zeros(num_slots, dtype=np.int64)
         """``[S]`` bytes waiting per slot (read by the engine's feed policy; changed only here)."""
-        self._epoch = np.zeros(num_slots, dtype=np.int64)
         self._backlog = [bytearray() for _ in range(num_slots)]  # bytes older than any of the slot's records
         self._backlog_bytes = np.zeros(num_slots, dtype=np.int64)
 
     def write(self, slot: int, data: bytes | memoryview) -> None:
         """Copy one push of whole samples into the current log."""
         if len(data):
-            self._log.write(slot, data, int(self._epoch[slot]))
+            self._log.write(slot, data)
             self.pending_bytes[slot] += len(data)
 
     def write_many(self, slots: np.ndarray, data: bytes | memoryview, starts: np.ndarray, stops: np.ndarray) -> None:
@@ -147,16 +158,13 @@ class AudioInbox:
         base = log.reserve(last - first)  # one block (a network batch): one copy
         log._bytes[base : base + last - first] = view[first:last]
         kept = sizes > 0
-        log.slots += slots[kept].tolist()
-        log.offsets += (starts[kept] - first + base).tolist()
-        log.sizes += sizes[kept].tolist()
-        log.epochs += self._epoch[slots[kept]].tolist()
+        log.records += np.stack([slots[kept], starts[kept] - first + base, sizes[kept]], axis=1).ravel().tolist()
         np.add.at(self.pending_bytes, slots, sizes)
 
     def drop(self, slot: int) -> None:
         """Forget every byte waiting for ``slot`` (a stream closed or a slot reopened)."""
         self.pending_bytes[slot] = 0
-        self._epoch[slot] += 1
+        self._log.drop(slot)
         self._backlog[slot] = bytearray()
         self._backlog_bytes[slot] = 0
 
@@ -170,7 +178,7 @@ class AudioInbox:
         limit = np.zeros_like(self.pending_bytes)
         limit[slots] = limits
         owed = slots[(self._backlog_bytes[slots] > 0) & (limits > 0)]
-        if not log.slots and owed.size == 0:
+        if not log.records and owed.size == 0:
             return None
         # 1. each fed stream's backlog first: its oldest bytes, written into the log as one record
         early = np.zeros((3, owed.size), dtype=np.int64)  # slot, offset, bytes
@@ -186,13 +194,8 @@ class AudioInbox:
         self._backlog_bytes[owed] -= early[2]
         self.pending_bytes[owed] -= early[2]
         # 2. the log's records, each slot's in push order, behind its backlog (a backlog left has used up the limit)
-        count = len(log.slots)
-        record_slot = np.fromiter(log.slots, dtype=np.int64, count=count)
-        offsets = np.fromiter(log.offsets, dtype=np.int64, count=count)
-        sizes = np.fromiter(log.sizes, dtype=np.int64, count=count)
-        live = np.fromiter(log.epochs, dtype=np.int64, count=count) == self._epoch[record_slot]
-        if not live.all():
-            sizes = np.where(live, sizes, 0)
+        record_slot, offsets, sizes = log.record_arrays(len(limit))
+        count = len(record_slot)
         # the usual cycle: one push per stream since the last one
         unique = owed.size == 0 and count <= len(limit) and (count == 0 or np.bincount(record_slot).max() == 1)
         before = 0 if unique else earlier_in_slot(record_slot, sizes)
