@@ -45,6 +45,16 @@ def test_matches_reference_and_torch_stft(n_fft, win, hop, preemph):
     assert padded.shape == (rows, n_fft) and torch.equal(padded[: len(expected)], expected)
     assert not padded[len(expected) :].any()
     assert torch.equal(stft_frames_reference(ring, window, index, **args, rows=rows), padded)
+    # the frame count read from device memory (a CUDA graph's launch): stream_of longer, its tail never read
+    frames = len(expected)
+    longer = torch.cat([on_device.stream_of, torch.full((7,), 10**6, device=DEVICE)])  # out of range if read
+    counted = FrameIndex(longer, on_device.slot, on_device.start, on_device.offset, on_device.end)
+    count = torch.tensor([frames], device=DEVICE)
+    from_memory = stft_frames(ring.to(DEVICE), window.to(DEVICE), counted, **args, frame_count=count).cpu()
+    assert from_memory.shape == (frames + 7, n_fft) and torch.equal(from_memory[:frames], expected)
+    assert not from_memory[frames:].any()
+    host_index = FrameIndex(longer.cpu(), *list(vars(index).values())[1:])
+    assert torch.equal(stft_frames_reference(ring, window, host_index, **args, frame_count=count.cpu()), from_memory)
     # the frames of the streams that fit their rings are the ones torch.stft transforms in NeMo's FilterbankFeatures
     for (slot, first, count, samples), row in zip(streams[:3], offset.tolist()[:3], strict=True):
         x = ring[slot, pad : pad + samples]

@@ -125,19 +125,23 @@ def _stream_everything(front: AudioFrontEnd, streams: list[tuple[np.ndarray, str
     return [torch.cat(f, 1) for f in frames]
 
 
-def _check_against_nemo(preprocessor, device: torch.device, seed: int, warm_up: bool = False) -> float:
+def _check_against_nemo(
+    preprocessor, device: torch.device, seed: int, warm_up: bool = False, cuda_graphs: bool = False
+) -> float:
     """Our front end on ``device`` against NeMo's whole-file features (``preprocessor`` on the CPU); ``warm_up``:
-    after :meth:`AudioFrontEnd.warm_up`."""
+    after :meth:`AudioFrontEnd.warm_up`; ``cuda_graphs``: the feature pass as graph replays."""
     rng = np.random.default_rng(seed)
     streams = []
     for i, length in enumerate(LENGTHS):
         pcm = _audio(length, rng)
         streams.append((pcm, "int16") if i % 3 else (pcm.astype(np.float32) / 32768, "float32"))
-    front = AudioFrontEnd(preprocessor, num_slots=4, device=device, max_push_seconds=0.1)
+    front = AudioFrontEnd(preprocessor, num_slots=4, device=device, max_push_seconds=0.1, cuda_graphs=cuda_graphs)
     if warm_up:
         assert front.warm_up() == 2
         assert not any(front._open)  # its slots are free again
     got = _stream_everything(front, streams, rng)
+    if cuda_graphs and device.type == "cuda":  # every pass ran as a replay: the graphs of the row counts met are there
+        assert front._graphs is not None and front._graphs.captured
     worst, compared = 0.0, 0
     for (pcm, _), frames in zip(streams, got, strict=True):
         expected = _nemo_features(preprocessor, pcm)
@@ -171,6 +175,20 @@ def test_interleaved_pushes_give_the_whole_file_features(preprocessor, seed):
 def test_interleaved_pushes_on_cuda(preprocessor, exact_fp32):
     """Our front end on a GPU against NeMo's features on the CPU, to fp32 rounding of the FFT (POWER_RTOL)."""
     _check_against_nemo(preprocessor, torch.device("cuda"), seed=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("warm_up", [False, True])
+def test_interleaved_pushes_on_cuda_with_graphs(preprocessor, exact_fp32, warm_up):
+    """The feature pass as CUDA graph replays (captured on first use, or all by the warm-up): NeMo's features to the
+    same precision as the eager pass, for every mix of streams and frame counts."""
+    _check_against_nemo(preprocessor, torch.device("cuda"), seed=5, warm_up=warm_up, cuda_graphs=True)
+
+
+def test_graphs_are_a_gpu_option(preprocessor):
+    """On the CPU the option changes nothing: the eager pass, NeMo's features."""
+    assert AudioFrontEnd(preprocessor, num_slots=2, max_push_seconds=0.1, cuda_graphs=True)._graphs is None
+    _check_against_nemo(preprocessor, torch.device("cpu"), seed=6, cuda_graphs=True)
 
 
 def test_warm_up_leaves_streams_exact_and_slots_free(preprocessor):

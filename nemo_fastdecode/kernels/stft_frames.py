@@ -36,7 +36,7 @@ class FrameIndex:
     """Which frames to cut: output row ``r`` is frame ``start[b] + r - offset[b]`` of stream ``b = stream_of[r]``.
 
     Attributes:
-        stream_of: ``[R]`` int64, the stream of each output frame (non-decreasing, from ``repeat_interleave``).
+        stream_of: ``[R]`` int64, the stream of each output frame (non-decreasing).
         slot, start, offset, end: ``[B]`` int64 per stream: its slot, its first frame's index in the stream, its first
             output row, and one past its last sample's padded position.
     """
@@ -66,11 +66,13 @@ if triton is not None:
     @triton.jit
     def _stft_frames_kernel(
         ring_ptr, ring_stride, capacity, window_ptr, stream_of_ptr, slot_ptr, start_ptr, offset_ptr, end_ptr,
-        out_ptr, preemph, PAD: tl.constexpr, HOP: tl.constexpr, N_FFT: tl.constexpr, PREEMPH: tl.constexpr,
-        BLOCK: tl.constexpr,
+        out_ptr, frames, count_ptr, preemph, PAD: tl.constexpr, HOP: tl.constexpr, N_FFT: tl.constexpr,
+        PREEMPH: tl.constexpr, COUNT_IN_MEMORY: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        r = tl.program_id(0)
-        b = tl.load(stream_of_ptr + r)
+        if COUNT_IN_MEMORY:  # a CUDA graph's replays: the frame count changes, the launch does not
+            frames = tl.load(count_ptr)
+        r = tl.program_id(0)  # rows from ``frames`` on are the FFT's zero padding: they read the last frame, store 0
+        b = tl.load(stream_of_ptr + tl.minimum(r, frames - 1))
         slot = tl.load(slot_ptr + b)
         frame = tl.load(start_ptr + b) + r - tl.load(offset_ptr + b)
         end = tl.load(end_ptr + b)
@@ -85,7 +87,7 @@ if triton is not None:
             prev = tl.load(row + (q - 1 + capacity) % capacity, mask=prev_valid, other=0.0)
             x = tl.where(valid, x - preemph * prev, 0.0)
         window = tl.load(window_ptr + k, mask=in_frame, other=0.0)
-        tl.store(out_ptr + r * N_FFT + k, x * window, mask=in_frame)
+        tl.store(out_ptr + r * N_FFT + k, tl.where(r < frames, x * window, 0.0), mask=in_frame)
 
 
 def _check(ring: torch.Tensor, window: torch.Tensor, index: FrameIndex) -> None:
@@ -105,6 +107,7 @@ def stft_frames(
     pad: int,
     preemph: float | None,
     rows: int = 0,
+    frame_count: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Windowed, pre-emphasised frames of many streams.
 
@@ -115,6 +118,8 @@ def stft_frames(
         hop, pad: frame hop and left zero padding (``n_fft // 2``) in samples.
         preemph: pre-emphasis coefficient (``None``: none).
         rows: at least this many output rows; those past the ``R`` frames are zeros (a batch size for the FFT).
+        frame_count: ``[1]`` int64 on the device: ``R``, read by the kernel, where ``stream_of`` holds more entries
+            (those from ``R`` on are not read). Lets a CUDA graph cut a different number of frames at each replay.
 
     Returns:
         ``[max(R, rows), n_fft]`` float32: row ``r < R`` is ``window * y[t * hop - pad : t * hop - pad + n_fft]``
@@ -123,16 +128,14 @@ def stft_frames(
     _check(ring, window, index)
     n_fft, frames = window.shape[0], index.stream_of.shape[0]
     out = torch.empty(max(frames, rows), n_fft, dtype=torch.float32, device=ring.device)
-    if out.shape[0] > frames:
-        out[frames:].zero_()
     if frames == 0:
-        return out
+        return out.zero_()
     with torch.cuda.device(ring.device) if ring.is_cuda else contextlib.nullcontext():
-        _stft_frames_kernel[(frames,)](
+        _stft_frames_kernel[(out.shape[0],)](
             ring, ring.stride(0), ring.shape[1], window, index.stream_of, index.slot, index.start, index.offset,
-            index.end, out,
+            index.end, out, frames, index.stream_of if frame_count is None else frame_count,
             0.0 if preemph is None else preemph, PAD=pad, HOP=hop, N_FFT=n_fft, PREEMPH=preemph is not None,
-            BLOCK=triton.next_power_of_2(n_fft),
+            COUNT_IN_MEMORY=frame_count is not None, BLOCK=triton.next_power_of_2(n_fft),
             enable_fp_fusion=False,  # x - a * prev as two roundings, as torch computes it (no FMA)
         )  # fmt: skip
     return out
@@ -147,10 +150,14 @@ def stft_frames_reference(
     pad: int,
     preemph: float | None,
     rows: int = 0,
+    frame_count: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch version of :func:`stft_frames` (same arguments and result): gathers, masks, NeMo's operations."""
     _check(ring, window, index)
     stream_of, slot, start, offset, end = index.stream_of, index.slot, index.start, index.offset, index.end
+    if frame_count is not None:
+        rows = max(rows, stream_of.shape[0])
+        stream_of = stream_of[: int(frame_count)]
     capacity = ring.shape[1]
     frame = start[stream_of] + torch.arange(stream_of.shape[0], device=ring.device) - offset[stream_of]
     # positions a frame reads, from the one before its first on (pre-emphasis): [R, n_fft + 1]

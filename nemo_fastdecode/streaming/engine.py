@@ -125,7 +125,8 @@ class StreamingEngine:
         num_slots: most streams open at once (everything is allocated for them up front).
         att_context_size: ``[left, lookahead]``, one of the encoder's look-aheads (``None``: its current one).
         dtype: cache and encoder compute dtype; fp32 is exact.
-        use_cuda_graphs: replay CUDA graphs per batch-size bucket on a GPU (call :meth:`warm_up` first).
+        use_cuda_graphs: replay CUDA graphs per batch-size bucket on a GPU (call :meth:`warm_up` first), and the
+            front end's feature pass as one graph per frame count.
         encoder_matmul: ``"fp32"`` (exact), or opt-in ``"tf32x3"`` / ``"tf32"`` (see :class:`StreamingTranscriber`).
         fast_math: opt-in fast-math greedy decoding (not bit-identical to NeMo's).
         max_symbols: greedy ``max_symbols`` (default: the model's).
@@ -202,7 +203,13 @@ class StreamingEngine:
         self.model, self.num_slots = model, num_slots
         self.device = self.transcriber.device
         self.geometry = g = self.transcriber.geometry
-        self.front = AudioFrontEnd(model.preprocessor, num_slots, self.device, max_push_seconds=max_cycle_seconds)
+        self.front = AudioFrontEnd(
+            model.preprocessor,
+            num_slots,
+            self.device,
+            max_push_seconds=max_cycle_seconds,
+            cuda_graphs=use_cuda_graphs,
+        )
         s = self.front.settings
         if s.features != g.feat_in:
             raise ValueError(f"the preprocessor makes {s.features} features per frame; the encoder takes {g.feat_in}")

@@ -60,6 +60,7 @@ try:  # Triton is optional: without it the kernel's torch reference decodes
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
 
+from nemo_fastdecode.graphs.capture import capture_graph
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.pcm_frames import ROW_FIELDS, SampleFormat, pcm_frames, pcm_frames_reference
 from nemo_fastdecode.kernels.power_spectrum import power_spectrum, power_spectrum_reference
@@ -248,9 +249,84 @@ def fft_rows(frames: int) -> int:
     return -(-frames // step) * step
 
 
-def _int_view(data: np.ndarray | torch.Tensor, dtype: Any, columns: int) -> Any:
-    """``[-1, columns]`` view of a uint8 buffer as ``dtype`` (numpy or torch)."""
-    return data.view(dtype).reshape(-1, columns)
+def _frame_index(meta: torch.Tensor, width: int, streams: int, frames: int) -> FrameIndex:
+    """The :class:`FrameIndex` in a device copy of :meth:`AudioFrontEnd._mel`'s int64 layout: ``[frame count,
+    slot [width], start [width], offset [width], end [width], stream_of [frames]]``, ``streams`` entries used."""
+    slot, start, offset, end = meta[1 : 1 + 4 * width].view(4, width)[:, :streams]
+    return FrameIndex(meta[1 + 4 * width : 1 + 4 * width + frames], slot, start, offset, end)
+
+
+class _FeatureGraphs:
+    """The feature pass of :meth:`AudioFrontEnd.features` as CUDA graphs, one per power-of-two row count.
+
+    A pass launches about ten operations (frame cut, FFT, power spectrum, mel product, log and their allocations),
+    whose host cost is most of the front end's time while the GPU's work is small. A graph replays them in one
+    launch. Each graph reads a static int64 input (the frame count, the per-stream facts sized for every slot, the
+    stream of each row), filled by one copy before the replay; rows past the frame count are the FFT's zero padding.
+    Graphs share one memory pool: only one runs at a time, and its features are copied out before the next pass. The
+    mel product runs on the padded row count, so cuBLAS may sum in another order than for the exact count: the
+    module docstring's GPU precision.
+    """
+
+    MAX_ROWS = 1 << 17
+    """Larger passes (a thousand streams catching up a second each) run eagerly: their graph's memory (about 5 KiB a
+    row in the pool) would be held for a rare cycle."""
+
+    def __init__(self, front: AudioFrontEnd):
+        self._front = front
+        self._pool = torch.cuda.graph_pool_handle()
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+
+    @staticmethod
+    def rows(frames: int) -> int:
+        """The row count a pass of ``frames`` frames runs at: the next power of two, at least 16."""
+        return max(16, 1 << (frames - 1).bit_length())
+
+    @property
+    def captured(self) -> list[int]:
+        """Row counts whose graph has been captured."""
+        return sorted(self._graphs)
+
+    def capture_up_to(self, frames: int) -> None:
+        """Capture the graphs of every row count a pass of at most ``frames`` frames runs at."""
+        rows = 16
+        while rows <= self.MAX_ROWS:
+            if rows not in self._graphs:
+                self._graphs[rows] = self._capture(rows)
+            if rows >= frames:
+                return
+            rows *= 2
+
+    def takes(self, frames: int) -> bool:
+        """Whether a pass of ``frames`` frames runs as a replay (at most :attr:`MAX_ROWS` rows)."""
+        return self.rows(frames) <= self.MAX_ROWS
+
+    def run(self, nbytes: int, frames: int) -> torch.Tensor:
+        """``[F, frames]`` features of the pass staged in the front end's meta buffer (``nbytes`` of it)."""
+        rows = self.rows(frames)
+        entry = self._graphs.get(rows)
+        if entry is None:
+            entry = self._graphs[rows] = self._capture(rows)
+        graph, inputs, features = entry
+        self._front._meta.send(nbytes, into=inputs)
+        graph.replay()
+        return features[:, :frames].clone()  # the caller's own tensor, as an eager pass gives: the next replay reuses
+
+    def _capture(self, rows: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        front, s = self._front, self._front.settings
+        width = front.num_slots
+        inputs = torch.zeros(1 + 4 * width + rows, dtype=torch.int64, device=front.device)  # outside the pool
+        inputs[0] = 1  # warm-up and capture cut one frame of slot 0 (nothing is written but the graph's own output)
+
+        def feature_pass() -> torch.Tensor:
+            index = _frame_index(inputs, width, width, rows)
+            cut = stft_frames(
+                front.ring, front._window, index, hop=s.hop, pad=s.pad, preemph=s.preemph, frame_count=inputs[:1]
+            )
+            return front._spectrum_to_mel(cut, rows)
+
+        graph, features = capture_graph(feature_pass, front.device, warmup=1, pool=self._pool)
+        return graph, inputs, features
 
 
 class AudioFrontEnd:
@@ -271,6 +347,8 @@ class AudioFrontEnd:
         device: where the sample rings, the kernels and the features live.
         max_push_seconds: the most audio a stream may receive between two :meth:`features` calls. Sizes the rings:
             ``num_slots x (max_push_seconds * rate + n_fft + hop + 1)`` float32.
+        cuda_graphs: on a CUDA device with Triton, run each :meth:`features` pass (frame cut, FFT, power, mel product,
+            log) as one CUDA graph replay per power-of-two frame count up to 131,072 (:class:`_FeatureGraphs`).
     """
 
     def __init__(
@@ -280,6 +358,7 @@ class AudioFrontEnd:
         device: str | torch.device = "cpu",
         *,
         max_push_seconds: float = 1.0,
+        cuda_graphs: bool = False,
     ):
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
@@ -299,6 +378,7 @@ class AudioFrontEnd:
         self._packing = AudioInbox(num_slots, self.device)  # append()'s pushes, packed for append_staged()
         self._meta = HostStaging(self.device)
         self._reads = HostStaging(self.device)  # read_samples' indices
+        self._graphs = _FeatureGraphs(self) if cuda_graphs and self._use_triton and self.device.type == "cuda" else None
         # host-side state per slot: the host knows every count, so no decision waits on the GPU
         self._open = np.zeros(num_slots, dtype=bool)
         self._ended = np.zeros(num_slots, dtype=bool)
@@ -405,6 +485,8 @@ class AudioFrontEnd:
 
     def _check_live(self, slots: np.ndarray) -> None:
         """Every slot is open and not flushed (vectorised: an append may name thousands)."""
+        if slots.size == 0:
+            return
         bad = (slots < 0) | (slots >= self.num_slots)
         bad[~bad] = ~self._open[slots[~bad]]
         for slot in slots[bad][:1].tolist():
@@ -420,8 +502,12 @@ class AudioFrontEnd:
         the sample format, the number of frames in one call (1, a multiple of 16, any other) and the parity of the
         number of streams (which moves the 16-byte alignment of the per-stream index rows). A server that meets a
         variant first under load stalls every stream for that compile, so it launches them all before it is ready.
-        The slots are closed again afterwards; their ring rows keep zeros, which no later stream reads.
+        The slots are closed again afterwards; their ring rows keep zeros, which no later stream reads. With
+        ``cuda_graphs``, the feature pass's graphs are captured first, for every row count a call can reach (this
+        part runs also while streams are open: a capture writes only the graph's own buffers).
         """
+        if self._graphs is not None:
+            self._graphs.capture_up_to(self.num_slots * (self.capacity // self.settings.hop + 1))
         if self._open.any():
             return 0
         free = list(range(min(2, self.num_slots)))
@@ -525,12 +611,13 @@ class AudioFrontEnd:
                     f"stream {slots[i]}: non-finite sample {values[bad]} at sample "
                     f"{int(self._samples[slots[i]] + before[i]) + bad}; audio must be finite"
                 )
-        order = np.argsort(is_float, kind="stable") if is_float.any() else np.arange(len(slots))  # formats grouped
         rows = np.empty((len(slots), ROW_FIELDS), dtype=np.int32)
-        rows[:, 0] = staged.offsets[order]
-        rows[:, 1] = counts[order]
-        rows[:, 2] = slots[order]
-        rows[:, 3] = ((s.pad + self._samples[slots] + before) % self.capacity)[order]
+        rows[:, 0] = staged.offsets
+        rows[:, 1] = counts
+        rows[:, 2] = slots
+        rows[:, 3] = (s.pad + self._samples[slots] + before) % self.capacity
+        if is_float.any():  # formats grouped: one kernel launch each
+            rows = rows[np.argsort(is_float, kind="stable")]
         received, device_rows = staged.upload(rows)
         self._samples[touched] += totals[touched]  # every check passed: commit
         decode = pcm_frames if self._use_triton else pcm_frames_reference
@@ -589,14 +676,21 @@ class AudioFrontEnd:
         s = self.settings
         if total == 0:
             return torch.empty(s.features, 0, device=self.device)
-        # per-stream facts, one small copy: slot, first frame, frame count, first column, end of valid samples
-        nbytes = 5 * 8 * len(slots)
-        meta = _int_view(self._meta.host(nbytes), np.int64, len(slots))
-        meta[0], meta[1], meta[2], meta[3] = slots, starts, counts, offsets
-        np.add(self._samples[slots], s.pad, out=meta[4])
-        slot, start, count, offset, end = _int_view(self._meta.send(nbytes), torch.int64, len(slots))
-        stream_of = torch.repeat_interleave(torch.arange(len(slots), device=self.device), count, output_size=total)
-        index = FrameIndex(stream_of, slot, start, offset, end)
+        # one small copy: the frame count; per stream (at most num_slots) its slot, first frame, first column and end
+        # of valid samples; then the stream of each frame (built here: the host knows the counts, and one copy is
+        # cheaper than a device repeat)
+        streams, width = len(slots), self.num_slots
+        nbytes = 8 * (1 + 4 * width + total)
+        host = self._meta.host(nbytes).view(np.int64)
+        host[0] = total
+        meta = host[1 : 1 + 4 * width].reshape(4, width)
+        meta[0, :streams], meta[1, :streams], meta[2, :streams] = slots, starts, offsets
+        np.add(self._samples[slots], s.pad, out=meta[3, :streams])
+        host[1 + 4 * width : 1 + 4 * width + total] = np.repeat(np.arange(streams), counts)
+        if self._graphs is not None and self._graphs.takes(total):
+            return self._graphs.run(nbytes, total)
+        device = self._meta.send(nbytes).view(torch.int64)
+        index = _frame_index(device, width, streams, total)
         cut = stft_frames if self._use_triton else stft_frames_reference
         frames = cut(self.ring, self._window, index, hop=s.hop, pad=s.pad, preemph=s.preemph, rows=fft_rows(total))
         return self._spectrum_to_mel(frames, total)
@@ -616,5 +710,6 @@ class AudioFrontEnd:
             power = power.expand(-1, 2).contiguous()
         mel = torch.matmul(self._fb, power.unsqueeze(0))[0, :, :frames]
         if s.log:
-            mel = torch.log(mel + s.log_guard) if s.log_guard_type == "add" else torch.log(mel.clamp(min=s.log_guard))
+            # in place: NeMo's operations on the product's own fresh buffer
+            mel = mel.add_(s.log_guard).log_() if s.log_guard_type == "add" else mel.clamp_(min=s.log_guard).log_()
         return mel

@@ -60,13 +60,20 @@ class HostStaging:
         """A copy out of the host buffer may still run: wait (:meth:`reserve`) before writing to it."""
         return self._pending
 
-    def send(self, nbytes: int) -> torch.Tensor:
-        """The first ``nbytes`` of the host buffer on the device: one copy (none on the CPU)."""
+    def send(self, nbytes: int, into: torch.Tensor | None = None) -> torch.Tensor:
+        """The first ``nbytes`` of the host buffer on the device: one copy (none on the CPU).
+
+        ``into``: a contiguous CUDA tensor of at least ``nbytes`` to copy into (a CUDA graph's static input) instead
+        of the staging's own device buffer; returns its first ``nbytes`` as uint8.
+        """
         if self.device.type != "cuda":
             return self._staging[:nbytes]
-        if self._received.numel() < nbytes:
-            self._received = torch.empty(self._staging.numel(), dtype=torch.uint8, device=self.device)
-        received = self._received[:nbytes]
+        if into is not None:
+            received = into.view(-1).view(torch.uint8)[:nbytes]
+        else:
+            if self._received.numel() < nbytes:
+                self._received = torch.empty(self._staging.numel(), dtype=torch.uint8, device=self.device)
+            received = self._received[:nbytes]
         received.copy_(self._staging[:nbytes], non_blocking=True)
         self._copied.record(torch.cuda.current_stream(self.device))
         self._pending = True
