@@ -230,3 +230,8 @@ def test_training_modules_decode_in_eval_and_are_restored(strategy):
     infer(encoder_output=x, encoded_lengths=lengths)
     assert seen == [(False, False, False)]
     assert decoder.training and decoder.prediction.training and not joint.training
+
+
+def test_a_decoder_built_on_the_cpu_does_not_warm_up():
+    decoder, joint = make_networks(seed=3)
+    assert ours("rnnt", decoder, joint, 10).warm_up_seconds is None

@@ -157,3 +157,20 @@ def test_decoders_collected_while_another_captures_do_not_abort():
             del decode
     finally:
         gc.set_threshold(*threshold)
+
+
+@pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
+def test_a_decoder_built_on_the_gpu_warms_up_and_decodes_the_same(monkeypatch, kind, loop_labels):
+    """Built where the networks sit on a GPU, the decoder decodes two frames once (kernels loaded before the first
+    transcribe), keeps no graphs from it, and then decodes as one built without the warm-up."""
+    decoder, joint = cuda_networks(kind, seed=3)
+    x, lengths = random_encoder_output(9, 41, seed=22, lengths=[41, 3, 0, 40, 17, 1, 41, 25, 8], device="cuda")
+    warmed = ours(kind, decoder, joint, 10, loop_labels)
+    assert warmed.warm_up_seconds is not None and warmed.warm_up_seconds > 0
+    assert warmed.computer._buffers is None  # the first real batch captures at its own size
+    monkeypatch.setenv("NEMO_FASTDECODE_DECODER_WARM_UP", "0")
+    cold = ours(kind, decoder, joint, 10, loop_labels)
+    assert cold.warm_up_seconds is None
+    expected = cold(encoder_output=x, encoded_lengths=lengths)[0]
+    assert sum(len(h.y_sequence) for h in expected) > 0, "test setup should emit labels"
+    assert_same_hypotheses(expected, warmed(encoder_output=x, encoded_lengths=lengths)[0], with_durations=kind == "tdt")

@@ -39,9 +39,18 @@ def main() -> None:
     synthetic_set = bench.SyntheticSet(args.model, args.seconds, args.batch_size, calibration, not args.fp32, 10, 0)
     with bench.prepared(synthetic_set) as (model, paths, _):
         device = next(model.parameters()).device
-        # the strategy switch and the offline path, outside the timing as in the benchmark
+        # the strategy switch and the offline path, outside the timing as in the benchmark (printed apart)
+        synchronize(device)
+        start = time.perf_counter()
         apply_decoding(model, {"strategy": "fast_greedy", "greedy": {"max_symbols": synthetic_set.max_symbols}})
         enable_fast_transcribe(model)
+        synchronize(device)
+        warm_up = getattr(model.decoding.decoding, "warm_up_seconds", None)
+        print(
+            f"=== {args.model} strategy switch: {time.perf_counter() - start:.3f} s (the decoder's warm-up in it: "
+            f"{'none' if warm_up is None else f'{warm_up:.3f} s'})",
+            flush=True,
+        )
         for call in range(1 + args.later):
             profile = cProfile.Profile()
             synchronize(device)

@@ -7,6 +7,8 @@ arguments, called with ``[B, D, T]`` encoder output, returns a 1-tuple of hypoth
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -167,6 +169,31 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             **label_loop_options,
         )
         self.decoding_computer = NemoDecodingComputer(self.computer, allow_cuda_graphs=use_cuda_graph_decoder)
+        self.warm_up_seconds = self._warm_up_on_gpu()
+
+    def _warm_up_on_gpu(self) -> float | None:
+        """Decode two frames of zeros once where the networks already sit on a GPU; returns the seconds it took
+        (``None``: not done). The first ``transcribe`` then finds every kernel loaded (Triton's from its disk cache,
+        the prediction network's cuDNN LSTM, PyTorch's own, which CUDA loads on first launch) and only captures its
+        graphs at the real size. ``NEMO_FASTDECODE_DECODER_WARM_UP=0`` skips it."""
+        if os.environ.get("NEMO_FASTDECODE_DECODER_WARM_UP", "1") == "0":
+            return None
+        parameter = next(self.decoder.parameters(), None)
+        hidden = getattr(self.joint, "encoder_hidden", None)
+        if parameter is None or parameter.device.type != "cuda" or not isinstance(hidden, int):
+            return None
+        started = time.perf_counter()
+        try:
+            with eval_mode(self.decoder, self.joint), torch.inference_mode():
+                frames = torch.zeros(1, 2, hidden, device=parameter.device)
+                self.computer(frames, torch.full([1], 2, dtype=torch.long, device=parameter.device))
+        except Exception as error:  # a warm-up only: the first decode does the same work and reports any error
+            logger.warning("nemo_fastdecode: the greedy decoder's warm-up failed (%s); the first decode pays it", error)
+            return None
+        finally:
+            self.computer.reset_graphs()  # the first real batch captures at its own size
+        torch.cuda.synchronize(parameter.device)
+        return time.perf_counter() - started
 
     def _drop_captured_graphs(self) -> None:
         computer = getattr(self, "computer", None)  # None while the constructor builds it
