@@ -499,10 +499,9 @@ class AudioFrontEnd:
         stream is open: a features() call would take the open streams' frames, so it launches nothing then).
 
         Triton compiles (or loads from its disk cache) one binary per specialisation of a kernel's arguments: here
-        the sample format, the number of frames in one call (1, a multiple of 16, any other) and the parity of the
-        number of streams (which moves the 16-byte alignment of the per-stream index rows). A server that meets a
-        variant first under load stalls every stream for that compile, so it launches them all before it is ready.
-        The slots are closed again afterwards; their ring rows keep zeros, which no later stream reads. With
+        the sample format and the number of frames in one call (1, a multiple of 16, any other), on one and on two
+        streams. A server that meets a variant first under load stalls every stream for that compile, so it launches
+        them all before it is ready. The slots are closed again afterwards; their ring rows keep zeros, which no later stream reads. With
         ``cuda_graphs``, the feature pass's graphs are captured first, for every row count a call can reach (this
         part runs also while streams are open: a capture writes only the graph's own buffers).
         """
