@@ -62,6 +62,22 @@ def test_a_slot_reopened_after_a_drop_gets_only_its_new_bytes():
     assert _taken(inbox.take(np.array([1]), np.array([100]))) == {1: b"new!"}
 
 
+def test_drops_forget_only_the_dropped_slots_records_so_far():
+    """Two drops of one slot in one cycle, single and batched pushes around them: the other streams keep every byte,
+    the dropped one only what came after its last drop."""
+    inbox = AudioInbox(3, torch.device("cpu"))
+    inbox.write(0, b"a0")
+    inbox.write(1, b"b0")
+    inbox.drop(1)
+    inbox.write(1, b"b1")
+    inbox.write(0, b"a1")
+    inbox.drop(1)
+    inbox.write(1, b"b2")
+    inbox.write_many(np.array([2, 1]), b"c0b3", np.array([0, 2]), np.array([2, 4]))
+    assert inbox.pending_bytes.tolist() == [4, 4, 2]
+    assert _taken(inbox.take(np.array([0, 1, 2]), np.array([100, 100, 100]))) == {0: b"a0a1", 1: b"b2b3", 2: b"c0"}
+
+
 @pytest.fixture(scope="module")
 def preprocessor():
     from nemo_fastdecode.tools.synthetic import build_synthetic_model
