@@ -70,10 +70,6 @@ class FastGreedyConfig:
         fast_math: opt-in: the prediction network and the joint's output layer on near-fp32 (3xTF32) tensor-core
             kernels, with a precomputed label table; faster, not bit-identical to NeMo (the benchmark reports its
             agreement). It decodes in fp32 whatever the caller's autocast (the encoder output is taken to fp32).
-        exact_kernels: without ``fast_math``, fp32 decodes on CUDA run the LSTM prediction network and the joint's
-            output layer on IEEE-fp32 Triton kernels (fp32 products and sums as cuDNN's and cuBLAS's, in another
-            order: scores agree with NeMo's to float32 rounding, tokens are the same); ``null``: where they apply
-            (NeMo's LSTM prediction network and default joint), ``false``: NeMo's modules, op for op.
         offline_batching: the model's ``transcribe`` (NeMo's ``transcribe_speech.py`` too) takes the offline path
             (:mod:`nemo_fastdecode.offline`): length-sorted batches under a padded-audio budget, audio read ahead
             on threads, the decoder sized once; the same results, in the input order.
@@ -91,7 +87,6 @@ class FastGreedyConfig:
     graph_mode: str = "auto"
     fused_kernels: bool | None = None
     fast_math: bool = False
-    exact_kernels: bool | None = None
     offline_batching: bool = False
     ngram_lm_model: str | None = None
     ngram_lm_alpha: float = 0.0

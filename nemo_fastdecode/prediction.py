@@ -1,33 +1,23 @@
-"""NeMo's LSTM prediction network, the joint's prediction projection and its output layer on Triton kernels.
+"""NeMo's LSTM prediction network, the joint's prediction projection and its output layer in fast math (opt-in).
 
-With ``exact_kernels: false`` the greedy decoders call ``decoder.predict`` (embedding, cuDNN LSTM) and
-``joint.project_prednet`` (cuBLAS), NeMo's own calls. :class:`KernelPredictor` computes the same step with fewer
-and faster kernels:
+The exact decoders call ``decoder.predict`` (embedding, cuDNN LSTM) and ``joint.project_prednet``, so they
+match NeMo bit for bit. :class:`FastMathPredictor` computes the same step with fewer and faster kernels:
 
 - the first layer's input GEMM and both its biases depend only on the label, so they are one lookup in a
   table ``embedding @ W_ih^T + b_ih + b_hh`` computed once in float64 (``[V + 1, 4H]``);
-- each layer is one GEMM kernel with the LSTM cell in its epilogue
+- each layer is one 3xTF32 tensor-core kernel with the LSTM cell in its epilogue
   (:func:`~nemo_fastdecode.kernels.lstm_step.lstm_cell_step`), the projection one more
   (:func:`~nemo_fastdecode.kernels.matmul.linear`);
-- the joint's output layer (``[B, H] -> [B, V + 1 (+ durations)]``, evaluated every step) is the same linear
-  kernel instead of cuBLAS's fp32 SIMT GEMM and its split-K reduction.
+- the joint's output layer (``[B, H] -> [B, V + 1 (+ durations)]``, evaluated every step) is the same 3xTF32
+  linear kernel instead of cuBLAS's fp32 SIMT GEMM and its split-K reduction.
 
-Two precisions (:data:`PREDICTOR_PRECISIONS`):
-
-- ``"ieee"``, the exact decoders' default on CUDA: every product and sum an IEEE fp32 operation on the CUDA cores,
-  as in cuBLAS's fp32 GEMMs and cuDNN's fp32 LSTM; only the order of the sums differs (as it does between cuBLAS
-  kernels of other shapes), so results agree with NeMo's to float32 rounding.
-- ``"tf32x3"``, opt-in ``fast_math``: 3xTF32 tensor-core products, near fp32 but not IEEE
-  (see :mod:`nemo_fastdecode.kernels.tf32x3`).
-
-Without a Triton backend (CPU) it runs the kernels' torch references, which is how the CPU tests check the algebra.
+Results are near fp32 but not bit-identical (see :mod:`nemo_fastdecode.kernels.tf32x3`). Without a Triton
+backend (CPU) it runs the kernels' torch references, which is how the CPU tests check the algebra.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import Callable
 
 import torch
 
@@ -72,51 +62,40 @@ def normalise_joint_logits(joint: torch.nn.Module, logits: torch.Tensor) -> torc
     return logits
 
 
-#: ``fast_math``'s tensor-core products, and the exact decoders' IEEE fp32 ones
-PREDICTOR_PRECISIONS = ("tf32x3", "ieee")
-
-
-def kernel_predictor_unsupported_reason(decoder: torch.nn.Module, joint: torch.nn.Module) -> str | None:
-    """What :class:`KernelPredictor` needs that this prediction network and joint lack (``None``: nothing)."""
+def fast_math_unsupported_reason(decoder: torch.nn.Module, joint: torch.nn.Module) -> str | None:
+    """Why :class:`FastMathPredictor` cannot replace this prediction network (``None``: it can)."""
     modules = getattr(decoder, "prediction", None)
     if not (isinstance(modules, torch.nn.ModuleDict) and "dec_rnn" in modules):
         # e.g. StatelessTransducerDecoder: its state is the last labels, there is no recurrent step to replace
-        return f"NeMo's plain LSTM prediction network (RNNTDecoder), got {type(decoder).__name__}"
+        return f"fast_math needs NeMo's plain LSTM prediction network (RNNTDecoder), got {type(decoder).__name__}"
     rnn = modules["dec_rnn"]
     lstm = getattr(rnn, "lstm", None)
     if not isinstance(lstm, torch.nn.LSTM):
-        return f"NeMo's plain LSTM prediction network (LSTMDropout), got {type(rnn).__name__}"
+        return f"fast_math needs NeMo's plain LSTM prediction network (LSTMDropout), got {type(rnn).__name__}"
     if lstm.proj_size or not lstm.bias or lstm.batch_first or lstm.bidirectional:
-        return "an LSTM without projection, with biases, unidirectional, time-major"
+        return "fast_math needs an LSTM without projection, with biases, unidirectional, time-major"
     if decoder.is_adapter_available():
-        return "no prediction-network adapters"
+        return "fast_math does not cover prediction-network adapters"
     if not isinstance(getattr(joint, "pred", None), torch.nn.Linear):
-        return f"the joint's prediction projection to be a Linear, got {type(joint.pred).__name__}"
+        return f"fast_math needs the joint's prediction projection to be a Linear, got {type(joint.pred).__name__}"
     if not is_default_joint(joint):
         layers = ", ".join(type(layer).__name__ for layer in joint.joint_net)
-        return f"NeMo's default joint (ReLU, Dropout, Linear; no adapters), got {layers}"
+        return f"fast_math needs NeMo's default joint (ReLU, Dropout, Linear; no adapters), got {layers}"
     return None
 
 
-class KernelPredictor:
-    """One prediction-network step for a batch of labels, in the layout of NeMo's ``(h, c)`` states, and the joint's
-    output layer.
+class FastMathPredictor:
+    """One prediction-network step for a batch of labels, in the layout of NeMo's ``(h, c)`` states.
 
     Args:
-        decoder: NeMo ``RNNTDecoder`` with an LSTM prediction network (:func:`kernel_predictor_unsupported_reason`).
+        decoder: NeMo ``RNNTDecoder`` with an LSTM prediction network (:func:`fast_math_unsupported_reason`).
         joint: NeMo ``RNNTJoint``; its ``pred`` Linear projects the LSTM output.
-        precision: ``"tf32x3"`` (``fast_math``) or ``"ieee"`` (exact fp32 products); see the module doc.
     """
 
-    def __init__(self, decoder: torch.nn.Module, joint: torch.nn.Module, precision: str = "tf32x3"):
-        if precision not in PREDICTOR_PRECISIONS:
-            raise ValueError(f"precision must be one of {PREDICTOR_PRECISIONS}, got {precision!r}")
-        self.precision = precision
-        #: the decoding option that selects this predictor, for messages
-        self.option = "fast_math" if precision == "tf32x3" else "exact_kernels"
-        reason = kernel_predictor_unsupported_reason(decoder, joint)
+    def __init__(self, decoder: torch.nn.Module, joint: torch.nn.Module):
+        reason = fast_math_unsupported_reason(decoder, joint)
         if reason is not None:
-            raise ValueError(f"{self.option} needs {reason}")
+            raise ValueError(reason)
         self.embedding = decoder.prediction["embed"]
         self.lstm: torch.nn.LSTM = decoder.prediction["dec_rnn"].lstm
         self.projection: torch.nn.Linear = joint.pred
@@ -179,12 +158,9 @@ class KernelPredictor:
         return not same_layout
 
     def check_dtype(self, dtype: torch.dtype) -> None:
-        """The kernels compute in float32 (for fast math :func:`fast_math_precision` sees to it; the exact decoders
-        use them for float32 decodes only): a clear error for anything else."""
+        """Fast math decodes in float32 (:func:`fast_math_precision` sees to it): a clear error for anything else."""
         if dtype != torch.float32:
-            raise ValueError(
-                f"{self.option} decodes in float32, got {dtype}; decode in float32 or set {self.option}=false"
-            )
+            raise ValueError(f"fast_math decodes in float32, got {dtype}; decode in float32 or set fast_math=false")
 
     def prepare(self, dtype: torch.dtype) -> bool:
         """Before a decode in ``dtype``: check it (:meth:`check_dtype`) and :meth:`refresh` the weight copies.
@@ -212,7 +188,7 @@ class KernelPredictor:
         h, c = states
         self.check_dtype(h.dtype)
         h_new, c_new = torch.empty_like(h), torch.empty_like(c)
-        cell = self._cell(fused)
+        cell = lstm_step.lstm_cell_step if fused else lstm_step.lstm_cell_step_reference
         for layer in range(h.shape[0]):
             row_bias, bias_index, x, weight_x = self._layer_input(layer, labels, h_new)
             if recurrent_gates is None:
@@ -245,7 +221,7 @@ class KernelPredictor:
         w = self._refreshed_weights()
         h, c = states
         self.check_dtype(h.dtype)
-        cell = self._cell(fused)
+        cell = lstm_step.lstm_cell_step if fused else lstm_step.lstm_cell_step_reference
         for layer in range(h.shape[0]):
             # the layer below was updated in place: its rows in the mask hold their new values
             row_bias, bias_index, x, weight_x = self._layer_input(layer, labels, h)
@@ -253,15 +229,9 @@ class KernelPredictor:
                  recurrent_gates=recurrent_gates[layer], row_mask=mask)  # fmt: skip
         self._linear(h[-1], w["projection_weight"], w["projection_bias"], output[:, 0], fused, "main", mask)
 
-    def _cell(self, fused: bool) -> Callable[..., None]:
-        """The LSTM cell step: the kernel in this predictor's precision, or (``fused=False``) its torch reference."""
-        if not fused:
-            return lstm_step.lstm_cell_step_reference
-        return functools.partial(lstm_step.lstm_cell_step, precision=self.precision)
-
     def _refreshed_weights(self) -> dict[str, torch.Tensor]:
         if not self._weights:
-            raise RuntimeError("KernelPredictor.refresh() must run before a step")
+            raise RuntimeError("FastMathPredictor.refresh() must run before a step")
         return self._weights
 
     def _layer_input(self, layer: int, labels: torch.Tensor, new_h: torch.Tensor) -> tuple:
@@ -290,15 +260,13 @@ class KernelPredictor:
         if not fused:
             matmul.linear_reference(x, weight, bias, out=out, row_mask=row_mask)
             return
-        options = matmul.decoder_tiling(x.shape[0], split_k=True, precision=self.precision)
-        matmul.linear(x, weight, bias, self.precision, out=out, row_mask=row_mask, counters=self._counters[stream],
-                      **options)  # fmt: skip
+        options = matmul.decoder_tiling(x.shape[0], split_k=True)
+        matmul.linear(x, weight, bias, out=out, row_mask=row_mask, counters=self._counters[stream], **options)
 
     def joint_output(self, hidden: torch.Tensor, tile_rows: int | None = None) -> torch.Tensor:
         """The joint's last Linear on its hidden activations: ``[B, H_joint] -> [B, V + 1 (+ durations)]`` (fp32).
 
-        The linear kernel in this predictor's precision where Triton runs (CUDA, or the interpreter), else the torch
-        reference. ``tile_rows``:
+        The 3xTF32 kernel where Triton runs (CUDA, or the interpreter), else the torch reference. ``tile_rows``:
         tile the kernel as for a batch of that many rows (each row then comes out bit for bit as in that batch;
         the greedy look-ahead relies on it); ``None``: as for ``B``.
         """
@@ -306,8 +274,7 @@ class KernelPredictor:
         out = torch.empty([hidden.shape[0], weight.shape[0]], device=hidden.device)
         if not triton_runs_on(hidden.device):
             return matmul.linear_reference(hidden, weight, bias, out=out)
-        tiling = matmul.decoder_tiling(tile_rows or hidden.shape[0], precision=self.precision)
-        return matmul.linear(hidden, weight, bias, self.precision, out=out, **tiling)
+        return matmul.linear(hidden, weight, bias, out=out, **matmul.decoder_tiling(tile_rows or hidden.shape[0]))
 
     @property
     def joint_output_weights(self) -> tuple[torch.Tensor, torch.Tensor]:

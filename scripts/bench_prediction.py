@@ -5,7 +5,7 @@ python scripts/bench_prediction.py --sweep --md /tmp/prediction.md
 
 - ``exact``: ``decoder.predict`` (cuDNN LSTM) + ``joint.project_prednet`` (cuBLAS), what NeMo and the exact
   ``fast_greedy`` run;
-- ``fast math``: :class:`nemo_fastdecode.prediction.KernelPredictor` (label table + 3xTF32 Triton kernels).
+- ``fast math``: :class:`nemo_fastdecode.prediction.FastMathPredictor` (label table + 3xTF32 Triton kernels).
 The error columns are the largest absolute difference of the projected output from a float64 evaluation.
 ``--sweep`` also times the kernels' block sizes (for choosing the defaults).
 Times are ``triton.testing.do_bench_cudagraph`` medians (kernel time, no host launch overhead).
@@ -49,13 +49,13 @@ def time_case(batch: int, layers: int, args, sweep: bool) -> list[str]:
     import triton.testing
 
     from nemo_fastdecode.kernels import lstm_step, matmul, tf32x3
-    from nemo_fastdecode.prediction import KernelPredictor
+    from nemo_fastdecode.prediction import FastMathPredictor
 
     decoder, joint = build(args.hidden, args.tokens, layers)
     g = torch.Generator(device="cuda").manual_seed(1)
     labels = torch.randint(0, args.tokens, [batch], device="cuda", generator=g)
     states = [0.5 * torch.randn([layers, batch, args.hidden], device="cuda", generator=g) for _ in range(2)]
-    predictor = KernelPredictor(decoder, joint)
+    predictor = FastMathPredictor(decoder, joint)
     predictor.refresh()
 
     def exact():

@@ -20,7 +20,7 @@ from test_greedy_exactness import ALGORITHMS, REALISTIC_BIAS, assert_same_hypoth
 from nemo_fastdecode.config import FastGreedyConfig
 from nemo_fastdecode.kernels import lstm_step, matmul
 from nemo_fastdecode.kernels.tf32x3 import split_k_counters
-from nemo_fastdecode.prediction import KernelPredictor, kernel_predictor_unsupported_reason
+from nemo_fastdecode.prediction import FastMathPredictor, fast_math_unsupported_reason
 from nemo_fastdecode.tools import synthetic
 
 pytestmark = pytest.mark.usefixtures("single_thread", "exact_fp32")
@@ -137,7 +137,7 @@ def test_kernels_reject_non_fp32_inputs_and_bad_shapes():
 def test_predictor_step_matches_nemo_prediction_network(layers, fused):
     decoder, joint = make_networks(pred_layers=layers, seed=layers)
     decoder, joint = decoder.to(DEVICE), joint.to(DEVICE)
-    predictor = KernelPredictor(decoder, joint)
+    predictor = FastMathPredictor(decoder, joint)
     assert predictor.refresh() is True and predictor.refresh() is False  # built once, then reused
     g = torch.Generator().manual_seed(0)
     labels = torch.tensor([0, 3, VOCAB_SIZE, 7, 1], device=DEVICE)  # VOCAB_SIZE = blank (the zero embedding)
@@ -160,7 +160,7 @@ def test_predictor_step_matches_nemo_prediction_network(layers, fused):
 @pytest.mark.parametrize("fused", [True, False], ids=["kernels", "torch"])
 def test_predictor_advance_in_place_is_step_then_masked_copy(layers, fused):
     decoder, joint = make_networks(pred_layers=layers, seed=layers)
-    predictor = KernelPredictor(decoder.to(DEVICE), joint.to(DEVICE))
+    predictor = FastMathPredictor(decoder.to(DEVICE), joint.to(DEVICE))
     predictor.refresh()
     g = torch.Generator().manual_seed(3)
     labels = torch.tensor([0, 3, VOCAB_SIZE, 7, 1], device=DEVICE)
@@ -184,7 +184,7 @@ def test_predictor_advance_in_place_is_step_then_masked_copy(layers, fused):
 
 def test_predictor_follows_weight_updates():
     decoder, joint = make_networks()
-    predictor = KernelPredictor(decoder, joint)
+    predictor = FastMathPredictor(decoder, joint)
     predictor.refresh()
     labels, states = torch.tensor([2, 5]), [torch.zeros([1, 2, decoder.pred_hidden]) for _ in range(2)]
     before = predictor.step(labels, states, fused=False)[0]
@@ -199,13 +199,13 @@ def test_predictor_follows_weight_updates():
 
 def test_unsupported_prediction_networks_are_named():
     decoder, joint = make_networks()
-    assert kernel_predictor_unsupported_reason(decoder, joint) is None
+    assert fast_math_unsupported_reason(decoder, joint) is None
     decoder.prediction["dec_rnn"] = torch.nn.GRU(4, 4)
     with pytest.raises(ValueError, match="plain LSTM prediction network.*got GRU"):
-        KernelPredictor(decoder, joint)
+        FastMathPredictor(decoder, joint)
     decoder, joint = make_networks()
     states = [torch.zeros([1, 2, decoder.pred_hidden], dtype=torch.bfloat16) for _ in range(2)]
-    predictor = KernelPredictor(decoder, joint)
+    predictor = FastMathPredictor(decoder, joint)
     predictor.refresh()
     with pytest.raises(ValueError, match="fast_math decodes in float32, got torch.bfloat16"):
         predictor.step(torch.tensor([1, 2]), states, fused=False)
@@ -219,8 +219,9 @@ def test_fast_math_decoding_agrees_with_exact_path(kind, loop_labels, fused):
     decoder, joint = decoder.to(DEVICE), joint.to(DEVICE)
     x, lengths = random_encoder_output(6, 24, seed=4, lengths=[24, 1, 17, 0, 9, 24], device=DEVICE)
     exact = ours(kind, decoder, joint, 3, loop_labels)(encoder_output=x, encoded_lengths=lengths)[0]
-    fast = ours(kind, decoder, joint, 3, loop_labels, fast_math=True)
+    fast = ours(kind, decoder, joint, 3, loop_labels)
     fast.computer.fused_kernels = fused
+    fast.computer.fast_predictor = FastMathPredictor(decoder, joint)
     hyps = fast(encoder_output=x, encoded_lengths=lengths)[0]
     # these networks have no near-ties, so the decisions agree; scores agree to fp32 rounding
     assert_same_hypotheses(exact, hyps, with_durations=kind == "tdt")
@@ -237,7 +238,7 @@ def test_fast_math_option_reaches_the_computer_from_the_config():
     config = OmegaConf.create({"strategy": "fast_greedy", "greedy": {"max_symbols": 10, "fast_math": True}})
     model.change_decoding_strategy(config)
     computer = model.decoding.decoding.computer
-    assert isinstance(computer.kernel_predictor, KernelPredictor) and computer.kernel_predictor.precision == "tf32x3"
+    assert isinstance(computer.fast_predictor, FastMathPredictor)
     audio = synthetic.synthetic_audio([1.5, 0.7], seed=2)
     hyps = model.transcribe(audio, batch_size=2, verbose=False)
     assert len(hyps) == 2 and all(isinstance(h.text, str) for h in hyps)
@@ -272,7 +273,7 @@ def test_fast_beam_config_reaches_the_computer():
     model.change_decoding_strategy(
         OmegaConf.create({"strategy": "fast_beam", "beam": {"beam_size": 2, "fast_math": True}})
     )
-    assert isinstance(model.decoding.decoding.computer.fast_predictor, KernelPredictor)
+    assert isinstance(model.decoding.decoding.computer.fast_predictor, FastMathPredictor)
     model.change_decoding_strategy(
         OmegaConf.create({"strategy": "fast_beam", "beam": {"beam_size": 2, "compiled_step": True}})
     )
@@ -286,7 +287,7 @@ def test_non_default_joint_is_rejected_by_name():
     decoder, joint = make_networks()
     joint.joint_net[0] = torch.nn.Tanh()
     with pytest.raises(ValueError, match="fast_math needs NeMo's default joint .*got Tanh"):
-        KernelPredictor(decoder, joint)
+        FastMathPredictor(decoder, joint)
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
@@ -299,7 +300,8 @@ def test_fast_math_under_autocast_decodes_in_float32(search):
     x, lengths = random_encoder_output(3, 8, seed=1)
     x = x.bfloat16().float()  # values a bf16 encoder output can hold
     if search == "greedy":
-        decode = ours("rnnt", decoder, joint, 3, fast_math=True)
+        decode = ours("rnnt", decoder, joint, 3)
+        decode.computer.fast_predictor = FastMathPredictor(decoder, joint)
     else:
         decode = fast_beam("rnnt", decoder, joint, 2, 3, fast_math=True)
     (want,) = decode(encoder_output=x, encoded_lengths=lengths)
@@ -309,4 +311,4 @@ def test_fast_math_under_autocast_decodes_in_float32(search):
             (got,) = decode(encoder_output=encoder_output, encoded_lengths=lengths)
         assert_same_hypotheses(got, want)
     with pytest.raises(ValueError, match="fast_math decodes in float32, got torch.bfloat16"):
-        KernelPredictor(decoder, joint).check_dtype(torch.bfloat16)
+        FastMathPredictor(decoder, joint).check_dtype(torch.bfloat16)

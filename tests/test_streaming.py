@@ -737,13 +737,12 @@ def test_fused_convolution_only_for_nemo_default_module(model):
 
 def test_fast_math_decoding_agrees_with_nemo_alone(model, features, reference):
     """Opt-in fast math in the slot decoder: same tokens as NeMo on these streams (no near-ties here)."""
-    from nemo_fastdecode.prediction import KernelPredictor
+    from nemo_fastdecode.prediction import FastMathPredictor
 
     att, runs = reference
     streamer = StreamingTranscriber(model, num_slots=4, att_context_size=att, fast_math=True)
     _, finals = run_interleaved(streamer, features, seed=11, max_open=4)
-    predictors = [c.kernel_predictor for c in streamer.decoder.computers.values()]
-    assert all(isinstance(p, KernelPredictor) and p.precision == "tf32x3" for p in predictors)
+    assert all(isinstance(c.fast_predictor, FastMathPredictor) for c in streamer.decoder.computers.values())
     for stream, (_, nemo_hyp, _) in enumerate(runs):
         assert as_int_list(finals[stream].hypothesis.y_sequence) == as_int_list(nemo_hyp.y_sequence)
 

@@ -45,7 +45,7 @@ from nemo_fastdecode.kernels.beam_select import advance_beams, kernel_by_default
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
 from nemo_fastdecode.kernels.warm_up import finish_triton_warm_up
 from nemo_fastdecode.logs import logger
-from nemo_fastdecode.prediction import KernelPredictor, fast_math_precision
+from nemo_fastdecode.prediction import FastMathPredictor, fast_math_precision
 
 # With max_symbols=None a hypothesis may emit any number of labels per frame: start with room for this
 # many steps per frame and grow (re-running the batch) when the storage fills; past the limit the model
@@ -71,7 +71,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         fused_topk: ``None``: the Triton beam-step kernels (top-k, candidate selection) on CUDA, their torch
             references elsewhere; ``True``/``False`` force one of them.
         fast_math: run the prediction network and the joint's output layer on near-fp32 tensor-core kernels
-            (:class:`~nemo_fastdecode.prediction.KernelPredictor`): faster, not bit-identical to NeMo.
+            (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo.
         compiled_step: experimental, CUDA only: the candidate selection and hypothesis update of each step
             compiled by ``torch.compile`` (fewer, fused kernels; compiles on first use).
         fusion: n-gram LM / boosting-tree fusion (NeMo's models with their weights; also a per-row multi-model whose
@@ -117,7 +117,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         self.use_cuda_graphs = use_cuda_graphs
         self.forced_mode = graph_mode
         self.fused_topk = fused_topk
-        self.fast_predictor = KernelPredictor(decoder, joint, "tf32x3") if fast_math else None
+        self.fast_predictor = FastMathPredictor(decoder, joint) if fast_math else None
         # experimental: the step's remaining torch ops (parent gathers and selects; the candidate selection where it
         # is not the Triton kernel) fused by torch.compile on CUDA
         self._compiled = (

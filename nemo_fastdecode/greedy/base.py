@@ -28,10 +28,9 @@ from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.warm_up import finish_triton_warm_up
 from nemo_fastdecode.logs import logger
 from nemo_fastdecode.prediction import (
-    KernelPredictor,
+    FastMathPredictor,
     fast_math_precision,
     is_default_joint,
-    kernel_predictor_unsupported_reason,
     normalise_joint_logits,
 )
 
@@ -59,15 +58,8 @@ class GreedyComputerBase(CapturedLoopOwner):
             ``TRITON_INTERPRET=1`` (tests). The prediction-network state update is fused for LSTM states only;
             other states (stateless networks) take the decoder's own masked update.
         fast_math: run the prediction network and the joint's output layer on near-fp32 tensor-core kernels
-            (:class:`~nemo_fastdecode.prediction.KernelPredictor`, 3xTF32): faster, not IEEE fp32. LSTM
+            (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo. LSTM
             prediction networks only (a ValueError names the option for others).
-        exact_kernels: without ``fast_math``, run them on IEEE-fp32 Triton kernels (the same class, ``"ieee"``):
-            fp32 products and sums as cuDNN's and cuBLAS's, in another order, so scores agree with NeMo's to
-            float32 rounding. ``None``: where they apply (fp32 decodes with the fused kernels on CUDA, an LSTM
-            prediction network and NeMo's default joint in eval mode), else NeMo's own modules; ``True``: also under
-            ``TRITON_INTERPRET=1`` with ``fused_kernels=True`` (tests), and a ValueError for networks they do not
-            cover; ``False``: always NeMo's modules (``decoder.predict``, ``joint.project_prednet``, the joint's
-            Linear), op for op NeMo's calls.
         records: NeMo's alignments and step confidence to keep (:class:`RecordOptions`; ``None``: none).
         fusion: n-gram LM / boosting-tree fusion (:class:`~nemo_fastdecode.greedy.fusion.FusionModels`; label loop
             only, without records). Graphs need every model's ``advance`` capturable (NeMo's Triton kernels);
@@ -90,7 +82,6 @@ class GreedyComputerBase(CapturedLoopOwner):
         fast_math: bool = False,
         records: RecordOptions | None = None,
         fusion: FusionModels | None = None,
-        exact_kernels: bool | None = None,
     ):
         if max_symbols is not None and max_symbols <= 0:
             raise ValueError(f"max_symbols must be a positive int or None, got {max_symbols}")
@@ -103,13 +94,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         self.use_cuda_graphs = use_cuda_graphs
         self.forced_mode = graph_mode
         self.fused_kernels = fused_kernels
-        self.fast_math = bool(fast_math)
-        self.exact_kernels = exact_kernels
-        self.kernel_predictor: KernelPredictor | None = None
-        if self.fast_math:
-            self.kernel_predictor = KernelPredictor(decoder, joint, "tf32x3")
-        elif exact_kernels or (exact_kernels is None and kernel_predictor_unsupported_reason(decoder, joint) is None):
-            self.kernel_predictor = KernelPredictor(decoder, joint, "ieee")  # a ValueError names what is missing
+        self.fast_predictor = FastMathPredictor(decoder, joint) if fast_math else None
         self._buffers: LoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
         self._durations: torch.Tensor | None = None
@@ -167,25 +152,6 @@ class GreedyComputerBase(CapturedLoopOwner):
             raise ValueError(f"fused_kernels=True needs a CUDA device or TRITON_INTERPRET=1, got {device}")
         return available and (self.fused_kernels or device.type == "cuda")
 
-    def _predictor_for(self, device: torch.device, dtype: torch.dtype) -> KernelPredictor | None:
-        """The Triton predictor a decode on ``device`` in ``dtype`` runs (``None``: NeMo's modules)."""
-        predictor = self.kernel_predictor
-        if predictor is None or self.fast_math:  # fast math decodes in fp32 whatever the caller's autocast
-            return predictor
-        if not self._use_fused(device):
-            if self.exact_kernels:
-                raise ValueError(
-                    f"exact_kernels=True needs the fused Triton kernels (CUDA, or TRITON_INTERPRET=1 with "
-                    f"fused_kernels=True); got device {device}, fused_kernels={self.fused_kernels}"
-                )
-            return None
-        if dtype != torch.float32 or self.decoder.training or self.joint.training:
-            # NeMo's modules run the caller's autocast precision (and training-mode dropout) as NeMo's decoders do
-            return None
-        if self.exact_kernels is None and device.type != "cuda":
-            return None
-        return predictor
-
     def _joint_is_fusable(self) -> bool:
         """The fused joint covers NeMo's default joint: ReLU, (dropout), Linear, no adapters, eval mode."""
         return is_default_joint(self.joint) and not self.joint.training
@@ -194,15 +160,16 @@ class GreedyComputerBase(CapturedLoopOwner):
         """Joint logits ``[B, V + 1 (+ durations)]`` of each row's frame ``time_indices[b]`` and predictor output."""
         if fused and b.encoder_projected.dtype == b.predictor_output.dtype and self._joint_is_fusable():
             hidden = steps.joint_hidden(b.encoder_projected, time_indices, b.predictor_output, b.joint_hidden, True)
-            return self._joint_output(b, hidden)
+            return self._joint_output(hidden)
         frames = b.encoder_projected[b.batch_indices, time_indices].unsqueeze(1)
         return self.joint.joint_after_projection(frames, b.predictor_output)[:, 0, 0, :]
 
-    def _joint_output(self, b: LoopBuffers, hidden: torch.Tensor) -> torch.Tensor:
+    def _joint_output(self, hidden: torch.Tensor) -> torch.Tensor:
         """The joint's last layer and output normalisation, as ``RNNTJoint.joint_after_projection`` applies them."""
-        # the Triton predictor's dtype was checked before the decode
-        predictor = b.predictor
-        logits = predictor.joint_output(hidden) if predictor is not None else self.joint.joint_net[-1](hidden)
+        if self.fast_predictor is not None:  # prepare() checked float32 before the decode
+            logits = self.fast_predictor.joint_output(hidden)
+        else:
+            logits = self.joint.joint_net[-1](hidden)
         return normalise_joint_logits(self.joint, logits)
 
     def _best_token_at(
@@ -237,16 +204,16 @@ class GreedyComputerBase(CapturedLoopOwner):
     ) -> None:
         """Advance the prediction network by ``labels`` for rows in ``mask``; others keep their state.
 
-        ``recurrent_gates``: with the Triton predictor on Triton, :meth:`KernelPredictor.recurrent_gates` of the
-        current state (then the rows are updated in place by the kernels, with no separate masked copy).
+        ``recurrent_gates``: ``fast_math`` only, :meth:`FastMathPredictor.recurrent_gates` of the current state
+        (then the rows are updated in place by the kernels, with no separate masked copy).
         """
-        predictor = buffers.predictor
         if recurrent_gates is not None:
-            predictor.advance_in_place(labels, mask, buffers.predictor_states, buffers.predictor_output, recurrent_gates,
-                                       fused)  # fmt: skip
+            self.fast_predictor.advance_in_place(
+                labels, mask, buffers.predictor_states, buffers.predictor_output, recurrent_gates, fused
+            )
             return
-        if predictor is not None:
-            output, new_states = predictor.step(labels, buffers.predictor_states, fused, recurrent_gates)
+        if self.fast_predictor is not None:
+            output, new_states = self.fast_predictor.step(labels, buffers.predictor_states, fused, recurrent_gates)
         else:
             output, new_states, *_ = self.decoder.predict(
                 labels.unsqueeze(1), buffers.predictor_states, add_sos=False, batch_size=buffers.batch_size
@@ -289,8 +256,6 @@ class GreedyComputerBase(CapturedLoopOwner):
             # eager runs at the exact batch shape: nothing to keep between calls
             buffers = self._allocate(batch_size, max_time, hidden, capacity, device, dtype)
             return buffers, TwoLevelLoop(self._phases(buffers, mode), mode)
-        if self._buffers is not None and self._buffers.predictor is not self._predictor_for(device, dtype):
-            self.reset_graphs()  # the choice of predictor shapes the loop's buffers and phases
         if self._buffers is None or not self._buffers.fits(batch_size, max_time, capacity, device, dtype):
             old = self._buffers if self._buffers is not None and self._buffers.device == device else None
             grown_batch, grown_time = self._next_shape(old, batch_size, max_time)
@@ -303,7 +268,6 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     def _allocate(self, batch_size, max_time, hidden, capacity, device, dtype) -> LoopBuffers:
         buffers = LoopBuffers(batch_size, max_time, hidden, capacity, device, dtype, self.score_dtype)
-        buffers.predictor = self._predictor_for(device, dtype)
         if self.records.enabled:
             buffers.steps = self._step_records(batch_size, max_time, capacity, device, dtype)
         if self.fusion is not None:
@@ -448,7 +412,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             raise ValueError("load_with_state needs max_symbols (None may re-run the loop); use decode_with_state")
         if state.batch_size != encoder_output.shape[0]:
             raise ValueError(f"state has {state.batch_size} rows for a batch of {encoder_output.shape[0]}")
-        precision, encoder_output = fast_math_precision(self.fast_math, encoder_output)
+        precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
         with precision:
             return self._load(self._project(encoder_output), encoder_lengths, state, None, model_ids)
 
@@ -473,7 +437,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         batch_size = encoder_output.shape[0]
         if self.fusion is not None:
             self.fusion.to(encoder_output.device)
-        precision, encoder_output = fast_math_precision(self.fast_math, encoder_output)
+        precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
         with precision:
             return self._decode_loop(
                 self._project(encoder_output), encoder_lengths, previous, rows, batch_size, model_ids
@@ -507,10 +471,9 @@ class GreedyComputerBase(CapturedLoopOwner):
         return buffers
 
     def _project(self, encoder_output: torch.Tensor) -> torch.Tensor:
-        """The joint's encoder projection ``[B, T, H]`` (and the Triton predictor's weights ready for its dtype)."""
+        """The joint's encoder projection ``[B, T, H]`` (and the fast predictor's weights ready for its dtype)."""
         projected = self.joint.project_encoder(encoder_output)
-        predictor = self._predictor_for(projected.device, projected.dtype)
-        if predictor is not None and predictor.prepare(projected.dtype):
+        if self.fast_predictor is not None and self.fast_predictor.prepare(projected.dtype):
             self.reset_graphs()  # its weight copies moved: graphs captured before would read stale memory
         return projected
 

@@ -63,12 +63,8 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline. LSTM prediction
             networks only.
-        exact_kernels: without ``fast_math``, the LSTM prediction network and the joint's output layer on IEEE-fp32
-            Triton kernels for fp32 decodes on CUDA (``None``: where they apply; ``False``: NeMo's modules); see
-            :class:`~nemo_fastdecode.greedy.base.GreedyComputerBase`.
-        lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic with the
-            Triton joint kernel on CUDA, at batch 32 16 (RNN-T) or 4 (TDT) with ``fast_math``, 4 or 2 with the exact
-            kernels; else 1); the same hypotheses as 1, see :class:`LabelLoopGreedy`.
+        lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic, 16 (RNN-T) or 4 (TDT)
+            at batch 32 with ``fast_math`` on CUDA, else 1); the same hypotheses as 1, see :class:`LabelLoopGreedy`.
         looks_per_iteration: label loop: ``0`` the two-level loop (an inner loop skips blanks), ``K >= 1`` one
             loop of ``K`` looks per iteration (fewer loop-condition evaluations); ``None``: automatic. The same
             hypotheses either way, see :class:`LabelLoopGreedy`.
@@ -101,7 +97,6 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         graph_mode: str | GraphMode | None = "auto",
         fused_kernels: bool | None = None,
         fast_math: bool = False,
-        exact_kernels: bool | None = None,
         lookahead_frames: int | None = None,
         looks_per_iteration: int | None = None,
     ):
@@ -169,7 +164,6 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             graph_mode=GraphMode.parse(graph_mode),
             fused_kernels=fused_kernels,
             fast_math=fast_math,
-            exact_kernels=exact_kernels,
             records=records,
             fusion=fusion,
             **label_loop_options,

@@ -19,14 +19,12 @@ from nemo_fastdecode.greedy.state import LoopBuffers
 from nemo_fastdecode.greedy.window_look import WindowLookBuffers, window_look
 from nemo_fastdecode.prediction import joint_normalises, normalise_joint_logits
 
-# automatic look-ahead where it is exact (the Triton joint kernel; see LabelLoopGreedy): about this many joint rows
-# per look, at most MAX_AUTO_LOOKAHEAD_FRAMES frames, by the kernel's precision. H200, 1 h, batch 32, fast_math
+# automatic look-ahead where it is exact (fast_math on Triton; see LabelLoopGreedy): about this many joint rows
+# per look, at most MAX_AUTO_LOOKAHEAD_FRAMES frames. H200, 1 h, batch 32
 # (benchmarks/results/archive/greedy_rnnt-tdt-0.6b_H200_2026-11-22_lookahead-sweep.md):
 # RNN-T 16 frames beat 8 and 4 (blank runs are long); TDT 4 beat 8 and 16 (blanks jump by their durations, so
-# most looks end within a few frames and wider windows only add joint rows). IEEE fp32 products run on the CUDA
-# cores: the joint at batch 32 takes 18.7 / 26.7 / 51 / 80 us for 2 / 4 / 8 / 16 frames (H100, against about 12 us
-# for one; benchmarks/results/latest/kernel_decoder-gemm-precisions_H100_2026-11-28.md), so narrower windows.
-AUTO_LOOKAHEAD_ROWS = {"tf32x3": {"rnnt": 512, "tdt": 128}, "ieee": {"rnnt": 128, "tdt": 64}}
+# most looks end within a few frames and wider windows only add joint rows)
+AUTO_LOOKAHEAD_ROWS = {"rnnt": 512, "tdt": 128}
 MAX_AUTO_LOOKAHEAD_FRAMES = 16
 
 
@@ -47,10 +45,9 @@ def auto_looks_per_iteration(mode: GraphMode, tdt: bool = False) -> int:
     return 0 if mode is GraphMode.EAGER else AUTO_LOOKS_PER_ITERATION["tdt" if tdt else "rnnt"]
 
 
-def auto_lookahead_frames(batch_size: int, tdt: bool = False, precision: str = "tf32x3") -> int:
-    """Frames per look for ``batch_size`` rows with the joint kernel in ``precision`` when chosen automatically
-    (1: single-frame steps)."""
-    rows = AUTO_LOOKAHEAD_ROWS[precision]["tdt" if tdt else "rnnt"]
+def auto_lookahead_frames(batch_size: int, tdt: bool = False) -> int:
+    """Frames per look for ``batch_size`` rows when chosen automatically (1: single-frame steps)."""
+    rows = AUTO_LOOKAHEAD_ROWS["tdt" if tdt else "rnnt"]
     return max(1, min(MAX_AUTO_LOOKAHEAD_FRAMES, rows // max(batch_size, 1)))
 
 
@@ -60,10 +57,9 @@ class LabelLoopGreedy(GreedyComputerBase):
     ``lookahead_frames`` (``None``: automatic): each look at the joint (the first of an outer iteration, and the
     inner loop's while rows skip blanks) covers each row's next ``W`` frames, one joint call of ``B * W`` rows
     instead of up to ``W`` calls of ``B`` rows; the loop ends in the same state (:func:`steps.window_select`).
-    Exact only where each row's joint output does not depend on the batch it is computed in: the Triton joint
-    kernel (:class:`~nemo_fastdecode.prediction.KernelPredictor`, ``fast_math`` or the exact kernels) with fixed
-    tiling. Automatic: :func:`auto_lookahead_frames` there (at batch 32, fast math: 16 frames for RNN-T, 4 for TDT;
-    exact: 4 and 2), else 1 (one frame per look).
+    Exact only where each row's joint output does not depend on the batch it is computed in: ``fast_math``'s
+    joint kernel with fixed tiling on Triton. Automatic: :func:`auto_lookahead_frames` there (16 frames at
+    batch 32 for RNN-T, 4 for TDT), else 1 (one frame per look).
 
     ``looks_per_iteration`` (``None``: by graph mode, :func:`auto_looks_per_iteration`): ``0`` runs the two-level
     loop, ``while labels: look; while blanks: look again; emit``, whose inner WHILE condition is evaluated at
@@ -88,10 +84,9 @@ class LabelLoopGreedy(GreedyComputerBase):
         self.looks_per_iteration = None if looks_per_iteration is None else int(looks_per_iteration)
         if lookahead_frames is not None and lookahead_frames < 1:
             raise ValueError(f"lookahead_frames must be a positive int or None (automatic), got {lookahead_frames}")
-        if lookahead_frames is not None and lookahead_frames > 1 and self.kernel_predictor is None:
+        if lookahead_frames is not None and lookahead_frames > 1 and self.fast_predictor is None:
             raise ValueError(
-                f"lookahead_frames={lookahead_frames} needs the Triton joint kernel (fast_math=True, or the exact "
-                "kernels, which need NeMo's LSTM prediction network and default joint): only it computes every row "
+                f"lookahead_frames={lookahead_frames} needs fast_math=True: only its joint kernel computes every row "
                 "the same way at any batch size (exactness); use 1 or None"
             )
         if lookahead_frames is not None and lookahead_frames > 1 and self.records.enabled:
@@ -101,10 +96,8 @@ class LabelLoopGreedy(GreedyComputerBase):
             )
         self.lookahead_frames = lookahead_frames
 
-    def _lookahead(self, device: torch.device, batch_size: int, dtype: torch.dtype = torch.float32) -> int:
-        """Frames per look in the inner loop for a batch of ``batch_size`` rows decoded in ``dtype`` (1: single-frame
-        steps)."""
-        predictor = self._predictor_for(device, dtype)
+    def _lookahead(self, device: torch.device, batch_size: int) -> int:
+        """Frames per look in the inner loop for a batch of ``batch_size`` rows (1: single-frame steps)."""
         if self.fusion is not None:  # each look adds the fusion scores: frame by frame
             if self.lookahead_frames is not None and self.lookahead_frames > 1:
                 raise ValueError(
@@ -112,31 +105,28 @@ class LabelLoopGreedy(GreedyComputerBase):
                     "or None"
                 )
             return 1
-        windowed = predictor is not None and self._use_fused(device) and self._joint_is_fusable()
+        windowed = self.fast_predictor is not None and self._use_fused(device) and self._joint_is_fusable()
         if self.lookahead_frames is not None and self.lookahead_frames > 1 and not windowed:
             raise ValueError(
                 f"lookahead_frames={self.lookahead_frames} needs the Triton kernels (CUDA, or TRITON_INTERPRET=1 "
-                f"with fused_kernels=True), NeMo's default joint and, without fast_math, a float32 decode; got "
-                f"device {device}, {dtype}"
+                f"with fused_kernels=True) and NeMo's default joint; got device {device}"
             )
         if self.lookahead_frames is not None:
             return self.lookahead_frames
         # recorded looks go frame by frame
-        if not windowed or self.records.enabled:
-            return 1
-        return auto_lookahead_frames(batch_size, self.is_tdt, predictor.precision)
+        return auto_lookahead_frames(batch_size, self.is_tdt) if windowed and not self.records.enabled else 1
 
     def _extra_buffers(self, b: LoopBuffers) -> None:
-        if b.predictor is not None and self._use_fused(b.device):
-            layers, hidden = b.predictor.lstm.num_layers, b.predictor.lstm.hidden_size
+        if self.fast_predictor is not None and self._use_fused(b.device):
+            layers, hidden = self.fast_predictor.lstm.num_layers, self.fast_predictor.lstm.hidden_size
             b.recurrent_gates = torch.empty([layers, b.batch_size, 4 * hidden], dtype=b.float_dtype, device=b.device)
             b.side_stream = torch.cuda.Stream(b.device) if b.device.type == "cuda" else None
-        window = self._lookahead(b.device, b.batch_size, b.float_dtype)
+        window = self._lookahead(b.device, b.batch_size)
         if window > 1:
             rows = b.batch_size * window
             b.window_hidden = torch.empty([rows, b.predictor_output.shape[-1]], dtype=b.float_dtype, device=b.device)
             if not joint_normalises(self.joint, b.device):  # the logits are the scores: one kernel per look
-                n_out = b.predictor.joint_output_weights[0].shape[0]
+                n_out = self.fast_predictor.joint_output_weights[0].shape[0]
                 b.window_look = WindowLookBuffers.allocate(b.batch_size, window, n_out, b.device)
             else:
                 b.window_scores = torch.empty([rows], dtype=torch.float32, device=b.device)
@@ -149,12 +139,12 @@ class LabelLoopGreedy(GreedyComputerBase):
         )
         num_tokens = self.blank_index + 1
         if b.window_look is not None:
-            weight, bias = b.predictor.joint_output_weights
+            weight, bias = self.fast_predictor.joint_output_weights
             window_look(b, b.window_look, hidden, weight, bias, num_tokens, self._durations, self.blank_index, window,
-                        start, b.predictor.precision)  # fmt: skip
+                        start)  # fmt: skip
             return
         # tiled as for B rows, so that each row's logits are the single-frame step's, bit for bit
-        logits = normalise_joint_logits(self.joint, b.predictor.joint_output(hidden, tile_rows=b.batch_size))
+        logits = normalise_joint_logits(self.joint, self.fast_predictor.joint_output(hidden, tile_rows=b.batch_size))
         scores, labels = steps.best_token(logits, num_tokens, b.window_scores, b.window_labels, True)
         duration_logits = logits[:, num_tokens:] if self.is_tdt else None
         steps.window_select(b, scores, labels, duration_logits, self._durations, self.blank_index, window, start)
@@ -176,7 +166,7 @@ class LabelLoopGreedy(GreedyComputerBase):
 
     def _phases(self, b: LoopBuffers, mode: GraphMode) -> LoopPhases:
         fused = self._use_fused(b.device)
-        window = self._lookahead(b.device, b.batch_size, b.float_dtype)
+        window = self._lookahead(b.device, b.batch_size)
 
         def look_at_current_frames(start: bool) -> None:
             if window > 1:
@@ -210,14 +200,14 @@ class LabelLoopGreedy(GreedyComputerBase):
             if b.recurrent_gates is None:
                 look_at_current_frames(start=True)
                 return
-            # Triton predictor: the prediction network's recurrent GEMMs need only the current state, not this
+            # fast_math: the prediction network's recurrent GEMMs need only the current state, not this
             # iteration's labels; on CUDA they run on a parallel branch while the joint and the selection run
             # (forked and joined within this phase, so every graph mode captures it whole)
             main = torch.cuda.current_stream(b.device) if b.side_stream is not None else None
             if main is not None:
                 b.side_stream.wait_stream(main)
             with torch.cuda.stream(b.side_stream) if main is not None else contextlib.nullcontext():
-                b.predictor.recurrent_gates(b.predictor_states, b.recurrent_gates, fused)
+                self.fast_predictor.recurrent_gates(b.predictor_states, b.recurrent_gates, fused)
             look_at_current_frames(start=True)
             if main is not None:
                 main.wait_stream(b.side_stream)

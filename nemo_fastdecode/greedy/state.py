@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from nemo_fastdecode.greedy.fusion import FusionBuffers
     from nemo_fastdecode.greedy.records import StepRecords
     from nemo_fastdecode.greedy.window_look import WindowLookBuffers
-    from nemo_fastdecode.prediction import KernelPredictor
 
 
 def predictor_state_batch_dim(decoder: torch.nn.Module) -> int:
@@ -245,10 +244,7 @@ class LoopBuffers(CapturedBuffers):
         # each row's best token of the current look (written by steps.best_token)
         self.token_scores = torch.zeros([batch_size], dtype=torch.float32, device=device)
         self.token_labels = longs()
-        # the Triton prediction network and joint output layer this loop runs (None: NeMo's modules); a
-        # prediction.KernelPredictor, chosen by the computer for the buffers' device and dtype
-        self.predictor: KernelPredictor | None = None
-        # label loop with the Triton predictor on Triton only (allocated by LabelLoopGreedy, else None):
+        # label loop with fast math only (allocated by LabelLoopGreedy, else None):
         # the LSTM's recurrent gates computed ahead on a side stream while the joint runs
         self.recurrent_gates: torch.Tensor | None = None  # [L, B, 4 * H]
         self.side_stream: torch.cuda.Stream | None = None

@@ -127,15 +127,10 @@ def lstm_cell_step(
     x_args = (x, x.stride(0), weight_x, weight_x.stride(0), x.shape[1]) if has_x else (c, 0, c, 0, 0)
     h_args = (h, h.stride(0), weight_h, weight_h.stride(0), c, 0) if has_h else (c, 0, c, 0, recurrent_gates,
                                                                                 recurrent_gates.stride(0))  # fmt: skip
-    # tuned at H = 640 (scripts/bench_prediction.py --sweep): many small programs beat few large ones; 3xTF32 on an
-    # H200, IEEE fp32 (CUDA-core products, with h @ W_hh in the kernel: 27.6 us at 32 rows, cuDNN 44.4 us) on an H100
+    # tuned on an H200 at H = 640 (scripts/bench_prediction.py --sweep): many small programs beat few large ones
     default_rows, default_warps = batch_tiling(batch)
-    if precision == "ieee":
-        default_block_h, default_warps = (8, 4) if batch <= 32 else (4, 2)
-    else:
-        default_block_h = 4 if batch <= 32 else 8
     block_b = block_b or default_rows
-    block_h = block_h or default_block_h
+    block_h = block_h or (4 if batch <= 32 else 8)
     num_warps = num_warps or default_warps
     grid = (triton.cdiv(batch, block_b), triton.cdiv(hidden, block_h))
     _lstm_cell_kernel[grid](

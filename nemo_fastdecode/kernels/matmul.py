@@ -155,23 +155,14 @@ def batch_tiling(batch: int) -> tuple[int, int]:
     return (32, 2) if batch <= 32 else (64, 4)
 
 
-def decoder_tiling(batch: int, split_k: bool = False, precision: str = "tf32x3") -> dict:
-    """:func:`linear` options for the decoder's per-step GEMMs at ``batch`` rows (H = 640) in ``precision``.
-
-    3xTF32, tuned on an H200 (``scripts/bench_prediction.py --sweep``): :func:`batch_tiling`'s rows and warps, 16
-    columns, 64-deep blocks; ``split_k``: the prediction network's layers split the depth over 8 programs at
-    batch <= 32 (8.1 -> 5.4 us for the projection). IEEE fp32 (CUDA-core products), tuned on an H100: the same
-    tiles without ``split_k`` (the joint's output layer, which the look-ahead kernel must tile alike); with it, the
-    depth split over 8 programs at every batch size (projection at 32 / 128 rows: 9.3 / 16.4 us, cuBLAS 10.2 /
-    22.0 us).
-    """
+def decoder_tiling(batch: int, split_k: bool = False) -> dict:
+    """:func:`linear` options for the decoder's per-step GEMMs at ``batch`` rows (H = 640), tuned on an H200
+    (``scripts/bench_prediction.py --sweep``): :func:`batch_tiling`'s rows and warps, 16 columns, 64-deep blocks.
+    ``split_k``: the prediction network's layers split the depth over 8 programs at batch <= 32 (8.1 -> 5.4 us for
+    the projection)."""
     block_m, num_warps = batch_tiling(batch)
     tiling = {"block_m": block_m, "block_n": 16, "block_k": 64, "num_warps": num_warps, "num_stages": 4, "split_k": 1}
-    if split_k and precision == "ieee":
-        wide = batch > 32
-        tiling.update(block_m=32, split_k=8, block_n=64 if wide else 32, block_k=32 if wide else 64,
-                      num_warps=2 if wide else 4, num_stages=3)  # fmt: skip
-    elif split_k and batch <= 32:
+    if split_k and batch <= 32:
         tiling.update(split_k=8, block_n=32, block_k=32, num_warps=2)
     return tiling
 

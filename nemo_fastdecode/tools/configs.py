@@ -330,8 +330,7 @@ class BenchmarkConfig:
             NeMo's graph decoders, compiled steps) are skipped on the CPU, with a note.
         beam_size: beam rows' beam size.
         seed: synthetic weights and audio.
-        experimental: also time the ablations (unfused step kernels, the exact path on NeMo's modules, look-ahead
-            and looks-per-iteration sweeps).
+        experimental: also time the ablations (unfused step kernels, look-ahead and looks-per-iteration sweeps).
         profile_busy: GPU-busy share of each row under ``torch.profiler``.
         out_dir: where ``{greedy,beam}_<GPU>[_<date>].json`` / ``.md`` go.
         date: added to the output file names (e.g. 2026-11-23).

@@ -113,7 +113,6 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
         fast_math: bool = False,
         lookahead: int | None = None,
         looks: int | None = None,
-        exact_kernels: bool | None = None,
     ):
         return lambda: FastGreedyBatchedInfer(
             durations=spec.durations,
@@ -121,32 +120,17 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             graph_mode=mode,
             fused_kernels=fused,
             fast_math=fast_math,
-            exact_kernels=exact_kernels,
             lookahead_frames=lookahead,
             looks_per_iteration=looks,
             **common,
         )
 
-    # the label loop's look-ahead (frames per joint call while skipping blanks; automatic at batch 32: fast math 16
-    # RNN-T, 4 TDT; the exact kernels 4 RNN-T, 2 TDT)
+    # the label loop's look-ahead (frames per joint call while skipping blanks; automatic: 16 RNN-T, 4 TDT at batch 32)
     lookahead_rows = {
         f"fast_greedy_label_loop[full_graph,fast_math,lookahead={w}]": ours(
             True, "full_graph", fast_math=True, lookahead=w
         )
         for w in (1, 4, 8, 16)
-    }
-    lookahead_rows |= {
-        f"fast_greedy_label_loop[full_graph,lookahead={w}]": ours(True, "full_graph", lookahead=w) for w in (1, 2, 4, 8)
-    }
-    # the exact path on NeMo's modules (cuDNN LSTM, cuBLAS joint) instead of the IEEE-fp32 Triton kernels
-    module_rows = {
-        "fast_greedy_label_loop[full_graph,nemo_modules]": ours(True, "full_graph", exact_kernels=False),
-        "fast_greedy_label_loop[no_while_graph,nemo_modules]": ours(True, "no_while_graph", exact_kernels=False),
-        **(
-            {}
-            if spec.is_tdt
-            else {"fast_greedy_frame_loop[full_graph,nemo_modules]": ours(False, "full_graph", exact_kernels=False)}
-        ),
     }
     # the label loop's shape: 0 = two-level (an inner WHILE loop skips blanks), K = one loop of K looks per iteration
     looks_rows = {
@@ -203,7 +187,6 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             "fast_greedy_label_loop[no_while_graph,fast_math]": ours(True, "no_while_graph", fast_math=True),
             **lookahead_rows,
             **looks_rows,
-            **module_rows,
             **beam_rows,
         }
     return {
@@ -223,7 +206,6 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
         "fast_greedy_label_loop[no_while_graph,fast_math]": ours(True, "no_while_graph", fast_math=True),
         **lookahead_rows,
         **looks_rows,
-        **module_rows,
         **beam_rows,
     }
 
@@ -316,7 +298,7 @@ def benchmark_model(
             continue  # beam rows are opt-in; their reference comes with any of them
         if not is_beam and strategies and name not in strategies and name != "nemo_baseline":
             continue
-        ablation = name.endswith(("unfused]", "nemo_modules]")) or "lookahead=" in name or "looks=" in name
+        ablation = name.endswith("unfused]") or "lookahead=" in name or "looks=" in name
         if ablation and not experimental and name not in (strategies or ()):  # opt-in: named or experimental
             continue
         if not on_gpu and needs_cuda(name):
