@@ -137,6 +137,28 @@ def test_window_rows_are_the_single_frame_hidden_rows(fused):
         steps.joint_hidden_window(encoder, time, last_frame, predictor, torch.empty([9, 5]), window, fused)
 
 
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+@pytest.mark.parametrize("window", [2, 8])
+def test_exact_path_windows_return_nemo_baseline_hypotheses(kind, window):
+    """On the exact path (NeMo's Linear for the joint's output layer) a window's logits come from one GEMM of B * W
+    rows: equal to the single-frame look's to fp32 rounding, so the hypotheses are NeMo's baseline's, as the
+    single-frame exact path's are (same tokens and frames, scores to fp32 rounding)."""
+    from test_greedy_exactness import assert_same_hypotheses, baseline
+
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=5, blank_bias=0.8, pred_layers=2)
+    decoder, joint = decoder.to(DEVICE), joint.to(DEVICE)
+    x, lengths = random_encoder_output(len(LENGTHS), 24, seed=4, lengths=LENGTHS, device=DEVICE)
+    expected = baseline(kind, decoder, joint, 3)(encoder_output=x, encoded_lengths=lengths)[0]
+    assert sum(len(h.y_sequence) for h in expected) > 0
+    single = ours(kind, decoder, joint, 3, fused_kernels=True, lookahead_frames=1)
+    ahead = ours(kind, decoder, joint, 3, fused_kernels=True, lookahead_frames=window)
+    assert ahead.computer.fast_predictor is None and ahead.computer._lookahead(x.device, len(LENGTHS)) == window
+    windowed = ahead(encoder_output=x, encoded_lengths=lengths)[0]
+    # NeMo's batched TDT loop may record a later step's duration for a row: durations against our single-frame loop
+    assert_same_hypotheses(expected, windowed, with_durations=False)
+    assert_same_hypotheses(single(encoder_output=x, encoded_lengths=lengths)[0], windowed, with_durations=kind == "tdt")
+
+
 def test_automatic_choice_and_bad_values_are_named():
     decoder, joint = make_networks()
     assert [auto_lookahead_frames(b) for b in (1, 32, 64, 128, 512, 513)] == [16, 16, 8, 4, 1, 1]
@@ -148,11 +170,16 @@ def test_automatic_choice_and_bad_values_are_named():
     # fused kernels by default on CUDA only; the CPU runs the torch references, one frame per look
     assert plain.computer._lookahead(DEVICE, rows) == (16 if DEVICE.type == "cuda" else 1)
     exact = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fused_kernels=True)
-    assert exact.computer._lookahead(DEVICE, rows) == 1  # exact path: cuBLAS rows may depend on the batch size
+    assert exact.computer._lookahead(DEVICE, rows) == 1  # exact path: a window only when asked for
+    exact_window = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fused_kernels=True,
+                                          lookahead_frames=8)  # fmt: skip
+    assert exact_window.computer._lookahead(DEVICE, rows) == 8
     with pytest.raises(ValueError, match="lookahead_frames must be a positive int or None.*got 0"):
         decoder_for("rnnt", decoder, joint, 3, 0)
-    with pytest.raises(ValueError, match="lookahead_frames=4 needs fast_math=True"):
-        FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, lookahead_frames=4)
+    unfused = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fused_kernels=False,
+                                     lookahead_frames=4)  # fmt: skip
+    with pytest.raises(ValueError, match="lookahead_frames=4 needs the Triton kernels"):
+        unfused.computer._lookahead(DEVICE, rows)
     with pytest.raises(ValueError, match="applies to the label loop only"):
         FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, 3, loop_labels=False, fast_math=True, lookahead_frames=4)
     forced = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fast_math=True,

@@ -56,10 +56,14 @@ class LabelLoopGreedy(GreedyComputerBase):
 
     ``lookahead_frames`` (``None``: automatic): each look at the joint (the first of an outer iteration, and the
     inner loop's while rows skip blanks) covers each row's next ``W`` frames, one joint call of ``B * W`` rows
-    instead of up to ``W`` calls of ``B`` rows; the loop ends in the same state (:func:`steps.window_select`).
-    Exact only where each row's joint output does not depend on the batch it is computed in: ``fast_math``'s
-    joint kernel with fixed tiling on Triton. Automatic: :func:`auto_lookahead_frames` there (16 frames at
-    batch 32 for RNN-T, 4 for TDT), else 1 (one frame per look).
+    instead of up to ``W`` calls of ``B`` rows (:func:`steps.window_select`). With ``fast_math`` on Triton its joint
+    kernel is tiled as for ``B`` rows, so each row's logits are the single-frame look's bit for bit and the loop ends
+    in the same state; automatic there: :func:`auto_lookahead_frames` (16 frames at batch 32 for RNN-T, 4 for TDT).
+    On the exact path the window is opt-in (``W > 1`` given; automatic: 1): NeMo's Linear computes the ``B * W``
+    rows in one GEMM, whose logits equal the single-frame look's to float32 rounding (cuBLAS sums a GEMM of another
+    shape in another order, as NeMo's own decoders of other shapes do), so the hypotheses are NeMo's as the exact
+    decoders' are: same tokens, scores to float32 rounding. Both need the Triton step kernels (CUDA, or the
+    interpreter) and NeMo's default joint.
 
     ``looks_per_iteration`` (``None``: by graph mode, :func:`auto_looks_per_iteration`): ``0`` runs the two-level
     loop, ``while labels: look; while blanks: look again; emit``, whose inner WHILE condition is evaluated at
@@ -84,11 +88,6 @@ class LabelLoopGreedy(GreedyComputerBase):
         self.looks_per_iteration = None if looks_per_iteration is None else int(looks_per_iteration)
         if lookahead_frames is not None and lookahead_frames < 1:
             raise ValueError(f"lookahead_frames must be a positive int or None (automatic), got {lookahead_frames}")
-        if lookahead_frames is not None and lookahead_frames > 1 and self.fast_predictor is None:
-            raise ValueError(
-                f"lookahead_frames={lookahead_frames} needs fast_math=True: only its joint kernel computes every row "
-                "the same way at any batch size (exactness); use 1 or None"
-            )
         if lookahead_frames is not None and lookahead_frames > 1 and self.records.enabled:
             raise ValueError(
                 f"lookahead_frames={lookahead_frames} does not keep alignments or confidence (each look is recorded "
@@ -105,7 +104,7 @@ class LabelLoopGreedy(GreedyComputerBase):
                     "or None"
                 )
             return 1
-        windowed = self.fast_predictor is not None and self._use_fused(device) and self._joint_is_fusable()
+        windowed = self._use_fused(device) and self._joint_is_fusable()
         if self.lookahead_frames is not None and self.lookahead_frames > 1 and not windowed:
             raise ValueError(
                 f"lookahead_frames={self.lookahead_frames} needs the Triton kernels (CUDA, or TRITON_INTERPRET=1 "
@@ -113,8 +112,10 @@ class LabelLoopGreedy(GreedyComputerBase):
             )
         if self.lookahead_frames is not None:
             return self.lookahead_frames
-        # recorded looks go frame by frame
-        return auto_lookahead_frames(batch_size, self.is_tdt) if windowed and not self.records.enabled else 1
+        # automatic with fast math only (its windows are bit for bit its single-frame looks); recorded looks go
+        # frame by frame
+        automatic = windowed and self.fast_predictor is not None and not self.records.enabled
+        return auto_lookahead_frames(batch_size, self.is_tdt) if automatic else 1
 
     def _extra_buffers(self, b: LoopBuffers) -> None:
         if self.fast_predictor is not None and self._use_fused(b.device):
@@ -125,7 +126,8 @@ class LabelLoopGreedy(GreedyComputerBase):
         if window > 1:
             rows = b.batch_size * window
             b.window_hidden = torch.empty([rows, b.predictor_output.shape[-1]], dtype=b.float_dtype, device=b.device)
-            if not joint_normalises(self.joint, b.device):  # the logits are the scores: one kernel per look
+            if self.fast_predictor is not None and not joint_normalises(self.joint, b.device):
+                # fast math, the logits are the scores: one kernel per look
                 n_out = self.fast_predictor.joint_output_weights[0].shape[0]
                 b.window_look = WindowLookBuffers.allocate(b.batch_size, window, n_out, b.device)
             else:
@@ -143,8 +145,14 @@ class LabelLoopGreedy(GreedyComputerBase):
             window_look(b, b.window_look, hidden, weight, bias, num_tokens, self._durations, self.blank_index, window,
                         start)  # fmt: skip
             return
-        # tiled as for B rows, so that each row's logits are the single-frame step's, bit for bit
-        logits = normalise_joint_logits(self.joint, self.fast_predictor.joint_output(hidden, tile_rows=b.batch_size))
+        if self.fast_predictor is not None:
+            # tiled as for B rows, so that each row's logits are the single-frame step's, bit for bit
+            logits = normalise_joint_logits(
+                self.joint, self.fast_predictor.joint_output(hidden, tile_rows=b.batch_size)
+            )
+        else:
+            # the exact path: NeMo's Linear on the B * W rows in one GEMM (the single-frame look's to fp32 rounding)
+            logits = self._joint_output(hidden)
         scores, labels = steps.best_token(logits, num_tokens, b.window_scores, b.window_labels, True)
         duration_logits = logits[:, num_tokens:] if self.is_tdt else None
         steps.window_select(b, scores, labels, duration_logits, self._durations, self.blank_index, window, start)
