@@ -50,7 +50,8 @@ def lstm_case(warm_up: str, batch: int, other_batch: int, layers: int, device_na
     bf16 = device.type == "cuda"
 
     def sos(rows: int, autocast: bool) -> None:
-        like = torch.zeros([rows, 1, 1], device=device)
+        # as GreedyComputerBase.initial_state: the state in the decode's dtype (bf16 under autocast)
+        like = torch.zeros([rows, 1, 1], dtype=torch.bfloat16 if autocast else torch.float32, device=device)
         labels = torch.full([rows, 1], 1024, dtype=torch.long, device=device)
         with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             decoder.predict(labels, decoder.initialize_state(like), add_sos=False, batch_size=rows)
