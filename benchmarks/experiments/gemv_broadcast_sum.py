@@ -63,7 +63,10 @@ for B, N in [(32, 1025), (32, 640), (32, 2560)]:
         err = (out.double() - ref).abs().max().item()
         if t < best[0]:
             best = (t, (bm, bn, bk, nw), err)
-    line = f"B={B} N={N}: cublas {t_cublas:.2f} us; gemv best {best[1]} (bm, bn, bk, warps) {best[0]:.2f} us, err {best[2]:.1e}"
+    line = (
+        f"B={B} N={N}: cublas {t_cublas:.2f} us; gemv best {best[1]} (bm, bn, bk, warps) {best[0]:.2f} us, "
+        f"err {best[2]:.1e}"
+    )
     print(line, flush=True)
     lines.append(line)
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")

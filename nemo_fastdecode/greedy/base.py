@@ -164,10 +164,14 @@ class GreedyComputerBase(CapturedLoopOwner):
         frames = b.encoder_projected[b.batch_indices, time_indices].unsqueeze(1)
         return self.joint.joint_after_projection(frames, b.predictor_output)[:, 0, 0, :]
 
-    def _joint_output(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The joint's last layer and output normalisation, as ``RNNTJoint.joint_after_projection`` applies them."""
+    def _joint_output(self, hidden: torch.Tensor, tile_rows: int | None = None) -> torch.Tensor:
+        """The joint's last layer and output normalisation, as ``RNNTJoint.joint_after_projection`` applies them.
+
+        ``tile_rows``: fast math's kernel tiled as for that many rows (a look-ahead window's rows then come out bit
+        for bit as in the single-frame look); NeMo's Linear ignores it.
+        """
         if self.fast_predictor is not None:  # prepare() checked float32 before the decode
-            logits = self.fast_predictor.joint_output(hidden)
+            logits = self.fast_predictor.joint_output(hidden, tile_rows=tile_rows)
         else:
             logits = self.joint.joint_net[-1](hidden)
         return normalise_joint_logits(self.joint, logits)

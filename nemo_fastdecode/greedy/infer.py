@@ -63,9 +63,9 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline. LSTM prediction
             networks only.
-        lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic, 16 (RNN-T) or 4 (TDT)
-            at batch 32 with ``fast_math`` on CUDA, else 1; on the exact path opt-in); the same hypotheses as 1, see
-            :class:`LabelLoopGreedy`.
+        lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic, 16
+            (RNN-T) or 4 (TDT) at batch 32 with ``fast_math`` on CUDA, else 1; on the exact path opt-in); the same
+            hypotheses as 1, see :class:`LabelLoopGreedy`.
         looks_per_iteration: label loop: ``0`` the two-level loop (an inner loop skips blanks), ``K >= 1`` one
             loop of ``K`` looks per iteration (fewer loop-condition evaluations); ``None``: automatic. The same
             hypotheses either way, see :class:`LabelLoopGreedy`.

@@ -17,7 +17,7 @@ from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.state import LoopBuffers
 from nemo_fastdecode.greedy.window_look import WindowLookBuffers, window_look
-from nemo_fastdecode.prediction import joint_normalises, normalise_joint_logits
+from nemo_fastdecode.prediction import joint_normalises
 
 # automatic look-ahead where it is exact (fast_math on Triton; see LabelLoopGreedy): about this many joint rows
 # per look, at most MAX_AUTO_LOOKAHEAD_FRAMES frames. H200, 1 h, batch 32
@@ -145,14 +145,9 @@ class LabelLoopGreedy(GreedyComputerBase):
             window_look(b, b.window_look, hidden, weight, bias, num_tokens, self._durations, self.blank_index, window,
                         start)  # fmt: skip
             return
-        if self.fast_predictor is not None:
-            # tiled as for B rows, so that each row's logits are the single-frame step's, bit for bit
-            logits = normalise_joint_logits(
-                self.joint, self.fast_predictor.joint_output(hidden, tile_rows=b.batch_size)
-            )
-        else:
-            # the exact path: NeMo's Linear on the B * W rows in one GEMM (the single-frame look's to fp32 rounding)
-            logits = self._joint_output(hidden)
+        # fast math: tiled as for B rows, each row's logits the single-frame look's bit for bit; the exact path: NeMo's
+        # Linear on the B * W rows in one GEMM (the single-frame look's to fp32 rounding)
+        logits = self._joint_output(hidden, tile_rows=b.batch_size)
         scores, labels = steps.best_token(logits, num_tokens, b.window_scores, b.window_labels, True)
         duration_logits = logits[:, num_tokens:] if self.is_tdt else None
         steps.window_select(b, scores, labels, duration_logits, self._durations, self.blank_index, window, start)

@@ -501,9 +501,10 @@ class AudioFrontEnd:
         Triton compiles (or loads from its disk cache) one binary per specialisation of a kernel's arguments: here
         the sample format and the number of frames in one call (1, a multiple of 16, any other), on one and on two
         streams. A server that meets a variant first under load stalls every stream for that compile, so it launches
-        them all before it is ready. The slots are closed again afterwards; their ring rows keep zeros, which no later stream reads. With
-        ``cuda_graphs``, the feature pass's graphs are captured first, for every row count a call can reach (this
-        part runs also while streams are open: a capture writes only the graph's own buffers).
+        them all before it is ready. The slots are closed again afterwards; their ring rows keep zeros, which no
+        later stream reads. With ``cuda_graphs``, the feature pass's graphs are captured first, for every row count
+        a call can reach (this part runs also while streams are open: a capture writes only the graph's own
+        buffers).
         """
         if self._graphs is not None:
             self._graphs.capture_up_to(self.num_slots * (self.capacity // self.settings.hop + 1))
