@@ -42,6 +42,7 @@ def main(cfg: DictConfig) -> None:
             total_seconds=total_seconds,
             batch_size=cfg.batch_size,
             repeats=cfg.repeats,
+            baseline_repeats=cfg.baseline_repeats,
             max_symbols=cfg.max_symbols,
             strategies=list(cfg.strategies) if cfg.strategies else None,
             seed=cfg.seed,

@@ -74,3 +74,23 @@ def test_trained_calibration_decodes_exactly_and_reports_emissions(tmp_path, sin
     text = write_reports([report], "pytest", str(tmp_path / "r.json"), str(tmp_path / "r.md"))
     assert "calibration trained" in text and "Emissions (nemo_baseline)" in text
     assert json.loads((tmp_path / "r.json").read_text())["models"][0]["trained_emissions"]["tokens"] == trained.tokens
+
+
+def test_baseline_repeats_time_the_reference_row_alone():
+    lines: list[str] = []
+    report = benchmark_model(
+        "tiny-rnnt",
+        total_seconds=5,
+        batch_size=4,
+        repeats=2,
+        baseline_repeats=1,
+        strategies=["fast_greedy_label_loop[eager]"],
+        device="cpu",
+        log=lines.append,
+    )
+    rows = {r.strategy: r for r in report.results}
+    assert set(rows) == {"nemo_baseline", "fast_greedy_label_loop[eager]"}
+    assert rows["nemo_baseline"].tokens > 0
+    assert len(rows["nemo_baseline"].pass_seconds) == 1
+    assert len(rows["fast_greedy_label_loop[eager]"].pass_seconds) == 2
+    assert rows["fast_greedy_label_loop[eager]"].identical_utterances == 1.0

@@ -137,6 +137,7 @@ def test_window_rows_are_the_single_frame_hidden_rows(fused):
         steps.joint_hidden_window(encoder, time, last_frame, predictor, torch.empty([9, 5]), window, fused)
 
 
+@pytest.mark.usefixtures("exact_fp32")  # on CUDA, NeMo's cuDNN LSTM in true fp32 as the exact path is decided
 @pytest.mark.parametrize("kind", ["rnnt", "tdt"])
 @pytest.mark.parametrize("window", [2, 8])
 def test_exact_path_windows_return_nemo_baseline_hypotheses(kind, window):
