@@ -173,10 +173,11 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         self.warm_up_seconds = self._warm_up_on_gpu()
 
     def _warm_up_on_gpu(self) -> float | None:
-        """Decode two frames of zeros once where the networks already sit on a GPU; returns the seconds it took
-        (``None``: not done). The first ``transcribe`` then finds every kernel loaded (Triton's from its disk cache,
-        the prediction network's cuDNN LSTM, PyTorch's own, which CUDA loads on first launch) and only captures its
-        graphs at the real size. ``NEMO_FASTDECODE_DECODER_WARM_UP=0`` skips it."""
+        """Decode two frames of zeros once where the networks already sit on a GPU, in float32 and (where the GPU
+        has bfloat16) under bfloat16 autocast, as NeMo's ``transcribe`` decodes with ``amp``; returns the seconds it
+        took (``None``: not done). The first ``transcribe`` then finds every kernel loaded (Triton's from its disk
+        cache, the prediction network's cuDNN LSTM in both precisions, PyTorch's own, which CUDA loads on first
+        launch) and only captures its graphs at the real size. ``NEMO_FASTDECODE_DECODER_WARM_UP=0`` skips it."""
         if os.environ.get("NEMO_FASTDECODE_DECODER_WARM_UP", "1") == "0":
             return None
         parameter = next(self.decoder.parameters(), None)
@@ -187,7 +188,14 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         try:
             with eval_mode(self.decoder, self.joint), torch.inference_mode():
                 frames = torch.zeros(1, 2, hidden, device=parameter.device)
-                self.computer(frames, torch.full([1], 2, dtype=torch.long, device=parameter.device))
+                lengths = torch.full([1], 2, dtype=torch.long, device=parameter.device)
+                self.computer(frames, lengths)
+                if torch.cuda.is_bf16_supported():
+                    # cuDNN's bf16 LSTM costs 0.2-0.3 s on its first call in a process, at any batch size
+                    # (H100, benchmarks/experiments/first_call_costs.py); an fp32 call does not pay it
+                    self.computer.reset_graphs()  # captured anew under autocast, not replayed
+                    with torch.autocast("cuda", dtype=torch.bfloat16):
+                        self.computer(frames, lengths)
         except Exception as error:  # a warm-up only: the first decode does the same work and reports any error
             logger.warning("nemo_fastdecode: the greedy decoder's warm-up failed (%s); the first decode pays it", error)
             return None

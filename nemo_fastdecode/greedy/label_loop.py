@@ -19,12 +19,14 @@ from nemo_fastdecode.greedy.state import LoopBuffers
 from nemo_fastdecode.greedy.window_look import WindowLookBuffers, window_look
 from nemo_fastdecode.prediction import joint_normalises
 
-# automatic look-ahead where it is exact (fast_math on Triton; see LabelLoopGreedy): about this many joint rows
-# per look, at most MAX_AUTO_LOOKAHEAD_FRAMES frames. H200, 1 h, batch 32
-# (benchmarks/results/archive/greedy_rnnt-tdt-0.6b_H200_2026-11-22_lookahead-sweep.md):
-# RNN-T 16 frames beat 8 and 4 (blank runs are long); TDT 4 beat 8 and 16 (blanks jump by their durations, so
-# most looks end within a few frames and wider windows only add joint rows)
+# automatic look-ahead (see LabelLoopGreedy): about this many joint rows per look, at most MAX_AUTO_LOOKAHEAD_FRAMES
+# frames. Fast math, H200, 1 h, batch 32 (benchmarks/results/archive/greedy_rnnt-tdt-0.6b_H200_2026-11-22_lookahead-sweep.md):
+# RNN-T 16 frames beat 8 and 4 (blank runs are long); TDT 4 beat 8 and 16 (blanks jump by their durations, so most
+# looks end within a few frames and wider windows only add joint rows). The exact path (NeMo's Linear over the
+# window), H100, 1 h, batch 32, calibration 0.3 (benchmarks/results/latest/greedy_*_2026-11-28_exact-window.md):
+# RNN-T 1/2/4/8/16 frames 0.258/0.206/0.170/0.162/0.186 s; TDT 0.182/0.174/0.179/0.172/0.196 s.
 AUTO_LOOKAHEAD_ROWS = {"rnnt": 512, "tdt": 128}
+AUTO_EXACT_LOOKAHEAD_ROWS = {"rnnt": 256, "tdt": 64}
 MAX_AUTO_LOOKAHEAD_FRAMES = 16
 
 
@@ -45,9 +47,10 @@ def auto_looks_per_iteration(mode: GraphMode, tdt: bool = False) -> int:
     return 0 if mode is GraphMode.EAGER else AUTO_LOOKS_PER_ITERATION["tdt" if tdt else "rnnt"]
 
 
-def auto_lookahead_frames(batch_size: int, tdt: bool = False) -> int:
-    """Frames per look for ``batch_size`` rows when chosen automatically (1: single-frame steps)."""
-    rows = AUTO_LOOKAHEAD_ROWS["tdt" if tdt else "rnnt"]
+def auto_lookahead_frames(batch_size: int, tdt: bool = False, exact: bool = False) -> int:
+    """Frames per look for ``batch_size`` rows when chosen automatically (1: single-frame steps); ``exact``: the
+    exact path's window (NeMo's Linear), else fast math's."""
+    rows = (AUTO_EXACT_LOOKAHEAD_ROWS if exact else AUTO_LOOKAHEAD_ROWS)["tdt" if tdt else "rnnt"]
     return max(1, min(MAX_AUTO_LOOKAHEAD_FRAMES, rows // max(batch_size, 1)))
 
 
@@ -59,11 +62,12 @@ class LabelLoopGreedy(GreedyComputerBase):
     instead of up to ``W`` calls of ``B`` rows (:func:`steps.window_select`). With ``fast_math`` on Triton its joint
     kernel is tiled as for ``B`` rows, so each row's logits are the single-frame look's bit for bit and the loop ends
     in the same state; automatic there: :func:`auto_lookahead_frames` (16 frames at batch 32 for RNN-T, 4 for TDT).
-    On the exact path the window is opt-in (``W > 1`` given; automatic: 1): NeMo's Linear computes the ``B * W``
-    rows in one GEMM, whose logits equal the single-frame look's to float32 rounding (cuBLAS sums a GEMM of another
-    shape in another order, as NeMo's own decoders of other shapes do), so the hypotheses are NeMo's as the exact
-    decoders' are: same tokens, scores to float32 rounding. Both need the Triton step kernels (CUDA, or the
-    interpreter) and NeMo's default joint.
+    On the exact path NeMo's Linear computes the ``B * W`` rows in one GEMM, whose logits equal the single-frame
+    look's to float32 rounding (cuBLAS sums a GEMM of another shape in another order, as NeMo's own decoders of other
+    shapes do), so the hypotheses are NeMo's as the exact decoders' are: same tokens and frames, scores to float32
+    rounding; automatic there: 8 frames at batch 32 for RNN-T, 2 for TDT. Both need the Triton step kernels (CUDA,
+    or the interpreter) and NeMo's default joint; without them (``fused_kernels=False``, the CPU) looks go frame by
+    frame.
 
     ``looks_per_iteration`` (``None``: by graph mode, :func:`auto_looks_per_iteration`): ``0`` runs the two-level
     loop, ``while labels: look; while blanks: look again; emit``, whose inner WHILE condition is evaluated at
@@ -112,10 +116,9 @@ class LabelLoopGreedy(GreedyComputerBase):
             )
         if self.lookahead_frames is not None:
             return self.lookahead_frames
-        # automatic with fast math only (its windows are bit for bit its single-frame looks); recorded looks go
-        # frame by frame
-        automatic = windowed and self.fast_predictor is not None and not self.records.enabled
-        return auto_lookahead_frames(batch_size, self.is_tdt) if automatic else 1
+        # recorded looks go frame by frame
+        automatic = windowed and not self.records.enabled
+        return auto_lookahead_frames(batch_size, self.is_tdt, exact=self.fast_predictor is None) if automatic else 1
 
     def _extra_buffers(self, b: LoopBuffers) -> None:
         if self.fast_predictor is not None and self._use_fused(b.device):
