@@ -6,8 +6,15 @@ python scripts/profile_decoder.py preset=tdt-0.6b seconds=300 out=/tmp/profile.m
 For each strategy: wall time of one pass over the set, the sum of GPU kernel time inside it
 (torch.profiler/CUPTI; kernels replayed from CUDA graphs included, not those inside WHILE nodes: profile the
 ``no_while_graph`` mode for those), their ratio (GPU busy share), the timeline's idle gaps between kernels and
-the kernels they follow, and the kernels that take the most time. Run NeMo's WHILE-graph decoders elsewhere: profiling them
-crashed (illegal memory access) on an H200.
+the kernels they follow, and the kernels that take the most time. Where a label loop is profiled in both
+``no_while_graph`` and ``full_graph`` mode, a last table sets per iteration the kernels' time (seen in the former)
+beside the full graph's wall time (the same iterations), which shows what the WHILE graph spends beyond its kernels:
+
+    python scripts/profile_decoder.py preset=tdt-0.6b seconds=600 'strategies=["fast_greedy_label_loop[no_while_graph]",
+        "fast_greedy_label_loop[full_graph]","fast_greedy_label_loop[no_while_graph,fast_math]",
+        "fast_greedy_label_loop[full_graph,fast_math]"]'
+
+Run NeMo's WHILE-graph decoders elsewhere: profiling them crashed (illegal memory access) on an H200.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from omegaconf import OmegaConf
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
 from nemo_fastdecode.tools.comparison import decode_all
 from nemo_fastdecode.tools.decoder_benchmark import decoder_factories, prepare_synthetic_set
-from nemo_fastdecode.tools.profiling import idle_gaps, profile_pass
+from nemo_fastdecode.tools.profiling import ITERATION_KERNEL, idle_gaps, per_iteration_lines, profile_pass
 
 DEFAULTS = {
     "preset": "rnnt-0.6b",
@@ -51,6 +58,8 @@ def main(argv: list[str]) -> None:
         "",
         f"{cfg.preset}, {cfg.seconds} s of audio, batch {cfg.batch_size}, {len(batches)} batches, {rate:.3f} tokens/frame.",
     ]
+    walls: dict[str, float] = {}
+    iteration_kernels: dict[str, tuple[int, int, float]] = {}  # no_while_graph rows: (iterations, launches, us)
     for name in cfg.strategies:
         decoder = factories[name]()
         decode_all(decoder, batches)  # warm-up: capture graphs, compile kernels
@@ -64,6 +73,10 @@ def main(argv: list[str]) -> None:
         gaps = idle_gaps(timeline)
         busy = sum(total for _, total in kernels.values()) * 1e-6
         launches = sum(count for count, _ in kernels.values())
+        walls[name] = unprofiled
+        iterations = kernels.get(ITERATION_KERNEL, (0, 0.0))[0]
+        if "[no_while_graph" in name and iterations:
+            iteration_kernels[name] = (iterations, launches, busy * 1e6)
         lines += [
             "",
             f"## {name}",
@@ -81,6 +94,7 @@ def main(argv: list[str]) -> None:
         ]
         for kernel, (count, total) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[: cfg.top]:
             lines.append(f"| `{kernel}` | {count} | {total / 1e3:.1f} | {total / count:.1f} |")
+    lines += per_iteration_lines(walls, iteration_kernels)
     report = "\n".join(lines) + "\n"
     print(report)
     if cfg.out:

@@ -94,3 +94,19 @@ def test_baseline_repeats_time_the_reference_row_alone():
     assert len(rows["nemo_baseline"].pass_seconds) == 1
     assert len(rows["fast_greedy_label_loop[eager]"].pass_seconds) == 2
     assert rows["fast_greedy_label_loop[eager]"].identical_utterances == 1.0
+
+
+def test_per_iteration_table_sets_kernel_time_beside_the_full_graph_twin():
+    from nemo_fastdecode.tools.profiling import per_iteration_lines
+
+    walls = {"fast[no_while_graph]": 0.05, "fast[full_graph]": 0.02, "other[no_while_graph]": 0.01}
+    # 100 iterations of 8 kernels taking 1,000 us in all; the full graph's 0.02 s make 200 us per iteration
+    lines = per_iteration_lines(
+        walls, {"fast[no_while_graph]": (100, 800, 1000.0), "other[no_while_graph]": (10, 50, 20.0)}
+    )
+    rows = [line for line in lines if line.startswith("| fast") or line.startswith("| other")]
+    assert rows == [
+        "| fast[no_while_graph] | 100 | 8.0 | 10.0 | 200.0 | 190.0 |",
+        "| other[no_while_graph] | 10 | 5.0 | 2.0 | - | - |",  # no full-graph twin profiled
+    ]
+    assert per_iteration_lines(walls, {}) == []

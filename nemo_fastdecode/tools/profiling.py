@@ -95,3 +95,39 @@ def kernel_intervals(prof: Any) -> list[tuple[str, float, float]]:
         for event in prof.events()
         if event.device_type == torch.autograd.DeviceType.CUDA
     ]
+
+
+# the label loop launches this kernel once per iteration (it emits each row's label of the iteration)
+ITERATION_KERNEL = "_label_emit_kernel"
+
+
+def per_iteration_lines(walls: dict[str, float], iteration_kernels: dict[str, tuple[int, int, float]]) -> list[str]:
+    """A table of each profiled ``no_while_graph`` label loop per iteration (CUPTI sees its kernels) beside its
+    ``full_graph`` twin's wall time per iteration (the same loop on the same batches, kernels hidden in WHILE nodes):
+    what the full graph spends beyond its kernels' time, between nodes and on the WHILE condition."""
+    if not iteration_kernels:
+        return []
+    lines = [
+        "",
+        "## Per label-loop iteration",
+        "",
+        f"Iterations counted as launches of `{ITERATION_KERNEL}` in the no-while-graph pass; the full-graph twin runs "
+        "the same iterations.",
+        "",
+        "| loop | iterations | kernels per iteration | kernel us per iteration | full graph us per iteration | "
+        "full graph beyond kernels, us |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, (iterations, launches, kernel_us) in iteration_kernels.items():
+        twin = name.replace("[no_while_graph", "[full_graph")
+        per_kernel = kernel_us / iterations
+        full = walls.get(twin)
+        full_cells = (
+            ("-", "-")
+            if full is None
+            else (f"{full * 1e6 / iterations:.1f}", f"{full * 1e6 / iterations - per_kernel:.1f}")
+        )
+        lines.append(
+            f"| {name} | {iterations} | {launches / iterations:.1f} | {per_kernel:.1f} | {full_cells[0]} | {full_cells[1]} |"
+        )
+    return lines
