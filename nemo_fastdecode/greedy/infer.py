@@ -63,9 +63,9 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline. LSTM prediction
             networks only.
-        lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic, 16
-            (RNN-T) or 4 (TDT) at batch 32 with ``fast_math`` on CUDA, else 1; on the exact path opt-in); the same
-            hypotheses as 1, see :class:`LabelLoopGreedy`.
+        lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic with the
+            Triton step kernels, at batch 32 16 (RNN-T) or 4 (TDT) with ``fast_math``, 8 or 2 on the exact path;
+            else 1); the same hypotheses as 1, see :class:`LabelLoopGreedy`.
         looks_per_iteration: label loop: ``0`` the two-level loop (an inner loop skips blanks), ``K >= 1`` one
             loop of ``K`` looks per iteration (fewer loop-condition evaluations); ``None``: automatic. The same
             hypotheses either way, see :class:`LabelLoopGreedy`.
@@ -173,11 +173,12 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         self.warm_up_seconds = self._warm_up_on_gpu()
 
     def _warm_up_on_gpu(self) -> float | None:
-        """Decode two frames of zeros once where the networks already sit on a GPU, in float32 and (where the GPU
-        has bfloat16) under bfloat16 autocast, as NeMo's ``transcribe`` decodes with ``amp``; returns the seconds it
-        took (``None``: not done). The first ``transcribe`` then finds every kernel loaded (Triton's from its disk
-        cache, the prediction network's cuDNN LSTM in both precisions, PyTorch's own, which CUDA loads on first
-        launch) and only captures its graphs at the real size. ``NEMO_FASTDECODE_DECODER_WARM_UP=0`` skips it."""
+        """Decode two frames of zeros once where the networks already sit on a GPU, in float32 and (on the exact
+        path, where the GPU has bfloat16) under bfloat16 autocast, as NeMo's ``transcribe`` decodes with ``amp``;
+        returns the seconds it took (``None``: not done). The first ``transcribe`` then finds every kernel loaded
+        (Triton's from its disk cache, the prediction network's cuDNN LSTM in both precisions, PyTorch's own, which
+        CUDA loads on first launch) and only captures its graphs at the real size.
+        ``NEMO_FASTDECODE_DECODER_WARM_UP=0`` skips it."""
         if os.environ.get("NEMO_FASTDECODE_DECODER_WARM_UP", "1") == "0":
             return None
         parameter = next(self.decoder.parameters(), None)
@@ -190,7 +191,8 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
                 frames = torch.zeros(1, 2, hidden, device=parameter.device)
                 lengths = torch.full([1], 2, dtype=torch.long, device=parameter.device)
                 self.computer(frames, lengths)
-                if torch.cuda.is_bf16_supported():
+                # fast math decodes in float32 under any autocast: a second pass would repeat the first
+                if self.computer.fast_predictor is None and torch.cuda.is_bf16_supported():
                     # cuDNN's bf16 LSTM costs 0.2-0.3 s on its first call in a process, at any batch size
                     # (H100, benchmarks/experiments/first_call_costs.py); an fp32 call does not pay it
                     self.computer.reset_graphs()  # captured anew under autocast, not replayed
