@@ -70,6 +70,10 @@ class FastGreedyConfig:
         fast_math: opt-in: the prediction network and the joint's output layer on near-fp32 (3xTF32) tensor-core
             kernels, with a precomputed label table; faster, not bit-identical to NeMo (the benchmark reports its
             agreement). It decodes in fp32 whatever the caller's autocast (the encoder output is taken to fp32).
+        exact_predictor: label looping without ``fast_math``: the prediction network's step on IEEE-fp32 kernels
+            (:class:`~nemo_fastdecode.prediction.ExactPredictor`: a label table, the recurrent GEMMs beside the
+            joint's look), float32 decodes on CUDA; scores agree with NeMo's modules to float32 rounding. ``None``:
+            where it applies; ``False``: NeMo's own modules (cuDNN LSTM, cuBLAS projection), op for op.
         offline_batching: the model's ``transcribe`` (NeMo's ``transcribe_speech.py`` too) takes the offline path
             (:mod:`nemo_fastdecode.offline`): length-sorted batches under a padded-audio budget, audio read ahead
             on threads, the decoder sized once; the same results, in the input order.
@@ -87,6 +91,7 @@ class FastGreedyConfig:
     graph_mode: str = "auto"
     fused_kernels: bool | None = None
     fast_math: bool = False
+    exact_predictor: bool | None = None
     offline_batching: bool = False
     ngram_lm_model: str | None = None
     ngram_lm_alpha: float = 0.0

@@ -1,7 +1,8 @@
-"""NeMo's LSTM prediction network, the joint's prediction projection and its output layer in fast math (opt-in).
+"""NeMo's LSTM prediction network and the joint's prediction projection (and output layer) on Triton kernels.
 
-The exact decoders call ``decoder.predict`` (embedding, cuDNN LSTM) and ``joint.project_prednet``, so they
-match NeMo bit for bit. :class:`FastMathPredictor` computes the same step with fewer and faster kernels:
+With NeMo's modules the decoders call ``decoder.predict`` (embedding, cuDNN LSTM) and ``joint.project_prednet``,
+NeMo's own calls. :class:`FastMathPredictor` (opt-in ``fast_math``) computes the same step with fewer and faster
+kernels:
 
 - the first layer's input GEMM and both its biases depend only on the label, so they are one lookup in a
   table ``embedding @ W_ih^T + b_ih + b_hh`` computed once in float64 (``[V + 1, 4H]``);
@@ -13,11 +14,19 @@ match NeMo bit for bit. :class:`FastMathPredictor` computes the same step with f
 
 Results are near fp32 but not bit-identical (see :mod:`nemo_fastdecode.kernels.tf32x3`). Without a Triton
 backend (CPU) it runs the kernels' torch references, which is how the CPU tests check the algebra.
+
+:class:`ExactPredictor` is the exact label loop's form of the same step, in IEEE fp32: the label table, the
+recurrent GEMMs of every layer on a parallel branch while the joint looks, and IEEE-fp32 products for the rest.
+cuDNN's fp32 LSTM runs its two GEMMs per layer one after the other on the loop's critical path (4 of about 22 us
+each for a two-layer network at batch 32 on an H100); here only a deeper layer's input GEMM and the projection
+remain on it. Every product and sum is an fp32 operation as in cuDNN and cuBLAS, in another order, so scores agree
+with NeMo's to float32 rounding, as NeMo's own decoders of other shapes do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -91,6 +100,9 @@ class FastMathPredictor:
         decoder: NeMo ``RNNTDecoder`` with an LSTM prediction network (:func:`fast_math_unsupported_reason`).
         joint: NeMo ``RNNTJoint``; its ``pred`` Linear projects the LSTM output.
     """
+
+    #: the products' precision (:data:`~nemo_fastdecode.kernels.tf32x3.PRECISIONS`)
+    precision = "tf32x3"
 
     def __init__(self, decoder: torch.nn.Module, joint: torch.nn.Module):
         reason = fast_math_unsupported_reason(decoder, joint)
@@ -188,7 +200,7 @@ class FastMathPredictor:
         h, c = states
         self.check_dtype(h.dtype)
         h_new, c_new = torch.empty_like(h), torch.empty_like(c)
-        cell = lstm_step.lstm_cell_step if fused else lstm_step.lstm_cell_step_reference
+        cell = self._cell(fused)
         for layer in range(h.shape[0]):
             row_bias, bias_index, x, weight_x = self._layer_input(layer, labels, h_new)
             if recurrent_gates is None:
@@ -221,13 +233,19 @@ class FastMathPredictor:
         w = self._refreshed_weights()
         h, c = states
         self.check_dtype(h.dtype)
-        cell = lstm_step.lstm_cell_step if fused else lstm_step.lstm_cell_step_reference
+        cell = self._cell(fused)
         for layer in range(h.shape[0]):
             # the layer below was updated in place: its rows in the mask hold their new values
             row_bias, bias_index, x, weight_x = self._layer_input(layer, labels, h)
             cell(row_bias, bias_index, x, weight_x, None, None, c[layer], h[layer], c[layer],
                  recurrent_gates=recurrent_gates[layer], row_mask=mask)  # fmt: skip
         self._linear(h[-1], w["projection_weight"], w["projection_bias"], output[:, 0], fused, "main", mask)
+
+    def _cell(self, fused: bool):
+        """The LSTM cell step: the Triton kernel in this precision, or its torch reference."""
+        if not fused:
+            return lstm_step.lstm_cell_step_reference
+        return functools.partial(lstm_step.lstm_cell_step, precision=self.precision)
 
     def _refreshed_weights(self) -> dict[str, torch.Tensor]:
         if not self._weights:
@@ -256,12 +274,29 @@ class FastMathPredictor:
             self._linear(h[layer], w[f"weight_hh_{layer}"], w["no_gate_bias"], out[layer], fused, "recurrent")
         return out
 
-    def _linear(self, x, weight, bias, out, fused: bool, stream: str, row_mask: torch.Tensor | None = None) -> None:
+    def _linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        out: torch.Tensor,
+        fused: bool,
+        stream: str,
+        row_mask: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> None:
+        """``out = x @ weight^T + bias (+ residual)`` (rows of ``row_mask`` only), on the split-K counters of
+        ``stream``."""
         if not fused:
-            matmul.linear_reference(x, weight, bias, out=out, row_mask=row_mask)
+            matmul.linear_reference(x, weight, bias, out=out, row_mask=row_mask, residual=residual)
             return
-        options = matmul.decoder_tiling(x.shape[0], split_k=True)
-        matmul.linear(x, weight, bias, out=out, row_mask=row_mask, counters=self._counters[stream], **options)
+        options = self._tiling(x.shape[0], weight.shape[0])
+        matmul.linear(x, weight, bias, self.precision, out=out, row_mask=row_mask, counters=self._counters[stream],
+                      residual=residual, **options)  # fmt: skip
+
+    def _tiling(self, rows: int, n_out: int) -> dict:
+        """:func:`matmul.linear` tiling of a per-step product of ``rows`` rows and ``n_out`` outputs."""
+        return matmul.decoder_tiling(rows, split_k=True)
 
     def joint_output(self, hidden: torch.Tensor, tile_rows: int | None = None) -> torch.Tensor:
         """The joint's last Linear on its hidden activations: ``[B, H_joint] -> [B, V + 1 (+ durations)]`` (fp32).
@@ -284,6 +319,71 @@ class FastMathPredictor:
     def joint_logits_from_hidden(self, joint: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         """The joint's output layer and normalisation on its hidden activations ``[N, H_joint]``."""
         return normalise_joint_logits(joint, self.joint_output(hidden))
+
+
+class ExactPredictor(FastMathPredictor):
+    """The exact label loop's prediction-network step: :class:`FastMathPredictor`'s structure in IEEE fp32.
+
+    - layer 0's input gates and both its biases: a row of the label table (float64, rounded once);
+    - every layer's recurrent gates ``h @ W_hh^T``: :meth:`recurrent_gates`, which the label loop runs on a parallel
+      branch while the joint looks (they need no label);
+    - a deeper layer's input gates and the joint's prediction projection: IEEE-fp32 split-K GEMMs
+      (:func:`~nemo_fastdecode.kernels.matmul.linear`, ``precision="ieee"``), the only products left between one
+      look and the next;
+    - the LSTM cell: :func:`~nemo_fastdecode.kernels.lstm_step.lstm_cell_step` on the summed gates (no product).
+
+    The joint's output layer stays NeMo's Linear (cuBLAS) on the exact path. Float32 decodes only: under autocast
+    the decoders run NeMo's modules in the caller's precision, as NeMo's decoders do.
+    """
+
+    precision = "ieee"
+
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        if dtype != torch.float32:
+            raise ValueError(
+                f"the exact predictor decodes in float32, got {dtype} (other precisions run NeMo's modules)"
+            )
+
+    def advance_in_place(
+        self,
+        labels: torch.Tensor,
+        mask: torch.Tensor,
+        states: list[torch.Tensor],
+        output: torch.Tensor,
+        recurrent_gates: torch.Tensor,
+        fused: bool,
+    ) -> None:
+        """:meth:`FastMathPredictor.advance_in_place`, a deeper layer's input gates added to its recurrent gates by a
+        split-K GEMM before its cell (the cell kernel's own product runs on too few programs for the CUDA cores)."""
+        w = self._refreshed_weights()
+        h, c = states
+        self.check_dtype(h.dtype)
+        cell = self._cell(fused)
+        for layer in range(h.shape[0]):
+            gates = recurrent_gates[layer]
+            if layer == 0:
+                row_bias, bias_index = w["table"], labels
+            else:
+                # the layer below was updated in place: its rows in the mask hold their new values
+                self._linear(h[layer - 1], w[f"weight_ih_{layer}"], None, gates, fused, "main", residual=gates)
+                row_bias, bias_index = w[f"bias_{layer}"], None
+            cell(row_bias, bias_index, None, None, None, None, c[layer], h[layer], c[layer], recurrent_gates=gates,
+                 row_mask=mask)  # fmt: skip
+        self._linear(h[-1], w["projection_weight"], w["projection_bias"], output[:, 0], fused, "main", mask)
+
+    def _tiling(self, rows: int, n_out: int) -> dict:
+        """IEEE tilings, the best of sweeps on an H100 at H = 640
+        (``benchmarks/results/archive/kernel_decoder-gemm-precisions_H100_2026-11-28.md``): at 32 rows the recurrent
+        gates (2560 outputs) 16.7 us against cuBLAS's 22.0, the projection (640) 9.3 against 10.2 (+ its split-K
+        reduction)."""
+        wide = n_out >= 2048
+        if rows <= 32:
+            tiling = {"block_m": 32, "block_n": 64 if wide else 32, "block_k": 32 if wide else 64,
+                      "num_warps": 2 if wide else 4, "split_k": 8}  # fmt: skip
+        else:
+            tiling = {"block_m": 64 if wide else 32, "block_n": 64, "block_k": 32, "num_warps": 2,
+                      "split_k": 4 if wide else 8}  # fmt: skip
+        return {**tiling, "num_stages": 3}
 
 
 def _bias_of(layer: torch.nn.Linear) -> torch.Tensor:

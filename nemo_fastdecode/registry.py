@@ -119,6 +119,7 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
         enable_per_stream_biasing=bool(section.get("enable_per_stream_biasing", False)),
         fused_kernels=options.fused_kernels,
         fast_math=bool(options.fast_math),
+        exact_predictor=options.exact_predictor,
         # as NeMo's set-up resolved them for the stand-in (top level, greedy section, confidence_cfg)
         preserve_alignments=bool(decoding.preserve_alignments),
         preserve_frame_confidence=decoding.preserve_frame_confidence,

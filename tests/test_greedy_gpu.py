@@ -61,7 +61,11 @@ def test_auto_mode_uses_while_nodes_where_the_driver_has_them():
 @pytest.mark.parametrize("kind,loop_labels", ALGORITHMS, ids=["rnnt-frame", "rnnt-label", "tdt-label"])
 def test_recapture_only_when_batch_or_length_grows(kind, loop_labels):
     decoder, joint = cuda_networks(kind, seed=3)  # labels in every run below (seed 25 emitted none in several)
-    decode = ours(kind, decoder, joint, 5, loop_labels)
+    # NeMo's modules: this network never emits blank (bursts of max_symbols), its LSTM saturates and labels tie to
+    # float32 rounding, ties that the exact predictor's reordered fp32 sums may break the other way (it is compared
+    # with NeMo on networks without such ties in test_exact_predictor.py and the tests above); this test is about
+    # graph capture
+    decode = ours(kind, decoder, joint, 5, loop_labels, exact_predictor=False)
     computer = decode.computer
 
     def run(batch, time, seed):

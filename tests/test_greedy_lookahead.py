@@ -164,7 +164,7 @@ def test_automatic_choice_and_bad_values_are_named():
     decoder, joint = make_networks()
     assert [auto_lookahead_frames(b) for b in (1, 32, 64, 128, 512, 513)] == [16, 16, 8, 4, 1, 1]
     assert [auto_lookahead_frames(b, tdt=True) for b in (1, 8, 32, 64, 128, 129)] == [16, 16, 4, 2, 1, 1]
-    assert [auto_lookahead_frames(b, exact=True) for b in (1, 32, 64, 128, 256, 257)] == [16, 8, 4, 2, 1, 1]
+    assert [auto_lookahead_frames(b, exact=True) for b in (1, 16, 32, 64, 128, 129)] == [16, 8, 4, 2, 1, 1]
     assert [auto_lookahead_frames(b, tdt=True, exact=True) for b in (4, 32, 64, 65)] == [16, 2, 1, 1]
     rows = 32
     forced_kernels = decoder_for("rnnt", decoder, joint, 3, None)  # fused_kernels=True: CUDA or the interpreter
@@ -173,7 +173,7 @@ def test_automatic_choice_and_bad_values_are_named():
     # fused kernels by default on CUDA only; the CPU runs the torch references, one frame per look
     assert plain.computer._lookahead(DEVICE, rows) == (16 if DEVICE.type == "cuda" else 1)
     exact = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fused_kernels=True)
-    assert exact.computer._lookahead(DEVICE, rows) == 8  # the exact path's automatic window (NeMo's Linear)
+    assert exact.computer._lookahead(DEVICE, rows) == 4  # the exact path's automatic window (NeMo's Linear)
     unfused_exact = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fused_kernels=False)
     assert unfused_exact.computer._lookahead(DEVICE, rows) == 1  # windows need the Triton step kernels
     exact_window = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fused_kernels=True,

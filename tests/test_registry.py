@@ -171,6 +171,15 @@ def test_fused_kernels_option_reaches_the_computer_and_fails_clearly_without_tri
         computer(encoder_output, torch.tensor([5, 3]))
 
 
+@pytest.mark.parametrize("value", [None, True, False])
+def test_exact_predictor_option_reaches_the_computer(value):
+    model = synthetic.build_synthetic_model("tiny-tdt")
+    model.change_decoding_strategy(decoding_config("fast_greedy", exact_predictor=value))
+    computer = model.decoding.decoding.computer
+    assert computer.exact_predictor_option is value
+    assert (computer.exact_predictor is None) == (value is False)  # the tiny model's LSTM is covered
+
+
 def test_forcing_a_graph_mode_on_cpu_is_an_error():
     decoder, joint = make_networks()
     decode = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, graph_mode="full_graph")

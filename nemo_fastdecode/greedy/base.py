@@ -28,8 +28,10 @@ from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.warm_up import finish_triton_warm_up
 from nemo_fastdecode.logs import logger
 from nemo_fastdecode.prediction import (
+    ExactPredictor,
     FastMathPredictor,
     fast_math_precision,
+    fast_math_unsupported_reason,
     is_default_joint,
     normalise_joint_logits,
 )
@@ -60,6 +62,12 @@ class GreedyComputerBase(CapturedLoopOwner):
         fast_math: run the prediction network and the joint's output layer on near-fp32 tensor-core kernels
             (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo. LSTM
             prediction networks only (a ValueError names the option for others).
+        exact_predictor: label loop, without ``fast_math``: run the prediction network's step as
+            :class:`~nemo_fastdecode.prediction.ExactPredictor` (IEEE fp32, its recurrent GEMMs beside the joint's
+            look), whose scores agree with NeMo's modules to float32 rounding. ``None``: where it applies (float32
+            decodes with the fused kernels on CUDA, NeMo's LSTM prediction network and default joint, eval mode),
+            else NeMo's modules; ``True``: also with the Triton interpreter (tests), and a ValueError for networks it
+            does not cover; ``False``: always NeMo's modules (``decoder.predict``, ``joint.project_prednet``).
         records: NeMo's alignments and step confidence to keep (:class:`RecordOptions`; ``None``: none).
         fusion: n-gram LM / boosting-tree fusion (:class:`~nemo_fastdecode.greedy.fusion.FusionModels`; label loop
             only, without records). Graphs need every model's ``advance`` capturable (NeMo's Triton kernels);
@@ -82,6 +90,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         fast_math: bool = False,
         records: RecordOptions | None = None,
         fusion: FusionModels | None = None,
+        exact_predictor: bool | None = None,
     ):
         if max_symbols is not None and max_symbols <= 0:
             raise ValueError(f"max_symbols must be a positive int or None, got {max_symbols}")
@@ -95,6 +104,8 @@ class GreedyComputerBase(CapturedLoopOwner):
         self.forced_mode = graph_mode
         self.fused_kernels = fused_kernels
         self.fast_predictor = FastMathPredictor(decoder, joint) if fast_math else None
+        self.exact_predictor_option = exact_predictor
+        self.exact_predictor = self._build_exact_predictor(exact_predictor)
         self._buffers: LoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
         self._durations: torch.Tensor | None = None
@@ -128,6 +139,40 @@ class GreedyComputerBase(CapturedLoopOwner):
         self.use_cuda_graphs = fusion.allow_graphs(self.forced_mode, self.use_cuda_graphs, "greedy decoding")
 
     # ----- configuration -------------------------------------------------------------------
+    def _build_exact_predictor(self, option: bool | None) -> ExactPredictor | None:
+        """The exact predictor this computer may run (``None``: NeMo's modules always)."""
+        if option is False or self.fast_predictor is not None or self.frame_looping:
+            if option and self.frame_looping:
+                raise ValueError("exact_predictor needs the label-looping algorithm (loop_labels=True)")
+            return None
+        reason = fast_math_unsupported_reason(self.decoder, self.joint)
+        if reason is None:
+            return ExactPredictor(self.decoder, self.joint)
+        if option:
+            raise ValueError(f"exact_predictor=True: {reason.replace('fast_math', 'the exact predictor')}")
+        return None
+
+    def _predictor_for(self, device: torch.device, dtype: torch.dtype) -> FastMathPredictor | None:
+        """The predictor a decode on ``device`` in ``dtype`` runs: fast math's, the exact one, or ``None`` (NeMo's
+        modules, in the caller's precision and mode, as NeMo's decoders run them)."""
+        if self.fast_predictor is not None:  # fast math decodes in fp32 whatever the caller's autocast
+            return self.fast_predictor
+        predictor = self.exact_predictor
+        if predictor is None or not self._use_fused(device):
+            if self.exact_predictor_option and predictor is not None:
+                raise ValueError(
+                    f"exact_predictor=True needs the fused Triton kernels (CUDA, or TRITON_INTERPRET=1 with "
+                    f"fused_kernels=True); got device {device}, fused_kernels={self.fused_kernels}"
+                )
+            return None
+        if dtype != torch.float32 or torch.is_autocast_enabled(device.type):
+            return None
+        if self.decoder.training or self.joint.training:
+            return None
+        if self.exact_predictor_option is None and device.type != "cuda":
+            return None
+        return predictor
+
     @property
     def is_tdt(self) -> bool:
         return self.durations_list is not None
@@ -208,16 +253,17 @@ class GreedyComputerBase(CapturedLoopOwner):
     ) -> None:
         """Advance the prediction network by ``labels`` for rows in ``mask``; others keep their state.
 
-        ``recurrent_gates``: ``fast_math`` only, :meth:`FastMathPredictor.recurrent_gates` of the current state
-        (then the rows are updated in place by the kernels, with no separate masked copy).
+        ``recurrent_gates``: with a fast-math or exact predictor (``buffers.predictor``),
+        :meth:`FastMathPredictor.recurrent_gates` of the current state (then the rows are updated in place by the
+        kernels, with no separate masked copy).
         """
         if recurrent_gates is not None:
-            self.fast_predictor.advance_in_place(
+            buffers.predictor.advance_in_place(
                 labels, mask, buffers.predictor_states, buffers.predictor_output, recurrent_gates, fused
             )
             return
-        if self.fast_predictor is not None:
-            output, new_states = self.fast_predictor.step(labels, buffers.predictor_states, fused, recurrent_gates)
+        if buffers.predictor is not None:
+            output, new_states = buffers.predictor.step(labels, buffers.predictor_states, fused, recurrent_gates)
         else:
             output, new_states, *_ = self.decoder.predict(
                 labels.unsqueeze(1), buffers.predictor_states, add_sos=False, batch_size=buffers.batch_size
@@ -260,6 +306,8 @@ class GreedyComputerBase(CapturedLoopOwner):
             # eager runs at the exact batch shape: nothing to keep between calls
             buffers = self._allocate(batch_size, max_time, hidden, capacity, device, dtype)
             return buffers, TwoLevelLoop(self._phases(buffers, mode), mode)
+        if self._buffers is not None and self._buffers.predictor is not self._predictor_for(device, dtype):
+            self.reset_graphs()  # the predictor shapes the loop's buffers and phases (e.g. autocast turned on)
         if self._buffers is None or not self._buffers.fits(batch_size, max_time, capacity, device, dtype):
             old = self._buffers if self._buffers is not None and self._buffers.device == device else None
             grown_batch, grown_time = self._next_shape(old, batch_size, max_time)
@@ -272,6 +320,7 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     def _allocate(self, batch_size, max_time, hidden, capacity, device, dtype) -> LoopBuffers:
         buffers = LoopBuffers(batch_size, max_time, hidden, capacity, device, dtype, self.score_dtype)
+        buffers.predictor = self._predictor_for(device, dtype)
         if self.records.enabled:
             buffers.steps = self._step_records(batch_size, max_time, capacity, device, dtype)
         if self.fusion is not None:
@@ -475,9 +524,10 @@ class GreedyComputerBase(CapturedLoopOwner):
         return buffers
 
     def _project(self, encoder_output: torch.Tensor) -> torch.Tensor:
-        """The joint's encoder projection ``[B, T, H]`` (and the fast predictor's weights ready for its dtype)."""
+        """The joint's encoder projection ``[B, T, H]`` (and the predictor's weights ready for its dtype)."""
         projected = self.joint.project_encoder(encoder_output)
-        if self.fast_predictor is not None and self.fast_predictor.prepare(projected.dtype):
+        predictor = self._predictor_for(projected.device, projected.dtype)
+        if predictor is not None and predictor.prepare(projected.dtype):
             self.reset_graphs()  # its weight copies moved: graphs captured before would read stale memory
         return projected
 

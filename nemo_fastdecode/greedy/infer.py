@@ -63,8 +63,12 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline. LSTM prediction
             networks only.
+        exact_predictor: label loop, without ``fast_math``: the prediction network's step as
+            :class:`~nemo_fastdecode.prediction.ExactPredictor` (IEEE fp32, its recurrent GEMMs beside the joint's
+            look; scores to float32 rounding as NeMo's). ``None``: on CUDA for float32 decodes of NeMo's LSTM
+            prediction network, else NeMo's modules; ``False``: NeMo's modules always.
         lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic with the
-            Triton step kernels, at batch 32 16 (RNN-T) or 4 (TDT) with ``fast_math``, 8 or 2 on the exact path;
+            Triton step kernels, at batch 32 16 (RNN-T) or 4 (TDT) with ``fast_math``, 4 or 2 on the exact path;
             else 1); the same hypotheses as 1, see :class:`LabelLoopGreedy`.
         looks_per_iteration: label loop: ``0`` the two-level loop (an inner loop skips blanks), ``K >= 1`` one
             loop of ``K`` looks per iteration (fewer loop-condition evaluations); ``None``: automatic. The same
@@ -98,6 +102,7 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         graph_mode: str | GraphMode | None = "auto",
         fused_kernels: bool | None = None,
         fast_math: bool = False,
+        exact_predictor: bool | None = None,
         lookahead_frames: int | None = None,
         looks_per_iteration: int | None = None,
     ):
@@ -165,6 +170,7 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             graph_mode=GraphMode.parse(graph_mode),
             fused_kernels=fused_kernels,
             fast_math=fast_math,
+            exact_predictor=exact_predictor,
             records=records,
             fusion=fusion,
             **label_loop_options,

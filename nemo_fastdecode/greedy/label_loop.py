@@ -24,9 +24,12 @@ from nemo_fastdecode.prediction import joint_normalises
 # RNN-T 16 frames beat 8 and 4 (blank runs are long); TDT 4 beat 8 and 16 (blanks jump by their durations, so most
 # looks end within a few frames and wider windows only add joint rows). The exact path (NeMo's Linear over the
 # window), H100, 1 h, batch 32, calibration 0.3 (benchmarks/results/latest/greedy_*_2026-11-28_exact-window.md):
-# RNN-T 1/2/4/8/16 frames 0.258/0.206/0.170/0.162/0.186 s; TDT 0.182/0.174/0.179/0.172/0.196 s.
+# RNN-T 1/2/4/8/16 frames 0.258/0.206/0.170/0.162/0.186 s; TDT 0.182/0.174/0.179/0.172/0.196 s. With the exact
+# predictor (its recurrent GEMMs beside the look on a parallel branch), H100, same sets: RNN-T 4/8/16 frames
+# 0.125/0.139/0.157 s; TDT 1/2/4/8 0.150/0.150/0.145/0.152 s (0.3) and 0.154/0.135/0.134/0.138 s (trained-like), within
+# the runs' noise from 2 on (benchmarks/results/archive/experiment_exact-predictor-variants_H100_2026-11-28.txt).
 AUTO_LOOKAHEAD_ROWS = {"rnnt": 512, "tdt": 128}
-AUTO_EXACT_LOOKAHEAD_ROWS = {"rnnt": 256, "tdt": 64}
+AUTO_EXACT_LOOKAHEAD_ROWS = {"rnnt": 128, "tdt": 64}
 MAX_AUTO_LOOKAHEAD_FRAMES = 16
 
 
@@ -65,7 +68,7 @@ class LabelLoopGreedy(GreedyComputerBase):
     On the exact path NeMo's Linear computes the ``B * W`` rows in one GEMM, whose logits equal the single-frame
     look's to float32 rounding (cuBLAS sums a GEMM of another shape in another order, as NeMo's own decoders of other
     shapes do), so the hypotheses are NeMo's as the exact decoders' are: same tokens and frames, scores to float32
-    rounding; automatic there: 8 frames at batch 32 for RNN-T, 2 for TDT. Both need the Triton step kernels (CUDA,
+    rounding; automatic there: 4 frames at batch 32 for RNN-T, 2 for TDT. Both need the Triton step kernels (CUDA,
     or the interpreter) and NeMo's default joint; without them (``fused_kernels=False``, the CPU) looks go frame by
     frame.
 
@@ -121,8 +124,8 @@ class LabelLoopGreedy(GreedyComputerBase):
         return auto_lookahead_frames(batch_size, self.is_tdt, exact=self.fast_predictor is None) if automatic else 1
 
     def _extra_buffers(self, b: LoopBuffers) -> None:
-        if self.fast_predictor is not None and self._use_fused(b.device):
-            layers, hidden = self.fast_predictor.lstm.num_layers, self.fast_predictor.lstm.hidden_size
+        if b.predictor is not None and self._use_fused(b.device):
+            layers, hidden = b.predictor.lstm.num_layers, b.predictor.lstm.hidden_size
             b.recurrent_gates = torch.empty([layers, b.batch_size, 4 * hidden], dtype=b.float_dtype, device=b.device)
             b.side_stream = torch.cuda.Stream(b.device) if b.device.type == "cuda" else None
         window = self._lookahead(b.device, b.batch_size)
@@ -206,14 +209,14 @@ class LabelLoopGreedy(GreedyComputerBase):
             if b.recurrent_gates is None:
                 look_at_current_frames(start=True)
                 return
-            # fast_math: the prediction network's recurrent GEMMs need only the current state, not this
-            # iteration's labels; on CUDA they run on a parallel branch while the joint and the selection run
-            # (forked and joined within this phase, so every graph mode captures it whole)
+            # fast math and the exact predictor: the prediction network's recurrent GEMMs need only the current
+            # state, not this iteration's labels; on CUDA they run on a parallel branch while the joint and the
+            # selection run (forked and joined within this phase, so every graph mode captures it whole)
             main = torch.cuda.current_stream(b.device) if b.side_stream is not None else None
             if main is not None:
                 b.side_stream.wait_stream(main)
             with torch.cuda.stream(b.side_stream) if main is not None else contextlib.nullcontext():
-                self.fast_predictor.recurrent_gates(b.predictor_states, b.recurrent_gates, fused)
+                b.predictor.recurrent_gates(b.predictor_states, b.recurrent_gates, fused)
             look_at_current_frames(start=True)
             if main is not None:
                 main.wait_stream(b.side_stream)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from nemo_fastdecode.greedy.fusion import FusionBuffers
     from nemo_fastdecode.greedy.records import StepRecords
     from nemo_fastdecode.greedy.window_look import WindowLookBuffers
+    from nemo_fastdecode.prediction import FastMathPredictor
 
 
 def predictor_state_batch_dim(decoder: torch.nn.Module) -> int:
@@ -246,6 +247,8 @@ class LoopBuffers(CapturedBuffers):
         self.token_labels = longs()
         # label loop with fast math only (allocated by LabelLoopGreedy, else None):
         # the LSTM's recurrent gates computed ahead on a side stream while the joint runs
+        # the prediction network's step on Triton kernels (fast math or the exact predictor; None: NeMo's modules)
+        self.predictor: FastMathPredictor | None = None
         self.recurrent_gates: torch.Tensor | None = None  # [L, B, 4 * H]
         self.side_stream: torch.cuda.Stream | None = None
         # n-gram LM / boosting tree fusion (allocated with the buffers when the computer fuses, else None)

@@ -113,6 +113,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
         fast_math: bool = False,
         lookahead: int | None = None,
         looks: int | None = None,
+        exact_predictor: bool | None = None,
     ):
         return lambda: FastGreedyBatchedInfer(
             durations=spec.durations,
@@ -122,6 +123,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
             fast_math=fast_math,
             lookahead_frames=lookahead,
             looks_per_iteration=looks,
+            exact_predictor=exact_predictor,
             **common,
         )
 
@@ -136,6 +138,11 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
     lookahead_rows |= {
         f"fast_greedy_label_loop[full_graph,lookahead={w}]": ours(True, "full_graph", lookahead=w)
         for w in (1, 2, 4, 8, 16)
+    }
+    # the exact label loop on NeMo's modules (cuDNN LSTM, cuBLAS projection) instead of the exact predictor
+    lookahead_rows |= {
+        f"fast_greedy_label_loop[{mode},nemo_modules]": ours(True, mode, exact_predictor=False)
+        for mode in ("full_graph", "no_while_graph")
     }
     # the label loop's shape: 0 = two-level (an inner WHILE loop skips blanks), K = one loop of K looks per iteration
     looks_rows = {
@@ -309,7 +316,7 @@ def benchmark_model(
             continue  # beam rows are opt-in; their reference comes with any of them
         if not is_beam and strategies and name not in strategies and name != "nemo_baseline":
             continue
-        ablation = name.endswith("unfused]") or "lookahead=" in name or "looks=" in name
+        ablation = name.endswith("unfused]") or any(k in name for k in ("lookahead=", "looks=", "no_while_graph,nemo"))
         if ablation and not experimental and name not in (strategies or ()):  # opt-in: named or experimental
             continue
         if not on_gpu and needs_cuda(name):
