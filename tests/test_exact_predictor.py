@@ -72,34 +72,37 @@ def test_step_matches_nemo_prediction_network(layers):
     for new, nemo, old in zip([*states, output], [*nemo_states, nemo_output], [*before[0], before[1]], strict=True):
         rows = mask if new.shape[0] == batch else mask.unsqueeze(0).expand(new.shape[0], -1)
         assert not torch.equal(new[rows], old[rows])  # the masked rows moved
-        torch.testing.assert_close(new[rows], nemo[rows], rtol=1e-5, atol=1e-6)
+        # the same fp32 operations in another order; on CUDA cuDNN and the kernels each use the GPU's approximate
+        # exp (H200: up to 7e-6 apart on values of 0.4 after two layers)
+        torch.testing.assert_close(new[rows], nemo[rows], rtol=2e-5, atol=1e-5)
         assert torch.equal(new[~rows], old[~rows])
 
 
 def _computer(kind="rnnt", **options):
     decoder, joint = make_networks(tdt=kind == "tdt", seed=1)
-    return ours(kind, decoder, joint, 3, **options).computer
+    return ours(kind, decoder.to(DEVICE), joint.to(DEVICE), 3, **options).computer
 
 
 def test_chosen_only_for_float32_eval_decodes_without_autocast():
     computer = _computer(fused_kernels=True, exact_predictor=True)
-    device = torch.device("cpu")
-    assert computer._predictor_for(device, torch.float32) is computer.exact_predictor is not None
-    assert computer._predictor_for(device, torch.bfloat16) is None  # NeMo's modules in the caller's precision
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert computer._predictor_for(device, torch.float32) is None
+    assert computer._predictor_for(DEVICE, torch.float32) is computer.exact_predictor is not None
+    assert computer._predictor_for(DEVICE, torch.bfloat16) is None  # NeMo's modules in the caller's precision
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        assert computer._predictor_for(DEVICE, torch.float32) is None
     computer.decoder.train()
-    assert computer._predictor_for(device, torch.float32) is None  # training-mode dropout: NeMo's modules
+    assert computer._predictor_for(DEVICE, torch.float32) is None  # training-mode dropout: NeMo's modules
     computer.decoder.eval()
-    # automatic: on CUDA only (the interpreter is for tests); off: never
-    assert _computer(fused_kernels=True)._predictor_for(device, torch.float32) is None
+    # automatic: on CUDA (the interpreter is for tests); off: never
+    automatic = _computer(fused_kernels=True)
+    expected = automatic.exact_predictor if DEVICE.type == "cuda" else None
+    assert automatic._predictor_for(DEVICE, torch.float32) is expected
     assert _computer(fused_kernels=True, exact_predictor=False).exact_predictor is None
     assert _computer(fast_math=True).exact_predictor is None  # fast math has its own predictor
 
 
 def test_refusals_name_the_option_and_the_reason():
     with pytest.raises(ValueError, match="exact_predictor=True needs the fused Triton kernels"):
-        _computer(fused_kernels=False, exact_predictor=True)._predictor_for(torch.device("cpu"), torch.float32)
+        _computer(fused_kernels=False, exact_predictor=True)._predictor_for(DEVICE, torch.float32)
     with pytest.raises(ValueError, match="exact_predictor needs the label-looping algorithm"):
         _computer(loop_labels=False, exact_predictor=True)
     decoder, joint = make_networks(context_size=2)
