@@ -23,7 +23,7 @@ from nemo_fastdecode.prediction import joint_normalises
 # frames. Fast math, H200, 1 h, batch 32 (benchmarks/results/archive/greedy_rnnt-tdt-0.6b_H200_2026-11-22_lookahead-sweep.md):
 # RNN-T 16 frames beat 8 and 4 (blank runs are long); TDT 4 beat 8 and 16 (blanks jump by their durations, so most
 # looks end within a few frames and wider windows only add joint rows). The exact path (NeMo's Linear over the
-# window), H100, 1 h, batch 32, calibration 0.3 (benchmarks/results/latest/greedy_*_2026-11-28_exact-window.md):
+# window), H100, 1 h, batch 32, calibration 0.3 (benchmarks/results/archive/greedy_*_2026-11-28_exact-window.md):
 # RNN-T 1/2/4/8/16 frames 0.258/0.206/0.170/0.162/0.186 s; TDT 0.182/0.174/0.179/0.172/0.196 s. With the exact
 # predictor (its recurrent GEMMs beside the look on a parallel branch), H100, same sets: RNN-T 4/8/16 frames
 # 0.125/0.139/0.157 s; TDT 1/2/4/8 0.150/0.150/0.145/0.152 s (0.3) and 0.154/0.135/0.134/0.138 s (trained-like), within
