@@ -110,3 +110,13 @@ def test_refusals_name_the_option_and_the_reason():
         ours("rnnt", decoder, joint, 3, exact_predictor=True)
     # automatic: a stateless prediction network simply runs NeMo's modules
     assert ours("rnnt", decoder, joint, 3).computer.exact_predictor is None
+
+
+def test_streaming_slots_decode_on_nemo_modules():
+    """The streaming engine holds each stream to NeMo's decoding of it alone: NeMo's modules, op for op."""
+    from nemo_fastdecode.streaming.decoding import SlotDecoder
+    from nemo_fastdecode.tools import synthetic
+
+    model = synthetic.build_synthetic_model("tiny-rnnt", device=DEVICE)
+    slots = SlotDecoder(model, num_slots=2)
+    assert slots.computers and all(c.exact_predictor is None for c in slots.computers.values())

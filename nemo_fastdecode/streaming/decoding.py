@@ -119,6 +119,10 @@ class SlotDecoder:
             "durations": list(durations) if durations else None,
             "use_cuda_graphs": use_cuda_graphs,
             "fast_math": fast_math,
+            # NeMo's own prediction-network modules, op for op: each stream's tokens are held to NeMo's decoding of
+            # that stream alone, on networks whose labels may tie to float32 rounding (the exact predictor is the
+            # offline decoders' default)
+            "exact_predictor": False,
         }
         # the model-wide n-gram LM: every computer fuses it (NeMo's order: the LM, then the per-row multi-model)
         self.lm, self._lm_fusion = ngram_lm_fusion(model, ngram_lm_model, ngram_lm_alpha)
