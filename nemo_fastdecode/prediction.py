@@ -235,23 +235,18 @@ class FastMathPredictor:
         self.check_dtype(h.dtype)
         for layer in range(h.shape[0]):
             # the layer below was updated in place: its rows in the mask hold their new values
-            self._advance_layer_in_place(layer, labels, mask, h, c, recurrent_gates[layer], fused)
+            gates = recurrent_gates[layer]
+            row_bias, bias_index, x, weight_x = self._in_place_layer_input(layer, labels, h, gates, fused)
+            self._cell(fused)(row_bias, bias_index, x, weight_x, None, None, c[layer], h[layer], c[layer],
+                              recurrent_gates=gates, row_mask=mask)  # fmt: skip
         self._linear(h[-1], w["projection_weight"], w["projection_bias"], output[:, 0], fused, "main", mask)
 
-    def _advance_layer_in_place(
-        self,
-        layer: int,
-        labels: torch.Tensor,
-        mask: torch.Tensor,
-        h: torch.Tensor,
-        c: torch.Tensor,
-        gates: torch.Tensor,
-        fused: bool,
-    ) -> None:
-        """One layer of :meth:`advance_in_place`: a deeper layer's input product inside the cell kernel."""
-        row_bias, bias_index, x, weight_x = self._layer_input(layer, labels, h)
-        self._cell(fused)(row_bias, bias_index, x, weight_x, None, None, c[layer], h[layer], c[layer],
-                          recurrent_gates=gates, row_mask=mask)  # fmt: skip
+    def _in_place_layer_input(
+        self, layer: int, labels: torch.Tensor, h: torch.Tensor, gates: torch.Tensor, fused: bool
+    ) -> tuple:
+        """:meth:`_layer_input` of :meth:`advance_in_place`'s cell step, whose recurrent part is ``gates [B, 4H]``:
+        a deeper layer's input product runs inside the cell kernel."""
+        return self._layer_input(layer, labels, h)
 
     def _cell(self, fused: bool):
         """The LSTM cell step: the Triton kernel in this precision, or its torch reference."""
@@ -356,26 +351,15 @@ class ExactPredictor(FastMathPredictor):
                 f"the exact predictor decodes in float32, got {dtype} (other precisions run NeMo's modules)"
             )
 
-    def _advance_layer_in_place(
-        self,
-        layer: int,
-        labels: torch.Tensor,
-        mask: torch.Tensor,
-        h: torch.Tensor,
-        c: torch.Tensor,
-        gates: torch.Tensor,
-        fused: bool,
-    ) -> None:
-        """A deeper layer's input gates added to its recurrent gates by a split-K GEMM before its cell (the cell
-        kernel's own product would run on too few programs for the CUDA cores)."""
-        w = self._weights
+    def _in_place_layer_input(
+        self, layer: int, labels: torch.Tensor, h: torch.Tensor, gates: torch.Tensor, fused: bool
+    ) -> tuple:
+        """A deeper layer's input gates added to its recurrent ``gates`` by a split-K GEMM before its cell (the cell
+        kernel's own product would run on too few programs for the CUDA cores); layer 0 as in fast math."""
         if layer == 0:
-            row_bias, bias_index = w["table"], labels
-        else:
-            self._linear(h[layer - 1], w[f"weight_ih_{layer}"], None, gates, fused, "main", residual=gates)
-            row_bias, bias_index = w[f"bias_{layer}"], None
-        self._cell(fused)(row_bias, bias_index, None, None, None, None, c[layer], h[layer], c[layer],
-                          recurrent_gates=gates, row_mask=mask)  # fmt: skip
+            return self._layer_input(layer, labels, h)
+        self._linear(h[layer - 1], self._weights[f"weight_ih_{layer}"], None, gates, fused, "main", residual=gates)
+        return self._weights[f"bias_{layer}"], None, None, None
 
     def _tiling(self, rows: int, n_out: int) -> dict:
         """IEEE tilings, the best of sweeps on an H100 at H = 640

@@ -245,10 +245,10 @@ class LoopBuffers(CapturedBuffers):
         # each row's best token of the current look (written by steps.best_token)
         self.token_scores = torch.zeros([batch_size], dtype=torch.float32, device=device)
         self.token_labels = longs()
-        # label loop with fast math only (allocated by LabelLoopGreedy, else None):
-        # the LSTM's recurrent gates computed ahead on a side stream while the joint runs
         # the prediction network's step on Triton kernels (fast math or the exact predictor; None: NeMo's modules)
         self.predictor: FastMathPredictor | None = None
+        # label loop with a predictor only (allocated by LabelLoopGreedy, else None):
+        # the LSTM's recurrent gates computed ahead on a side stream while the joint runs
         self.recurrent_gates: torch.Tensor | None = None  # [L, B, 4 * H]
         self.side_stream: torch.cuda.Stream | None = None
         # n-gram LM / boosting tree fusion (allocated with the buffers when the computer fuses, else None)
