@@ -157,6 +157,23 @@ def test_rnnt_baseline_is_frame_looping(tiny_models):
     assert decoder._greedy_decode == decoder._greedy_decode_blank_as_pad_loop_frames
 
 
+@pytest.mark.parametrize("name", ["tiny-rnnt", "tiny-tdt"])
+def test_calibration_decoder_returns_the_baseline_hypotheses(tiny_models, name):
+    """The calibrations decode with NeMo's label loop (CUDA graphs on a GPU): the baseline's tokens and frames."""
+    model = tiny_models[name]
+    calibration = S.nemo_calibration_greedy(model, include_duration=True)
+    assert calibration._greedy_decode.__name__.endswith("loop_labels")  # NeMo's only batched TDT algorithm too
+    g = torch.Generator().manual_seed(5)
+    enc, lengths = torch.randn([4, model.joint.enc.in_features, 12], generator=g), torch.tensor([12, 7, 0, 12])
+    with torch.inference_mode():
+        expected = S.nemo_baseline_greedy(model, include_duration=True)(encoder_output=enc, encoded_lengths=lengths)[0]
+        actual = calibration(encoder_output=enc, encoded_lengths=lengths)[0]
+    assert sum(len(h.y_sequence) for h in expected) > 0
+    for e, a in zip(expected, actual, strict=True):
+        assert a.y_sequence.tolist() == e.y_sequence.tolist()
+        assert list(map(int, a.timestamp)) == list(map(int, e.timestamp))
+
+
 def test_hybrid_ctc_head_transcribes(short_audio):
     model = S.build_synthetic_model("tiny-hybrid", seed=1)
     assert model.ctc_decoder.num_classes_with_blank == 29

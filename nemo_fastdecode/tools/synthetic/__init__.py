@@ -31,6 +31,7 @@ from nemo_fastdecode.tools.synthetic.model import (
     calibrate_blank_bias,
     encode,
     nemo_baseline_greedy,
+    nemo_calibration_greedy,
     tokens_per_frame,
     transducer_spec,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "librispeech_like_durations",
     "make_synthetic_config",
     "nemo_baseline_greedy",
+    "nemo_calibration_greedy",
     "synthetic_audio",
     "synthetic_voiced_audio",
     "tokens_per_frame",

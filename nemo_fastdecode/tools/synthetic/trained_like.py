@@ -44,7 +44,7 @@ from nemo_fastdecode.tools.emissions import EmissionStats, emission_stats, train
 from nemo_fastdecode.tools.synthetic.model import (
     _as_batches,
     calibrate_blank_bias,
-    nemo_baseline_greedy,
+    nemo_calibration_greedy,
     transducer_spec,
 )
 
@@ -217,8 +217,8 @@ def install_consumption_gate(
 
 
 def _stats(model, batches: list[tuple[torch.Tensor, torch.Tensor]], max_symbols: int | None) -> EmissionStats:
-    """NeMo's baseline greedy decoder's emission statistics on ``batches`` (with token durations for TDT)."""
-    decoder = nemo_baseline_greedy(model, max_symbols=max_symbols, include_duration=True)
+    """NeMo's greedy decoder's emission statistics on ``batches`` (with token durations for TDT)."""
+    decoder = nemo_calibration_greedy(model, max_symbols=max_symbols, include_duration=True)
     hyps, lengths = [], []
     with torch.inference_mode():
         for enc, lens in batches:
@@ -241,7 +241,7 @@ def match_durations(
 ) -> EmissionStats:
     """TDT: shift the duration logits' biases so that emitted tokens' durations follow ``target``'s shares.
 
-    Each round decodes ``batches`` with NeMo's baseline decoder and adds ``log(target share / achieved share)``
+    Each round decodes ``batches`` with NeMo's greedy decoder (the baseline's hypotheses) and adds ``log(target share / achieved share)``
     (clipped to +-3) to each duration's bias. Returns the statistics of the last decoding.
     """
     spec = transducer_spec(model)
@@ -273,8 +273,8 @@ def calibrate_trained_like(
     Installs :func:`install_consumption_gate` with a gate that ends every frame's burst at its first token of the
     frame's sign, and bisects the frame's preference for such tokens (``boost``, on a log scale, 1/64 to 16): the
     bursts are then geometric, as a trained model's are, their mean 2 at no preference and 1 at a strong one. The
-    bisection stops when NeMo's baseline greedy decoder
-    (:func:`~nemo_fastdecode.tools.synthetic.nemo_baseline_greedy`) emits ``target.tokens_per_emitting_frame``
+    bisection stops when NeMo's greedy decoder
+    (:func:`~nemo_fastdecode.tools.synthetic.nemo_calibration_greedy`, the baseline's hypotheses) emits ``target.tokens_per_emitting_frame``
     tokens per emitting frame on ``encoder_output``; at every step the blank
     bias is re-calibrated to ``target.tokens_per_frame``
     (:func:`~nemo_fastdecode.tools.synthetic.calibrate_blank_bias`) and, for TDT, the duration biases to the
