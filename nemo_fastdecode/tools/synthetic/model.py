@@ -244,10 +244,11 @@ def nemo_baseline_greedy(
 
     RNN-T: ``GreedyBatchedRNNTInfer`` with ``loop_labels`` (default ``False``, the frame-looping
     algorithm); TDT: ``GreedyBatchedTDTInfer`` (label looping, NeMo's only batched TDT algorithm).
-    CUDA graphs are off (``cuda_graphs``: NeMo's label-looping graphs, on a GPU). Call it as ``decoder(encoder_output=enc [B, D, T], encoded_lengths=len [B])``;
-    it returns a 1-tuple holding a list of ``Hypothesis`` whose ``y_sequence`` holds the emitted
-    token ids (no blanks), and for TDT with ``include_duration`` whose ``token_duration`` holds each token's
-    duration. It shares (does not copy) the model's decoder and joint.
+    CUDA graphs are off (``cuda_graphs``: NeMo's label-looping graphs, on a GPU). Call it as
+    ``decoder(encoder_output=enc [B, D, T], encoded_lengths=len [B])``; it returns a 1-tuple holding a list of
+    ``Hypothesis`` whose ``y_sequence`` holds the emitted token ids (no blanks), and for TDT with
+    ``include_duration`` whose ``token_duration`` holds each token's duration. It shares (does not copy) the
+    model's decoder and joint.
     """
     from nemo.collections.asr.parts.submodules import rnnt_greedy_decoding as greedy
 
@@ -270,7 +271,7 @@ def nemo_calibration_greedy(
     model: ASRModel, *, max_symbols: int | None = None, include_duration: bool = False
 ) -> torch.nn.Module:
     """NeMo's fastest batched greedy decoder for ``model``, the one the calibrations decode with: label looping with
-    CUDA graphs where they run (:func:`nemo_baseline_greedy`'s call otherwise). NeMo's label loop returns its frame
+    CUDA graphs where they run (a GPU; elsewhere the same label loop without them). NeMo's label loop returns its frame
     loop's hypotheses (the benchmarks check it on every set), so a calibration reaches the rates it would with the
     baseline, in a fraction of the time on a GPU (a trained-like calibration decodes its batches dozens of times)."""
     return nemo_baseline_greedy(

@@ -241,8 +241,9 @@ def match_durations(
 ) -> EmissionStats:
     """TDT: shift the duration logits' biases so that emitted tokens' durations follow ``target``'s shares.
 
-    Each round decodes ``batches`` with NeMo's greedy decoder (the baseline's hypotheses) and adds ``log(target share / achieved share)``
-    (clipped to +-3) to each duration's bias. Returns the statistics of the last decoding.
+    Each round decodes ``batches`` with NeMo's greedy decoder (the baseline's hypotheses) and adds
+    ``log(target share / achieved share)`` (clipped to +-3) to each duration's bias. Returns the statistics of the
+    last decoding.
     """
     spec = transducer_spec(model)
     bias = model.joint.joint_net[-1].bias
@@ -273,10 +274,9 @@ def calibrate_trained_like(
     Installs :func:`install_consumption_gate` with a gate that ends every frame's burst at its first token of the
     frame's sign, and bisects the frame's preference for such tokens (``boost``, on a log scale, 1/64 to 16): the
     bursts are then geometric, as a trained model's are, their mean 2 at no preference and 1 at a strong one. The
-    bisection stops when NeMo's greedy decoder
-    (:func:`~nemo_fastdecode.tools.synthetic.nemo_calibration_greedy`, the baseline's hypotheses) emits ``target.tokens_per_emitting_frame``
-    tokens per emitting frame on ``encoder_output``; at every step the blank
-    bias is re-calibrated to ``target.tokens_per_frame``
+    bisection stops when NeMo's greedy decoder (:func:`~nemo_fastdecode.tools.synthetic.nemo_calibration_greedy`,
+    the baseline's hypotheses) emits ``target.tokens_per_emitting_frame`` tokens per emitting frame on
+    ``encoder_output``; at every step the blank bias is re-calibrated to ``target.tokens_per_frame``
     (:func:`~nemo_fastdecode.tools.synthetic.calibrate_blank_bias`) and, for TDT, the duration biases to the
     target's duration shares (:func:`match_durations`; a random TDT model's durations otherwise bound its rate).
     The preference whose statistics are closest (relative errors of both rates, summed) is kept; the model is
