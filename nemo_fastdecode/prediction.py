@@ -16,7 +16,8 @@ Results are near fp32 but not bit-identical (see :mod:`nemo_fastdecode.kernels.t
 backend (CPU) it runs the kernels' torch references, which is how the CPU tests check the algebra.
 
 :class:`ExactPredictor` is the exact label loop's form of the same step, in IEEE fp32: the label table, the
-recurrent GEMMs of every layer on a parallel branch while the joint looks, and IEEE-fp32 products for the rest.
+recurrent GEMMs of every layer on a parallel branch while the joint looks, and IEEE-fp32 products for the rest
+(on CUDA the few-row kernel of :mod:`~nemo_fastdecode.kernels.few_row_gemm`, the joint's output layer included).
 cuDNN's fp32 LSTM runs its two GEMMs per layer one after the other on the loop's critical path (4 of about 22 us
 each for a two-layer network at batch 32 on an H100); here only a deeper layer's input GEMM and the projection
 remain on it. Every product and sum is an fp32 operation as in cuDNN and cuBLAS, in another order, so scores agree
@@ -30,7 +31,7 @@ import functools
 
 import torch
 
-from nemo_fastdecode.kernels import lstm_step, matmul, triton_runs_on
+from nemo_fastdecode.kernels import few_row_gemm, lstm_step, matmul, triton_runs_on
 from nemo_fastdecode.kernels.tf32x3 import split_k_counters
 
 
@@ -334,16 +335,25 @@ class ExactPredictor(FastMathPredictor):
     - layer 0's input gates and both its biases: a row of the label table (float64, rounded once);
     - every layer's recurrent gates ``h @ W_hh^T``: :meth:`recurrent_gates`, which the label loop runs on a parallel
       branch while the joint looks (they need no label);
-    - a deeper layer's input gates and the joint's prediction projection: IEEE-fp32 split-K GEMMs
-      (:func:`~nemo_fastdecode.kernels.matmul.linear`, ``precision="ieee"``), the only products left between one
-      look and the next;
-    - the LSTM cell: :func:`~nemo_fastdecode.kernels.lstm_step.lstm_cell_step` on the summed gates (no product).
+    - a deeper layer's input gates and the joint's prediction projection: IEEE-fp32 GEMMs, the only products left
+      between one look and the next;
+    - the LSTM cell: :func:`~nemo_fastdecode.kernels.lstm_step.lstm_cell_step` on the summed gates (no product);
+    - the joint's output layer (:meth:`joint_output`): an IEEE-fp32 GEMM as well.
 
-    The joint's output layer stays NeMo's Linear (cuBLAS) on the exact path. Float32 decodes only: under autocast
-    the decoders run NeMo's modules in the caller's precision, as NeMo's decoders do.
+    On CUDA every product is :func:`~nemo_fastdecode.kernels.few_row_gemm.linear` (CUDA C, on transposed weight
+    copies kept here); elsewhere, and beyond its row limit, :func:`~nemo_fastdecode.kernels.matmul.linear` in IEEE
+    precision (Triton, the CPU tests through its interpreter) and NeMo's Linear for the joint. Float32 decodes only:
+    under autocast the decoders run NeMo's modules in the caller's precision, as NeMo's decoders do.
     """
 
     precision = "ieee"
+    #: the weights whose products run on the few-row kernel (transposed copies, CUDA only)
+    _FEW_ROW_WEIGHTS = ("projection_weight", "joint_weight", "weight_hh_", "weight_ih_")
+
+    def __init__(self, decoder: torch.nn.Module, joint: torch.nn.Module):
+        super().__init__(decoder, joint)
+        # data_ptr of a weight copy in ``_weights`` -> its few_row_gemm.transposed_weight
+        self._transposed: dict[int, torch.Tensor] = {}
 
     def check_dtype(self, dtype: torch.dtype) -> None:
         if dtype != torch.float32:
@@ -351,21 +361,62 @@ class ExactPredictor(FastMathPredictor):
                 f"the exact predictor decodes in float32, got {dtype} (other precisions run NeMo's modules)"
             )
 
+    @torch.no_grad()
+    def refresh(self) -> bool:
+        """:meth:`FastMathPredictor.refresh`, and on CUDA the few-row kernel's transposed weight copies (written in
+        place when only values changed) and its compilation, both outside any graph capture."""
+        before = self._source_versions
+        reallocated = super().refresh()
+        if self._source_versions == before and not reallocated:
+            return False
+        device = self._weights["table"].device
+        if not few_row_gemm.available(device):
+            self._transposed = {}
+            return reallocated
+        few_row_gemm.prepare(device)
+        keys = [key for key in self._weights if key.startswith(self._FEW_ROW_WEIGHTS)]
+        previous = {} if reallocated else self._transposed
+        transposed = {}
+        for key in keys:
+            weight = self._weights[key]
+            copy = few_row_gemm.transposed_weight(weight)
+            if weight.data_ptr() in previous:
+                copy = previous[weight.data_ptr()].copy_(copy)
+            transposed[weight.data_ptr()] = copy
+        self._transposed = transposed
+        return reallocated
+
     def _in_place_layer_input(
         self, layer: int, labels: torch.Tensor, h: torch.Tensor, gates: torch.Tensor, fused: bool
     ) -> tuple:
-        """A deeper layer's input gates added to its recurrent ``gates`` by a split-K GEMM before its cell (the cell
-        kernel's own product would run on too few programs for the CUDA cores); layer 0 as in fast math."""
+        """A deeper layer's input gates added to its recurrent ``gates`` by a GEMM before its cell (the cell kernel's
+        own product would run on too few programs for the CUDA cores); layer 0 as in fast math."""
         if layer == 0:
             return self._layer_input(layer, labels, h)
         self._linear(h[layer - 1], self._weights[f"weight_ih_{layer}"], None, gates, fused, "main", residual=gates)
         return self._weights[f"bias_{layer}"], None, None, None
 
+    def _linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        out: torch.Tensor,
+        fused: bool,
+        stream: str,
+        row_mask: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> None:
+        """:meth:`FastMathPredictor._linear` in IEEE fp32: the few-row kernel where it runs, else Triton's."""
+        weight_t = self._transposed.get(weight.data_ptr()) if fused else None
+        if weight_t is not None and few_row_gemm.unsupported_reason(x, weight_t, out) is None:
+            few_row_gemm.linear(x, weight_t, bias, out, residual=residual, row_mask=row_mask)
+            return
+        super()._linear(x, weight, bias, out, fused, stream, row_mask, residual)
+
     def _tiling(self, rows: int, n_out: int) -> dict:
-        """IEEE tilings, the best of sweeps on an H100 at H = 640
-        (``benchmarks/results/archive/kernel_decoder-gemm-precisions_H100_2026-11-28.md``): at 32 rows the recurrent
-        gates (2560 outputs) 16.7 us against cuBLAS's 22.0, the projection (640) 9.3 against 10.2 (+ its split-K
-        reduction)."""
+        """Triton's IEEE tilings (where the few-row kernel does not run), the best of sweeps on an H100 at H = 640
+        (``benchmarks/results/archive/kernel_decoder-gemm-precisions_H100_2026-11-28.md``)."""
         wide = n_out >= 2048
         if rows <= 32:
             tiling = {"block_m": 32, "block_n": 64 if wide else 32, "block_k": 32 if wide else 64,
@@ -374,6 +425,20 @@ class ExactPredictor(FastMathPredictor):
             tiling = {"block_m": 64 if wide else 32, "block_n": 64, "block_k": 32, "num_warps": 2,
                       "split_k": 4 if wide else 8}  # fmt: skip
         return {**tiling, "num_stages": 3}
+
+    def joint_output(self, hidden: torch.Tensor, tile_rows: int | None = None) -> torch.Tensor:
+        """The joint's last Linear on its hidden activations in IEEE fp32: ``[N, H_joint] -> [N, V + 1 (+ durations)]``.
+
+        The few-row kernel on CUDA (each output an fp32 sum in an order that does not depend on the row count up to
+        64 rows, so a look-ahead window's rows come out as the single-frame look's); elsewhere NeMo's Linear on the
+        same weights. ``tile_rows`` is fast math's and ignored here.
+        """
+        weight, bias = self.joint_output_weights
+        out = torch.empty([hidden.shape[0], weight.shape[0]], device=hidden.device)
+        weight_t = self._transposed.get(weight.data_ptr())
+        if weight_t is not None and few_row_gemm.unsupported_reason(hidden, weight_t, out) is None:
+            return few_row_gemm.linear(hidden, weight_t, bias, out)
+        return torch.nn.functional.linear(hidden, weight, bias)
 
 
 def _bias_of(layer: torch.nn.Linear) -> torch.Tensor:

@@ -102,6 +102,12 @@ def _output_buffer(size: int) -> bytes:
 def compile_kernel(source: bytes, kernel_name: bytes, program_name: bytes, options: list[bytes]) -> Any:
     """Compile CUDA C ``source`` with NVRTC and load ``kernel_name`` from it: a ``CUfunction``. A failed compile
     raises :class:`CudaPythonError` with NVRTC's log."""
+    return compile_kernels(source, [kernel_name], program_name, options)[0]
+
+
+def compile_kernels(source: bytes, kernel_names: list[bytes], program_name: bytes, options: list[bytes]) -> list[Any]:
+    """Compile CUDA C ``source`` once with NVRTC and load each of ``kernel_names`` (``extern "C"``): ``CUfunction``
+    handles in that order. A failed compile raises :class:`CudaPythonError` with NVRTC's log."""
     (program,) = check(nvrtc.nvrtcCreateProgram(source, program_name, 0, [], []))
     try:
         check(nvrtc.nvrtcCompileProgram(program, len(options), options))
@@ -115,8 +121,7 @@ def compile_kernel(source: bytes, kernel_name: bytes, program_name: bytes, optio
     check(nvrtc.nvrtcGetPTX(program, ptx))
     ptx_buffer = ctypes.create_string_buffer(ptx)
     (module,) = check(cuda_driver.cuModuleLoadData(ctypes.addressof(ptx_buffer)))
-    (kernel,) = check(cuda_driver.cuModuleGetFunction(module, kernel_name))
-    return kernel
+    return [check(cuda_driver.cuModuleGetFunction(module, name))[0] for name in kernel_names]
 
 
 @cache

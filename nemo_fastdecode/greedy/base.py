@@ -205,18 +205,22 @@ class GreedyComputerBase(CapturedLoopOwner):
         """Joint logits ``[B, V + 1 (+ durations)]`` of each row's frame ``time_indices[b]`` and predictor output."""
         if fused and b.encoder_projected.dtype == b.predictor_output.dtype and self._joint_is_fusable():
             hidden = steps.joint_hidden(b.encoder_projected, time_indices, b.predictor_output, b.joint_hidden, True)
-            return self._joint_output(hidden)
+            return self._joint_output(hidden, predictor=b.predictor)
         frames = b.encoder_projected[b.batch_indices, time_indices].unsqueeze(1)
         return self.joint.joint_after_projection(frames, b.predictor_output)[:, 0, 0, :]
 
-    def _joint_output(self, hidden: torch.Tensor, tile_rows: int | None = None) -> torch.Tensor:
+    def _joint_output(
+        self, hidden: torch.Tensor, tile_rows: int | None = None, predictor: FastMathPredictor | None = None
+    ) -> torch.Tensor:
         """The joint's last layer and output normalisation, as ``RNNTJoint.joint_after_projection`` applies them.
 
-        ``tile_rows``: fast math's kernel tiled as for that many rows (a look-ahead window's rows then come out bit
-        for bit as in the single-frame look); NeMo's Linear ignores it.
+        ``predictor``: the decode's predictor (``LoopBuffers.predictor``), whose output layer runs (fast math's
+        3xTF32 kernel, the exact predictor's IEEE-fp32 one); ``None``: NeMo's Linear. ``tile_rows``: fast math's
+        kernel tiled as for that many rows (a look-ahead window's rows then come out bit for bit as in the
+        single-frame look).
         """
-        if self.fast_predictor is not None:  # prepare() checked float32 before the decode
-            logits = self.fast_predictor.joint_output(hidden, tile_rows=tile_rows)
+        if predictor is not None:  # prepare() checked float32 before the decode
+            logits = predictor.joint_output(hidden, tile_rows=tile_rows)
         else:
             logits = self.joint.joint_net[-1](hidden)
         return normalise_joint_logits(self.joint, logits)

@@ -27,7 +27,10 @@ from nemo_fastdecode.prediction import joint_normalises
 # RNN-T 1/2/4/8/16 frames 0.258/0.206/0.170/0.162/0.186 s; TDT 0.182/0.174/0.179/0.172/0.196 s. With the exact
 # predictor (its recurrent GEMMs beside the look on a parallel branch), H100, same sets: RNN-T 4/8/16 frames
 # 0.125/0.139/0.157 s; TDT 1/2/4/8 0.150/0.150/0.145/0.152 s (0.3) and 0.154/0.135/0.134/0.138 s (trained-like), within
-# the runs' noise from 2 on (benchmarks/results/archive/experiment_exact-predictor-variants_H100_2026-11-28.txt).
+# the runs' noise from 2 on (benchmarks/results/archive/experiment_exact-predictor-variants_H100_2026-11-28.txt). With
+# the few-row kernel for every product (H200, benchmarks/results/archive/experiment_exact-loop-schedule_H200_2026-11-28_
+# few-row-gemm.txt): RNN-T 2/4/8 frames 0.120/0.107/0.123 s; TDT 1/2/4 0.114/0.103/0.096 s (0.3) and 0.114/0.092/0.098 s
+# (trained-like).
 AUTO_LOOKAHEAD_ROWS = {"rnnt": 512, "tdt": 128}
 AUTO_EXACT_LOOKAHEAD_ROWS = {"rnnt": 128, "tdt": 64}
 MAX_AUTO_LOOKAHEAD_FRAMES = 16
@@ -52,7 +55,7 @@ def auto_looks_per_iteration(mode: GraphMode, tdt: bool = False) -> int:
 
 def auto_lookahead_frames(batch_size: int, tdt: bool = False, exact: bool = False) -> int:
     """Frames per look for ``batch_size`` rows when chosen automatically (1: single-frame steps); ``exact``: the
-    exact path's window (NeMo's Linear), else fast math's."""
+    exact path's window (IEEE fp32), else fast math's."""
     rows = (AUTO_EXACT_LOOKAHEAD_ROWS if exact else AUTO_LOOKAHEAD_ROWS)["tdt" if tdt else "rnnt"]
     return max(1, min(MAX_AUTO_LOOKAHEAD_FRAMES, rows // max(batch_size, 1)))
 
@@ -65,10 +68,11 @@ class LabelLoopGreedy(GreedyComputerBase):
     instead of up to ``W`` calls of ``B`` rows (:func:`steps.window_select`). With ``fast_math`` on Triton its joint
     kernel is tiled as for ``B`` rows, so each row's logits are the single-frame look's bit for bit and the loop ends
     in the same state; automatic there: :func:`auto_lookahead_frames` (16 frames at batch 32 for RNN-T, 4 for TDT).
-    On the exact path NeMo's Linear computes the ``B * W`` rows in one GEMM, whose logits equal the single-frame
-    look's to float32 rounding (cuBLAS sums a GEMM of another shape in another order, as NeMo's own decoders of other
-    shapes do), so the hypotheses are NeMo's as the exact decoders' are: same tokens and frames, scores to float32
-    rounding; automatic there: 4 frames at batch 32 for RNN-T, 2 for TDT. Both need the Triton step kernels (CUDA,
+    On the exact path one IEEE-fp32 GEMM computes the ``B * W`` rows (the exact predictor's few-row kernel on CUDA,
+    NeMo's Linear without it), whose logits equal the single-frame look's to float32 rounding (a GEMM of another
+    shape may sum in another order, as NeMo's own decoders of other shapes do), so the hypotheses are NeMo's as the
+    exact decoders' are: same tokens and frames, scores to float32 rounding; automatic there: 4 frames at batch 32
+    for RNN-T, 2 for TDT. Both need the Triton step kernels (CUDA,
     or the interpreter) and NeMo's default joint; without them (``fused_kernels=False``, the CPU) looks go frame by
     frame.
 
@@ -153,7 +157,7 @@ class LabelLoopGreedy(GreedyComputerBase):
             return
         # fast math: tiled as for B rows, each row's logits the single-frame look's bit for bit; the exact path: NeMo's
         # Linear on the B * W rows in one GEMM (the single-frame look's to fp32 rounding)
-        logits = self._joint_output(hidden, tile_rows=b.batch_size)
+        logits = self._joint_output(hidden, tile_rows=b.batch_size, predictor=b.predictor)
         scores, labels = steps.best_token(logits, num_tokens, b.window_scores, b.window_labels, True)
         duration_logits = logits[:, num_tokens:] if self.is_tdt else None
         steps.window_select(b, scores, labels, duration_logits, self._durations, self.blank_index, window, start)

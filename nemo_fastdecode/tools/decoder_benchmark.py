@@ -128,7 +128,7 @@ def decoder_factories(model, max_symbols: int, beam_size: int = 4) -> dict[str, 
         )
 
     # the label loop's look-ahead (frames per joint call while skipping blanks; automatic at batch 32: fast math 16
-    # RNN-T, 4 TDT; the exact path, its windows on NeMo's Linear, 4 RNN-T, 2 TDT)
+    # RNN-T, 4 TDT; the exact path, 4 RNN-T, 2 TDT)
     lookahead_rows = {
         f"fast_greedy_label_loop[full_graph,fast_math,lookahead={w}]": ours(
             True, "full_graph", fast_math=True, lookahead=w
