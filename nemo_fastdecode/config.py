@@ -73,8 +73,8 @@ class FastGreedyConfig:
         exact_predictor: label looping without ``fast_math``: the prediction network's step on IEEE-fp32 kernels
             (:class:`~nemo_fastdecode.prediction.ExactPredictor`: a label table, the recurrent GEMMs beside the
             joint's look, every product and the joint's output layer on an IEEE-fp32 few-row CUDA kernel), float32
-            decodes on CUDA; scores agree with NeMo's modules to float32 rounding. ``None``:
-            where it applies; ``False``: NeMo's own modules (cuDNN LSTM, cuBLAS projection), op for op.
+            decodes on CUDA; scores agree with NeMo's modules to float32 rounding. ``None``: where it applies;
+            ``False``: NeMo's own modules (cuDNN LSTM, cuBLAS projection), op for op.
         offline_batching: the model's ``transcribe`` (NeMo's ``transcribe_speech.py`` too) takes the offline path
             (:mod:`nemo_fastdecode.offline`): length-sorted batches under a padded-audio budget, audio read ahead
             on threads, the decoder sized once; the same results, in the input order.

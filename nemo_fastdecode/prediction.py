@@ -408,11 +408,25 @@ class ExactPredictor(FastMathPredictor):
         residual: torch.Tensor | None = None,
     ) -> None:
         """:meth:`FastMathPredictor._linear` in IEEE fp32: the few-row kernel where it runs, else Triton's."""
-        weight_t = self._transposed.get(weight.data_ptr()) if fused else None
-        if weight_t is not None and few_row_gemm.unsupported_reason(x, weight_t, out) is None:
-            few_row_gemm.linear(x, weight_t, bias, out, residual=residual, row_mask=row_mask)
-            return
-        super()._linear(x, weight, bias, out, fused, stream, row_mask, residual)
+        if not (fused and self._few_row_linear(x, weight, bias, out, residual, row_mask)):
+            super()._linear(x, weight, bias, out, fused, stream, row_mask, residual)
+
+    def _few_row_linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        out: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        row_mask: torch.Tensor | None = None,
+    ) -> bool:
+        """``out = x @ weight^T + bias (+ residual)`` on the few-row kernel, if it takes these operands (a transposed
+        copy of ``weight`` is kept, on CUDA); returns whether it ran."""
+        weight_t = self._transposed.get(weight.data_ptr())
+        if weight_t is None or few_row_gemm.unsupported_reason(x, weight_t, out) is not None:
+            return False
+        few_row_gemm.linear(x, weight_t, bias, out, residual=residual, row_mask=row_mask)
+        return True
 
     def _tiling(self, rows: int, n_out: int) -> dict:
         """Triton's IEEE tilings (where the few-row kernel does not run), the best of sweeps on an H100 at H = 640
@@ -435,9 +449,8 @@ class ExactPredictor(FastMathPredictor):
         """
         weight, bias = self.joint_output_weights
         out = torch.empty([hidden.shape[0], weight.shape[0]], device=hidden.device)
-        weight_t = self._transposed.get(weight.data_ptr())
-        if weight_t is not None and few_row_gemm.unsupported_reason(hidden, weight_t, out) is None:
-            return few_row_gemm.linear(hidden, weight_t, bias, out)
+        if self._few_row_linear(hidden, weight, bias, out):
+            return out
         return torch.nn.functional.linear(hidden, weight, bias)
 
 

@@ -72,9 +72,8 @@ class LabelLoopGreedy(GreedyComputerBase):
     NeMo's Linear without it), whose logits equal the single-frame look's to float32 rounding (a GEMM of another
     shape may sum in another order, as NeMo's own decoders of other shapes do), so the hypotheses are NeMo's as the
     exact decoders' are: same tokens and frames, scores to float32 rounding; automatic there: 4 frames at batch 32
-    for RNN-T, 2 for TDT. Both need the Triton step kernels (CUDA,
-    or the interpreter) and NeMo's default joint; without them (``fused_kernels=False``, the CPU) looks go frame by
-    frame.
+    for RNN-T, 2 for TDT. Both need the Triton step kernels (CUDA, or the interpreter) and NeMo's default joint;
+    without them (``fused_kernels=False``, the CPU) looks go frame by frame.
 
     ``looks_per_iteration`` (``None``: by graph mode, :func:`auto_looks_per_iteration`): ``0`` runs the two-level
     loop, ``while labels: look; while blanks: look again; emit``, whose inner WHILE condition is evaluated at
@@ -155,8 +154,8 @@ class LabelLoopGreedy(GreedyComputerBase):
             window_look(b, b.window_look, hidden, weight, bias, num_tokens, self._durations, self.blank_index, window,
                         start)  # fmt: skip
             return
-        # fast math: tiled as for B rows, each row's logits the single-frame look's bit for bit; the exact path: NeMo's
-        # Linear on the B * W rows in one GEMM (the single-frame look's to fp32 rounding)
+        # fast math: tiled as for B rows, each row's logits the single-frame look's bit for bit; the exact path: one
+        # IEEE-fp32 GEMM on the B * W rows (the single-frame look's to fp32 rounding)
         logits = self._joint_output(hidden, tile_rows=b.batch_size, predictor=b.predictor)
         scores, labels = steps.best_token(logits, num_tokens, b.window_scores, b.window_labels, True)
         duration_logits = logits[:, num_tokens:] if self.is_tdt else None

@@ -221,8 +221,8 @@ def linear(
     kernel = (_kernels(x.device.index) if tiling in TILINGS else _kernels(x.device.index, (tiling,)))[tiling]
     slice_depth = _ceil_div(_ceil_div(depth, slices), 4) * 4  # float4 steps
     grid = (_ceil_div(n_out, 4 * column_groups), _ceil_div(rows, (32 // column_groups) * rows_per_thread), 1)
-    _launch(kernel, grid, 32 * slices, x, weight_t, bias, residual, row_mask, out,
-            (rows, n_out, depth, weight_t.shape[1], slice_depth))  # fmt: skip
+    _launch(kernel, grid, 32 * slices, [x, weight_t, bias, residual, row_mask, out],
+            [rows, n_out, depth, weight_t.shape[1], slice_depth])  # fmt: skip
     return out
 
 
@@ -230,10 +230,12 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _launch(kernel, grid, threads, *tensors_and_ints) -> None:
+def _launch(
+    kernel: Any, grid: tuple[int, int, int], threads: int, tensors: list[torch.Tensor | None], ints: list[int]
+) -> None:
+    """Launch ``kernel`` on the current stream with the tensors' addresses (``None``: a null pointer), then the ints."""
     from nemo_fastdecode.graphs.cuda_api import check, cuda_driver
 
-    *tensors, ints = tensors_and_ints
     # cuLaunchKernel reads each argument through its address; the arrays live until it returns
     values = [np.array([0 if t is None else t.data_ptr()], dtype=np.uint64) for t in tensors]
     values += [np.array([v], dtype=np.int32) for v in ints]
