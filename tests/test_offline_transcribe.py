@@ -11,6 +11,7 @@ from nemo_fastdecode.offline import (
     FastTranscribeOptions,
     disable_fast_transcribe,
     enable_fast_transcribe,
+    fast_path,
     fast_transcribe,
     plan_batches,
 )
@@ -142,6 +143,18 @@ def test_the_decoder_is_sized_once_for_the_whole_plan(model_and_files):
     assert batch >= 2 and frames >= 2.2 / 0.08  # the longest utterance's encoder frames (8x subsampling, 10 ms hop)
     computer.reserve(1, 1)  # never shrinks
     assert computer._reserved == (batch, frames)
+
+
+def test_long_lived_objects_leave_the_garbage_collector_once_per_process(model_and_files, monkeypatch):
+    model, paths, _ = model_and_files
+    freezes = []
+    monkeypatch.setattr(fast_path.gc, "freeze", lambda: freezes.append(True))
+    monkeypatch.setattr(fast_path, "_frozen_once", False)  # as in a new process
+    assert fast_transcribe(model, paths[:2], 2, options=FastTranscribeOptions(freeze_gc=False))
+    assert freezes == []
+    for _ in range(2):
+        assert fast_transcribe(model, paths[:2], 2)
+    assert freezes == [True]
 
 
 def test_transcribe_script_offline_path_writes_the_same_manifest(tmp_path):

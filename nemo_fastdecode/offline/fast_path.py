@@ -10,7 +10,9 @@ post-processing are NeMo's, unchanged. Results come back in the input order.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import math
 import os
 from collections.abc import Sequence
@@ -54,12 +56,18 @@ class FastTranscribeOptions:
             larger batches within the same padded-audio budget).
         threads: threads reading and resampling audio files.
         prefetch: batches read ahead of the one on the GPU.
+        freeze_gc: on the first call in the process, move every object that exists then (the model, NeMo, torch)
+            out of Python's cyclic garbage collector (``gc.freeze()``). In a process holding a NeMo model a full
+            collection otherwise walks about 700,000 objects, 0.25-0.4 s, and lands in whichever call crosses the
+            collector's threshold; after the freeze it walks only what was made since. The frozen objects are
+            never collected as cycles (they are the long-lived ones); ``gc.unfreeze()`` undoes it.
     """
 
     max_batch_seconds: float | None = None
     max_batch_size: int | None = None
     threads: int = 4
     prefetch: int = 2
+    freeze_gc: bool = True
 
     def __post_init__(self) -> None:
         if self.max_batch_seconds is not None and self.max_batch_seconds <= 0:
@@ -125,6 +133,8 @@ def fast_transcribe(
     if len(audio) == 0:
         raise ValueError("no audio to transcribe: the input list is empty")
     options = options or FastTranscribeOptions()
+    if options.freeze_gc:
+        _freeze_long_lived_objects()
     sample_rate = int(model.cfg.preprocessor.sample_rate)
     audio = [_as_nemo_pads_arrays(a, sample_rate) for a in audio]
     lengths = [audio_length(a, sample_rate) for a in audio]
@@ -157,6 +167,20 @@ def fast_transcribe(
         ) from error
     order = [i for batch in batches for i in batch]
     return _in_input_order(results, order)
+
+
+_frozen_once = False
+
+
+def _freeze_long_lived_objects() -> None:
+    """``gc.freeze()`` once per process (a few microseconds): see :attr:`FastTranscribeOptions.freeze_gc`. Undone at
+    exit, so that the interpreter's last collection still finds what was garbage when frozen (native extensions
+    report objects never freed)."""
+    global _frozen_once
+    if not _frozen_once:
+        gc.freeze()
+        atexit.register(gc.unfreeze)
+        _frozen_once = True
 
 
 def _reserve_decoder(model: ASRModel, batch_size: int, samples: int, sample_rate: int) -> None:
