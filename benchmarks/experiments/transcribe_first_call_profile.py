@@ -7,19 +7,24 @@ short warm-up ``transcribe`` of other audio with NeMo's decoder first), switches
 path, then times and profiles (cProfile, the calling thread) the first call and ``--later`` more. Run it twice on one
 machine: the first run fills Triton's on-disk cache (its C launchers and kernels), the second profiles what every
 later process sees, which is the benchmark's "first call in a new process". Prints each call's seconds and the
-functions with the largest cumulative time.
+functions with the largest cumulative time. ``--stages``: each call's seconds per stage as well (the benchmark's
+:func:`~nemo_fastdecode.tools.transcribe_benchmark.stage_timer`, the GPU synchronised around each stage) and the
+seconds spent sizing the decoder's captured graphs for the call's plan (``_reserve_decoder``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
 import time
 
+import torch
+
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
-from nemo_fastdecode.offline import enable_fast_transcribe
+from nemo_fastdecode.offline import enable_fast_transcribe, fast_path
 from nemo_fastdecode.tools import transcribe_benchmark as bench
 from nemo_fastdecode.tools.models import apply_decoding
 from nemo_fastdecode.tools.timing import synchronize
@@ -34,6 +39,12 @@ def main() -> None:
     parser.add_argument("--later", type=int, default=2, help="later calls profiled after the first")
     parser.add_argument("--top", type=int, default=40, help="functions listed per call")
     parser.add_argument("--fp32", action="store_true", help="no bf16 autocast")
+    parser.add_argument("--stages", action="store_true", help="also time each call per stage")
+    parser.add_argument(
+        "--torch-profiler",
+        action="store_true",
+        help="profile with torch.profiler instead of cProfile (CUDA API calls: allocation, module loads, capture)",
+    )
     args = parser.parse_args()
     calibration = args.calibration if args.calibration == "trained" else float(args.calibration)
     synthetic_set = bench.SyntheticSet(args.model, args.seconds, args.batch_size, calibration, not args.fp32, 10, 0)
@@ -51,19 +62,59 @@ def main() -> None:
             f"{'none' if warm_up is None else f'{warm_up:.3f} s'})",
             flush=True,
         )
+        reserve = fast_path._reserve_decoder
+        reserve_seconds: list[float] = []
+
+        def timed_reserve(*reserve_args):
+            synchronize(device)
+            reserve_start = time.perf_counter()
+            reserve(*reserve_args)
+            synchronize(device)
+            reserve_seconds.append(time.perf_counter() - reserve_start)
+
+        fast_path._reserve_decoder = timed_reserve
         for call in range(1 + args.later):
-            profile = cProfile.Profile()
-            synchronize(device)
-            start = time.perf_counter()
-            profile.enable()
-            bench._transcribe(model, paths, args.batch_size, synthetic_set.bf16)
-            synchronize(device)
-            profile.disable()
+            profile = TorchProfile() if args.torch_profiler else cProfile.Profile()
+            reserve_seconds.clear()
+            stage_timer = bench.stage_timer(model, device) if args.stages else contextlib.nullcontext({})
+            with stage_timer as stages:
+                synchronize(device)
+                start = time.perf_counter()
+                profile.enable()
+                bench._transcribe(model, paths, args.batch_size, synthetic_set.bf16)
+                synchronize(device)
+                profile.disable()
+                seconds = time.perf_counter() - start
             label = "first call" if call == 0 else f"later call {call}"
-            print(f"=== {args.model} {label}: {time.perf_counter() - start:.3f} s", flush=True)
-            out = io.StringIO()
-            pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(args.top)
-            print(out.getvalue(), flush=True)
+            split = ", ".join(f"{k} {v:.3f} s" for k, v in stages.items())
+            print(
+                f"=== {args.model} {label}: {seconds:.3f} s (sizing the decoder: {sum(reserve_seconds):.3f} s"
+                f"{'; ' + split if split else ''})",
+                flush=True,
+            )
+            if isinstance(profile, TorchProfile):
+                print(profile.table(args.top), flush=True)
+            else:
+                out = io.StringIO()
+                pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(args.top)
+                print(out.getvalue(), flush=True)
+
+
+class TorchProfile:
+    """torch.profiler with cProfile's enable/disable: host ops and CUDA runtime calls, by self host time."""
+
+    def __init__(self) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        self.profiler = torch.profiler.profile(activities=activities)
+
+    def enable(self) -> None:
+        self.profiler.__enter__()
+
+    def disable(self) -> None:
+        self.profiler.__exit__(None, None, None)
+
+    def table(self, top: int) -> str:
+        return self.profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
 if __name__ == "__main__":
