@@ -42,6 +42,7 @@ def main(cfg: DictConfig) -> None:
             rows=cfg.rows,
             seed=cfg.seed,
             first_call_new_process=cuda if cfg.first_call_new_process is None else cfg.first_call_new_process,
+            new_processes=cfg.new_processes,
         )
         for preset in models
         for calibration in cfg.calibrations

@@ -34,6 +34,11 @@ def test_yaml_mirrors_the_dataclass_and_calibrations_accept_trained(name, config
             config(calibrations=bad)
 
 
+def test_the_benchmark_config_refuses_no_new_processes():
+    with pytest.raises(ValueError, match="new_processes must be >= 1, got 0"):
+        TranscribeBenchmarkConfig(new_processes=0)
+
+
 @pytest.mark.slow
 def test_cpu_smoke_run_reports_every_row(tmp_path, single_thread):
     report = benchmark_transcribe(
@@ -45,18 +50,25 @@ def test_cpu_smoke_run_reports_every_row(tmp_path, single_thread):
         device="cpu",
         log=lambda _: None,
         first_call_new_process=True,
+        new_processes=2,
     )
     assert [r.name for r in report.rows] == ["nemo", "fast_greedy+offline"]
     nemo, ours = report.rows
-    # our row's first call again in a child process (same model and files made there); NeMo's row has none
-    assert nemo.first_call_new_process_seconds is None and ours.first_call_new_process_seconds > 0
+    # our row's first call again in two child processes (same model and files made there); NeMo's row has none
+    assert nemo.first_call_new_process_seconds is None and nemo.first_call_new_process_samples == []
+    assert len(ours.first_call_new_process_samples) == 2 and min(ours.first_call_new_process_samples) > 0
+    samples = sorted(ours.first_call_new_process_samples)
+    assert ours.first_call_new_process_seconds == pytest.approx((samples[0] + samples[1]) / 2)
     assert nemo.tokens > 0 and report.emissions.tokens_per_frame > 0  # something was decoded
     assert ours.identical_to_nemo == 1.0  # fp32 on the CPU: the same tokens
     assert all(r.stages["encoder"] > 0 and r.stages["decoder"] > 0 for r in report.rows)
     markdown = write_transcribe_reports([report], "test", str(tmp_path / "r.json"), str(tmp_path / "r.md"))
     assert "fast_greedy+offline" in markdown and (tmp_path / "r.json").exists()
+    assert "2 processes" in markdown  # the spread of the new-process first calls
     with pytest.raises(ValueError, match="valid rows"):
         benchmark_transcribe("tiny-rnnt", 1.0, rows=["nope"], device="cpu")
+    with pytest.raises(ValueError, match="new_processes must be >= 1"):
+        benchmark_transcribe("tiny-rnnt", 1.0, device="cpu", first_call_new_process=True, new_processes=0)
 
 
 @pytest.mark.slow

@@ -290,6 +290,8 @@ class TranscribeBenchmarkConfig:
         seed: synthetic weights and audio.
         first_call_new_process: also time the first call of our rows in a new process (the same model and files made
             again there, Triton's kernels loaded from the on-disk cache this run filled); ``None``: on a GPU only.
+        new_processes: how many new processes time that first call, one after another (the median is reported
+            with the spread).
         out_dir: where ``transcribe_<GPU>[_<date>].json`` / ``.md`` go.
         date: added to the output file names.
     """
@@ -303,11 +305,14 @@ class TranscribeBenchmarkConfig:
     bf16: bool = True
     seed: int = 0
     first_call_new_process: bool | None = None
+    new_processes: int = 3
     out_dir: str = "outputs/benchmarks"
     date: str | None = None
 
     def __post_init__(self) -> None:
         self.calibrations = check_calibrations(self.calibrations)
+        if self.new_processes < 1:
+            raise ValueError(f"new_processes must be >= 1, got {self.new_processes}")
 
 
 @dataclass
