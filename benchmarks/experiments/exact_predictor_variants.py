@@ -10,7 +10,6 @@ input gates, ``cublas_all``: those and the recurrent gates; patched in below); l
 
 import json
 import sys
-import time
 
 import torch
 
@@ -20,6 +19,7 @@ from nemo_fastdecode.prediction import ExactPredictor
 from nemo_fastdecode.tools import synthetic
 from nemo_fastdecode.tools.comparison import agreement, decode_all
 from nemo_fastdecode.tools.decoder_benchmark import decoder_factories, prepare_synthetic_set
+from nemo_fastdecode.tools.timing import best_time
 
 CUBLAS: set[str] = set()  # the products the patched predictor runs on cuBLAS
 original_advance = ExactPredictor.advance_in_place
@@ -59,15 +59,8 @@ def recurrent_gates(self, states, out, fused):
 
 
 def best(decoder, batches, repeats=3):
-    hyps = decode_all(decoder, batches)
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        hyps = decode_all(decoder, batches)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times), hyps
+    decode_all(decoder, batches)  # warm-up: capture and lazy set-up
+    return best_time(decoder, batches, repeats)
 
 
 def sweep(preset, calibration, nemo_name, windows, results):

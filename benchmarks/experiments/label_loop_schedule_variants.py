@@ -14,7 +14,6 @@ Rows (the exact predictor, full graph; variants patched in below):
 
 import json
 import sys
-import time
 
 import torch
 
@@ -25,6 +24,7 @@ from nemo_fastdecode.kernels import few_row_gemm
 from nemo_fastdecode.tools import synthetic
 from nemo_fastdecode.tools.comparison import agreement, decode_all
 from nemo_fastdecode.tools.decoder_benchmark import decoder_factories, prepare_synthetic_set
+from nemo_fastdecode.tools.timing import best_time
 
 MODE: set[str] = set()
 original_one_level = LoopPhases.one_level.__func__
@@ -46,15 +46,8 @@ def available(device):
 
 
 def best(decoder, batches, repeats=3):
-    hyps = decode_all(decoder, batches)
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        hyps = decode_all(decoder, batches)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times), hyps
+    decode_all(decoder, batches)  # warm-up: capture and lazy set-up
+    return best_time(decoder, batches, repeats)
 
 
 VARIANTS = [
