@@ -302,7 +302,7 @@ def benchmark_transcribe(
 
 
 def _new_process_cell(row: TranscribeRow) -> str:
-    """``0.777 (1.39x; 0.741-0.802 s, 3 processes)``: the median first call in a new process, its ratio to the
+    """``<median> (<median / best>x; <min>-<max> s, <n> processes)``: the median first call in a new process, its ratio to the
     row's best call, and the spread; ``-`` where not measured."""
     samples = row.first_call_new_process_samples
     if row.first_call_new_process_seconds is None or not samples:
