@@ -8,18 +8,13 @@ input gates, ``cublas_all``: those and the recurrent gates; patched in below); l
 ``benchmarks/results/archive/experiment_exact-predictor-variants_H100_2026-11-28.txt``.
 """
 
-import json
 import sys
 
 import torch
+from decoder_sweep import Sweep, run_sweeps
 
 import nemo_fastdecode  # noqa
-from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 from nemo_fastdecode.prediction import ExactPredictor
-from nemo_fastdecode.tools import synthetic
-from nemo_fastdecode.tools.comparison import agreement, decode_all
-from nemo_fastdecode.tools.decoder_benchmark import decoder_factories, prepare_synthetic_set
-from nemo_fastdecode.tools.timing import best_time
 
 CUBLAS: set[str] = set()  # the products the patched predictor runs on cuBLAS
 original_advance = ExactPredictor.advance_in_place
@@ -58,25 +53,7 @@ def recurrent_gates(self, states, out, fused):
     return out
 
 
-def best(decoder, batches, repeats=3):
-    decode_all(decoder, batches)  # warm-up: capture and lazy set-up
-    return best_time(decoder, batches, repeats)
-
-
-def sweep(preset, calibration, nemo_name, windows, results):
-    model, _, batches, _, _ = prepare_synthetic_set(preset, 3600, 32, 10, calibration=calibration)
-    spec = synthetic.transducer_spec(model)
-    t_nemo, reference = best(decoder_factories(model, 10)[nemo_name](), batches)
-
-    def row(name, seconds, hyps):
-        same, worst = agreement(reference, hyps)
-        result = {"preset": preset, "calibration": calibration, "row": name, "s": round(seconds, 4),
-                  "x_nemo": round(seconds / t_nemo, 3), "tokens": sum(len(h.y_sequence) for h in hyps),
-                  "identical": same, "max_score_diff": worst}  # fmt: skip
-        results.append(result)
-        print(json.dumps(result), flush=True)
-
-    row(nemo_name, t_nemo, reference)
+def sweep(s: Sweep, windows: tuple[int, ...]) -> None:
     variants = [
         ("exact_predictor", {}, set()),
         ("nemo_modules", {"exact_predictor": False}, set()),
@@ -91,26 +68,19 @@ def sweep(preset, calibration, nemo_name, windows, results):
     for name, options, on_cublas in variants:
         CUBLAS.clear()
         CUBLAS.update(on_cublas)
-        decoder = FastGreedyBatchedInfer(model.decoder, model.joint, spec.blank_id, max_symbols_per_step=10,
-                                         durations=spec.durations, graph_mode="full_graph", **options)  # fmt: skip
-        row(name, *best(decoder, batches))
+        s.time(name, s.exact_label_loop(**options))
     CUBLAS.clear()
 
 
 def main(out: str) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     ExactPredictor.advance_in_place = advance
     ExactPredictor.recurrent_gates = recurrent_gates
-    results: list[dict] = []
-    for preset, calibration, nemo_name, windows in [
+    sets = [
         ("tdt-0.6b", 0.3, "nemo_label_loop+graphs", (1, 2, 4, 8)),
         ("tdt-0.6b", "trained", "nemo_label_loop+graphs", (1, 2, 4, 8)),
         ("rnnt-0.6b", 0.3, "nemo_frame_loop+graphs", (4, 8, 16)),
-    ]:
-        sweep(preset, calibration, nemo_name, windows, results)
-        torch.cuda.empty_cache()
-    with open(out, "w") as f:
-        json.dump(results, f, indent=1)
+    ]
+    run_sweeps(sets, sweep, out)
 
 
 if __name__ == "__main__":
