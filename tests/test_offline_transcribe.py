@@ -15,6 +15,7 @@ from nemo_fastdecode.offline import (
     fast_transcribe,
     plan_batches,
 )
+from nemo_fastdecode.offline.audio_batches import PrefetchedAudioBatches
 from nemo_fastdecode.tools import synthetic
 from nemo_fastdecode.tools.models import apply_decoding
 
@@ -143,6 +144,74 @@ def test_the_decoder_is_sized_once_for_the_whole_plan(model_and_files):
     assert batch >= 2 and frames >= 2.2 / 0.08  # the longest utterance's encoder frames (8x subsampling, 10 ms hop)
     computer.reserve(1, 1)  # never shrinks
     assert computer._reserved == (batch, frames)
+
+
+def test_the_decoder_is_prepared_before_the_first_batch_is_asked_for(model_and_files, monkeypatch):
+    model, paths, _ = model_and_files
+    computer = model.decoding.decoding.computer
+    events = []
+    real_prepare, real_iterate = computer.prepare_reserved, PrefetchedAudioBatches.iterate
+    monkeypatch.setattr(computer, "prepare_reserved", lambda *a: events.append(("prepare", a)) or real_prepare(*a))
+
+    def iterate(loader):
+        events.append(("first batch asked for", loader._started is not None))  # its reading already under way
+        yield from real_iterate(loader)
+
+    monkeypatch.setattr(PrefetchedAudioBatches, "iterate", iterate)
+    ours = fast_transcribe(
+        model, paths, 2, options=FastTranscribeOptions(max_batch_seconds=3.0), return_hypotheses=True
+    )
+    parameter = next(model.encoder.parameters())
+    assert events == [("prepare", (parameter.device, parameter.dtype)), ("first batch asked for", True)]
+    _same(ours, _nemo(model, paths))  # the one-frame decode before leaves no trace in the results
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+def test_the_graphs_prepared_up_front_are_the_ones_the_batches_run(tmp_path, bf16):
+    """On a GPU the decoder's graphs are captured once, before the first batch, in the precision the batches then
+    decode in (under autocast too): no batch allocates or captures again."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = synthetic.build_synthetic_model("tiny-tdt", seed=0, device="cuda").eval()
+    apply_decoding(model, {"strategy": "fast_greedy"})
+    computer = model.decoding.decoding.computer
+    paths = [str(p) for p in synthetic.write_wavs(synthetic.synthetic_audio(DURATIONS, seed=3), tmp_path)]
+    prepared = []
+    real_prepare = computer.prepare_reserved
+    computer.prepare_reserved = lambda *a: real_prepare(*a) or prepared.append((computer._buffers, computer._loop))
+    options = FastTranscribeOptions(max_batch_seconds=3.0)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        ours = fast_transcribe(model, paths, 2, options=options, return_hypotheses=True)
+    assert sum(len(h.y_sequence) for h in ours) > 0
+    assert len(prepared) == 1 and prepared[0][1] is not None  # graphs made up front...
+    assert prepared[0] == (computer._buffers, computer._loop)  # ...and the batches ran on them
+    assert computer._buffers.batch_size == computer._reserved[0] and computer._buffers.max_time >= computer._reserved[1]
+
+
+def test_reading_started_early_gives_the_same_batches():
+    rng = np.random.default_rng(1)
+    audio = [rng.standard_normal(n).astype(np.float32) for n in (500, 120, 900, 40, 300)]
+    batches = [[2, 0], [4, 1], [3]]
+    lengths = [len(a) for a in audio]
+    plain = list(PrefetchedAudioBatches(audio, batches, 16000, threads=2, prefetch=1))
+    assert [b.shape for b, _ in plain] == [(2, 900), (2, 300), (1, 40)]
+    wrong = list(lengths)
+    wrong[2] += 7  # a header that disagrees with what is read: the buffer is made again at the right width
+    for expected in (lengths, wrong):
+        loader = PrefetchedAudioBatches(audio, batches, 16000, threads=2, prefetch=1, expected_lengths=expected)
+        loader.start()
+        early = list(loader)
+        assert len(early) == len(plain)
+        for (a, la), (b, lb) in zip(early, plain, strict=True):
+            assert torch.equal(a, b) and torch.equal(la, lb)
+        assert len(list(loader)) == len(plain)  # a second pass reads again
+    loader = PrefetchedAudioBatches(audio, batches, 16000, expected_lengths=lengths)
+    loader.start()
+    loader.close()  # a reading never taken over stops; the next pass starts afresh
+    assert len(list(loader)) == len(plain)
+    with pytest.raises(ValueError, match="expected_lengths has 2 entries for 5"):
+        PrefetchedAudioBatches(audio, batches, 16000, expected_lengths=[1, 2])
 
 
 def test_long_lived_objects_leave_the_garbage_collector_once_per_process(model_and_files, monkeypatch):

@@ -73,6 +73,10 @@ class CapturedLoopOwner:
         ):
             self.reset_graphs()
 
+    def prepare_reserved(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Allocate the buffers and capture the graphs at the size :meth:`reserve` asked for now, rather than in the
+        next decode (computers that can; a no-op for the others). ``dtype``: the encoder output's."""
+
     def _next_shape(self, old: CapturedBuffers | None, batch_size: int, max_time: int) -> tuple[int, int]:
         """``(batch size, frames)`` to allocate for a batch that does not fit ``old``: :func:`grown_shape`, at least
         what :meth:`reserve` asked for."""

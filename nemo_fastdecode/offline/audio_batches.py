@@ -105,12 +105,65 @@ def audio_length(audio: AudioInput, sample_rate: int) -> int:
     return max(int(round((info.frames / info.samplerate - clip.offset) * sample_rate)), 0)
 
 
-def _padded(signals: list[np.ndarray], pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded(
+    reads: Sequence[Future], pin: bool, expected_samples: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch ``[B, S]`` of the signals ``reads`` resolve to, zero-padded to the longest, and their lengths.
+
+    With ``expected_samples`` (the longest signal, from the files' headers) the buffer is allocated before the
+    reads finish, so that allocating page-locked memory overlaps them; a signal of another length than expected
+    (a resampler rounding differently) makes a buffer of the right width instead.
+    """
+    batch = None
+    if expected_samples is not None:
+        batch = torch.zeros(len(reads), max(expected_samples, 1), dtype=torch.float32, pin_memory=pin)
+    signals = [r.result() for r in reads]
     lengths = torch.tensor([len(s) for s in signals], dtype=torch.long)
-    batch = torch.zeros(len(signals), max(int(lengths.max()), 1), dtype=torch.float32, pin_memory=pin)
+    width = max(int(lengths.max()), 1)
+    if batch is None or batch.shape[1] != width:
+        batch = torch.zeros(len(signals), width, dtype=torch.float32, pin_memory=pin)
     for row, signal in zip(batch, signals, strict=True):
         row[: len(signal)] = torch.from_numpy(signal)
     return batch, lengths
+
+
+class _BatchReader:
+    """The reading of one pass over the batches: files read on ``threads`` threads, each batch padded on one more
+    thread (which waits on its batch's reads, so readers never wait on each other), at most ``prefetch + 1``
+    batches in flight."""
+
+    def __init__(self, owner: PrefetchedAudioBatches) -> None:
+        self.owner = owner
+        self.readers = ThreadPoolExecutor(owner.threads, thread_name_prefix="nemo_fastdecode-read")
+        self.padder = ThreadPoolExecutor(1, thread_name_prefix="nemo_fastdecode-pad")
+        self.pending: deque[Future] = deque()
+        self.submitted = 0
+
+    def fill(self) -> None:
+        owner = self.owner
+        while self.submitted < len(owner.batches) and len(self.pending) <= owner.prefetch:
+            batch = owner.batches[self.submitted]
+            reads = [self.readers.submit(read_audio, owner.audio[i], owner.sample_rate) for i in batch]
+            expected = None if owner.expected_lengths is None else max(owner.expected_lengths[i] for i in batch)
+            self.pending.append(self.padder.submit(_padded, reads, owner.pin, expected))
+            self.submitted += 1
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        try:
+            self.fill()
+            while self.pending:
+                batch = self.pending.popleft().result()
+                self.fill()
+                yield batch
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for future in self.pending:
+            future.cancel()
+        self.pending.clear()
+        self.readers.shutdown(wait=True, cancel_futures=True)
+        self.padder.shutdown(wait=True, cancel_futures=True)
 
 
 class _Batches(IterableDataset):
@@ -131,6 +184,8 @@ class PrefetchedAudioBatches(DataLoader):
         threads: threads that read and resample files.
         prefetch: batches read ahead of the one being transcribed.
         pin_memory: pad into page-locked memory (faster copies to the GPU).
+        expected_lengths: samples of each utterance, as :func:`audio_length` reads them from the headers: each
+            batch's buffer is then allocated while its files are read (``None``: after).
     """
 
     def __init__(
@@ -141,9 +196,12 @@ class PrefetchedAudioBatches(DataLoader):
         threads: int = 4,
         prefetch: int = 2,
         pin_memory: bool = False,
+        expected_lengths: Sequence[int] | None = None,
     ) -> None:
         if threads < 1 or prefetch < 1:
             raise ValueError(f"threads and prefetch must be >= 1, got threads={threads}, prefetch={prefetch}")
+        if expected_lengths is not None and len(expected_lengths) != len(audio):
+            raise ValueError(f"expected_lengths has {len(expected_lengths)} entries for {len(audio)} utterances")
         super().__init__(_Batches(self), batch_size=None, num_workers=0)
         self.audio = audio
         self.batches = [list(b) for b in batches]
@@ -151,29 +209,25 @@ class PrefetchedAudioBatches(DataLoader):
         self.threads = threads
         self.prefetch = prefetch
         self.pin = pin_memory
+        self.expected_lengths = None if expected_lengths is None else list(expected_lengths)
+        self._started: _BatchReader | None = None
 
     def __len__(self) -> int:
         return len(self.batches)
 
+    def start(self) -> None:
+        """Begin reading the first batches now, before the consumer asks for them (the next pass over the loader
+        continues this reading); :meth:`close` stops it if that pass never comes."""
+        if self._started is None:
+            self._started = _BatchReader(self)
+            self._started.fill()
+
+    def close(self) -> None:
+        """Stop a reading :meth:`start` began and no pass has taken over (a no-op otherwise)."""
+        if self._started is not None:
+            self._started.close()
+            self._started = None
+
     def iterate(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        # readers never wait on other tasks; the one padding thread waits on its batch's reads
-        with (
-            ThreadPoolExecutor(self.threads, thread_name_prefix="nemo_fastdecode-read") as readers,
-            ThreadPoolExecutor(1, thread_name_prefix="nemo_fastdecode-pad") as padder,
-        ):
-            pending: deque[Future] = deque()
-
-            def load(batch: list[int]) -> Future:
-                reads = [readers.submit(read_audio, self.audio[i], self.sample_rate) for i in batch]
-                return padder.submit(lambda: _padded([r.result() for r in reads], self.pin))
-
-            try:
-                for batch in self.batches:
-                    pending.append(load(batch))
-                    if len(pending) > self.prefetch:
-                        yield pending.popleft().result()
-                while pending:
-                    yield pending.popleft().result()
-            finally:
-                for future in pending:
-                    future.cancel()
+        reader, self._started = self._started or _BatchReader(self), None
+        yield from reader

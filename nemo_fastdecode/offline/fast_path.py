@@ -148,13 +148,20 @@ def fast_transcribe(
         len(audio),
         len(batches),
     )
-    _reserve_decoder(model, max(len(b) for b in batches), max(lengths), sample_rate)
     device = _model_device(model)
     loader = PrefetchedAudioBatches(
-        audio, batches, sample_rate, options.threads, options.prefetch, pin_memory=device.type == "cuda"
+        audio,
+        batches,
+        sample_rate,
+        options.threads,
+        options.prefetch,
+        pin_memory=device.type == "cuda",
+        expected_lengths=lengths,
     )
     transcribe = transcribe or functools.partial(type(model).transcribe, model)
+    loader.start()  # the first batches are read while the decoder is sized and captured
     try:
+        _reserve_decoder(model, max(len(b) for b in batches), max(lengths), sample_rate)
         results = transcribe(
             loader, batch_size=batch_size, return_hypotheses=return_hypotheses, timestamps=timestamps, verbose=verbose
         )
@@ -165,6 +172,8 @@ def fast_transcribe(
             f"{longest:.1f} s): lower FastTranscribeOptions.max_batch_seconds; for audio of many minutes, switch "
             "the encoder to local attention first (model.change_attention_model('rel_pos_local_attn', [128, 128]))"
         ) from error
+    finally:
+        loader.close()  # reading that NeMo's transcribe never took over (it failed before its first batch)
     order = [i for batch in batches for i in batch]
     return _in_input_order(results, order)
 
@@ -184,8 +193,10 @@ def _freeze_long_lived_objects() -> None:
 
 
 def _reserve_decoder(model: ASRModel, batch_size: int, samples: int, sample_rate: int) -> None:
-    """Size our decoder's captured graphs for the plan's largest batch and longest utterance up front: one capture
-    (and one set of kernel specialisations) instead of one per growth step as batches change shape."""
+    """Size our decoder's captured graphs for the plan's largest batch and longest utterance up front, and capture
+    them now, in the caller's precision: one capture (and one set of kernel specialisations) instead of one per
+    growth step as batches change shape, done while the first batch's audio is read rather than after its
+    encoder."""
     computer = getattr(getattr(getattr(model, "decoding", None), "decoding", None), "computer", None)
     if not isinstance(computer, CapturedLoopOwner):
         return  # NeMo's own strategies size themselves
@@ -193,6 +204,8 @@ def _reserve_decoder(model: ASRModel, batch_size: int, samples: int, sample_rate
     subsampling = int(getattr(model.encoder, "subsampling_factor", 1))
     frames = math.ceil((samples // hop + 1) / subsampling) + 1  # one frame of slack over the encoder's rounding
     computer.reserve(batch_size, frames)
+    encoder = next(model.encoder.parameters())
+    computer.prepare_reserved(encoder.device, encoder.dtype)
 
 
 def _as_nemo_pads_arrays(audio: AudioInput, sample_rate: int) -> AudioInput:
