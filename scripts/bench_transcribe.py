@@ -49,7 +49,8 @@ def main(cfg: DictConfig) -> None:
     ]
     os.makedirs(cfg.out_dir, exist_ok=True)
     gpu = torch.cuda.get_device_name(0).split()[1] if cuda else "cpu"
-    stem = os.path.join(cfg.out_dir, f"transcribe_{gpu}" + (f"_{cfg.date}" if cfg.date else ""))
+    # one file per set of models: runs of one model each into one folder keep their own results
+    stem = os.path.join(cfg.out_dir, f"transcribe_{'-'.join(models)}_{gpu}" + (f"_{cfg.date}" if cfg.date else ""))
     command = "python scripts/bench_transcribe.py " + " ".join(sys.argv[1:])
     print(write_transcribe_reports(reports, command.strip(), stem + ".json", stem + ".md"))
 
