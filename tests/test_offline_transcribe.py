@@ -168,15 +168,19 @@ def test_the_decoder_is_prepared_before_the_first_batch_is_asked_for(model_and_f
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
-def test_the_graphs_prepared_up_front_are_the_ones_the_batches_run(tmp_path, bf16):
+def test_the_graphs_prepared_up_front_are_the_ones_the_batches_run(tmp_path, bf16, monkeypatch):
     """On a GPU the decoder's graphs are captured once, before the first batch, in the precision the batches then
-    decode in (under autocast too): no batch allocates or captures again."""
+    decode in (under autocast too): no batch allocates or captures again, and a later call decodes only its
+    batches."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     model = synthetic.build_synthetic_model("tiny-tdt", seed=0, device="cuda").eval()
     apply_decoding(model, {"strategy": "fast_greedy"})
     computer = model.decoding.decoding.computer
     paths = [str(p) for p in synthetic.write_wavs(synthetic.synthetic_audio(DURATIONS, seed=3), tmp_path)]
+    plans = []
+    real_plan = fast_path.plan_batches
+    monkeypatch.setattr(fast_path, "plan_batches", lambda *a, **k: plans.append(real_plan(*a, **k)) or plans[-1])
     prepared = []
     real_prepare = computer.prepare_reserved
     computer.prepare_reserved = lambda *a: real_prepare(*a) or prepared.append((computer._buffers, computer._loop))
@@ -187,6 +191,13 @@ def test_the_graphs_prepared_up_front_are_the_ones_the_batches_run(tmp_path, bf1
     assert len(prepared) == 1 and prepared[0][1] is not None  # graphs made up front...
     assert prepared[0] == (computer._buffers, computer._loop)  # ...and the batches ran on them
     assert computer._buffers.batch_size == computer._reserved[0] and computer._buffers.max_time >= computer._reserved[1]
+    decodes = []
+    real_decode = computer._decode
+    computer._decode = lambda *a, **k: decodes.append(True) or real_decode(*a, **k)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        again = fast_transcribe(model, paths, 2, options=options, return_hypotheses=True)
+    assert len(decodes) == len(plans[-1]) > 1  # a later call decodes its batches only: the graphs are kept
+    assert [h.y_sequence.tolist() for h in again] == [h.y_sequence.tolist() for h in ours]
 
 
 def test_reading_started_early_gives_the_same_batches():

@@ -378,10 +378,11 @@ class GreedyComputerBase(CapturedLoopOwner):
     def prepare_reserved(self, device: torch.device, dtype: torch.dtype) -> None:
         """Allocate the buffers and capture the graphs at the size :meth:`reserve` asked for now: a decode of one
         frame of zeros, its result dropped. Run it in the precision (autocast) of the decodes to come, whose
-        buffers it then is: the offline path does it while the first batch's audio is read."""
+        buffers it then is: the offline path does it while the first batch's audio is read. A no-op while buffers
+        are kept (:meth:`reserve` drops those smaller than it asks for)."""
         encoder_dim = getattr(self.joint, "encoder_hidden", None)
-        if encoder_dim is None:
-            return  # not NeMo's joint: the first decode sizes the buffers
+        if self._buffers is not None or encoder_dim is None:
+            return  # already sized, or not NeMo's joint (the first decode sizes the buffers)
         frames = torch.zeros(1, 1, int(encoder_dim), device=device, dtype=dtype)
         self(frames, torch.ones(1, dtype=torch.long, device=device))
 
