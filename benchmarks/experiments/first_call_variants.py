@@ -10,8 +10,7 @@ cost at a time:
 * ``baseline``: the library as it is;
 * ``no-pin``: batches padded into pageable memory (no ``cudaHostAlloc`` on the first call's batches);
 * ``no-cudnn-encoder``: the encoder's convolutions on PyTorch's own kernels (no cuDNN plan per new shape);
-* ``no-pin+no-cudnn-encoder``: both;
-* ``gc-freeze``: ``gc.freeze()`` after the set-up (the model's objects out of the cyclic collector's full passes).
+* ``no-pin+no-cudnn-encoder``: both.
 
 Prints each call's seconds and the time Python's cyclic garbage collector ran during it, per generation.
 ``--timeline``: also each call's timeline, in ms from the call's start: when the host had each batch's audio
@@ -32,6 +31,7 @@ import time
 from typing import Any
 
 import torch
+from first_call_set import add_set_arguments, synthetic_set
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
 from nemo_fastdecode.offline import audio_batches, enable_fast_transcribe, fast_path
@@ -39,7 +39,7 @@ from nemo_fastdecode.tools import transcribe_benchmark as bench
 from nemo_fastdecode.tools.models import apply_decoding
 from nemo_fastdecode.tools.timing import synchronize
 
-VARIANTS = ("baseline", "no-pin", "no-cudnn-encoder", "no-pin+no-cudnn-encoder", "gc-freeze")
+VARIANTS = ("baseline", "no-pin", "no-cudnn-encoder", "no-pin+no-cudnn-encoder")
 
 
 class _PageableBatches(audio_batches.PrefetchedAudioBatches):
@@ -64,27 +64,20 @@ def _encoder_without_cudnn(encoder: torch.nn.Module) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tdt-0.6b", help="a synthetic preset (rnnt-0.6b, tdt-0.6b, tiny-rnnt)")
-    parser.add_argument("--calibration", default="trained", help="tokens per frame (a number) or 'trained'")
-    parser.add_argument("--seconds", type=float, default=1800.0, help="total audio")
-    parser.add_argument("--batch-size", type=int, default=32)
+    add_set_arguments(parser, model="tdt-0.6b")
     parser.add_argument("--calls", type=int, default=4, help="calls timed, the first included")
     parser.add_argument("--variant", default="baseline", choices=VARIANTS)
     parser.add_argument("--timeline", action="store_true", help="also print each call's timeline")
     args = parser.parse_args()
-    calibration = args.calibration if args.calibration == "trained" else float(args.calibration)
-    synthetic_set = bench.SyntheticSet(args.model, args.seconds, args.batch_size, calibration, True, 10, 0)
+    test_set = synthetic_set(args, bf16=True)
     if "no-pin" in args.variant:
         fast_path.PrefetchedAudioBatches = _PageableBatches
-    with bench.prepared(synthetic_set) as (model, paths, _):
+    with bench.prepared(test_set) as (model, paths, _):
         device = next(model.parameters()).device
         if "no-cudnn-encoder" in args.variant:
             _encoder_without_cudnn(model.encoder)
-        apply_decoding(model, {"strategy": "fast_greedy", "greedy": {"max_symbols": synthetic_set.max_symbols}})
+        apply_decoding(model, {"strategy": "fast_greedy", "greedy": {"max_symbols": test_set.max_symbols}})
         enable_fast_transcribe(model)
-        if args.variant == "gc-freeze":
-            gc.collect()
-            gc.freeze()
         seconds, collections, timelines = [], [], []
         gc_seconds = _GarbageCollectionTime()
         timeline = _Timeline(model) if args.timeline else None
@@ -94,7 +87,7 @@ def main() -> None:
             if timeline is not None:
                 timeline.reset()
             start = time.perf_counter()
-            bench._transcribe(model, paths, args.batch_size, synthetic_set.bf16)
+            bench._transcribe(model, paths, args.batch_size, test_set.bf16)
             synchronize(device)
             seconds.append(time.perf_counter() - start)
             collections.append(gc_seconds.summary())

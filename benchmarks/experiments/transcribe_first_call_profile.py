@@ -22,6 +22,7 @@ import pstats
 import time
 
 import torch
+from first_call_set import add_set_arguments, synthetic_set
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
 from nemo_fastdecode.offline import enable_fast_transcribe, fast_path
@@ -32,10 +33,7 @@ from nemo_fastdecode.tools.timing import synchronize
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="rnnt-0.6b", help="a synthetic preset (rnnt-0.6b, tdt-0.6b, tiny-rnnt)")
-    parser.add_argument("--calibration", default="trained", help="tokens per frame (a number) or 'trained'")
-    parser.add_argument("--seconds", type=float, default=1800.0, help="total audio")
-    parser.add_argument("--batch-size", type=int, default=32)
+    add_set_arguments(parser, model="rnnt-0.6b")
     parser.add_argument("--later", type=int, default=2, help="later calls profiled after the first")
     parser.add_argument("--top", type=int, default=40, help="functions listed per call")
     parser.add_argument("--fp32", action="store_true", help="no bf16 autocast")
@@ -46,14 +44,13 @@ def main() -> None:
         help="profile with torch.profiler instead of cProfile (CUDA API calls: allocation, module loads, capture)",
     )
     args = parser.parse_args()
-    calibration = args.calibration if args.calibration == "trained" else float(args.calibration)
-    synthetic_set = bench.SyntheticSet(args.model, args.seconds, args.batch_size, calibration, not args.fp32, 10, 0)
-    with bench.prepared(synthetic_set) as (model, paths, _):
+    test_set = synthetic_set(args, bf16=not args.fp32)
+    with bench.prepared(test_set) as (model, paths, _):
         device = next(model.parameters()).device
         # the strategy switch and the offline path, outside the timing as in the benchmark (printed apart)
         synchronize(device)
         start = time.perf_counter()
-        apply_decoding(model, {"strategy": "fast_greedy", "greedy": {"max_symbols": synthetic_set.max_symbols}})
+        apply_decoding(model, {"strategy": "fast_greedy", "greedy": {"max_symbols": test_set.max_symbols}})
         enable_fast_transcribe(model)
         synchronize(device)
         warm_up = getattr(model.decoding.decoding, "warm_up_seconds", None)
@@ -81,7 +78,7 @@ def main() -> None:
                 synchronize(device)
                 start = time.perf_counter()
                 profile.enable()
-                bench._transcribe(model, paths, args.batch_size, synthetic_set.bf16)
+                bench._transcribe(model, paths, args.batch_size, test_set.bf16)
                 synchronize(device)
                 profile.disable()
                 seconds = time.perf_counter() - start
