@@ -70,11 +70,12 @@ class FastGreedyConfig:
         fast_math: opt-in: the prediction network and the joint's output layer on near-fp32 (3xTF32) tensor-core
             kernels, with a precomputed label table; faster, not bit-identical to NeMo (the benchmark reports its
             agreement). It decodes in fp32 whatever the caller's autocast (the encoder output is taken to fp32).
-        exact_predictor: label looping without ``fast_math``: the prediction network's step on IEEE-fp32 kernels
-            (:class:`~nemo_fastdecode.prediction.ExactPredictor`: a label table, the recurrent GEMMs beside the
-            joint's look, every product and the joint's output layer on an IEEE-fp32 few-row CUDA kernel), float32
-            decodes on CUDA; scores agree with NeMo's modules to float32 rounding. ``None``: where it applies;
-            ``False``: NeMo's own modules (cuDNN LSTM, cuBLAS projection), op for op.
+        exact_predictor: opt-in, label looping without ``fast_math``, float32 decodes on CUDA: the prediction network's
+            step on IEEE-fp32 kernels (:class:`~nemo_fastdecode.prediction.ExactPredictor`: a label table, the
+            recurrent GEMMs beside the joint's look, every product and the joint's output layer on an IEEE-fp32
+            few-row CUDA kernel) and the joint looking several frames ahead per call. Faster; its scores agree with
+            NeMo's to float32 rounding, so a near-tie may break the other way (the benchmarks report its agreement).
+            ``False`` (default): NeMo's own modules (cuDNN LSTM, cuBLAS), op for op and shape for shape, NeMo's bits.
         offline_batching: the model's ``transcribe`` (NeMo's ``transcribe_speech.py`` too) takes the offline path
             (:mod:`nemo_fastdecode.offline`): length-sorted batches under a padded-audio budget, audio read ahead
             on threads, the decoder sized once; the same results, in the input order.
@@ -92,7 +93,7 @@ class FastGreedyConfig:
     graph_mode: str = "auto"
     fused_kernels: bool | None = None
     fast_math: bool = False
-    exact_predictor: bool | None = None
+    exact_predictor: bool = False
     offline_batching: bool = False
     ngram_lm_model: str | None = None
     ngram_lm_alpha: float = 0.0

@@ -35,22 +35,35 @@ from nemo_fastdecode.kernels import few_row_gemm, lstm_step, matmul, triton_runs
 from nemo_fastdecode.kernels.tf32x3 import split_k_counters
 
 
-def fast_math_precision(
-    fast_math: bool, encoder_output: torch.Tensor
+def decode_precision(
+    encoder_output: torch.Tensor, *, fast_math: bool, like_nemo_graphs: bool, parameter_dtype: torch.dtype
 ) -> tuple[contextlib.AbstractContextManager, torch.Tensor]:
-    """Fast math decodes in float32 whatever the caller's autocast (NeMo's ``transcribe`` runs under bf16 autocast):
-    ``(context that turns autocast off, the encoder output in float32)``; unchanged for the exact decoders, which
-    run under the caller's autocast as NeMo's do."""
-    if not fast_math:
-        return contextlib.nullcontext(), encoder_output
-    return torch.autocast(encoder_output.device.type, enabled=False), encoder_output.float()
+    """The precision a decode runs in: that of the NeMo decoder it replaces, in the caller's precision context.
+
+    Returns ``(context to decode in, the encoder output to decode)``:
+
+    - ``fast_math``: float32 whatever the caller's autocast (autocast off, the encoder output taken to float32).
+    - ``like_nemo_graphs`` (the decode replaces one of NeMo's label-looping greedy or ``malsd_batch`` decoders with
+      their CUDA graphs, their default on a GPU): those turn autocast off and decode in the dtype of the joint's
+      parameters -- float32 under bf16 autocast with float32 weights, bf16 with bf16 weights -- and so does this
+      decode, with the encoder output cast to ``parameter_dtype`` (where NeMo's projection raises on a mismatch,
+      e.g. bf16 encoder outputs into a float32 joint, this decodes their float32 values).
+    - otherwise (the CPU, graphs off, the frame loop): unchanged; the decode runs under the caller's autocast, as
+      NeMo's eager loops do.
+    """
+    if fast_math:
+        return torch.autocast(encoder_output.device.type, enabled=False), encoder_output.float()
+    if like_nemo_graphs:
+        return torch.autocast(encoder_output.device.type, enabled=False), encoder_output.to(parameter_dtype)
+    return contextlib.nullcontext(), encoder_output
 
 
 def is_default_joint(joint: torch.nn.Module) -> bool:
-    """NeMo's default joint network: ReLU, (dropout), Linear, no adapters."""
-    layers = list(joint.joint_net)
+    """NeMo's default joint network: ReLU, (dropout), Linear, no adapters (a joint without ``joint_net`` is not)."""
+    layers = list(getattr(joint, "joint_net", ()))
     return (
-        isinstance(layers[0], torch.nn.ReLU)
+        len(layers) >= 2
+        and isinstance(layers[0], torch.nn.ReLU)
         and isinstance(layers[-1], torch.nn.Linear)
         and all(isinstance(layer, torch.nn.Dropout) for layer in layers[1:-1])
         and not joint.is_adapter_available()

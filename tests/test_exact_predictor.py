@@ -92,10 +92,9 @@ def test_chosen_only_for_float32_eval_decodes_without_autocast():
     computer.decoder.train()
     assert computer._predictor_for(DEVICE, torch.float32) is None  # training-mode dropout: NeMo's modules
     computer.decoder.eval()
-    # automatic: on CUDA (the interpreter is for tests); off: never
-    automatic = _computer(fused_kernels=True)
-    expected = automatic.exact_predictor if DEVICE.type == "cuda" else None
-    assert automatic._predictor_for(DEVICE, torch.float32) is expected
+    # opt-in: by default NeMo's modules, on CUDA too
+    default = _computer(fused_kernels=True)
+    assert default.exact_predictor is None and default._predictor_for(DEVICE, torch.float32) is None
     assert _computer(fused_kernels=True, exact_predictor=False).exact_predictor is None
     assert _computer(fast_math=True).exact_predictor is None  # fast math has its own predictor
 
@@ -108,7 +107,7 @@ def test_refusals_name_the_option_and_the_reason():
     decoder, joint = make_networks(context_size=2)
     with pytest.raises(ValueError, match="exact_predictor=True: the exact predictor needs NeMo's plain LSTM"):
         ours("rnnt", decoder, joint, 3, exact_predictor=True)
-    # automatic: a stateless prediction network simply runs NeMo's modules
+    # by default a stateless prediction network runs NeMo's modules, as every other one does
     assert ours("rnnt", decoder, joint, 3).computer.exact_predictor is None
 
 

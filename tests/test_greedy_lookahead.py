@@ -172,8 +172,11 @@ def test_automatic_choice_and_bad_values_are_named():
     plain = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fast_math=True)
     # fused kernels by default on CUDA only; the CPU runs the torch references, one frame per look
     assert plain.computer._lookahead(DEVICE, rows) == (16 if DEVICE.type == "cuda" else 1)
-    exact = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fused_kernels=True)
-    assert exact.computer._lookahead(DEVICE, rows) == 4  # the exact path's automatic window (NeMo's Linear)
+    default = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fused_kernels=True)
+    assert default.computer._lookahead(DEVICE, rows) == 1  # NeMo's modules: each look NeMo's shape of joint call
+    exact = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fused_kernels=True,
+                                   exact_predictor=True)  # fmt: skip
+    assert exact.computer._lookahead(DEVICE, rows) == 4  # the exact predictor's automatic window
     unfused_exact = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fused_kernels=False)
     assert unfused_exact.computer._lookahead(DEVICE, rows) == 1  # windows need the Triton step kernels
     exact_window = FastGreedyBatchedInfer(decoder, joint, VOCAB_SIZE, max_symbols_per_step=3, fused_kernels=True,

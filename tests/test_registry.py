@@ -173,11 +173,12 @@ def test_fused_kernels_option_reaches_the_computer_and_fails_clearly_without_tri
 
 @pytest.mark.parametrize("value", [None, True, False])
 def test_exact_predictor_option_reaches_the_computer(value):
+    """Opt-in: only ``true`` builds the exact predictor; the default (``false``) and ``null`` keep NeMo's modules."""
     model = synthetic.build_synthetic_model("tiny-tdt")
-    model.change_decoding_strategy(decoding_config("fast_greedy", exact_predictor=value))
+    section = decoding_config("fast_greedy") if value is None else decoding_config("fast_greedy", exact_predictor=value)
+    model.change_decoding_strategy(section)
     computer = model.decoding.decoding.computer
-    assert computer.exact_predictor_option is value
-    assert (computer.exact_predictor is None) == (value is False)  # the tiny model's LSTM is covered
+    assert (computer.exact_predictor is not None) == (value is True)  # the tiny model's LSTM is covered
 
 
 def test_forcing_a_graph_mode_on_cpu_is_an_error():

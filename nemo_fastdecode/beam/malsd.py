@@ -45,7 +45,7 @@ from nemo_fastdecode.kernels.beam_select import advance_beams, kernel_by_default
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
 from nemo_fastdecode.kernels.warm_up import finish_triton_warm_up
 from nemo_fastdecode.logs import logger
-from nemo_fastdecode.prediction import FastMathPredictor, fast_math_precision
+from nemo_fastdecode.prediction import FastMathPredictor, decode_precision
 
 # With max_symbols=None a hypothesis may emit any number of labels per frame: start with room for this
 # many steps per frame and grow (re-running the batch) when the storage fills; past the limit the model
@@ -343,7 +343,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         Returns:
             The hypotheses buffer (rows ``0..B-1`` are the batch; :meth:`BeamHypsBuffer.to_hypotheses` exports them).
         """
-        precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
+        precision, encoder_output = self._decode_precision(encoder_output)
         with precision:
             return self._search(encoder_output, encoder_lengths, None).hyps
 
@@ -379,7 +379,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
         if max_time == 0:  # a chunk without frames: one padding frame that no row reads (the beams stay as they are)
             encoder_output = encoder_output.new_zeros([batch_size, 1, dim])
         with torch.inference_mode():
-            precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
+            precision, encoder_output = self._decode_precision(encoder_output)
             with precision:
                 b = self._search(encoder_output, encoder_lengths, previous, model_ids, model_weights)
         # NeMo's objects are made outside inference mode: callers update them in place (flatten_, merge_)
@@ -387,6 +387,17 @@ class MALSDBeamComputer(CapturedLoopOwner):
         if previous is not None:
             hyps.timestamps += previous.decoded_lengths[:batch_size, None, None].to(hyps.timestamps.device)
         return hyps, b.state_after(batch_size, encoder_lengths, previous, self.state_batch_dim, self.blank_index)
+
+    def _decode_precision(self, encoder_output: torch.Tensor):
+        """:func:`~nemo_fastdecode.prediction.decode_precision` of this search: as ``malsd_batch``, whose CUDA graphs
+        (its default on a GPU) turn autocast off and search in the joint's parameters' dtype; without them, under the
+        caller's autocast."""
+        return decode_precision(
+            encoder_output,
+            fast_math=self.fast_predictor is not None,
+            like_nemo_graphs=self.use_cuda_graphs and encoder_output.device.type == "cuda",
+            parameter_dtype=next(self.joint.parameters()).dtype,
+        )
 
     def _search(
         self,

@@ -23,14 +23,19 @@ from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.records import RecordOptions, StepConfidence, StepRecords
-from nemo_fastdecode.greedy.state import BatchedGreedyState, LoopBuffers, predictor_state_batch_dim
+from nemo_fastdecode.greedy.state import (
+    BatchedGreedyState,
+    LoopBuffers,
+    check_blank_is_last_token,
+    predictor_state_batch_dim,
+)
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.warm_up import finish_triton_warm_up
 from nemo_fastdecode.logs import logger
 from nemo_fastdecode.prediction import (
     ExactPredictor,
     FastMathPredictor,
-    fast_math_precision,
+    decode_precision,
     fast_math_unsupported_reason,
     is_default_joint,
     normalise_joint_logits,
@@ -62,12 +67,12 @@ class GreedyComputerBase(CapturedLoopOwner):
         fast_math: run the prediction network and the joint's output layer on near-fp32 tensor-core kernels
             (:class:`~nemo_fastdecode.prediction.FastMathPredictor`): faster, not bit-identical to NeMo. LSTM
             prediction networks only (a ValueError names the option for others).
-        exact_predictor: label loop, without ``fast_math``: run the prediction network's step as
+        exact_predictor: opt-in, label loop without ``fast_math``: run the prediction network's step as
             :class:`~nemo_fastdecode.prediction.ExactPredictor` (IEEE fp32, its recurrent GEMMs beside the joint's
-            look), whose scores agree with NeMo's modules to float32 rounding. ``None``: where it applies (float32
-            decodes with the fused kernels on CUDA, NeMo's LSTM prediction network and default joint, eval mode),
-            else NeMo's modules; ``True``: also with the Triton interpreter (tests), and a ValueError for networks it
-            does not cover; ``False``: always NeMo's modules (``decoder.predict``, ``joint.project_prednet``).
+            look) for float32 decodes with the fused kernels (CUDA, or the Triton interpreter in tests); its scores
+            agree with NeMo's modules to float32 rounding, so a near-tie may break the other way. A ValueError names
+            networks it does not cover. ``False`` (default): NeMo's modules (``decoder.predict``,
+            ``joint.project_prednet``), NeMo's bits.
         records: NeMo's alignments and step confidence to keep (:class:`RecordOptions`; ``None``: none).
         fusion: n-gram LM / boosting-tree fusion (:class:`~nemo_fastdecode.greedy.fusion.FusionModels`; label loop
             only, without records). Graphs need every model's ``advance`` capturable (NeMo's Triton kernels);
@@ -90,13 +95,17 @@ class GreedyComputerBase(CapturedLoopOwner):
         fast_math: bool = False,
         records: RecordOptions | None = None,
         fusion: FusionModels | None = None,
-        exact_predictor: bool | None = None,
+        exact_predictor: bool = False,
     ):
         if max_symbols is not None and max_symbols <= 0:
             raise ValueError(f"max_symbols must be a positive int or None, got {max_symbols}")
         if not getattr(decoder, "blank_as_pad", False):
-            raise ValueError("nemo_fastdecode needs a prediction network with blank_as_pad=True (NeMo's default)")
+            raise ValueError(
+                f"fast_greedy needs a prediction network with blank_as_pad=True (NeMo's default); "
+                f"{type(decoder).__name__} has blank_as_pad=False: use strategy greedy_batch"
+            )
         self.decoder, self.joint = decoder, joint
+        check_blank_is_last_token(joint, blank_index, len(durations or []))
         self.state_batch_dim = predictor_state_batch_dim(decoder)
         self.blank_index, self.max_symbols = blank_index, max_symbols
         self.durations_list = list(durations) if durations else None
@@ -104,7 +113,6 @@ class GreedyComputerBase(CapturedLoopOwner):
         self.forced_mode = graph_mode
         self.fused_kernels = fused_kernels
         self.fast_predictor = FastMathPredictor(decoder, joint) if fast_math else None
-        self.exact_predictor_option = exact_predictor
         self.exact_predictor = self._build_exact_predictor(exact_predictor)
         self._buffers: LoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
@@ -139,18 +147,18 @@ class GreedyComputerBase(CapturedLoopOwner):
         self.use_cuda_graphs = fusion.allow_graphs(self.forced_mode, self.use_cuda_graphs, "greedy decoding")
 
     # ----- configuration -------------------------------------------------------------------
-    def _build_exact_predictor(self, option: bool | None) -> ExactPredictor | None:
-        """The exact predictor this computer may run (``None``: NeMo's modules always)."""
-        if option is False or self.fast_predictor is not None or self.frame_looping:
-            if option and self.frame_looping:
-                raise ValueError("exact_predictor needs the label-looping algorithm (loop_labels=True)")
+    def _build_exact_predictor(self, option: bool) -> ExactPredictor | None:
+        """The exact predictor this computer runs where it applies (``None``: NeMo's modules always)."""
+        if not option:
             return None
+        if self.frame_looping:
+            raise ValueError("exact_predictor needs the label-looping algorithm (loop_labels=True)")
+        if self.fast_predictor is not None:
+            return None  # fast math has its own predictor
         reason = fast_math_unsupported_reason(self.decoder, self.joint)
-        if reason is None:
-            return ExactPredictor(self.decoder, self.joint)
-        if option:
+        if reason is not None:
             raise ValueError(f"exact_predictor=True: {reason.replace('fast_math', 'the exact predictor')}")
-        return None
+        return ExactPredictor(self.decoder, self.joint)
 
     def _predictor_for(self, device: torch.device, dtype: torch.dtype) -> FastMathPredictor | None:
         """The predictor a decode on ``device`` in ``dtype`` runs: fast math's, the exact one, or ``None`` (NeMo's
@@ -158,18 +166,16 @@ class GreedyComputerBase(CapturedLoopOwner):
         if self.fast_predictor is not None:  # fast math decodes in fp32 whatever the caller's autocast
             return self.fast_predictor
         predictor = self.exact_predictor
-        if predictor is None or not self._use_fused(device):
-            if self.exact_predictor_option and predictor is not None:
-                raise ValueError(
-                    f"exact_predictor=True needs the fused Triton kernels (CUDA, or TRITON_INTERPRET=1 with "
-                    f"fused_kernels=True); got device {device}, fused_kernels={self.fused_kernels}"
-                )
+        if predictor is None:
             return None
+        if not self._use_fused(device):
+            raise ValueError(
+                f"exact_predictor=True needs the fused Triton kernels (CUDA, or TRITON_INTERPRET=1 with "
+                f"fused_kernels=True); got device {device}, fused_kernels={self.fused_kernels}"
+            )
         if dtype != torch.float32 or torch.is_autocast_enabled(device.type):
             return None
         if self.decoder.training or self.joint.training:
-            return None
-        if self.exact_predictor_option is None and device.type != "cuda":
             return None
         return predictor
 
@@ -480,7 +486,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             raise ValueError("load_with_state needs max_symbols (None may re-run the loop); use decode_with_state")
         if state.batch_size != encoder_output.shape[0]:
             raise ValueError(f"state has {state.batch_size} rows for a batch of {encoder_output.shape[0]}")
-        precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
+        precision, encoder_output = self._decode_precision(encoder_output)
         with precision:
             return self._load(self._project(encoder_output), encoder_lengths, state, None, model_ids)
 
@@ -505,11 +511,28 @@ class GreedyComputerBase(CapturedLoopOwner):
         batch_size = encoder_output.shape[0]
         if self.fusion is not None:
             self.fusion.to(encoder_output.device)
-        precision, encoder_output = fast_math_precision(self.fast_predictor is not None, encoder_output)
+        precision, encoder_output = self._decode_precision(encoder_output)
         with precision:
             return self._decode_loop(
                 self._project(encoder_output), encoder_lengths, previous, rows, batch_size, model_ids
             )
+
+    def keeps_caller_autocast(self, device: torch.device) -> bool:
+        """Whether decodes on ``device`` run under the caller's autocast, as the NeMo decoder replaced does: its frame
+        loop, and its label loop without CUDA graphs. NeMo's label loop with its graphs (the default on a GPU) turns
+        autocast off and decodes in the joint's parameters' dtype; so do these decodes then (and fast math)."""
+        if self.fast_predictor is not None:
+            return False
+        return self.frame_looping or not self.use_cuda_graphs or device.type != "cuda"
+
+    def _decode_precision(self, encoder_output: torch.Tensor):
+        """:func:`~nemo_fastdecode.prediction.decode_precision` of this computer for ``encoder_output``."""
+        return decode_precision(
+            encoder_output,
+            fast_math=self.fast_predictor is not None,
+            like_nemo_graphs=not self.keeps_caller_autocast(encoder_output.device),
+            parameter_dtype=next(self.joint.parameters()).dtype,
+        )
 
     def _decode_loop(
         self,

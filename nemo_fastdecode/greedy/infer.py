@@ -63,13 +63,13 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         fast_math: opt-in near-fp32 tensor-core prediction network and joint output layer
             (:mod:`nemo_fastdecode.prediction`); faster, not bit-identical to NeMo's baseline. LSTM prediction
             networks only.
-        exact_predictor: label loop, without ``fast_math``: the prediction network's step as
-            :class:`~nemo_fastdecode.prediction.ExactPredictor` (IEEE fp32, its recurrent GEMMs beside the joint's
-            look; scores to float32 rounding as NeMo's). ``None``: on CUDA for float32 decodes of NeMo's LSTM
-            prediction network, else NeMo's modules; ``False``: NeMo's modules always.
+        exact_predictor: opt-in, label loop without ``fast_math``: the prediction network's step as
+            :class:`~nemo_fastdecode.prediction.ExactPredictor` (IEEE fp32 on CUDA, its recurrent GEMMs beside the
+            joint's look; scores to float32 rounding as NeMo's, so a near-tie may break the other way). ``False``
+            (default): NeMo's modules, NeMo's bits.
         lookahead_frames: label loop: frames per joint call while rows skip blanks (``None``: automatic with the
-            Triton step kernels, at batch 32 16 (RNN-T) or 4 (TDT) with ``fast_math``, 4 or 2 on the exact path;
-            else 1); the same hypotheses as 1, see :class:`LabelLoopGreedy`.
+            Triton step kernels, at batch 32 16 (RNN-T) or 4 (TDT) with ``fast_math``, 4 or 2 with the exact
+            predictor; else 1, NeMo's joint calls); see :class:`LabelLoopGreedy`.
         looks_per_iteration: label loop: ``0`` the two-level loop (an inner loop skips blanks), ``K >= 1`` one
             loop of ``K`` looks per iteration (fewer loop-condition evaluations); ``None``: automatic. The same
             hypotheses either way, see :class:`LabelLoopGreedy`.
@@ -102,7 +102,7 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         graph_mode: str | GraphMode | None = "auto",
         fused_kernels: bool | None = None,
         fast_math: bool = False,
-        exact_predictor: bool | None = None,
+        exact_predictor: bool = False,
         lookahead_frames: int | None = None,
         looks_per_iteration: int | None = None,
     ):
@@ -179,28 +179,27 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         self.warm_up_seconds = self._warm_up_on_gpu()
 
     def _warm_up_on_gpu(self) -> float | None:
-        """Decode two frames of zeros once where the networks already sit on a GPU, in float32 and (on the exact
-        path, where the GPU has bfloat16) under bfloat16 autocast, as NeMo's ``transcribe`` decodes with ``amp``;
-        returns the seconds it took (``None``: not done). The first ``transcribe`` then finds every kernel loaded
-        (Triton's from its disk cache, the prediction network's cuDNN LSTM in both precisions, PyTorch's own, which
+        """Decode two frames of zeros once where the networks already sit on a GPU, in the parameters' dtype and, where
+        decodes keep the caller's autocast (graphs off; the frame loop), also under bfloat16 autocast, as users
+        decode with ``amp``; returns the seconds it took (``None``: not done). The first ``transcribe`` then finds
+        every kernel loaded (Triton's from its disk cache, the prediction network's cuDNN LSTM, PyTorch's own, which
         CUDA loads on first launch) and only captures its graphs at the real size.
         ``NEMO_FASTDECODE_DECODER_WARM_UP=0`` skips it."""
         if os.environ.get("NEMO_FASTDECODE_DECODER_WARM_UP", "1") == "0":
             return None
-        parameter = next(self.decoder.parameters(), None)
+        parameter = next(self.joint.parameters(), None)
         hidden = getattr(self.joint, "encoder_hidden", None)
         if parameter is None or parameter.device.type != "cuda" or not isinstance(hidden, int):
             return None
         started = time.perf_counter()
         try:
             with eval_mode(self.decoder, self.joint), torch.inference_mode():
-                frames = torch.zeros(1, 2, hidden, device=parameter.device)
+                frames = torch.zeros(1, 2, hidden, device=parameter.device, dtype=parameter.dtype)
                 lengths = torch.full([1], 2, dtype=torch.long, device=parameter.device)
                 self.computer(frames, lengths)
-                # fast math decodes in float32 under any autocast: a second pass would repeat the first
-                if self.computer.fast_predictor is None and torch.cuda.is_bf16_supported():
-                    # cuDNN's bf16 LSTM costs 0.2-0.3 s on its first call in a process, at any batch size
-                    # (H100, benchmarks/experiments/first_call_costs.py); an fp32 call does not pay it
+                if self.computer.keeps_caller_autocast(parameter.device) and torch.cuda.is_bf16_supported():
+                    # cuDNN's bf16 LSTM costs 0.2-0.3 s on its first call in a process, at any batch size; an fp32
+                    # call does not pay it
                     self.computer.reset_graphs()  # captured anew under autocast, not replayed
                     with torch.autocast("cuda", dtype=torch.bfloat16):
                         self.computer(frames, lengths)

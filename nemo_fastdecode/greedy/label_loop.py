@@ -68,12 +68,12 @@ class LabelLoopGreedy(GreedyComputerBase):
     instead of up to ``W`` calls of ``B`` rows (:func:`steps.window_select`). With ``fast_math`` on Triton its joint
     kernel is tiled as for ``B`` rows, so each row's logits are the single-frame look's bit for bit and the loop ends
     in the same state; automatic there: :func:`auto_lookahead_frames` (16 frames at batch 32 for RNN-T, 4 for TDT).
-    On the exact path one IEEE-fp32 GEMM computes the ``B * W`` rows (the exact predictor's few-row kernel on CUDA,
-    NeMo's Linear without it), whose logits equal the single-frame look's to float32 rounding (a GEMM of another
-    shape may sum in another order, as NeMo's own decoders of other shapes do), so the hypotheses are NeMo's as the
-    exact decoders' are: same tokens and frames, scores to float32 rounding; automatic there: 4 frames at batch 32
-    for RNN-T, 2 for TDT. Both need the Triton step kernels (CUDA, or the interpreter) and NeMo's default joint;
-    without them (``fused_kernels=False``, the CPU) looks go frame by frame.
+    With the opt-in exact predictor one IEEE-fp32 few-row GEMM computes the ``B * W`` rows, whose logits equal the
+    single-frame look's to float32 rounding; automatic there: 4 frames at batch 32 for RNN-T, 2 for TDT. By default
+    (NeMo's modules) looks go frame by frame, each joint call the shape of NeMo's, so its sums round as NeMo's do;
+    ``lookahead_frames > 1`` asks for NeMo's Linear over the window (a GEMM of another shape: logits to float32
+    rounding). Windows need the Triton step kernels (CUDA, or the interpreter) and NeMo's default joint; without
+    them (``fused_kernels=False``, the CPU) looks go frame by frame.
 
     ``looks_per_iteration`` (``None``: by graph mode, :func:`auto_looks_per_iteration`): ``0`` runs the two-level
     loop, ``while labels: look; while blanks: look again; emit``, whose inner WHILE condition is evaluated at
@@ -122,8 +122,11 @@ class LabelLoopGreedy(GreedyComputerBase):
             )
         if self.lookahead_frames is not None:
             return self.lookahead_frames
-        # recorded looks go frame by frame
-        automatic = windowed and not self.records.enabled
+        # automatic windows only where an opt-in arithmetic already owns the joint's output layer: NeMo's Linear over
+        # B * W rows is a GEMM of another shape than NeMo's B-row look, whose sums may round otherwise; recorded looks
+        # go frame by frame
+        opted_in = self.fast_predictor is not None or self.exact_predictor is not None
+        automatic = windowed and opted_in and not self.records.enabled
         return auto_lookahead_frames(batch_size, self.is_tdt, exact=self.fast_predictor is None) if automatic else 1
 
     def _extra_buffers(self, b: LoopBuffers) -> None:
