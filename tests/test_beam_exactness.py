@@ -28,7 +28,7 @@ LENGTHS = [24, 1, 17, 5, 9, 24]  # ragged; zero-length rows are tested separatel
 
 
 def nemo_malsd(kind, decoder, joint, beam_size, max_symbols, **kwargs):
-    common = dict(beam_size=beam_size, max_symbols_per_step=max_symbols, allow_cuda_graphs=False, **kwargs)
+    common = {"beam_size": beam_size, "max_symbols_per_step": max_symbols, "allow_cuda_graphs": False, **kwargs}
     if kind == "tdt":
         return BeamBatchedTDTInfer(decoder, joint, TDT_DURATIONS, VOCAB_SIZE, **common)
     return BeamBatchedRNNTInfer(decoder, joint, VOCAB_SIZE, **common)

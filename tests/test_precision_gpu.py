@@ -58,7 +58,7 @@ def test_greedy_default_returns_nemos_default_in_each_precision(kind, precision)
 @pytest.mark.parametrize("kind", ["rnnt", "tdt"])
 def test_beam_default_returns_malsd_batch_default_in_each_precision(kind, precision):
     decoder, joint, x, lengths, context = networks_and_inputs(kind, precision, seed=50)
-    nemo = nemo_malsd(kind, decoder, joint, 4, 10, allow_cuda_graphs=True)
+    nemo = nemo_malsd(kind, decoder, joint, 4, 10, allow_cuda_graphs=True)  # NeMo's default
     fast = fast_beam(kind, decoder, joint, 4, 10)
     with context:
         expected = as_tuples(nemo(encoder_output=x, encoded_lengths=lengths)[0], False)

@@ -183,11 +183,10 @@ class GreedyComputerBase(CapturedLoopOwner):
     def is_tdt(self) -> bool:
         return self.durations_list is not None
 
-    @property
-    def score_dtype(self) -> torch.dtype:
+    def score_dtype(self, float_dtype: torch.dtype) -> torch.dtype:
         """Scores accumulate as NeMo's loop of the same kind: its RNN-T frame loop adds Python floats, its label
-        loops (RNN-T and TDT) fp32."""
-        return torch.float64 if self.frame_looping and not self.is_tdt else torch.float32
+        loops (RNN-T and TDT) add in the decode's float dtype (``float_dtype``: bf16 with bf16 weights)."""
+        return torch.float64 if self.frame_looping and not self.is_tdt else float_dtype
 
     # ----- phases: defined by the algorithm ------------------------------------------------
     def _phases(self, buffers: LoopBuffers, mode: GraphMode) -> LoopPhases:
@@ -329,7 +328,7 @@ class GreedyComputerBase(CapturedLoopOwner):
         return self._buffers, self._loop
 
     def _allocate(self, batch_size, max_time, hidden, capacity, device, dtype) -> LoopBuffers:
-        buffers = LoopBuffers(batch_size, max_time, hidden, capacity, device, dtype, self.score_dtype)
+        buffers = LoopBuffers(batch_size, max_time, hidden, capacity, device, dtype, self.score_dtype(dtype))
         buffers.predictor = self._predictor_for(device, dtype)
         if self.records.enabled:
             buffers.steps = self._step_records(batch_size, max_time, capacity, device, dtype)
