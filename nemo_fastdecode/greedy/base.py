@@ -27,6 +27,7 @@ from nemo_fastdecode.greedy.state import (
     BatchedGreedyState,
     LoopBuffers,
     check_blank_is_last_token,
+    module_dtype,
     predictor_state_batch_dim,
 )
 from nemo_fastdecode.kernels import triton_runs_on
@@ -530,7 +531,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             encoder_output,
             fast_math=self.fast_predictor is not None,
             like_nemo_graphs=not self.keeps_caller_autocast(encoder_output.device),
-            parameter_dtype=next(self.joint.parameters()).dtype,
+            parameter_dtype=module_dtype(self.joint, encoder_output.dtype),
         )
 
     def _decode_loop(
