@@ -38,7 +38,7 @@ from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.greedy.fusion import FusionModels
-from nemo_fastdecode.greedy.state import predictor_state_batch_dim
+from nemo_fastdecode.greedy.state import check_blank_is_last_token, module_dtype, predictor_state_batch_dim
 from nemo_fastdecode.greedy.steps import joint_hidden
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.beam_select import advance_beams, kernel_by_default, select_extensions_reference
@@ -125,6 +125,8 @@ class MALSDBeamComputer(CapturedLoopOwner):
             if compiled_step
             else None
         )
+        if self.durations_list is not None:  # RNN-T searches any blank_index as malsd_batch does; TDT does not
+            check_blank_is_last_token(joint, blank_index, len(self.durations_list), "fast_beam (TDT)", "malsd_batch")
         self.state_batch_dim = predictor_state_batch_dim(decoder)
         self._buffers: BeamLoopBuffers | None = None
         self._loop: TwoLevelLoop | None = None
@@ -396,7 +398,7 @@ class MALSDBeamComputer(CapturedLoopOwner):
             encoder_output,
             fast_math=self.fast_predictor is not None,
             like_nemo_graphs=self.use_cuda_graphs and encoder_output.device.type == "cuda",
-            parameter_dtype=next(self.joint.parameters()).dtype,
+            parameter_dtype=module_dtype(self.joint, encoder_output.dtype),  # a joint may have no parameters
         )
 
     def _search(
