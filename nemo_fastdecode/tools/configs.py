@@ -5,6 +5,7 @@
 * :class:`SyntheticManifestConfig` -- ``scripts/synthetic_manifest.py`` (``configs/synthetic_manifest.yaml``).
 * :class:`StreamingConfig` -- ``scripts/streaming.py`` (``configs/streaming/*.yaml``).
 * :class:`BenchmarkConfig` -- ``scripts/benchmark.py`` (``configs/benchmark.yaml``).
+* :class:`ExactnessBenchmarkConfig` -- ``scripts/bench_exactness.py`` (``configs/bench_exactness.yaml``).
 * :class:`StreamAudioBenchConfig` -- ``scripts/stream_audio_bench.py`` (``configs/stream_audio_bench*.yaml``).
 * :class:`LoadtestConfig` -- ``nemo-fastdecode loadtest`` (``configs/loadtest.yaml``).
 * :class:`TinyModelsConfig` -- ``scripts/train_tiny_models.py`` (``configs/train_tiny_models.yaml``).
@@ -16,11 +17,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_fastdecode.config import FastGreedyDecodingConfig
 from nemo_fastdecode.streaming.encoder import check_precision
 from nemo_fastdecode.streaming.transcriber import check_decoding
+
+if TYPE_CHECKING:
+    from nemo_fastdecode.tools.exactness_benchmark import RunOptions
 
 
 @dataclass
@@ -313,6 +317,90 @@ class TranscribeBenchmarkConfig:
         self.calibrations = check_calibrations(self.calibrations)
         if self.new_processes < 1:
             raise ValueError(f"new_processes must be >= 1, got {self.new_processes}")
+
+
+@dataclass
+class ExactnessBenchmarkConfig:
+    """``scripts/bench_exactness.py``: exactness tables with the speed beside them, ours against NeMo's default
+    strategies (:mod:`nemo_fastdecode.tools.exactness_benchmark`).
+
+    Attributes:
+        models: synthetic presets; ``None``: ``rnnt-0.6b`` and ``tdt-0.6b`` on a GPU, ``tiny-rnnt`` and ``tiny-tdt``
+            on the CPU (a smoke test of the set-up).
+        calibrations: each a separate test set: a number is the target tokens per frame of the blank-bias
+            calibration; ``trained`` the trained models' rate and burst length
+            (:func:`~nemo_fastdecode.tools.synthetic.calibrate_trained_like`).
+        precisions: ``fp32``, ``bf16_autocast`` (with the decoding API's ``bf16_autocast_bf16_encoder`` row),
+            ``bf16_weights``.
+        paths: ``transcribe`` (``model.transcribe`` with timestamps) and ``decoding_api``
+            (``model.decoding.rnnt_decoder_predictions_tensor`` on encoder outputs).
+        strategies: ``greedy`` (``greedy_batch`` against ``fast_greedy``) and ``beam`` (``malsd_batch`` against
+            ``fast_beam``).
+        total_seconds: audio per set (LibriSpeech test-other-like durations); ``None``: 1800 on a GPU, 10 on the CPU.
+        batch_size: ``transcribe``'s batch size and the encoder's batches for the decoding API.
+        beam_size: beams of both beam searches.
+        max_symbols: most tokens per frame for every strategy (NeMo's default: 10).
+        repeats: timed calls per side after one warm-up call (the best is reported); ``None``: 3 on a GPU, 1 on the
+            CPU (a smoke test: there NeMo's ``transcribe`` set-up, not decoding, takes most of a call).
+        vocab: the synthetic models' vocabulary: ``bpe`` (a sentencepiece tokenizer, as Parakeet checkpoints have;
+            NeMo 3.0's timestamps fail for char TDT models under beam search) or ``char``.
+        seed: synthetic weights and audio.
+        out_dir: where ``exactness_<models>[_<subset>]_<GPU or cpu>[_<date>].json`` / ``.md`` go, rewritten after
+            every set; ``<subset>`` names the calibrations, precisions, paths and strategies that are not the default
+            ones (:meth:`subset_tag`), so that runs of parts of the tables into one folder keep their own files.
+        date: added to the output file names.
+    """
+
+    models: list[str] | None = None
+    calibrations: list[Any] = field(default_factory=lambda: [0.3, "trained"])
+    precisions: list[str] = field(default_factory=lambda: ["fp32", "bf16_autocast", "bf16_weights"])
+    paths: list[str] = field(default_factory=lambda: ["transcribe", "decoding_api"])
+    strategies: list[str] = field(default_factory=lambda: ["greedy", "beam"])
+    total_seconds: float | None = None
+    batch_size: int = 32
+    beam_size: int = 4
+    max_symbols: int = 10
+    repeats: int | None = None
+    vocab: str = "bpe"
+    seed: int = 0
+    out_dir: str = "outputs/benchmarks"
+    date: str | None = None
+
+    def __post_init__(self) -> None:
+        self.calibrations = check_calibrations(self.calibrations)
+        if self.total_seconds is not None and self.total_seconds <= 0:
+            raise ValueError(f"total_seconds must be > 0 or null, got {self.total_seconds}")
+        if self.vocab not in ("char", "bpe"):
+            raise ValueError(f"vocab={self.vocab!r} is not valid; valid values: char, bpe")
+        self.run_options()  # checks the choices and counts
+
+    def run_options(self, repeats: int = 3) -> RunOptions:
+        """The options every set runs with (:class:`~nemo_fastdecode.tools.exactness_benchmark.RunOptions`);
+        ``repeats`` where the config leaves it ``None``."""
+        from nemo_fastdecode.tools.exactness_benchmark import RunOptions
+
+        return RunOptions(
+            tuple(self.precisions),
+            tuple(self.paths),
+            tuple(self.strategies),
+            self.batch_size,
+            self.beam_size,
+            self.max_symbols,
+            self.repeats if self.repeats is not None else repeats,
+            self.vocab,
+            self.seed,
+        )
+
+    def subset_tag(self) -> str:
+        """The calibrations, precisions, paths and strategies that differ from the defaults, joined for a file name
+        (``trained_fp32``); empty for the defaults."""
+        defaults = ExactnessBenchmarkConfig()
+        parts = [
+            "-".join(map(str, getattr(self, name)))
+            for name in ("calibrations", "precisions", "paths", "strategies")
+            if getattr(self, name) != getattr(defaults, name)
+        ]
+        return "_".join(parts)
 
 
 @dataclass
