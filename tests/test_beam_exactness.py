@@ -214,3 +214,16 @@ def test_forcing_a_graph_mode_on_cpu_is_an_error():
     x, lengths = random_encoder_output(2, 5)
     with pytest.raises(ValueError, match="no_while_graph.*needs a CUDA device"):
         decode(encoder_output=x, encoded_lengths=lengths)
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bf16_weights_search_as_malsd_batch(kind, seed):
+    """With bf16 weights NeMo normalises, ranks and adds in bf16, where ties are common: the same tokens, timestamps,
+    durations and scores, bit for bit (each beam's candidates by NeMo's own log-softmax and ``torch.topk``)."""
+    decoder, joint = make_networks(tdt=kind == "tdt", seed=seed, blank_bias=REALISTIC_BIAS[kind] - 0.3, pred_layers=2)
+    decoder, joint = decoder.to(torch.bfloat16), joint.to(torch.bfloat16)
+    x, lengths = random_encoder_output(8, 40, seed=seed + 1, lengths=[40, 3, 2, 33, 20, 1, 40, 25])
+    expected, actual = decode_both(kind, decoder, joint, x.to(torch.bfloat16), lengths, 4, 10)
+    assert sum(len(tokens) for tokens, *_ in expected) > 0, "setup: the networks should emit tokens"
+    assert actual == expected

@@ -41,7 +41,12 @@ from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.greedy.state import check_blank_is_last_token, module_dtype, predictor_state_batch_dim
 from nemo_fastdecode.greedy.steps import joint_hidden
 from nemo_fastdecode.kernels import triton_runs_on
-from nemo_fastdecode.kernels.beam_select import advance_beams, kernel_by_default, select_extensions_reference
+from nemo_fastdecode.kernels.beam_select import (
+    advance_beams,
+    kernel_by_default,
+    nemo_step_candidates,
+    select_extensions_reference,
+)
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
 from nemo_fastdecode.kernels.warm_up import finish_triton_warm_up
 from nemo_fastdecode.logs import logger
@@ -178,6 +183,24 @@ class MALSDBeamComputer(CapturedLoopOwner):
         scores, parents, labels, durations = select_extensions_reference(
             values, ids, hyps.scores, b.active, hyps.labels_at_time, *common, blank_scores
         )
+        return self._apply_selection(b, scores, parents, labels, durations)
+
+    def _extend_as_nemo(self, b: BeamLoopBuffers, logits: torch.Tensor):
+        """:meth:`_extend` for searches in bf16 / fp16 (bf16 weights): each beam's candidates by NeMo's own ops
+        (:func:`nemo_step_candidates`: log-softmax and ``torch.topk`` in the search's dtype, where ties are common and
+        must break as NeMo's do), then NeMo's selection."""
+        hyps: BeamHypsBuffer = b.hyps
+        num_durations = len(self.durations_list) if self.is_tdt else 0
+        candidates = nemo_step_candidates(logits, self.beam_size, self.blank_index, num_durations, b.float_dtype)
+        scores, parents, labels, durations = select_extensions_reference(
+            None, None, hyps.scores, b.active, hyps.labels_at_time, self.blank_index, self.max_symbols,
+            candidates=candidates,
+        )  # fmt: skip
+        return self._apply_selection(b, scores, parents, labels, durations)
+
+    def _apply_selection(self, b: BeamLoopBuffers, scores, parents, labels, durations):
+        """The selected extensions into the hypotheses (equal ones merged), then every beam's time and the flags."""
+        hyps: BeamHypsBuffer = b.hyps
         hyps.add_(parents, labels, scores, durations)
         hyps.recombine_()
         # 5. time: blank moves on one frame (RNN-T); TDT moves by the duration (finished beams stay)
@@ -264,9 +287,12 @@ class MALSDBeamComputer(CapturedLoopOwner):
             else:
                 frames = b.encoder_projected[b.beam_rows, b.safe_time_indices.view(-1)].unsqueeze(1)
                 logits = self.joint.joint_after_projection(frames, b.decoder_output)[:, 0, 0, :]
-            values, ids, blank_scores = self._top_k(b, logits)
             # 2.-3., 5. candidates, the K best of K x K into the hypotheses (equal ones merged), time and flags
-            parents, step_labels, keep = extend(b, logits, values, ids, blank_scores)
+            if b.float_dtype != torch.float32 and b.fusion is None:
+                parents, step_labels, keep = self._extend_as_nemo(b, logits)
+            else:
+                values, ids, blank_scores = self._top_k(b, logits)
+                parents, step_labels, keep = extend(b, logits, values, ids, blank_scores)
             if b.fusion is not None:  # every kept beam's fusion states: its parent's, moved by its label
                 self.fusion.select(b.fusion, parents, step_labels.view(-1), keep)
             # 4. prediction network: beams that emitted a label advance from their parent's state

@@ -288,9 +288,37 @@ def _extend_hypotheses(
     tl.store(scores_ptr + beam_state, new_scores, mask=beam_ok)
 
 
+def nemo_step_candidates(
+    logits: torch.Tensor, k: int, blank_id: int, num_durations: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Each beam's ``K`` candidates as NeMo's ``malsd_batch`` step makes them, op for op: its log-softmax in ``dtype``,
+    its ``torch.topk`` over every label (blank included; TDT: every label x duration pair), so that ties -- common in
+    bf16 -- break as NeMo's break.
+
+    Args:
+        logits: ``[B*K, V + 1 (+ D)]`` the joint's output at every beam's frame.
+        k: the beam size; ``blank_id``: blank (the last token); ``num_durations``: TDT durations (0: RNN-T).
+        dtype: the search's float dtype (the projected encoder output's), in which NeMo normalises and adds.
+
+    Returns:
+        ``(scores [B*K, K], labels [B*K, K], durations [B*K, K] or None, forced-blank scores [B*K])``.
+    """
+    token_logits = logits[:, :-num_durations] if num_durations else logits
+    log_probs = torch.log_softmax(token_logits, dim=-1, dtype=dtype)
+    if not num_durations:
+        scores, labels = torch.topk(log_probs, k, dim=-1, largest=True, sorted=True)
+        return scores, labels, None, log_probs[:, blank_id]
+    duration_log_probs = torch.log_softmax(logits[:, -num_durations:], dim=-1, dtype=dtype)
+    pairs = log_probs[:, :, None] + duration_log_probs[:, None, :]
+    scores, pair_ids = torch.topk(pairs.view(pairs.shape[0], -1), k, dim=-1, largest=True, sorted=True)
+    labels, durations = pair_ids // num_durations, pair_ids % num_durations
+    durations = torch.where((labels == blank_id) & (durations == 0), 1, durations)  # blank never stays on its frame
+    return scores, labels, durations, log_probs[:, blank_id] + duration_log_probs.max(dim=-1).values
+
+
 def select_extensions_reference(
-    values: torch.Tensor,
-    ids: torch.Tensor,
+    values: torch.Tensor | None,
+    ids: torch.Tensor | None,
     hyp_scores: torch.Tensor,
     active: torch.Tensor,
     labels_at_time: torch.Tensor,
@@ -298,21 +326,29 @@ def select_extensions_reference(
     max_symbols: int | None,
     duration_logits: torch.Tensor | None = None,
     blank_scores: torch.Tensor | None = None,
+    candidates: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`select_extensions` in torch: NeMo's own operations (bit-identical to its search on the CPU).
 
     ``blank_scores [B*K]``: what a forced blank scores, where it is not ``values[:, K]``; then ``values`` / ``ids``
-    may hold just the ``K`` candidates of each beam (NeMo's early pruning of fused scores).
+    may hold just the ``K`` candidates of each beam (NeMo's early pruning of fused scores). ``candidates``: each
+    beam's candidates already made (:func:`nemo_step_candidates`); ``values``, ``ids``, ``duration_logits`` and
+    ``blank_scores`` are then not read.
     """
     batch, k = hyp_scores.shape
     dtype, shape = hyp_scores.dtype, (batch, k, k)
-    values = values.to(dtype)
-    blank_scores = values[:, k] if blank_scores is None else blank_scores.to(dtype)
-    if duration_logits is None:
+    if candidates is not None:
+        top_scores, top_labels, top_durations, blank_scores = candidates
+        top_durations = None if top_durations is None else top_durations.view(shape)
+    elif duration_logits is None:
+        values = values.to(dtype)
+        blank_scores = values[:, k] if blank_scores is None else blank_scores.to(dtype)
         # blank joins the K best non-blank tokens at its rank (ties: after the tokens); keep K
         order = values.sort(dim=-1, descending=True, stable=True).indices[:, :k]
         top_scores, top_labels, top_durations = values.gather(1, order), ids.gather(1, order), None
     else:
+        values = values.to(dtype)
+        blank_scores = values[:, k] if blank_scores is None else blank_scores.to(dtype)
         num_durations = duration_logits.shape[-1]
         duration_scores = torch.log_softmax(duration_logits, dim=-1, dtype=dtype)  # [B*K, D]
         # (token, duration) pairs: NeMo's `log_probs[..., None] + duration_log_probs[..., None, :]`, K(+1) tokens
