@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["capture_graph", "capturing", "garbage_collection_paused"]
+__all__ = ["capture_graph", "capturing", "garbage_collection_paused", "keep_if_capturing", "release_kept"]
 
 
 @contextlib.contextmanager
@@ -29,6 +29,32 @@ def garbage_collection_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+# graphs (and memory pools) whose owner was collected while a stream was capturing, kept until no capture runs
+_kept_during_capture: list[Any] = []
+
+
+def keep_if_capturing(*graphs_and_pools: Any) -> None:
+    """From an owner's finalizer: keep its graphs and pools alive if this thread is capturing now.
+
+    The cyclic collector frees dropped decoders at any allocation, also inside a capture that is not ours and does
+    not pause it (NeMo's decoders capture with ``torch.cuda.graph``, which no longer collects garbage first in recent
+    PyTorch). Destroying a graph or releasing its pool there is illegal and fails that capture ("operation not
+    permitted when stream is capturing"). Kept here, they are released by :func:`release_kept` outside captures.
+    """
+    try:
+        capturing_now = torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+    except Exception:  # a finalizer at interpreter exit, with torch half torn down: nothing captures then
+        return
+    if capturing_now:
+        _kept_during_capture.extend(g for g in graphs_and_pools if g is not None)
+
+
+def release_kept() -> None:
+    """Release what :func:`keep_if_capturing` kept, unless this thread is capturing now."""
+    if _kept_during_capture and not (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()):
+        _kept_during_capture.clear()
 
 
 @contextlib.contextmanager

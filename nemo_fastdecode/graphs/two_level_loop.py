@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nemo_fastdecode.graphs.capture import capturing, garbage_collection_paused
+from nemo_fastdecode.graphs.capture import capturing, garbage_collection_paused, keep_if_capturing, release_kept
 from nemo_fastdecode.graphs.cuda_api import CudaPythonError
 from nemo_fastdecode.graphs.modes import GraphMode
 
@@ -62,6 +62,10 @@ class TwoLevelLoop:
         # the memory of the WHILE bodies' temporaries; it lives as long as the full graph (see _capture_full)
         self._body_pool: torch.cuda.MemPool | None = None
 
+    def __del__(self) -> None:
+        # collected inside someone else's capture (a dropped decoder's reference cycle): free the graphs later
+        keep_if_capturing(self._full_graph, self._body_pool, *(self._phase_graphs or {}).values())
+
     def run(self) -> None:
         """Run the whole loop once (capturing first if needed)."""
         if self.mode is GraphMode.EAGER:
@@ -90,6 +94,7 @@ class TwoLevelLoop:
                 end()
 
     def _capture(self) -> None:
+        release_kept()
         with garbage_collection_paused():
             self._capture_all()
 
