@@ -23,7 +23,7 @@ from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_bas
 from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.hyps import EmittedTokens
-from nemo_fastdecode.greedy.state import BatchedGreedyState
+from nemo_fastdecode.greedy.state import BatchedGreedyState, module_device, module_dtype
 
 __all__ = ["NemoDecodingComputer", "batched_hyps_of"]
 
@@ -65,10 +65,10 @@ class NemoDecodingComputer(ComputerGraphsSwitch):
         return self.computer.max_symbols
 
     def _float_dtype(self) -> torch.dtype:
-        return next(self.computer.joint.parameters()).dtype
+        return module_dtype(self.computer.joint)  # a joint may have no parameters (NeMo's test stand-ins)
 
     def _device(self) -> torch.device:
-        return next(self.computer.joint.parameters()).device
+        return module_device(self.computer.joint)
 
     def _after_sos(self, batch_size: int, device: torch.device) -> BatchedGreedyState:
         return self.computer.initial_state(batch_size, device, self._float_dtype())
