@@ -42,6 +42,12 @@ used the same way)::
 Exactness: in fp32 every stream's tokens, text and word timestamps equal NeMo's cache-aware streaming of that
 stream alone (``CacheAwareStreamingAudioBuffer`` over the preprocessor's features of the whole file, then
 ``conformer_stream_step``), whatever the push sizes and however streams interleave (tests/test_streaming_engine.py).
+The whole file's features are its ``seq_len = L // hop`` frames, those NeMo's offline ``transcribe`` encodes. NeMo's
+streaming script (``speech_to_text_cache_aware_streaming_infer.py``) streams one frame more: its buffer's
+``append_audio_file`` keeps the preprocessor's whole output (``L // hop + 1`` STFT frames, the last one past
+``seq_len`` and masked to ``pad_value``) and takes its width as the stream's length. That frame can change a stream's
+last tokens; ``masked_end_frame=True`` streams it too, and the tokens then equal the script's on each file
+(tests/test_streaming_engine_script.py).
 
 Endpointing: a final event need not end its stream. :meth:`StreamingEngine.end_segment` emits the final event
 of the stream's current segment (its tokens since the previous segment) and the stream goes on: audio, caches and
@@ -153,6 +159,11 @@ class StreamingEngine:
             ``greedy.ngram_lm_model`` (an ARPA file or NeMo's ``.nemo`` n-gram LM; greedy: label looping, with
             per-stream boosting too) or, with ``decoding="beam"``, as NeMo's ``malsd_batch`` ``beam.ngram_lm_model``.
         ngram_lm_alpha: the LM's weight, > 0 with a model (NeMo's ``greedy.ngram_lm_alpha``).
+        masked_end_frame: after each stream's last feature frame, step one frame of the preprocessor's
+            ``pad_value``, the masked frame NeMo's streaming script keeps at the end of every file (see the module
+            docstring): the final tokens then equal that script's on each file alone (a stream without a sample gets
+            no frame). ``False`` (default): the stream's ``L // hop`` frames, as NeMo's offline ``transcribe`` encodes
+            them.
     """
 
     def __init__(
@@ -176,11 +187,14 @@ class StreamingEngine:
         beam_size: int = 4,
         ngram_lm_model: str | Path | None = None,
         ngram_lm_alpha: float = 0.0,
+        masked_end_frame: bool = False,
     ):
         if idle_timeout_seconds is not None and not idle_timeout_seconds > 0:
             raise ValueError(f"idle_timeout_seconds must be > 0 or None, got {idle_timeout_seconds!r}")
         if not (isinstance(max_chunks_per_cycle, int) and max_chunks_per_cycle >= 1):
             raise ValueError(f"max_chunks_per_cycle must be an int >= 1, got {max_chunks_per_cycle!r}")
+        if not isinstance(masked_end_frame, bool):
+            raise TypeError(f"masked_end_frame must be a bool, got {masked_end_frame!r}")
         self.max_chunks_per_cycle = max_chunks_per_cycle
         self.endpointing = _endpointing_options(EndpointingOptions() if endpointing is None else endpointing)
         self._beam = decoding == "beam"
@@ -217,10 +231,16 @@ class StreamingEngine:
         self._clock = clock
         self._cycle_samples = math.floor(max_cycle_seconds * s.sample_rate)
         self._max_chunk = max(g.first_chunk, g.chunk)
-        # a stream is fed only while less than a chunk waits, then gets one cycle of frames (+ its flush's last ones)
-        capacity = self._max_chunk + self._cycle_samples // s.hop + 4
+        # a stream is fed only while less than a chunk waits, then gets one cycle of frames (+ its flush's last ones,
+        # + the masked end frame)
+        capacity = self._max_chunk + self._cycle_samples // s.hop + 4 + int(masked_end_frame)
         self.schedule = ChunkSchedule(g, num_slots)
         self.queue = FeatureQueue(num_slots, g.feat_in, capacity, self.device)
+        self.masked_end_frame = masked_end_frame
+        self._end_frames: torch.Tensor | None = None
+        if masked_end_frame:  # one column per slot: every stream ending in a cycle gets its frame in one write
+            pad_value = float(model.preprocessor.featurizer.pad_value)
+            self._end_frames = torch.full((g.feat_in, num_slots), pad_value, dtype=torch.float32, device=self.device)
         preprocessor_cfg = model.cfg.get("preprocessor", {}) or {}
         self._window_stride = float(preprocessor_cfg.get("window_stride", s.hop / s.sample_rate))  # NeMo's timestamps
         self._token_text = TokenText(model.decoding)
@@ -552,6 +572,8 @@ class StreamingEngine:
             self._queue_cuts(vad.ends)
         self.queue.write(out.slots, out.starts, out.counts, out.features)
         self.schedule.add(out.slots, out.counts)
+        if self.masked_end_frame and out.ended.size:
+            self._append_end_frames(out.ended)
         self.schedule.end(out.ended)
         if (self.schedule.backlog > self.queue.capacity).any():  # the feed policy above rules this out
             raise RuntimeError("a stream's waiting feature frames overflowed the engine's feature queue")
@@ -583,6 +605,17 @@ class StreamingEngine:
         for slot in done.tolist():
             self._free(slot)
         return events
+
+    def _append_end_frames(self, slots: np.ndarray) -> None:
+        """One frame of ``pad_value`` after the last feature frame of each of ``slots`` (streams the front end just
+        flushed), counted as theirs: NeMo's streaming script steps it as the stream's last frame. A stream without a
+        sample gets none (it has no preprocessor output; NeMo's preprocessor fails on an empty file)."""
+        slots = slots[self.front.received_samples(slots) > 0]
+        if slots.size == 0:
+            return
+        ones = np.ones(slots.size, dtype=np.int64)
+        self.queue.write(slots, self.schedule.received[slots], ones, self._end_frames[:, : slots.size])
+        self.schedule.add(slots, ones)
 
     def _report_speech(self, marks: SpeechMarks, ends: SpeechEnds) -> None:
         """The VAD's marks as :class:`SpeechEvent` s; ``segment``: the stream's current one, past the utterance ends
