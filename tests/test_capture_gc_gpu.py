@@ -39,10 +39,11 @@ def collector_at_every_allocation() -> Iterator[None]:
 def test_calibration_rounds_free_their_decoders_graphs_outside_captures():
     """Each calibration round builds NeMo's CUDA-graph decoder; the next round's capture must not free the last."""
     model = synthetic.build_synthetic_model("tiny-rnnt", device="cuda")
-    encoded, lengths = synthetic.encode(model, demo_audio(0), batch_size=3, device="cuda")
+    encoded, lengths = synthetic.encode(model, demo_audio(0), batch_size=3, device="cuda")  # lists of batches
+    batches = list(zip(encoded, lengths, strict=True))
     gc.collect()
     with collector_at_every_allocation():
-        rounds = [_stats(model, [(encoded, lengths)], max_symbols=10) for _ in range(3)]
+        rounds = [_stats(model, batches, max_symbols=10) for _ in range(3)]
     assert rounds[0].tokens > 0, "setup: the model should emit tokens"
     assert all(r.tokens == rounds[0].tokens for r in rounds)
 
