@@ -174,7 +174,7 @@ def test_fused_kernels_option_reaches_the_computer_and_fails_clearly_without_tri
 @pytest.mark.parametrize("value", [None, True, False])
 def test_exact_predictor_option_reaches_the_computer(value):
     """Opt-in: only ``true`` builds the exact predictor; the default (``false``) and ``null`` keep NeMo's modules."""
-    model = synthetic.build_synthetic_model("tiny-tdt")
+    model = synthetic.build_synthetic_model("tiny-rnnt")  # (a TDT model needs its own decoding section's durations)
     section = decoding_config("fast_greedy") if value is None else decoding_config("fast_greedy", exact_predictor=value)
     model.change_decoding_strategy(section)
     computer = model.decoding.decoding.computer
