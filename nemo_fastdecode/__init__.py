@@ -1,11 +1,13 @@
 """nemo-fastdecode: exact, fast transducer decoding strategies for NeMo.
 
 Importing the package registers the strategies (``decoding.strategy: fast_greedy``) with NeMo, replaces NeMo's NVRTC
-helper with one that does not overwrite CPython's shared ``b" "`` (:mod:`nemo_fastdecode.graphs.nemo_nvrtc`), and on a
+helper with one that does not overwrite CPython's shared ``b" "`` (:mod:`nemo_fastdecode.graphs.nemo_nvrtc`), pauses
+the garbage collector while NeMo's decoders capture CUDA graphs (:mod:`nemo_fastdecode.graphs.nemo_captures`), and on a
 GPU starts Triton's once-per-process set-up on a background thread (:mod:`nemo_fastdecode.kernels.warm_up`).
 """
 
 from nemo_fastdecode.graphs import GraphMode
+from nemo_fastdecode.graphs.nemo_captures import guard_nemo_captures
 from nemo_fastdecode.graphs.nemo_nvrtc import guard_nemo_nvrtc
 from nemo_fastdecode.kernels.warm_up import start_triton_warm_up
 from nemo_fastdecode.logs import set_verbose
@@ -13,6 +15,7 @@ from nemo_fastdecode.registry import register, valid_strategies
 
 register()
 guard_nemo_nvrtc()
+guard_nemo_captures()
 start_triton_warm_up()
 
 __version__ = "0.1.0"

@@ -64,3 +64,22 @@ def test_a_dropped_fast_greedy_freed_inside_nemos_capture_leaves_it_intact():
         actual = nemo(encoder_output=x, encoded_lengths=lengths)[0]
     assert nemo.decoding_computer.cuda_graphs_mode is not None
     assert_same_hypotheses(expected, actual)
+
+
+def test_a_dropped_nemo_decoder_freed_inside_another_nemo_capture_leaves_it_intact():
+    """NeMo's own decoders: one dropped after capturing, the next one's capture runs with the collector paused
+    (:mod:`nemo_fastdecode.graphs.nemo_captures`)."""
+    decoder, joint = make_networks(tdt=True, seed=23, blank_bias=REALISTIC_BIAS["tdt"])
+    decoder, joint = decoder.cuda(), joint.cuda()
+    x, lengths = random_encoder_output(4, 30, seed=24, lengths=[30, 12, 1, 25], device="cuda")
+    expected = baseline("tdt", decoder, joint, 10)(encoder_output=x, encoded_lengths=lengths)[0]
+    assert sum(len(h.y_sequence) for h in expected) > 0, "setup: the networks should emit tokens"
+    gc.collect()
+    first = baseline("tdt", decoder, joint, 10, use_cuda_graph_decoder=True)
+    first(encoder_output=x, encoded_lengths=lengths)  # captures its graphs
+    del first  # a reference cycle holding CUDA graphs
+    with collector_at_every_allocation():
+        second = baseline("tdt", decoder, joint, 10, use_cuda_graph_decoder=True)
+        actual = second(encoder_output=x, encoded_lengths=lengths)[0]
+    assert second.decoding_computer.cuda_graphs_mode is not None
+    assert [list(map(int, h.y_sequence)) for h in actual] == [list(map(int, h.y_sequence)) for h in expected]
