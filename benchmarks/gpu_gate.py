@@ -51,6 +51,25 @@ def read_junit(path: Path) -> GateSummary:
     return summary
 
 
+def read_verbose_log(path: Path) -> GateSummary:
+    """Counts and ids from ``pytest -v`` lines (``<id> PASSED``, ``FAILED``, ``SKIPPED``, ``XFAIL``, ``ERROR``)."""
+    summary = GateSummary()
+    for line in path.read_text(errors="replace").splitlines():
+        test_id, _, rest = line.partition(" ")
+        outcome = rest.split(" ", 1)[0]
+        if "::" not in test_id:
+            continue
+        if outcome == "PASSED":
+            summary.passed += 1
+        elif outcome in ("FAILED", "ERROR"):
+            summary.failed.append(test_id)
+        elif outcome == "SKIPPED":
+            summary.skipped += 1
+        elif outcome == "XFAIL":
+            summary.xfailed.append(test_id)
+    return summary
+
+
 def environment() -> dict[str, str]:
     """GPU, driver and library versions of this host."""
     import torch
@@ -106,12 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     junit = args.out / "gpu-tests.xml"
-    pytest_args = ["-m", "gpu", *args.paths, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+    # -v: every test's id and outcome in the log, also where the process dies before pytest's summary
+    pytest_args = ["-m", "gpu", *args.paths, "-v", "-p", "no:cacheprovider", f"--junitxml={junit}"]
     command = "python -m pytest " + " ".join(a for a in pytest_args if not a.startswith("--junitxml"))
     started = time.perf_counter()
     with open(args.out / "gpu-tests.log", "w") as log:
         status = subprocess.run([sys.executable, "-m", "pytest", *pytest_args], stdout=log, stderr=subprocess.STDOUT)
-    summary = read_junit(junit)
+    if junit.exists():
+        summary = read_junit(junit)
+    else:  # the process died (an abort) before writing its report: what the verbose log shows, and the death
+        summary = read_verbose_log(args.out / "gpu-tests.log")
+        summary.failed.append(f"pytest exited with status {status.returncode} before its report (see gpu-tests.log)")
     summary.seconds = time.perf_counter() - started
     write_summary(args.out / "gpu-tests.md", summary, args.commit, command, environment())
     print((args.out / "gpu-tests.md").read_text())
