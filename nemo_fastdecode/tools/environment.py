@@ -39,6 +39,19 @@ def environment(device: torch.device | str | None = None) -> dict[str, Any]:
     return env
 
 
+def report_header(title: str, command: str, env: dict[str, Any]) -> list[str]:
+    """The first lines of a benchmark's Markdown report: its title, the exact command and the environment."""
+    return [
+        f"# {title}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Environment: GPU {env['gpu']}, driver {env['driver']}, torch {env['torch']}, CUDA {env['cuda']}, "
+        f"Triton {env['triton']}, NeMo {env['nemo']}, Python {env['python']}, commit {env['commit']}.",
+        "",
+    ]
+
+
 def _version(module: str) -> str | None:
     try:
         return __import__(module).__version__

@@ -56,7 +56,7 @@ from nemo_fastdecode.tools.emissions import (
     emission_stats,
     trained_emission_stats_for,
 )
-from nemo_fastdecode.tools.environment import environment
+from nemo_fastdecode.tools.environment import environment, report_header
 from nemo_fastdecode.tools.models import is_hybrid
 from nemo_fastdecode.tools.nemo_context import eval_mode, quiet_nemo
 from nemo_fastdecode.tools.timing import synchronize
@@ -735,13 +735,7 @@ def markdown_report(sets: Sequence[ExactnessSet], command: str, env: dict[str, A
     """The tables: one per model, a row per (calibration, precision, path, strategy)."""
     repeats = {len(r.calls_nemo or r.calls_ours) for s in sets for r in s.rows} - {0}
     lines = [
-        f"# Exactness and speed: ours against NeMo's default strategies ({env['gpu']})",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Environment: GPU {env['gpu']}, driver {env['driver']}, torch {env['torch']}, CUDA {env['cuda']}, "
-        f"Triton {env['triton']}, NeMo {env['nemo']}, Python {env['python']}, commit {env['commit']}.",
-        "",
+        *report_header(f"Exactness and speed: ours against NeMo's default strategies ({env['gpu']})", command, env),
         "Strategies: `greedy` -- NeMo's `greedy_batch` (its defaults: label looping, CUDA graphs) against "
         "`fast_greedy`; `beam` -- NeMo's `malsd_batch` (its defaults, CUDA graphs allowed) against `fast_beam`; the "
         "same `max_symbols`, beam size and `return_best_hypothesis: true` on both sides, switched with "

@@ -45,7 +45,7 @@ from nemo_fastdecode.tools.emissions import (
     emission_stats,
     trained_emission_stats_for,
 )
-from nemo_fastdecode.tools.environment import environment
+from nemo_fastdecode.tools.environment import environment, report_header
 from nemo_fastdecode.tools.models import apply_decoding
 from nemo_fastdecode.tools.timing import synchronize
 
@@ -318,15 +318,7 @@ def write_transcribe_reports(reports: list[TranscribeReport], command: str, json
     env = environment()
     with open(json_path, "w") as f:
         json.dump({"command": command, "environment": env, "reports": [asdict(r) for r in reports]}, f, indent=1)
-    lines = [
-        f"# model.transcribe end to end ({env['gpu']})",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Environment: GPU {env['gpu']}, driver {env['driver']}, torch {env['torch']}, CUDA {env['cuda']}, "
-        f"Triton {env['triton']}, NeMo {env['nemo']}, Python {env['python']}, commit {env['commit']}.",
-        "",
-    ]
+    lines = report_header(f"model.transcribe end to end ({env['gpu']})", command, env)
     for r in reports:
         nemo = next((row for row in r.rows if row.name == "nemo"), None)
         calibration = "trained (rate and bursts)" if r.calibration == "trained" else f"{r.calibration} tokens/frame"
