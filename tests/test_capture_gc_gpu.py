@@ -4,7 +4,10 @@ Decoders (NeMo's and ours) hold reference cycles, so a dropped one is freed at w
 collector. NeMo's decoders capture with ``torch.cuda.graph``, which no longer collects garbage first and does not
 pause the collector: a dropped decoder's graphs destroyed there fail NeMo's capture, and NeMo's fallback then fails on
 the stream still capturing ("Capture must end on the same stream it began on"; the synthetic trained-like
-calibration of a BPE preset hit this on every load). Here the collector runs at every allocation to make it certain.
+calibration of a BPE preset hit this on every load). NeMo's captures now run with the collector paused
+(:mod:`nemo_fastdecode.graphs.nemo_captures`); ours did already, and our graphs collected inside someone else's capture
+are kept until our next one (:func:`~nemo_fastdecode.graphs.capture.keep_if_capturing`). Here the collector runs at
+every allocation to make it certain.
 
 Marked ``gpu``: skipped on machines without CUDA (CI); run on a GPU host with ``pytest -m gpu``.
 """
@@ -37,7 +40,8 @@ def collector_at_every_allocation() -> Iterator[None]:
 
 
 def test_calibration_rounds_free_their_decoders_graphs_outside_captures():
-    """Each calibration round builds NeMo's CUDA-graph decoder; the next round's capture must not free the last."""
+    """Each calibration round builds NeMo's CUDA-graph decoder and drops it; the next round's capture must not free
+    the last (the path that failed)."""
     model = synthetic.build_synthetic_model("tiny-rnnt", device="cuda")
     encoded, lengths = synthetic.encode(model, demo_audio(0), batch_size=3, device="cuda")  # lists of batches
     batches = list(zip(encoded, lengths, strict=True))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -279,22 +279,6 @@ def nemo_calibration_greedy(
     )
 
 
-@contextlib.contextmanager
-def graphs_released(decoder: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """``decoder`` (a NeMo greedy decoder) for the block; its CUDA graphs released when the block ends.
-
-    NeMo's greedy decoders hold reference cycles, so a dropped one is freed by Python's cyclic collector at any later
-    allocation. PyTorch no longer collects garbage before a capture (``torch.cuda.graph``), so that may happen inside
-    the next decoder's capture, where destroying a CUDA graph is illegal: that capture fails, and NeMo's fallback to
-    graphs without WHILE nodes then fails on the still-capturing stream ("Capture must end on the same stream it began
-    on"). The calibrations build a decoder per round; released here, their graphs are freed outside any capture.
-    """
-    try:
-        yield decoder
-    finally:
-        decoder.disable_cuda_graphs()
-
-
 def _as_batches(
     encoder_output: torch.Tensor | Sequence[torch.Tensor], encoded_lengths: torch.Tensor | Sequence[torch.Tensor]
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -379,54 +363,54 @@ def calibrate_blank_bias(
         raise ValueError(f"target_tokens_per_frame must be > 0, got {target_tokens_per_frame}")
     batches = _as_batches(encoder_output, encoded_lengths)
     spec = transducer_spec(model)
-    with graphs_released(nemo_calibration_greedy(model, max_symbols=max_symbols)) as decoder:
-        bias = model.joint.joint_net[-1].bias
-        encs = [b[0] for b in batches]
-        lens = [b[1] for b in batches]
-        target = target_tokens_per_frame
+    decoder = nemo_calibration_greedy(model, max_symbols=max_symbols)
+    bias = model.joint.joint_net[-1].bias
+    encs = [b[0] for b in batches]
+    lens = [b[1] for b in batches]
+    target = target_tokens_per_frame
 
-        # Initial guess without decoding: over all frames and a few prediction-network states, the
-        # margin of the blank logit over the best token logit. A token is emitted where the margin is
-        # negative; at an emission probability p per step a frame emits p / (1 - p) tokens on average.
-        margins = _blank_margins(model, spec, batches)
-        p_emit = min(target / (1.0 + target), 0.999)
-        current = float(bias.detach()[spec.blank_id])
-        guess = current - float(torch.quantile(margins, p_emit))
-        step = max(0.25 * float(margins.std()), 1e-3)
+    # Initial guess without decoding: over all frames and a few prediction-network states, the
+    # margin of the blank logit over the best token logit. A token is emitted where the margin is
+    # negative; at an emission probability p per step a frame emits p / (1 - p) tokens on average.
+    margins = _blank_margins(model, spec, batches)
+    p_emit = min(target / (1.0 + target), 0.999)
+    current = float(bias.detach()[spec.blank_id])
+    guess = current - float(torch.quantile(margins, p_emit))
+    step = max(0.25 * float(margins.std()), 1e-3)
 
-        tried: dict[float, float] = {}
+    tried: dict[float, float] = {}
 
-        def evaluate(value: float) -> float:
-            if value not in tried:
-                with torch.no_grad():
-                    bias[spec.blank_id] = value
-                tried[value] = tokens_per_frame(decoder, encs, lens)[0]
-            return tried[value]
+    def evaluate(value: float) -> float:
+        if value not in tried:
+            with torch.no_grad():
+                bias[spec.blank_id] = value
+            tried[value] = tokens_per_frame(decoder, encs, lens)[0]
+        return tried[value]
 
-        def best() -> tuple[float, float]:
-            value = min(tried, key=lambda v: abs(tried[v] - target))
-            return value, tried[value]
+    def best() -> tuple[float, float]:
+        value = min(tried, key=lambda v: abs(tried[v] - target))
+        return value, tried[value]
 
-        # The rate falls as the blank bias rises: bracket the target from the guess outwards, then bisect.
-        lo = hi = guess
-        if evaluate(guess) > target:
-            while evaluate(hi) > target and len(tried) < 12:
-                lo, hi, step = hi, hi + step, 2 * step
+    # The rate falls as the blank bias rises: bracket the target from the guess outwards, then bisect.
+    lo = hi = guess
+    if evaluate(guess) > target:
+        while evaluate(hi) > target and len(tried) < 12:
+            lo, hi, step = hi, hi + step, 2 * step
+    else:
+        while evaluate(lo) < target and len(tried) < 12:
+            hi, lo, step = lo, lo - step, 2 * step
+    for _ in range(iterations):
+        if abs(best()[1] - target) <= tolerance or lo == hi:
+            break
+        mid = 0.5 * (lo + hi)
+        if evaluate(mid) > target:
+            lo = mid
         else:
-            while evaluate(lo) < target and len(tried) < 12:
-                hi, lo, step = lo, lo - step, 2 * step
-        for _ in range(iterations):
-            if abs(best()[1] - target) <= tolerance or lo == hi:
-                break
-            mid = 0.5 * (lo + hi)
-            if evaluate(mid) > target:
-                lo = mid
-            else:
-                hi = mid
-        value, rate = best()
-        with torch.no_grad():
-            bias[spec.blank_id] = value
-        return rate
+            hi = mid
+    value, rate = best()
+    with torch.no_grad():
+        bias[spec.blank_id] = value
+    return rate
 
 
 def _blank_margins(

@@ -44,7 +44,6 @@ from nemo_fastdecode.tools.emissions import EmissionStats, emission_stats, train
 from nemo_fastdecode.tools.synthetic.model import (
     _as_batches,
     calibrate_blank_bias,
-    graphs_released,
     nemo_calibration_greedy,
     transducer_spec,
 )
@@ -219,9 +218,9 @@ def install_consumption_gate(
 
 def _stats(model, batches: list[tuple[torch.Tensor, torch.Tensor]], max_symbols: int | None) -> EmissionStats:
     """NeMo's greedy decoder's emission statistics on ``batches`` (with token durations for TDT)."""
-    hyps, lengths = [], []
     decoder = nemo_calibration_greedy(model, max_symbols=max_symbols, include_duration=True)
-    with graphs_released(decoder), torch.inference_mode():
+    hyps, lengths = [], []
+    with torch.inference_mode():
         for enc, lens in batches:
             hyps += decoder(encoder_output=enc, encoded_lengths=lens)[0]
             lengths += [int(n) for n in lens]
