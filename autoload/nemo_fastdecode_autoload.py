@@ -57,7 +57,7 @@ def _patch_decoding(module) -> None:
     nemo_init = cls.__init__
 
     def init_loading_nemo_fastdecode(self, decoding_cfg, *args, **kwargs):
-        if _wants_fastdecode(decoding_cfg) and "nemo_fastdecode.registry" not in sys.modules:
+        if _wants_fastdecode(decoding_cfg) and "nemo_fastdecode.nemo.registry" not in sys.modules:
             import nemo_fastdecode  # noqa: F401  (registers: replaces AbstractRNNTDecoding.__init__)
 
             return cls.__init__(self, decoding_cfg, *args, **kwargs)
@@ -105,7 +105,7 @@ def _patch_pipeline_builder(module) -> None:
     nemo_build = builder.build_pipeline  # a staticmethod: the plain function
 
     def build_pipeline_loading_nemo_fastdecode(cfg):
-        if _wants_fast_pipeline(cfg) and "nemo_fastdecode.registry" not in sys.modules:
+        if _wants_fast_pipeline(cfg) and "nemo_fastdecode.nemo.registry" not in sys.modules:
             import nemo_fastdecode  # noqa: F401  (registers: replaces PipelineBuilder.build_pipeline)
 
             return builder.build_pipeline(cfg)

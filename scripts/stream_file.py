@@ -1,6 +1,6 @@
 """Stream an audio file to a running ``nemo-fastdecode serve`` and print its transcript as it comes.
 
-    nemo-fastdecode serve                        # terminal 1 (or: python -m nemo_fastdecode.serve)
+    nemo-fastdecode serve                        # terminal 1 (or: python -m nemo_fastdecode serve)
     python scripts/stream_file.py                # terminal 2: the first shipped example utterance and its reference
     python scripts/stream_file.py speech.wav     # partials as they come, then the final with word times
 

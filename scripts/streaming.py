@@ -1,7 +1,7 @@
 """Cache-aware streaming of many concurrent streams, ours against NeMo's path, on a simulated real-time clock.
 
 Follows NeMo's ``examples/asr/asr_cache_aware_streaming/speech_to_text_cache_aware_streaming_infer.py``;
-the logic lives in ``nemo_fastdecode.tools.streaming_sim``.
+the logic lives in ``fastdecode_lab.streaming_sim``.
 
     # the shipped trained model on the example utterances: each stream's reference, final transcript and the WER;
     # quick on a CPU
@@ -32,7 +32,8 @@ the logic lives in ``nemo_fastdecode.tools.streaming_sim``.
 from nemo.core.config import hydra_runner
 from omegaconf import DictConfig
 
-from nemo_fastdecode.tools.streaming_sim import run
+import fastdecode_lab.models  # noqa: F401  (the lab's synthetic presets as model names: model=tiny-rnnt)
+from fastdecode_lab.streaming_sim import run
 
 
 @hydra_runner(config_path="../configs/streaming", config_name="streaming")

@@ -2,7 +2,7 @@
 
 eSpeak NG speaks a generated English corpus with many voices; a SentencePiece BPE tokenizer is trained on the
 text; NeMo trains each model on Lightning, resumably, and exports it as ``.nemo``; the held-out test split (new
-sentences, new voices) gives their WER. The logic lives in ``nemo_fastdecode.tools.tiny_models``; outputs in
+sentences, new voices) gives their WER. The logic lives in ``fastdecode_lab.tiny_models``; outputs in
 ``outputs/tiny_models/`` (``models/*.nemo``, ``models/*_eval.json``).
 
     python scripts/train_tiny_models.py                                   # all stages, both models
@@ -18,7 +18,7 @@ sentences, new voices) gives their WER. The logic lives in ``nemo_fastdecode.too
 from nemo.core.config import hydra_runner
 from omegaconf import DictConfig
 
-from nemo_fastdecode.tools.tiny_models.recipe import run
+from fastdecode_lab.tiny_models.recipe import run
 
 
 @hydra_runner(config_path="../configs", config_name="train_tiny_models")

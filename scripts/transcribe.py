@@ -1,6 +1,6 @@
 """Transcribe audio with a NeMo transducer model and ``decoding.strategy: fast_greedy``.
 
-Follows NeMo's ``examples/asr/transcribe_speech.py``; the logic lives in ``nemo_fastdecode.tools.transcribe_app``.
+Follows NeMo's ``examples/asr/transcribe_speech.py``; the logic lives in ``nemo_fastdecode.apps.transcribe``.
 
     # embedded demo: synthetic (random-weight) model and audio, fast_greedy vs greedy_batch table
     python scripts/transcribe.py
@@ -20,7 +20,8 @@ import sys
 from nemo.core.config import hydra_runner
 from omegaconf import DictConfig
 
-from nemo_fastdecode.tools.transcribe_app import run
+import fastdecode_lab.models  # noqa: F401  (the lab's synthetic presets as model names: model=tiny-rnnt)
+from nemo_fastdecode.apps.transcribe import run
 
 
 @hydra_runner(config_path="../configs", config_name="transcribe")

@@ -2,7 +2,7 @@
 order, with the throughput (audio seconds per second, per worker too).
 
 Follows NeMo's ``examples/asr/transcribe_speech_parallel.py``; the logic lives in
-``nemo_fastdecode.tools.parallel``. A rerun of the same command after a failure reuses the finished shards.
+``nemo_fastdecode.apps.parallel``. A rerun of the same command after a failure reuses the finished shards.
 
     python scripts/transcribe_parallel.py model=/path/parakeet.nemo dataset_manifest=big.jsonl accelerator=gpu devices=-1
     python scripts/transcribe_parallel.py dataset_manifest=test.jsonl accelerator=cpu devices=2   # two CPU processes
@@ -13,9 +13,10 @@ Follows NeMo's ``examples/asr/transcribe_speech_parallel.py``; the logic lives i
 from nemo.core.config import hydra_runner
 from omegaconf import DictConfig
 
-from nemo_fastdecode.tools.configs import ParallelTranscribeConfig
-from nemo_fastdecode.tools.parallel import transcribe_parallel
-from nemo_fastdecode.tools.transcribe_app import resolve_config
+import fastdecode_lab.models  # noqa: F401  (the lab's synthetic presets as model names: model=tiny-rnnt)
+from nemo_fastdecode.apps.configs import ParallelTranscribeConfig
+from nemo_fastdecode.apps.parallel import transcribe_parallel
+from nemo_fastdecode.apps.transcribe import resolve_config
 
 
 @hydra_runner(config_path="../configs", config_name="transcribe_parallel")

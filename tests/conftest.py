@@ -20,9 +20,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # without a GPU, Triton kernels run in its CPU interpreter
 from nemo.collections.asr.modules import RNNTDecoder, RNNTJoint, StatelessTransducerDecoder
 
+import fastdecode_lab.models  # noqa: F401  (the lab's synthetic presets as model names: tiny-rnnt, ...)
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
+from nemo_fastdecode.apps.streaming_reference import nemo_alone  # noqa: F401  (the streaming tests' reference)
 from nemo_fastdecode.decode_call import true_fp32
-from nemo_fastdecode.tools.streaming_reference import nemo_alone  # noqa: F401  (the streaming tests' reference)
 
 VOCAB_SIZE = 12
 ENCODER_DIM = 16
@@ -87,7 +88,7 @@ def random_encoder_output(batch_size: int, max_time: int, seed: int = 0, lengths
 
 def calibrated_model(preset: str, audio, target_tokens_per_frame: float = 0.3) -> torch.nn.Module:
     """A synthetic model whose blank bias is calibrated on its own encoder outputs of ``audio``."""
-    from nemo_fastdecode.tools import synthetic
+    from fastdecode_lab import synthetic
 
     model = synthetic.build_synthetic_model(preset, seed=0)
     encoded, lengths = synthetic.encode(model, audio, batch_size=len(audio), device="cpu")
@@ -97,7 +98,7 @@ def calibrated_model(preset: str, audio, target_tokens_per_frame: float = 0.3) -
 
 def tiny_streaming_model(preset: str = "tiny-streaming"):
     """A tiny cache-aware model (random weights), blank bias calibrated to ~0.3 tokens per frame (CPU)."""
-    from nemo_fastdecode.tools import synthetic
+    from fastdecode_lab import synthetic
 
     model = synthetic.build_synthetic_model(preset, seed=0)
     audio = synthetic.synthetic_audio([2.0, 1.5], seed=7)

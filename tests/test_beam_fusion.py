@@ -16,11 +16,11 @@ from test_beam_chunks import MAX_TIME, assert_same_states, bounds_of, decode_in_
 from test_beam_exactness import as_tuples, fast_beam, nemo_malsd
 from test_greedy_fusion import fusion
 
+from fastdecode_lab.fusion_models import write_arpa
 from nemo_fastdecode.beam import FastBeamBatchedInfer
 from nemo_fastdecode.beam.fusion import BeamFusion, parse_fusion_modes
-from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.kernels.beam_topk import log_softmax_topk_fused
-from nemo_fastdecode.tools.fusion_models import write_arpa
+from nemo_fastdecode.transducer.fusion import FusionModels
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -231,7 +231,7 @@ def test_strategy_config_fuses_as_malsd_batch(tmp_path):
     set-up loads the models, our search applies them; the hypotheses are malsd_batch's with the same section."""
     from omegaconf import OmegaConf
 
-    from nemo_fastdecode.tools import synthetic
+    from fastdecode_lab import synthetic
 
     model = synthetic.build_synthetic_model("tiny-rnnt", seed=0)
     vocab_size = model.decoding.blank_id
@@ -256,7 +256,7 @@ def test_strategy_config_fuses_as_malsd_batch(tmp_path):
 def test_fusion_needs_an_existing_lm_file():
     from omegaconf import OmegaConf
 
-    from nemo_fastdecode.tools import synthetic
+    from fastdecode_lab import synthetic
 
     model = synthetic.build_synthetic_model("tiny-rnnt")
     config = OmegaConf.create({"strategy": "fast_beam", "beam": {"beam_size": 2, "ngram_lm_model": "/no/such/lm"}})

@@ -11,10 +11,11 @@ from conftest import calibrated_model, transcribe
 from nemo.collections.asr.parts.submodules.rnnt_decoding import RNNTDecodingConfig
 from omegaconf import OmegaConf
 
-from nemo_fastdecode import registry, valid_strategies
+from fastdecode_lab import synthetic
+from nemo_fastdecode import valid_strategies
 from nemo_fastdecode.beam import FastBeamBatchedInfer
 from nemo_fastdecode.config import FastBeamConfig, FastBeamDecodingConfig
-from nemo_fastdecode.tools import synthetic
+from nemo_fastdecode.nemo import registry
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 YAML = Path(__file__).resolve().parents[1] / "configs" / "decoding" / "fast_beam.yaml"

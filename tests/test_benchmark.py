@@ -1,4 +1,4 @@
-"""scripts/benchmark.py's engine on a tiny synthetic model (CPU): rows, agreement with the references, reports."""
+"""benchmarks/benchmark.py's engine on a tiny synthetic model (CPU): rows, agreement with the references, reports."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nemo_fastdecode.tools.decoder_benchmark import benchmark_model, needs_cuda, write_reports
+from fastdecode_lab.benchmarks.decoder import benchmark_model, needs_cuda, write_reports
 
 
 @pytest.mark.parametrize("preset", ["tiny-rnnt", "tiny-tdt"])
@@ -35,8 +35,8 @@ def test_greedy_and_beam_rows_agree_with_their_references(preset, tmp_path):
 
 
 def test_idle_gaps_split_launch_gaps_from_host_time():
-    """The timeline analysis of scripts/profile_streaming.py: overlapping kernels, short and long gaps."""
-    from nemo_fastdecode.tools.profiling import idle_gaps
+    """The timeline analysis of benchmarks/profile_streaming.py: overlapping kernels, short and long gaps."""
+    from fastdecode_lab.profiling import idle_gaps
 
     timeline = [("b", 12, 20), ("a", 0, 10), ("c", 15, 25), ("d", 30, 40), ("e", 200, 210), ("b", 211, 215)]
     gaps = idle_gaps(timeline, short_us=50.0)
@@ -48,7 +48,7 @@ def test_idle_gaps_split_launch_gaps_from_host_time():
 
 
 def test_on_the_cpu_rows_that_need_cuda_are_skipped_and_said_so(tmp_path):
-    """scripts/benchmark.py's default rows on the CPU: graph rows are skipped with a note, the rest run."""
+    """benchmarks/benchmark.py's default rows on the CPU: graph rows are skipped with a note, the rest run."""
     lines: list[str] = []
     report = benchmark_model("tiny-rnnt", total_seconds=5, batch_size=4, repeats=1, device="cpu", log=lines.append)
     rows = [r.strategy for r in report.results]
@@ -97,7 +97,7 @@ def test_baseline_repeats_time_the_reference_row_alone():
 
 
 def test_per_iteration_table_sets_kernel_time_beside_the_full_graph_twin():
-    from nemo_fastdecode.tools.profiling import per_iteration_lines
+    from fastdecode_lab.profiling import per_iteration_lines
 
     walls = {"fast[no_while_graph]": 0.05, "fast[full_graph]": 0.02, "other[no_while_graph]": 0.01}
     # 100 iterations of 8 kernels taking 1,000 us in all; the full graph's 0.02 s make 200 us per iteration

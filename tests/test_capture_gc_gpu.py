@@ -5,7 +5,7 @@ collector. NeMo's decoders capture with ``torch.cuda.graph``, which no longer co
 pause the collector: a dropped decoder's graphs destroyed there fail NeMo's capture, and NeMo's fallback then fails on
 the stream still capturing ("Capture must end on the same stream it began on"; the synthetic trained-like
 calibration of a BPE preset hit this on every load). NeMo's captures now run with the collector paused
-(:mod:`nemo_fastdecode.graphs.nemo_captures`); ours did already, and our graphs collected inside someone else's capture
+(:mod:`nemo_fastdecode.nemo.captures`); ours did already, and our graphs collected inside someone else's capture
 are kept until our next one (:func:`~nemo_fastdecode.graphs.capture.keep_if_capturing`). Here the collector runs at
 every allocation to make it certain.
 
@@ -22,9 +22,9 @@ import pytest
 from conftest import make_networks, random_encoder_output
 from test_greedy_exactness import REALISTIC_BIAS, assert_same_hypotheses, baseline, ours
 
-from nemo_fastdecode.tools import synthetic
-from nemo_fastdecode.tools.models import demo_audio
-from nemo_fastdecode.tools.synthetic.trained_like import _stats
+from fastdecode_lab import synthetic
+from fastdecode_lab.models import demo_audio
+from fastdecode_lab.synthetic.trained_like import _stats
 
 pytestmark = pytest.mark.gpu
 
@@ -72,7 +72,7 @@ def test_a_dropped_fast_greedy_freed_inside_nemos_capture_leaves_it_intact():
 
 def test_a_dropped_nemo_decoder_freed_inside_another_nemo_capture_leaves_it_intact():
     """NeMo's own decoders: one dropped after capturing, the next one's capture runs with the collector paused
-    (:mod:`nemo_fastdecode.graphs.nemo_captures`)."""
+    (:mod:`nemo_fastdecode.nemo.captures`)."""
     decoder, joint = make_networks(tdt=True, seed=23, blank_bias=REALISTIC_BIAS["tdt"])
     decoder, joint = decoder.cuda(), joint.cuda()
     x, lengths = random_encoder_output(4, 30, seed=24, lengths=[30, 12, 1, 25], device="cuda")

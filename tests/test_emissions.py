@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nemo_fastdecode.tools.emissions import (
+from fastdecode_lab.emissions import (
     EMISSION_STATISTICS_PATH,
     EmissionStats,
     emission_stats,

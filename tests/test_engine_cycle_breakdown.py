@@ -1,4 +1,4 @@
-"""scripts/engine_cycle_breakdown.py on the CPU: every part of a poll is timed, and the finishing cycle ends every
+"""benchmarks/engine_cycle_breakdown.py on the CPU: every part of a poll is timed, and the finishing cycle ends every
 stream (a diagnostic the streaming benchmarks' notes point to; it must keep running as the engine changes)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "engine_cycle_breakdown.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "engine_cycle_breakdown.py"
 PARTS = [
     "inbox.take",
     "front.append_staged",

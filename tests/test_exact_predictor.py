@@ -113,8 +113,8 @@ def test_refusals_name_the_option_and_the_reason():
 
 def test_streaming_slots_decode_on_nemo_modules():
     """The streaming engine holds each stream to NeMo's decoding of it alone: NeMo's modules, op for op."""
+    from fastdecode_lab import synthetic
     from nemo_fastdecode.streaming.decoding import SlotDecoder
-    from nemo_fastdecode.tools import synthetic
 
     model = synthetic.build_synthetic_model("tiny-rnnt", device=DEVICE)
     slots = SlotDecoder(model, num_slots=2)

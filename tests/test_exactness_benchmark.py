@@ -10,15 +10,15 @@ import torch
 from conftest import make_networks, random_encoder_output
 from omegaconf import OmegaConf
 
-from nemo_fastdecode.tools import exactness_benchmark
-from nemo_fastdecode.tools.configs import ExactnessBenchmarkConfig
-from nemo_fastdecode.tools.exactness_benchmark import (
+from fastdecode_lab.benchmarks import exactness as exactness_benchmark
+from fastdecode_lab.benchmarks.exactness import (
     BF16_ENCODER,
     RunOptions,
     benchmark_exactness,
     bf16_weights,
     write_exactness_reports,
 )
+from fastdecode_lab.configs import ExactnessBenchmarkConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -17,11 +17,11 @@ from conftest import VOCAB_SIZE, make_networks, random_encoder_output
 from omegaconf import OmegaConf
 from test_greedy_exactness import ALGORITHMS, REALISTIC_BIAS, assert_same_hypotheses, ours
 
+from fastdecode_lab import synthetic
 from nemo_fastdecode.config import FastGreedyConfig
 from nemo_fastdecode.kernels import lstm_step, matmul
 from nemo_fastdecode.kernels.tf32x3 import split_k_counters
 from nemo_fastdecode.prediction import FastMathPredictor, fast_math_unsupported_reason
-from nemo_fastdecode.tools import synthetic
 
 pytestmark = pytest.mark.usefixtures("single_thread", "exact_fp32")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # kernels on a GPU, else interpreted

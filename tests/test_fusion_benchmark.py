@@ -1,4 +1,4 @@
-"""scripts/bench_fusion.py's engine: the random ARPA LM and phrase tree, its config, and a CPU smoke run in which every
+"""benchmarks/bench_fusion.py's engine: the random ARPA LM and phrase tree, its config, and a CPU smoke run in which every
 fused row of ours equals NeMo's row of the same variant."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from nemo_fastdecode.tools.fusion_benchmark import (
+from fastdecode_lab.benchmarks.fusion import (
     VARIANTS,
     FusionBenchmarkConfig,
     benchmark_fusion,
     write_fusion_reports,
 )
-from nemo_fastdecode.tools.fusion_models import TokenIdTokenizer, boosting_tree, random_phrases, write_arpa
+from fastdecode_lab.fusion_models import TokenIdTokenizer, boosting_tree, random_phrases, write_arpa
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

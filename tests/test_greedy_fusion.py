@@ -16,8 +16,8 @@ from nemo.collections.asr.parts.context_biasing.context_graph_universal import C
 from nemo.collections.asr.parts.submodules.ngram_lm import NGramGPULanguageModel
 from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import GreedyBatchedRNNTInfer, GreedyBatchedTDTInfer
 
+from fastdecode_lab.fusion_models import write_arpa
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
-from nemo_fastdecode.tools.fusion_models import write_arpa
 
 BLANK_BIAS = {"rnnt": 0.9, "tdt": 0.5}  # about 0.3 labels per frame
 LM_ALPHA, TREE_ALPHA = 0.8, 1.0
@@ -186,7 +186,7 @@ def test_strategy_config_fuses_as_greedy_batch(preset, tmp_path, single_thread):
     LM, our decoder applies it; the hypotheses are greedy_batch's with the same section."""
     from omegaconf import OmegaConf
 
-    from nemo_fastdecode.tools import synthetic
+    from fastdecode_lab import synthetic
 
     model = synthetic.build_synthetic_model(preset, seed=0)
     vocab_size = model.decoding.blank_id
@@ -218,8 +218,8 @@ def test_per_row_boosting_equals_nemo_per_stream_biasing(kind, looks_per_iterati
     computer's tokens, frames and scores for rows with different trees, no tree, and zero frames."""
     from nemo.collections.asr.parts.utils.rnnt_utils import batched_hyps_to_hypotheses
 
-    from nemo_fastdecode.greedy.fusion import FusionModels
     from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
+    from nemo_fastdecode.transducer.fusion import FusionModels
 
     decoder, joint = make_networks(tdt=kind == "tdt", seed=1, blank_bias=BLANK_BIAS[kind])
     x, lengths = random_encoder_output(5, 24, seed=3, lengths=[24, 20, 0, 24, 13])

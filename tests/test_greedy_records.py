@@ -16,10 +16,10 @@ from conftest import TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_ou
 from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import GreedyBatchedRNNTInfer, GreedyBatchedTDTInfer
 from omegaconf import OmegaConf
 
+from fastdecode_lab import synthetic
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 from nemo_fastdecode.greedy.records import StepRecords
-from nemo_fastdecode.tools import synthetic
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

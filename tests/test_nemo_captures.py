@@ -1,4 +1,4 @@
-"""NeMo's decoders capture their CUDA graphs with the garbage collector paused (:mod:`nemo_fastdecode.graphs.nemo_captures`).
+"""NeMo's decoders capture their CUDA graphs with the garbage collector paused (:mod:`nemo_fastdecode.nemo.captures`).
 
 The GPU side (a dropped NeMo decoder collected while another NeMo decoder captures) is in
 ``tests/test_capture_gc_gpu.py``.
@@ -11,7 +11,7 @@ import gc
 import pytest
 
 import nemo_fastdecode  # noqa: F401  (installs the guard)
-from nemo_fastdecode.graphs.nemo_captures import collector_paused, guard_nemo_captures, nemo_capturing_classes
+from nemo_fastdecode.nemo.captures import collector_paused, guard_nemo_captures, nemo_capturing_classes
 
 
 def test_every_capturing_computer_is_guarded_once():

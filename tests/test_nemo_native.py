@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, open_dict
 
-from nemo_fastdecode import registry
-from nemo_fastdecode.tools import synthetic
+from fastdecode_lab import synthetic
+from nemo_fastdecode.nemo import registry
 
 EXAMPLES = Path(__file__).parent / "fixtures" / "nemo_examples"
 DURATIONS = [2.5, 1.8, 1.2]

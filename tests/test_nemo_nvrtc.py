@@ -12,7 +12,7 @@ import torch
 
 import nemo_fastdecode  # noqa: F401  (installs the replacement)
 from nemo_fastdecode.graphs import cuda_api
-from nemo_fastdecode.graphs.nemo_nvrtc import guard_nemo_nvrtc, run_nvrtc
+from nemo_fastdecode.nemo.nvrtc import guard_nemo_nvrtc, run_nvrtc
 
 SPACE = 32
 

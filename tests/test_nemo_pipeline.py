@@ -28,10 +28,10 @@ from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
 from nemo.collections.asr.parts.context_biasing.biasing_multi_model import BiasingRequestItemConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nemo_fastdecode import registry
+from fastdecode_lab import synthetic as S
 from nemo_fastdecode.greedy.nemo_computer import NemoDecodingComputer
-from nemo_fastdecode.streaming.nemo_pipeline import FastCacheAwarePipeline
-from nemo_fastdecode.tools import synthetic as S
+from nemo_fastdecode.nemo import registry
+from nemo_fastdecode.nemo.streaming_pipeline import FastCacheAwarePipeline
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -164,7 +164,7 @@ def test_nemos_own_cache_aware_pipeline_with_fast_greedy_applies_per_stream_bias
 def test_an_ngram_lm_in_the_decoding_config_is_fused_as_nemo_fuses_it(saved, tmp_path):
     """``asr.decoding.greedy.ngram_lm_model`` / ``ngram_lm_alpha``: the engine fuses the LM; the transcripts equal
     NeMo's cache-aware streaming of each file alone with the same LM (``nemo_alone``, NeMo's greedy_batch fusing it)."""
-    from nemo_fastdecode.tools.fusion_models import write_arpa
+    from fastdecode_lab.fusion_models import write_arpa
 
     model = saved["model"]
     lm = tmp_path / "lm.arpa"

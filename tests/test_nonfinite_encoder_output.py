@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
 
+from nemo_fastdecode.apps.comparison import as_int_list
 from nemo_fastdecode.beam.infer import FastBeamBatchedInfer
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
-from nemo_fastdecode.tools.comparison import as_int_list
 
 
 def decoders(tdt: bool):

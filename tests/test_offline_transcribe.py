@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from fastdecode_lab import synthetic
+from nemo_fastdecode.apps.models import apply_decoding
 from nemo_fastdecode.offline import (
     FastTranscribeOptions,
     disable_fast_transcribe,
@@ -16,8 +18,6 @@ from nemo_fastdecode.offline import (
     plan_batches,
 )
 from nemo_fastdecode.offline.audio_batches import PrefetchedAudioBatches
-from nemo_fastdecode.tools import synthetic
-from nemo_fastdecode.tools.models import apply_decoding
 
 # uneven lengths in no particular order, one shorter than 0.1 s
 DURATIONS = [1.3, 0.05, 2.2, 0.7, 1.9, 0.4, 1.1]
@@ -238,7 +238,7 @@ def test_long_lived_objects_leave_the_garbage_collector_once_per_process(model_a
 
 
 def test_transcribe_script_offline_path_writes_the_same_manifest(tmp_path):
-    from nemo_fastdecode.tools.transcribe_app import resolve_config, run
+    from nemo_fastdecode.apps.transcribe import resolve_config, run
 
     audio_dir = tmp_path / "wavs"
     synthetic.write_wavs(synthetic.synthetic_audio([0.9, 0.3, 1.6], seed=5), audio_dir)

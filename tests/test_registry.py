@@ -7,9 +7,9 @@ import torch
 from conftest import VOCAB_SIZE, calibrated_model, make_networks, random_encoder_output, transcribe
 from omegaconf import OmegaConf
 
+from fastdecode_lab import synthetic
 from nemo_fastdecode import valid_strategies
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
-from nemo_fastdecode.tools import synthetic
 
 
 def decoding_config(strategy: str, **greedy):

@@ -12,8 +12,8 @@ import torch
 from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
 from omegaconf import OmegaConf, open_dict
 
+from fastdecode_lab import synthetic
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
-from nemo_fastdecode.tools import synthetic
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -28,18 +28,18 @@ from omegaconf import OmegaConf
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from fastdecode_lab import synthetic as S
+from nemo_fastdecode.apps import trained_models
+from nemo_fastdecode.apps.loadtest.app import run_point
+from nemo_fastdecode.apps.loadtest.client import COMPLETED, connect_session, receive_until, session_update
+from nemo_fastdecode.apps.loadtest.report import LoadtestResult, format_markdown, read_result
+from nemo_fastdecode.apps.loadtest.server_metrics import histogram_quantiles_ms, metrics_url, scrape_histograms
+from nemo_fastdecode.apps.models import load_model
+from nemo_fastdecode.apps.options import parse_config
+from nemo_fastdecode.apps.streaming_reference import reference_transcript
+from nemo_fastdecode.apps.wer import word_error_rate_of
 from nemo_fastdecode.serve import LimitsConfig, RealtimeServer, ServeConfig, build_engine
 from nemo_fastdecode.streaming import EndpointingOptions, StreamingEngine
-from nemo_fastdecode.tools import synthetic as S
-from nemo_fastdecode.tools import trained_models
-from nemo_fastdecode.tools.cli import parse_config
-from nemo_fastdecode.tools.loadtest.app import run_point
-from nemo_fastdecode.tools.loadtest.client import COMPLETED, connect_session, receive_until, session_update
-from nemo_fastdecode.tools.loadtest.report import LoadtestResult, format_markdown, read_result
-from nemo_fastdecode.tools.loadtest.server_metrics import histogram_quantiles_ms, metrics_url, scrape_histograms
-from nemo_fastdecode.tools.models import load_model
-from nemo_fastdecode.tools.streaming_reference import reference_transcript
-from nemo_fastdecode.tools.wer import word_error_rate_of
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -258,7 +258,7 @@ def test_concurrent_clients_get_exactly_their_own_transcripts(server, model, aud
 
 def test_loadtest_clients_are_exact_end_to_end(server, model, audio, refs):
     """The load generator against the server: paced clients, staggered, every final checked."""
-    from nemo_fastdecode.tools.configs import LoadtestConfig
+    from nemo_fastdecode.apps.configs import LoadtestConfig
 
     config = LoadtestConfig(url=server.url, api_key=KEY, clients=3, stagger_seconds=0.3, chunk_ms=100, binary=False)
     point = run_point(config, audio[:2], 3, [[r] for r in refs[:2]])
@@ -276,9 +276,9 @@ def test_loadtest_clients_are_exact_end_to_end(server, model, audio, refs):
 def test_loadtest_point_says_where_in_their_items_the_timed_partials_fall():
     """A model that emits only at a stream's start would time stream starts only: the point counts the partials
     timed and the share of them past their item's first second."""
-    from nemo_fastdecode.tools.configs import LoadtestConfig
-    from nemo_fastdecode.tools.loadtest.client import ClientResult
-    from nemo_fastdecode.tools.loadtest.report import summarize
+    from nemo_fastdecode.apps.configs import LoadtestConfig
+    from nemo_fastdecode.apps.loadtest.client import ClientResult
+    from nemo_fastdecode.apps.loadtest.report import summarize
 
     results = [
         ClientResult(0, 0, 3.0, chunk_latency_ms=[10.0, 20.0, 30.0], partial_audio_ms=[480.0, 1000.0, 2400.0]),
@@ -296,8 +296,8 @@ def test_loadtest_point_says_where_in_their_items_the_timed_partials_fall():
 def test_loadtest_clients_committing_turn_by_turn_get_each_item_exactly(server, model, audio):
     """``commit_every_seconds``: each client's input goes as several items; each item's final is NeMo's streaming of
     that item's audio alone (the references cut where the clients commit)."""
-    from nemo_fastdecode.tools.configs import LoadtestConfig
-    from nemo_fastdecode.tools.loadtest.client import item_ends
+    from nemo_fastdecode.apps.configs import LoadtestConfig
+    from nemo_fastdecode.apps.loadtest.client import item_ends
 
     config = LoadtestConfig(url=server.url, api_key=KEY, clients=3, stagger_seconds=0.3, commit_every_seconds=0.8)
     cuts = [item_ends(len(pcm), RATE, config.chunk_ms, config.commit_every_seconds) for pcm in audio[:2]]
@@ -317,7 +317,7 @@ def test_loadtest_client_processes_start_their_clients_on_schedule(server, audio
     """With client processes (each takes seconds to import, longer than the stagger), every client still connects
     at its scheduled start: the processes are all up before the first start is fixed, so the load stays staggered
     instead of arriving all at once."""
-    from nemo_fastdecode.tools.configs import LoadtestConfig
+    from nemo_fastdecode.apps.configs import LoadtestConfig
 
     config = LoadtestConfig(
         url=server.url, api_key=KEY, clients=3, processes=2, stagger_seconds=1.0, chunk_ms=100, binary=True
@@ -332,9 +332,9 @@ def test_loadtest_client_processes_start_their_clients_on_schedule(server, audio
 def test_the_default_loadtest_streams_the_examples_to_the_trained_model_exactly(trained_model, examples, tmp_path):
     """``nemo-fastdecode loadtest`` with its defaults against a server of the default model: every example utterance
     once, each final NeMo's cache-aware streaming of it alone, and real words (WER against the reference texts)."""
-    from nemo_fastdecode.tools.configs import LoadtestConfig
-    from nemo_fastdecode.tools.loadtest.app import load_inputs
-    from nemo_fastdecode.tools.loadtest.app import run as loadtest
+    from nemo_fastdecode.apps.configs import LoadtestConfig
+    from nemo_fastdecode.apps.loadtest.app import load_inputs
+    from nemo_fastdecode.apps.loadtest.app import run as loadtest
 
     s = ServerThread(trained_model, slots=len(examples), model_name="trained-streaming")
     try:
@@ -356,8 +356,8 @@ def test_the_default_loadtest_streams_the_examples_to_the_trained_model_exactly(
 
 
 def test_a_synthetic_loadtest_model_gets_synthetic_audio_and_no_wer():
-    from nemo_fastdecode.tools.configs import LoadtestConfig
-    from nemo_fastdecode.tools.loadtest.app import load_inputs
+    from nemo_fastdecode.apps.configs import LoadtestConfig
+    from nemo_fastdecode.apps.loadtest.app import load_inputs
 
     inputs, texts = load_inputs(LoadtestConfig(model="tiny-streaming", synthetic_seconds=[1.0, 0.5]))
     assert [len(p) for p in inputs] == [RATE, RATE // 2] and texts == [None, None]
@@ -940,7 +940,7 @@ def test_serve_yaml_mirrors_the_config_and_overrides_are_checked():
         parse_config(ServeConfig, ["slotz=3"], "t")
     with pytest.raises(SystemExit, match="slots must be >= 1"):
         parse_config(ServeConfig, ["slots=0"], "t")
-    from nemo_fastdecode.tools.configs import LoadtestConfig
+    from nemo_fastdecode.apps.configs import LoadtestConfig
 
     yaml = OmegaConf.load(Path(__file__).parents[1] / "configs" / "loadtest.yaml")
     assert OmegaConf.to_container(yaml) == OmegaConf.to_container(OmegaConf.structured(LoadtestConfig))
@@ -949,12 +949,14 @@ def test_serve_yaml_mirrors_the_config_and_overrides_are_checked():
         LoadtestConfig(url="ws://10.0.0.1:8000/v1/realtime")
 
 
-def start_serve_process(args: list[str], ready_within: float) -> tuple[subprocess.Popen, str]:
-    """``python -m nemo_fastdecode.serve *args`` from the repository root, and the line it prints once ready
+def start_serve_process(
+    args: list[str], ready_within: float, module: str = "nemo_fastdecode"
+) -> tuple[subprocess.Popen, str]:
+    """``python -m <module> serve *args`` (``fastdecode_lab`` for the lab's synthetic presets) from the repository root, and the line it prints once ready
     (``... ready on ws://...``); fails, the process killed, if it ends first or is not ready within ``ready_within`` s.
     Once it returns, the caller stops the process."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "nemo_fastdecode.serve", *args],
+        [sys.executable, "-m", module, "serve", *args],
         cwd=Path(__file__).parents[1],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -975,7 +977,7 @@ def start_serve_process(args: list[str], ready_within: float) -> tuple[subproces
 
 
 def test_the_readme_commands_serve_stream_a_file_and_stop_on_sigterm(tmp_path, audio, trained_model, examples):
-    """``python -m nemo_fastdecode.serve`` (the default model), then ``scripts/stream_file.py`` with no file (the first
+    """``python -m nemo_fastdecode serve`` (the default model), then ``scripts/stream_file.py`` with no file (the first
     example utterance: NeMo's streaming of it, real words) and with a file; SIGTERM ends the server (exit 0)."""
     import signal
 

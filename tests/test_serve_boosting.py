@@ -13,8 +13,8 @@ import pytest
 from test_serve import RATE, ServerThread, run, words_of
 from test_streaming_boosting import WEIGHT, bpe_streaming_model, reference
 
-from nemo_fastdecode.tools import synthetic as S
-from nemo_fastdecode.tools.loadtest.client import COMPLETED, connect_session, receive_until
+from fastdecode_lab import synthetic as S
+from nemo_fastdecode.apps.loadtest.client import COMPLETED, connect_session, receive_until
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

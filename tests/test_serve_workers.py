@@ -32,9 +32,9 @@ from test_serve import (
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from nemo_fastdecode.apps.loadtest.client import COMPLETED, connect_session, receive_until
 from nemo_fastdecode.serve import ServeConfig
 from nemo_fastdecode.serve.workers import ID_BITS
-from nemo_fastdecode.tools.loadtest.client import COMPLETED, connect_session, receive_until
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -562,7 +562,7 @@ def test_shutdown_delivers_every_final_from_every_worker_then_closes_1001(model,
 
 
 def test_python_m_serve_with_workers_serves_and_stops_on_sigterm():
-    """``python -m nemo_fastdecode.serve network_workers=2``: the workers start from a ``-m`` entry point, a client
+    """``python -m nemo_fastdecode serve network_workers=2``: the workers start from a ``-m`` entry point, a client
     gets its final, SIGTERM ends the server and its workers (exit 0)."""
     import subprocess
     from pathlib import Path
@@ -570,7 +570,9 @@ def test_python_m_serve_with_workers_serves_and_stops_on_sigterm():
     server = None
     try:
         server, ready = start_serve_process(
-            ["model=tiny-streaming", "port=0", "slots=2", f"network_workers={WORKERS}"], ready_within=150
+            ["model=tiny-streaming", "port=0", "slots=2", f"network_workers={WORKERS}"],
+            ready_within=150,
+            module="fastdecode_lab",
         )
         assert f"{WORKERS} network workers" in ready
         url = ready.split("ready on ")[1].split()[0]

@@ -1,4 +1,4 @@
-"""scripts/stream_audio_bench.py: configs, the PCM clock's arrivals, and the smoke run (CPU): ours against NeMo's
+"""benchmarks/stream_audio_bench.py: configs, the PCM clock's arrivals, and the smoke run (CPU): ours against NeMo's
 CacheAwareRNNTPipeline on the same audio, every number of the report present and the transcripts checked."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from nemo_fastdecode.tools import stream_audio_bench as bench
-from nemo_fastdecode.tools.configs import StreamAudioBenchConfig
-from nemo_fastdecode.tools.stream_audio_bench.engine_clock import plan_pcm_streams
-from nemo_fastdecode.tools.stream_audio_bench.report import HOW_MEASURED
+from fastdecode_lab.benchmarks import stream_audio as bench
+from fastdecode_lab.benchmarks.stream_audio.engine_clock import plan_pcm_streams
+from fastdecode_lab.benchmarks.stream_audio.report import HOW_MEASURED
+from fastdecode_lab.configs import StreamAudioBenchConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -11,15 +11,15 @@ import pytest
 import torch
 from conftest import nemo_alone, tiny_streaming_model
 
+from fastdecode_lab import synthetic as S
+from fastdecode_lab.streaming_sim.nemo_path import NemoSlotStreamer
+from nemo_fastdecode.apps.comparison import as_int_list
 from nemo_fastdecode.greedy import hyps as hyps_module
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.state import BatchedGreedyState
 from nemo_fastdecode.streaming import StreamingGeometry, StreamingTranscriber, split_features
 from nemo_fastdecode.streaming.buckets import bucket_sizes
 from nemo_fastdecode.streaming.decoding import SlotDecoder
-from nemo_fastdecode.tools import synthetic as S
-from nemo_fastdecode.tools.comparison import as_int_list
-from nemo_fastdecode.tools.streaming_sim.nemo_path import NemoSlotStreamer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

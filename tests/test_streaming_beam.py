@@ -1,7 +1,7 @@
 """Beam search in the streaming engine (``StreamingEngine(..., decoding="beam", beam_size=K)``).
 
 Reference: NeMo 3.0's cache-aware streaming of each stream alone with ``malsd_batch`` continued across chunks
-(:func:`~nemo_fastdecode.tools.streaming_reference.nemo_alone_beam`): NeMo's ``CacheAwareStreamingAudioBuffer`` over
+(:func:`~nemo_fastdecode.apps.streaming_reference.nemo_alone_beam`): NeMo's ``CacheAwareStreamingAudioBuffer`` over
 the preprocessor's features of the whole file, the encoder's ``cache_aware_stream_step``, every chunk's frames into
 NeMo's ``ModifiedALSDBatched{RNNT,TDT}Computer`` (``BeamBatched*Infer.decoding_computer``, torch path) with the
 previous chunk's ``prev_batched_state``, the chunks joined with ``BatchedBeamHyps.flatten_`` / ``merge_(...,
@@ -22,9 +22,9 @@ from conftest import nemo_alone, whole_file_features
 from omegaconf import open_dict
 from test_streaming_engine import CASES, Driver, audio, models, nemo_words  # noqa: F401 (fixtures)
 
+from nemo_fastdecode.apps.comparison import as_int_list
+from nemo_fastdecode.apps.streaming_reference import nemo_alone_beam
 from nemo_fastdecode.streaming import EndpointingOptions, StreamingEngine, StreamOptions, beam_decoding
-from nemo_fastdecode.tools.comparison import as_int_list
-from nemo_fastdecode.tools.streaming_reference import nemo_alone_beam
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -257,8 +257,8 @@ def test_server_with_beam_search_gives_nemo_beam_search_alone(beam_cases, audio)
     across chunks of that audio alone."""
     from test_serve import ServerThread, run, words_of
 
+    from nemo_fastdecode.apps.loadtest.client import COMPLETED, connect_session, receive_until
     from nemo_fastdecode.serve.config import ServeConfig
-    from nemo_fastdecode.tools.loadtest.client import COMPLETED, connect_session, receive_until
 
     preset, att = CASES[0]
     model, _, refs, greedy = beam_cases[preset]
@@ -301,7 +301,7 @@ def test_server_with_beam_search_gives_nemo_beam_search_alone(beam_cases, audio)
 
 
 def test_streaming_script_runs_our_path_with_beam_search(tmp_path):
-    from nemo_fastdecode.tools import streaming_sim as sim
+    from fastdecode_lab import streaming_sim as sim
 
     lines: list[str] = []
     result = sim.run(

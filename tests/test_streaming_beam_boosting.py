@@ -23,13 +23,13 @@ from test_streaming_beam import BeamDriver, step_in_turn
 from test_streaming_boosting import ATT, LENGTHS, RATE, bpe_streaming_model
 from test_streaming_engine import nemo_words
 
+from fastdecode_lab import synthetic as S
+from fastdecode_lab.fusion_models import write_arpa
+from nemo_fastdecode.apps.comparison import as_int_list
+from nemo_fastdecode.apps.streaming_reference import nemo_alone_beam
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.streaming import BoostingOptions, StreamingEngine, StreamingTranscriber, StreamOptions
 from nemo_fastdecode.streaming.boosting import SlotBoosting
-from nemo_fastdecode.tools import synthetic as S
-from nemo_fastdecode.tools.comparison import as_int_list
-from nemo_fastdecode.tools.fusion_models import write_arpa
-from nemo_fastdecode.tools.streaming_reference import nemo_alone_beam
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -186,7 +186,7 @@ def test_the_search_fusing_the_multi_model_is_nemos_fusing_the_tree_bit_for_bit(
     from test_beam_chunks import assert_same_states, bounds_of, decode_in_chunks
 
     from nemo_fastdecode.beam.malsd import MALSDBeamComputer
-    from nemo_fastdecode.greedy.fusion import FusionModels
+    from nemo_fastdecode.transducer.fusion import FusionModels
 
     model = bpe_streaming_model() if kind == "rnnt" else bpe_tdt_model()
     blank = int(model.decoding.blank_id)

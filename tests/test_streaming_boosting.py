@@ -23,12 +23,12 @@ from nemo.collections.asr.parts.context_biasing.biasing_multi_model import Biasi
 from omegaconf import open_dict
 from test_streaming_engine import Driver, nemo_words
 
+from fastdecode_lab import synthetic as S
+from nemo_fastdecode.apps.comparison import as_int_list
+from nemo_fastdecode.apps.streaming_reference import nemo_alone
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.streaming import BoostingOptions, StreamingEngine, StreamOptions
 from nemo_fastdecode.streaming.boosting import boosting_options_from_nemo
-from nemo_fastdecode.tools import synthetic as S
-from nemo_fastdecode.tools.comparison import as_int_list
-from nemo_fastdecode.tools.streaming_reference import nemo_alone
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -19,12 +19,12 @@ from nemo.collections.asr.inference.streaming.state.cache_aware_rnnt_state impor
 from nemo.collections.asr.inference.utils.endpointing_utils import millisecond_to_frames
 from omegaconf import open_dict
 
+from fastdecode_lab import synthetic as S
+from nemo_fastdecode.apps.comparison import as_int_list
 from nemo_fastdecode.streaming import EndReason, StreamingEngine, StreamingGeometry, StreamOptions, split_features
 from nemo_fastdecode.streaming.endpointing import blank_run_end
 from nemo_fastdecode.streaming.events import EndpointingOptions
 from nemo_fastdecode.streaming.vad import SileroNetwork
-from nemo_fastdecode.tools import synthetic as S
-from nemo_fastdecode.tools.comparison import as_int_list
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -16,6 +16,8 @@ import torch
 from conftest import nemo_alone, tiny_streaming_model, whole_file_features
 from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_outputs
 
+from fastdecode_lab import synthetic as S
+from nemo_fastdecode.apps.comparison import as_int_list
 from nemo_fastdecode.streaming import (
     CapacityError,
     EndpointingOptions,
@@ -30,8 +32,6 @@ from nemo_fastdecode.streaming import (
 )
 from nemo_fastdecode.streaming import engine as engine_module
 from nemo_fastdecode.streaming.chunking import ChunkSchedule, FeatureQueue
-from nemo_fastdecode.tools import synthetic as S
-from nemo_fastdecode.tools.comparison import as_int_list
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

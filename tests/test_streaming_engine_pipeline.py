@@ -36,10 +36,10 @@ from conftest import nemo_alone
 from nemo.collections.asr.inference.factory.cache_aware_pipeline_builder import CacheAwarePipelineBuilder
 from nemo.collections.asr.inference.utils.constants import LOG_MEL_ZERO
 
+from fastdecode_lab import synthetic as S
+from fastdecode_lab.benchmarks.stream_audio.nemo_steps import pipeline_config
+from nemo_fastdecode.apps.comparison import as_int_list
 from nemo_fastdecode.streaming import StreamingEngine
-from nemo_fastdecode.tools import synthetic as S
-from nemo_fastdecode.tools.comparison import as_int_list
-from nemo_fastdecode.tools.stream_audio_bench.nemo_steps import pipeline_config
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -33,9 +33,9 @@ import torch
 from conftest import tiny_streaming_model, whole_file_features
 from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
 
+from fastdecode_lab import synthetic as S
+from nemo_fastdecode.apps.comparison import as_int_list
 from nemo_fastdecode.streaming import StreamingEngine
-from nemo_fastdecode.tools import synthetic as S
-from nemo_fastdecode.tools.comparison import as_int_list
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

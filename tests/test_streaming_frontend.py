@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 @pytest.fixture(scope="module")
 def preprocessor():
-    from nemo_fastdecode.tools.synthetic import build_synthetic_model
+    from fastdecode_lab.synthetic import build_synthetic_model
 
     # the cache-aware preset's preprocessor (normalize NA, NeMo's streaming settings); the joint's balancing is not
     # needed for features
@@ -359,12 +359,12 @@ def test_refused_featurizer():
 
 
 def test_benchmark_script_smoke_run(tmp_path):
-    """scripts/bench_frontend.py on the CPU: every row filled, and the front end's frames equal NeMo's."""
+    """benchmarks/bench_frontend.py on the CPU: every row filled, and the front end's frames equal NeMo's."""
     import importlib.util
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_frontend.py"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_frontend.py"
     spec = importlib.util.spec_from_file_location("bench_frontend", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -80,7 +80,7 @@ def test_drops_forget_only_the_dropped_slots_records_so_far():
 
 @pytest.fixture(scope="module")
 def preprocessor():
-    from nemo_fastdecode.tools.synthetic import build_synthetic_model
+    from fastdecode_lab.synthetic import build_synthetic_model
 
     model = build_synthetic_model("tiny-streaming", balance_joint=False)
     return model.eval().preprocessor

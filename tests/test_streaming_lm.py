@@ -25,14 +25,14 @@ from test_streaming_beam import BeamDriver, step_in_turn
 from test_streaming_boosting import ATT, LENGTHS, PHRASES, RATE, BoostedDriver, bpe_streaming_model, reference
 from test_streaming_engine import Driver, nemo_words
 
+from fastdecode_lab import synthetic as S
+from fastdecode_lab.fusion_models import write_arpa
+from nemo_fastdecode.apps.comparison import as_int_list
+from nemo_fastdecode.apps.streaming_reference import nemo_alone_beam
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.serve import ServeConfig, build_engine
 from nemo_fastdecode.streaming import StreamingEngine
 from nemo_fastdecode.streaming.decoding import SlotDecoder
-from nemo_fastdecode.tools import synthetic as S
-from nemo_fastdecode.tools.comparison import as_int_list
-from nemo_fastdecode.tools.fusion_models import write_arpa
-from nemo_fastdecode.tools.streaming_reference import nemo_alone_beam
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

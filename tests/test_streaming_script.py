@@ -13,11 +13,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from fastdecode_lab import streaming_sim as sim
+from fastdecode_lab import synthetic
+from fastdecode_lab.configs import StreamingConfig
+from fastdecode_lab.streaming_sim.phrases import boosted_streams, stream_boosting
+from nemo_fastdecode.apps import trained_models
 from nemo_fastdecode.streaming import StreamingGeometry
-from nemo_fastdecode.tools import streaming_sim as sim
-from nemo_fastdecode.tools import synthetic, trained_models
-from nemo_fastdecode.tools.configs import StreamingConfig
-from nemo_fastdecode.tools.streaming_sim.phrases import boosted_streams, stream_boosting
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "streaming"
@@ -148,7 +149,7 @@ def test_tiny_run_matches_nemo_path(tmp_path):
 def test_tiny_run_with_an_ngram_lm_matches_nemo_path_fusing_it(tmp_path):
     """``ngram_lm_model`` / ``ngram_lm_alpha``: ours fuses the LM, NeMo's path too (the model's
     ``greedy.ngram_lm_model``); the streams' tokens agree, and differ from a run without the LM."""
-    from nemo_fastdecode.tools.fusion_models import write_arpa
+    from fastdecode_lab.fusion_models import write_arpa
 
     lm = tmp_path / "lm.arpa"
     write_arpa(lm, vocab_size=28, seed=1)  # tiny-streaming's characters without blank
@@ -173,7 +174,7 @@ BPE_BASE = {
 def test_tiny_beam_run_with_lm_and_boosting_is_checked_against_nemo_beam_search(tmp_path):
     """``decoding=beam`` with ``compare_nemo``: no NeMo path is timed (NeMo has no batched streaming beam search); the
     first streams' final tokens equal NeMo's beam search of each stream alone with the same LM and phrases."""
-    from nemo_fastdecode.tools.fusion_models import write_arpa
+    from fastdecode_lab.fusion_models import write_arpa
 
     lm = tmp_path / "lm.arpa"
     write_arpa(lm, vocab_size=128, order=3, shares=(0.1, 0.2), seed=1)  # the BPE preset's tokens without blank
@@ -338,7 +339,7 @@ def test_script_end_to_end_default_demo(tmp_path):
 
 
 def test_profile_streaming_script_prints_the_step_and_its_top_ops(capsys):
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import profile_streaming
     finally:
@@ -360,7 +361,7 @@ def test_profile_streaming_script_prints_the_step_and_its_top_ops(capsys):
 
 
 def run_script(name: str, argv: list[str]):
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         module = __import__(name)
     finally:

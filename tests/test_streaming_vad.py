@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from fastdecode_lab import synthetic as S
 from nemo_fastdecode.streaming.events import EndpointingOptions
 from nemo_fastdecode.streaming.frontend import AudioFrontEnd
 from nemo_fastdecode.streaming.vad import BatchedVAD, SpeechStateMachine, speech_segments
-from nemo_fastdecode.tools import synthetic as S
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

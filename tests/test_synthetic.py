@@ -1,4 +1,4 @@
-"""Tests for nemo_fastdecode.tools.synthetic: random-weight Parakeet-architecture models and synthetic data (CPU)."""
+"""Tests for fastdecode_lab.synthetic: random-weight Parakeet-architecture models and synthetic data (CPU)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import soundfile as sf
 import torch
 from omegaconf import OmegaConf
 
-from nemo_fastdecode.tools import synthetic as S
-from nemo_fastdecode.tools.configs import SyntheticManifestConfig
+from fastdecode_lab import synthetic as S
+from fastdecode_lab.configs import SyntheticManifestConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -354,8 +354,8 @@ def test_trained_like_streaming_preset_emits_one_token_per_frame_throughout_stre
     to a trained model's rate and bursts: tokens in every third of long streams, mostly one per emitting frame."""
     import dataclasses
 
-    from nemo_fastdecode.tools import models
-    from nemo_fastdecode.tools.synthetic import presets
+    from fastdecode_lab.synthetic import presets
+    from nemo_fastdecode.apps import models
 
     preset = dataclasses.replace(presets.get_preset("tiny-streaming"), residual_scale=0.1, trained_like=True)
     monkeypatch.setitem(presets._PRESETS, "tiny-streaming", preset)

@@ -16,11 +16,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from test_transcribe_and_configs import keys
 
-from nemo_fastdecode.tools.bpe_tokenizer import write_bpe_tokenizer
-from nemo_fastdecode.tools.configs import TinyModelsConfig
-from nemo_fastdecode.tools.tiny_models import corpus, espeak_worker, speech, spoken_numbers
-from nemo_fastdecode.tools.tiny_models.layout import SPLITS
-from nemo_fastdecode.tools.tiny_models.transducer_loss import install_torch_loss, rnnt_loss, tdt_loss
+from fastdecode_lab.bpe_tokenizer import write_bpe_tokenizer
+from fastdecode_lab.configs import TinyModelsConfig
+from fastdecode_lab.tiny_models import corpus, espeak_worker, speech, spoken_numbers
+from fastdecode_lab.tiny_models.layout import SPLITS
+from fastdecode_lab.tiny_models.transducer_loss import install_torch_loss, rnnt_loss, tdt_loss
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -289,7 +289,7 @@ def test_torch_loss_rejects_what_it_does_not_implement():
 def toy_recipe(tmp_path_factory):
     """Both models trained for 2 steps on 12 utterances, resumed for 2 more, exported and evaluated."""
     pytest.importorskip("espeakng_loader")
-    from nemo_fastdecode.tools.tiny_models.recipe import run
+    from fastdecode_lab.tiny_models.recipe import run
 
     torch.set_num_threads(1)
     lines: list[str] = []
@@ -356,7 +356,7 @@ OURS = ("fast_greedy", "fast_beam", "StreamingEngine")
 
 @pytest.mark.slow
 def test_exported_models_restore_transcribe_and_are_evaluated(toy_recipe):
-    from nemo_fastdecode.tools.tiny_models.training import restore
+    from fastdecode_lab.tiny_models.training import restore
 
     layout, _ = toy_recipe
     first = json.loads(layout.manifest("test").read_text().splitlines()[0])
@@ -389,8 +389,8 @@ def test_exported_models_restore_transcribe_and_are_evaluated(toy_recipe):
 
 @pytest.mark.slow
 def test_export_stage_saves_the_last_checkpoint(toy_recipe):
-    from nemo_fastdecode.tools.tiny_models.recipe import run
-    from nemo_fastdecode.tools.tiny_models.training import restore
+    from fastdecode_lab.tiny_models.recipe import run
+    from fastdecode_lab.tiny_models.training import restore
 
     layout, _ = toy_recipe
     layout.nemo("tdt").unlink()
@@ -405,8 +405,8 @@ def test_export_stage_saves_the_last_checkpoint(toy_recipe):
 
 @pytest.mark.slow
 def test_ship_stage_copies_models_evaluations_and_examples(toy_recipe, tmp_path):
-    from nemo_fastdecode.tools import trained_models
-    from nemo_fastdecode.tools.tiny_models.recipe import run
+    from fastdecode_lab.tiny_models.recipe import run
+    from nemo_fastdecode.apps import trained_models
 
     layout, _ = toy_recipe
     lines: list[str] = []

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from fastdecode_lab import synthetic
 from nemo_fastdecode.streaming.token_text import TokenText
-from nemo_fastdecode.tools import synthetic
 
 
 @pytest.fixture(scope="module", params=["char", "bpe"])

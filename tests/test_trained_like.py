@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fastdecode_lab import synthetic as S
+from fastdecode_lab.emissions import EmissionStats, emission_stats, trained_emission_stats
+from nemo_fastdecode.apps.comparison import agreement, decode_all
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
-from nemo_fastdecode.tools import synthetic as S
-from nemo_fastdecode.tools.comparison import agreement, decode_all
-from nemo_fastdecode.tools.emissions import EmissionStats, emission_stats, trained_emission_stats
 
 
 def _encoded(model, seconds: float = 30.0):
@@ -57,7 +57,7 @@ def test_reaches_the_trained_rate_and_bursts_and_decodes_exactly(preset, kind, s
 def test_gate_is_deterministic_and_reinstalling_it_overwrites_the_same_units():
     a, b = S.build_synthetic_model("tiny-rnnt", seed=0), S.build_synthetic_model("tiny-rnnt", seed=0)
     encoded, lengths = _encoded(a, seconds=8.0)
-    from nemo_fastdecode.tools.synthetic.trained_like import install_consumption_gate
+    from fastdecode_lab.synthetic.trained_like import install_consumption_gate
 
     install_consumption_gate(a, encoded, lengths, gate=2.0)
     install_consumption_gate(a, encoded, lengths, gate=16.0)
@@ -70,7 +70,7 @@ def test_gate_is_deterministic_and_reinstalling_it_overwrites_the_same_units():
 
 @pytest.mark.parametrize("layers", [1, 2])
 def test_sign_register_shows_the_last_tokens_sign_in_the_prediction_output(layers):
-    from nemo_fastdecode.tools.synthetic.trained_like import _install_sign_register
+    from fastdecode_lab.synthetic.trained_like import _install_sign_register
 
     model = S.build_synthetic_model("tiny-rnnt", seed=0)
     rnn = model.decoder.prediction["dec_rnn"]

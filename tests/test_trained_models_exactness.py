@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_fastdecode.tools import models, trained_models
-from nemo_fastdecode.tools.tiny_models.evaluation import offline_rows, streaming_rows
+from fastdecode_lab.tiny_models.evaluation import offline_rows, streaming_rows
+from nemo_fastdecode.apps import models, trained_models
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -16,12 +16,13 @@ from hydra import compose, initialize_config_dir
 from nemo.collections.asr.parts.submodules.rnnt_decoding import RNNTDecodingConfig
 from omegaconf import OmegaConf
 
-from nemo_fastdecode import registry
+from fastdecode_lab import synthetic
+from nemo_fastdecode.apps import manifests, models, trained_models
+from nemo_fastdecode.apps import transcribe as T
+from nemo_fastdecode.apps.configs import TranscribeConfig
 from nemo_fastdecode.config import GRAPH_MODES, FastGreedyConfig, FastGreedyDecodingConfig
 from nemo_fastdecode.graphs import GraphMode
-from nemo_fastdecode.tools import manifests, models, synthetic, trained_models
-from nemo_fastdecode.tools import transcribe_app as T
-from nemo_fastdecode.tools.configs import TranscribeConfig
+from nemo_fastdecode.nemo import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from nemo_fastdecode.tools.configs import BenchmarkConfig, TranscribeBenchmarkConfig
-from nemo_fastdecode.tools.transcribe_benchmark import (
+from fastdecode_lab.benchmarks.transcribe import (
     SyntheticSet,
     benchmark_transcribe,
     first_call_in_new_process,
     write_transcribe_reports,
 )
+from fastdecode_lab.configs import BenchmarkConfig, TranscribeBenchmarkConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -18,13 +18,13 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from test_transcribe_and_configs import keys
 
-from nemo_fastdecode.tools import synthetic
-from nemo_fastdecode.tools.configs import ParallelTranscribeConfig
-from nemo_fastdecode.tools.parallel import transcribe_parallel
-from nemo_fastdecode.tools.parallel.job import Throughput, WorkerTime
-from nemo_fastdecode.tools.parallel.ray_run import _actor_count, _use_gpu, import_ray
-from nemo_fastdecode.tools.parallel.shards import ShardOutputs, plan_shards
-from nemo_fastdecode.tools.transcribe_app import resolve_config
+from fastdecode_lab import synthetic
+from nemo_fastdecode.apps.configs import ParallelTranscribeConfig
+from nemo_fastdecode.apps.parallel import transcribe_parallel
+from nemo_fastdecode.apps.parallel.job import Throughput, WorkerTime
+from nemo_fastdecode.apps.parallel.ray_run import _actor_count, _use_gpu, import_ray
+from nemo_fastdecode.apps.parallel.shards import ShardOutputs, plan_shards
+from nemo_fastdecode.apps.transcribe import resolve_config
 
 REPO = Path(__file__).resolve().parents[1]
 DURATIONS = [1.0, 2.5, 0.7, 3.0, 1.6, 2.2, 0.4]  # 7 inputs: in 8 shards (2 workers x 4), one input each
@@ -171,7 +171,7 @@ def test_two_cpu_processes_give_the_single_process_manifest(job_inputs, tmp_path
 # and the process is killed (SIGKILL) half way through it.
 _KILL_RANK_1 = """
 import os, signal
-from nemo_fastdecode.tools.parallel.shards import ShardOutputs
+from nemo_fastdecode.apps.parallel.shards import ShardOutputs
 
 write, written = ShardOutputs.write, []
 

@@ -10,9 +10,9 @@ import torch
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_outputs
 
+from fastdecode_lab import synthetic
 from nemo_fastdecode.streaming.token_text import TokenText
 from nemo_fastdecode.streaming.word_timestamps import WordTimestamps
-from nemo_fastdecode.tools import synthetic
 
 SUBSAMPLING, STRIDE = 8, 0.01
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
+from fastdecode_lab import synthetic
+from fastdecode_lab.benchmarks.decoder import decoder_factories, prepare_synthetic_set
+from nemo_fastdecode.apps.comparison import agreement, decode_all
+from nemo_fastdecode.apps.timing import best_time
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
-from nemo_fastdecode.tools import synthetic
-from nemo_fastdecode.tools.comparison import agreement, decode_all
-from nemo_fastdecode.tools.decoder_benchmark import decoder_factories, prepare_synthetic_set
-from nemo_fastdecode.tools.timing import best_time
 
 MAX_SYMBOLS = 10
 

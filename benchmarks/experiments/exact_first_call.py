@@ -12,9 +12,9 @@ import time
 import torch
 
 import nemo_fastdecode  # noqa
+from fastdecode_lab import synthetic
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 from nemo_fastdecode.kernels import few_row_gemm
-from nemo_fastdecode.tools import synthetic
 
 
 def timed(fn):

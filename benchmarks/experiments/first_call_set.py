@@ -1,15 +1,15 @@
 """The first-call experiments' test set: the transcribe benchmark's synthetic model and files, from the command line.
 
 ``add_set_arguments(parser)`` adds ``--model``, ``--calibration``, ``--seconds`` and ``--batch-size``;
-``synthetic_set(args, bf16)`` makes the :class:`~nemo_fastdecode.tools.transcribe_benchmark.SyntheticSet` they name.
+``synthetic_set(args, bf16)`` makes the :class:`~fastdecode_lab.benchmarks.transcribe.SyntheticSet` they name.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from nemo_fastdecode.tools.synthetic import check_calibration
-from nemo_fastdecode.tools.transcribe_benchmark import SyntheticSet
+from fastdecode_lab.benchmarks.transcribe import SyntheticSet
+from fastdecode_lab.synthetic import check_calibration
 
 
 def add_set_arguments(parser: argparse.ArgumentParser, model: str) -> None:

@@ -2,7 +2,7 @@
 
 python benchmarks/experiments/first_call_variants.py --model tdt-0.6b --variant baseline
 
-Builds the benchmark's synthetic model and files (:func:`nemo_fastdecode.tools.transcribe_benchmark.prepared`),
+Builds the benchmark's synthetic model and files (:func:`fastdecode_lab.benchmarks.transcribe.prepared`),
 switches to ``fast_greedy`` with the offline path, then times ``--calls`` calls of ``model.transcribe`` on the same
 files, the GPU synchronised only after each call (no hooks, no profiler). Variants change one suspected first-call
 cost at a time:
@@ -34,10 +34,10 @@ import torch
 from first_call_set import add_set_arguments, synthetic_set
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
+from fastdecode_lab.benchmarks import transcribe as bench
+from nemo_fastdecode.apps.models import apply_decoding
+from nemo_fastdecode.apps.timing import synchronize
 from nemo_fastdecode.offline import audio_batches, enable_fast_transcribe, fast_path
-from nemo_fastdecode.tools import transcribe_benchmark as bench
-from nemo_fastdecode.tools.models import apply_decoding
-from nemo_fastdecode.tools.timing import synchronize
 
 VARIANTS = ("baseline", "no-pin", "no-cudnn-encoder", "no-pin+no-cudnn-encoder")
 

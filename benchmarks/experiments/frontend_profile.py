@@ -14,8 +14,9 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+import fastdecode_lab.models  # noqa: F401  (synthetic presets as model names)
+from nemo_fastdecode.apps.models import load_model
 from nemo_fastdecode.streaming.frontend import AudioFrontEnd
-from nemo_fastdecode.tools.models import load_model
 
 
 def _sync(device: torch.device) -> None:

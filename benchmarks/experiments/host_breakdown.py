@@ -15,8 +15,8 @@ import time
 import torch
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
-from nemo_fastdecode.tools.comparison import decode_all
-from nemo_fastdecode.tools.decoder_benchmark import decoder_factories, prepare_synthetic_set
+from fastdecode_lab.benchmarks.decoder import decoder_factories, prepare_synthetic_set
+from nemo_fastdecode.apps.comparison import decode_all
 
 
 def _sync() -> None:

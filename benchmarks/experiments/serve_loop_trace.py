@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
+from nemo_fastdecode.apps.serve import main
 from nemo_fastdecode.serve import engine_loop
 from nemo_fastdecode.serve.engine_loop import EngineLoop, Push, PushBatch
-from nemo_fastdecode.tools.serve_cli import main
 
 HEADER = (
     "time  chunk_ms_p50/p95/max chunks  turns cycles cycle_ms_mean cycle_ms_max  commands pushes_while_stepping "

@@ -17,10 +17,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import engine_cycle_breakdown as breakdown  # noqa: E402  (its stub of the device work)
 
+import fastdecode_lab.models  # noqa: F401  (synthetic presets as model names)
+from nemo_fastdecode.apps.models import load_model  # noqa: E402
 from nemo_fastdecode.serve.engine_loop import EngineLoop, Push, PushBatch  # noqa: E402
 from nemo_fastdecode.serve.metrics import ServerMetrics  # noqa: E402
 from nemo_fastdecode.streaming import StreamingEngine, StreamOptions  # noqa: E402
-from nemo_fastdecode.tools.models import load_model  # noqa: E402
 
 
 def main() -> None:

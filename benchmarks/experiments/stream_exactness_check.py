@@ -2,7 +2,7 @@
 
 python benchmarks/experiments/stream_exactness_check.py [stream_audio_bench overrides, e.g. num_files=32]
 
-Loads the model and inputs as ``scripts/stream_audio_bench.py --config-name stream_audio_bench_hybrid_17x512`` does,
+Loads the model and inputs as ``benchmarks/stream_audio_bench.py --config-name stream_audio_bench_hybrid_17x512`` does,
 streams every input through one fp32 ``StreamingEngine`` (all at once, whole files pushed, then finished), and
 compares each final with NeMo's cache-aware streaming of the file alone (``tools/streaming_reference``). For each
 input that differs it prints where the tokens part, runs the engine again with the pointwise convolutions as NeMo's
@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 
+from fastdecode_lab.benchmarks.stream_audio.app import _inputs, _load, resolve_config
+from nemo_fastdecode.apps.streaming_reference import reference_transcript
 from nemo_fastdecode.streaming import StreamingEngine, StreamingTranscriber
 from nemo_fastdecode.streaming.encoder import StreamingEncoderStep, _Normalized
 from nemo_fastdecode.streaming.geometry import split_features
 from nemo_fastdecode.streaming.transcriber import set_att_context_size
-from nemo_fastdecode.tools.stream_audio_bench.app import _inputs, _load, resolve_config
-from nemo_fastdecode.tools.streaming_reference import reference_transcript
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 LINEAR = StreamingEncoderStep._linear

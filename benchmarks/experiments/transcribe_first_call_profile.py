@@ -2,13 +2,13 @@
 
 python benchmarks/experiments/transcribe_first_call_profile.py --model rnnt-0.6b --calibration trained
 
-Builds the benchmark's synthetic model and files (:func:`nemo_fastdecode.tools.transcribe_benchmark.prepared`: a
+Builds the benchmark's synthetic model and files (:func:`fastdecode_lab.benchmarks.transcribe.prepared`: a
 short warm-up ``transcribe`` of other audio with NeMo's decoder first), switches to ``fast_greedy`` with the offline
 path, then times and profiles (cProfile, the calling thread) the first call and ``--later`` more. Run it twice on one
 machine: the first run fills Triton's on-disk cache (its C launchers and kernels), the second profiles what every
 later process sees, which is the benchmark's "first call in a new process". Prints each call's seconds and the
 functions with the largest cumulative time. ``--stages``: each call's seconds per stage as well (the benchmark's
-:func:`~nemo_fastdecode.tools.transcribe_benchmark.stage_timer`, the GPU synchronised around each stage) and the
+:func:`~fastdecode_lab.benchmarks.transcribe.stage_timer`, the GPU synchronised around each stage) and the
 seconds spent sizing the decoder's captured graphs for the call's plan (``_reserve_decoder``).
 """
 
@@ -25,10 +25,10 @@ import torch
 from first_call_set import add_set_arguments, synthetic_set
 
 import nemo_fastdecode  # noqa: F401  (registers the strategies)
+from fastdecode_lab.benchmarks import transcribe as bench
+from nemo_fastdecode.apps.models import apply_decoding
+from nemo_fastdecode.apps.timing import synchronize
 from nemo_fastdecode.offline import enable_fast_transcribe, fast_path
-from nemo_fastdecode.tools import transcribe_benchmark as bench
-from nemo_fastdecode.tools.models import apply_decoding
-from nemo_fastdecode.tools.timing import synchronize
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """N-gram LM and boosting-tree fusion in the beam search, as NeMo 3.0's modified-ALSD computers apply it.
 
 The models are NeMo's (``NGramGPULanguageModel``, ``GPUBoostingTreeModel``), held with their weights by
-:class:`~nemo_fastdecode.greedy.fusion.FusionModels`, one state per beam (``B*K`` rows). Every step (NeMo's
+:class:`~nemo_fastdecode.transducer.fusion.FusionModels`, one state per beam (``B*K`` rows). Every step (NeMo's
 ``topk_fusion_model``) every non-blank label gets the models' scores (each times its alpha), and with
 ``blank_lm_score_mode=lm_weighted_full`` (the default) also ``log(1 - p(blank)) * sum(alphas)`` while blank's
 log-probability is multiplied by ``1 + sum(alphas)``; ``no_score`` leaves blank as it is. With
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from nemo.collections.asr.parts.utils.batched_beam_decoding_utils import BlankLMScoreMode, PruningMode
 
-from nemo_fastdecode.greedy.fusion import FusionBuffers, FusionModels
 from nemo_fastdecode.kernels.beam_topk import BLANK_PROB_EPS, MAX_SINGLE_BLOCK_V, log_softmax_topk_fused
+from nemo_fastdecode.transducer.fusion import FusionBuffers, FusionModels
 
 __all__ = ["BeamFusion", "BeamFusionBuffers", "parse_fusion_modes"]
 

@@ -22,7 +22,7 @@ from nemo_fastdecode.config import DEFAULT_MAX_SYMBOLS, nemo_max_symbols
 from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_nonfinite
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
-from nemo_fastdecode.greedy.fusion import FusionModels
+from nemo_fastdecode.transducer.fusion import FusionModels
 
 # max_symbols_per_step left out: NeMo's RNN-T and TDT classes differ
 _CLASS_DEFAULT = object()

@@ -8,7 +8,7 @@ from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_bas
 
 from nemo_fastdecode.beam.hyps import NON_EXISTENT_LABEL_VALUE, BeamHypsBuffer
 from nemo_fastdecode.graphs.owner import CapturedBuffers
-from nemo_fastdecode.greedy.fusion import FusionBuffers, FusionModels
+from nemo_fastdecode.transducer.fusion import FusionBuffers, FusionModels
 
 
 class BeamLoopBuffers(CapturedBuffers):

@@ -20,7 +20,6 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.greedy import steps
-from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.records import RecordOptions, StepConfidence, StepRecords
 from nemo_fastdecode.greedy.state import (
@@ -41,6 +40,7 @@ from nemo_fastdecode.prediction import (
     is_default_joint,
     normalise_joint_logits,
 )
+from nemo_fastdecode.transducer.fusion import FusionModels
 
 # With max_symbols=None the number of labels per frame is unbounded: start with this many slots per
 # frame and grow (re-running the batch) when a row overflows; past the limit the model is not emitting
@@ -75,7 +75,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             networks it does not cover. ``False`` (default): NeMo's modules (``decoder.predict``,
             ``joint.project_prednet``), NeMo's bits.
         records: NeMo's alignments and step confidence to keep (:class:`RecordOptions`; ``None``: none).
-        fusion: n-gram LM / boosting-tree fusion (:class:`~nemo_fastdecode.greedy.fusion.FusionModels`; label loop
+        fusion: n-gram LM / boosting-tree fusion (:class:`~nemo_fastdecode.transducer.fusion.FusionModels`; label loop
             only, without records). Graphs need every model's ``advance`` capturable (NeMo's Triton kernels);
             otherwise the loop runs eagerly.
     """

@@ -26,11 +26,11 @@ from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_no
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
-from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
 from nemo_fastdecode.greedy.nemo_computer import NemoDecodingComputer
 from nemo_fastdecode.greedy.records import RecordOptions
 from nemo_fastdecode.logs import logger
+from nemo_fastdecode.transducer.fusion import FusionModels
 
 
 class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
@@ -53,7 +53,7 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         use_cuda_graph_decoder: allow CUDA graphs (ignored on the CPU).
         fusion_models / fusion_models_alpha: as in NeMo: n-gram LM (``NGramGPULanguageModel``) and boosting-tree
             (``GPUBoostingTreeModel``) fusion with one weight per model, label looping only, applied as NeMo's
-            label-looping computers apply them (:mod:`nemo_fastdecode.greedy.fusion`).
+            label-looping computers apply them (:mod:`nemo_fastdecode.transducer.fusion`).
         enable_per_stream_biasing: NeMo's per-stream biasing, label looping only: a ``GPUBiasingMultiModel``
             (``decoding_computer.biasing_multi_model``, where NeMo's streaming pipelines add and remove the streams'
             boosting trees) fused after ``fusion_models``, each row boosted by its own tree (its hypothesis'

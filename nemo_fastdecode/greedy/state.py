@@ -17,10 +17,10 @@ from nemo_fastdecode.graphs.owner import CapturedBuffers
 from nemo_fastdecode.greedy.hyps import BatchedHypsBuffer
 
 if TYPE_CHECKING:
-    from nemo_fastdecode.greedy.fusion import FusionBuffers
     from nemo_fastdecode.greedy.records import StepRecords
     from nemo_fastdecode.greedy.window_look import WindowLookBuffers
     from nemo_fastdecode.prediction import FastMathPredictor
+    from nemo_fastdecode.transducer.fusion import FusionBuffers
 
 
 def module_device(module: torch.nn.Module, default: torch.device | str = "cpu") -> torch.device:

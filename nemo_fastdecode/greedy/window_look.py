@@ -30,7 +30,7 @@ def look_tiling(batch_size: int, window: int) -> tuple[int, int, int]:
     """``(rows per program, columns per program, warps)`` for ``batch_size * window`` joint rows.
 
     Rows and warps are :func:`~nemo_fastdecode.kernels.matmul.batch_tiling` of the batch (the same sums as the
-    single-frame joint, row for row); wider column tiles from 256 rows (H200, ``scripts/bench_joint.py``: 23.7 ->
+    single-frame joint, row for row); wider column tiles from 256 rows (H200, ``benchmarks/bench_joint.py``: 23.7 ->
     17.5 us at 512 rows, bit for bit the same logits).
     """
     block_b, num_warps = batch_tiling(batch_size)

@@ -250,7 +250,7 @@ SMALL_TQ = 4
 
 
 def pick_blocks(tq: int, d: int) -> tuple[bool, int, int, int, int]:
-    """USE_DOT, BLOCK_M, BLOCK_N, BLOCK_D, num_warps (``scripts/sweep_indexed_attention.py`` swaps it to sweep)."""
+    """USE_DOT, BLOCK_M, BLOCK_N, BLOCK_D, num_warps (``benchmarks/sweep_indexed_attention.py`` swaps it to sweep)."""
     block_d = max(16, triton.next_power_of_2(d))
     if tq <= SMALL_TQ:
         block_m = triton.next_power_of_2(tq)

@@ -105,7 +105,7 @@ def lstm_cell_step(
     (a layer's summed biases, added to every row); ``x [B, K]`` and ``weight_x [4H, K]`` (``None``: no input
     GEMM); ``h, c [B, H]``, ``weight_h [4H, H]``; ``h_out, c_out [B, H]``. ``recurrent_gates [B, 4H]``: ``h @
     weight_h^T`` computed beforehand (then ``h`` and ``weight_h`` are ``None``). Everything float32. The
-    keyword-only block sizes are for tuning (``scripts/bench_prediction.py``); ``None`` picks by batch size.
+    keyword-only block sizes are for tuning (``benchmarks/bench_prediction.py``); ``None`` picks by batch size.
     """
     check_fp32(row_bias=row_bias, x=x, weight_x=weight_x, h=h, weight_h=weight_h, c=c, recurrent_gates=recurrent_gates)
     batch, hidden = c.shape
@@ -127,7 +127,7 @@ def lstm_cell_step(
     x_args = (x, x.stride(0), weight_x, weight_x.stride(0), x.shape[1]) if has_x else (c, 0, c, 0, 0)
     h_args = (h, h.stride(0), weight_h, weight_h.stride(0), c, 0) if has_h else (c, 0, c, 0, recurrent_gates,
                                                                                 recurrent_gates.stride(0))  # fmt: skip
-    # tuned on an H200 at H = 640 (scripts/bench_prediction.py --sweep): many small programs beat few large ones
+    # tuned on an H200 at H = 640 (benchmarks/bench_prediction.py --sweep): many small programs beat few large ones
     default_rows, default_warps = batch_tiling(batch)
     block_b = block_b or default_rows
     block_h = block_h or (4 if batch <= 32 else 8)

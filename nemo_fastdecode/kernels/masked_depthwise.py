@@ -145,7 +145,7 @@ def masked_depthwise_conv(
             S - 1)`` on both axes, as NeMo's ``CausalConv2D``.
         first: the first convolution, recomputed inside the kernel (its output is never stored).
         block_c, block_p, num_warps: the tile (channels x output positions, powers of two) and warps; ``None``:
-            up to 64 positions and 2048 outputs per tile (``scripts/bench_subsampling.py`` times others).
+            up to 64 positions and 2048 outputs per tile (``benchmarks/bench_subsampling.py`` times others).
 
     Returns:
         ``[B, C, T', F']`` contiguous float32, ``T' = (T + K - 1 + S - 1 - K) // S + 1`` (the same for ``F'``).

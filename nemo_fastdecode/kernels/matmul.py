@@ -4,8 +4,8 @@ cuBLAS runs fp32 GEMMs on the CUDA cores (SIMT) unless TF32 is allowed, and TF32
 mantissa bits (relative error ~1e-3, too coarse for the streaming encoder's 1e-4 agreement with NeMo). 3xTF32
 (:mod:`~nemo_fastdecode.kernels.tf32x3`, which holds the tile products and split-K) gives fp32-level accuracy
 (~1e-6 relative here) at tensor-core speed. At the encoder's shapes (a few hundred rows of 512-2048 features)
-cuBLAS's SIMT kernels reached about a third of fp32 peak on an H200 (``scripts/profile_streaming.py``);
-``scripts/bench_matmul.py`` times this kernel against them, tiled by :func:`matmul_tiling`.
+cuBLAS's SIMT kernels reached about a third of fp32 peak on an H200 (``benchmarks/profile_streaming.py``);
+``benchmarks/bench_matmul.py`` times this kernel against them, tiled by :func:`matmul_tiling`.
 
 The fast-math decoder's per-step GEMMs (the prediction network's projection and recurrent gates, the joint's output
 layer) run the same kernel at a few dozen rows, tiled by :func:`decoder_tiling`, into buffers they keep (``out``),
@@ -130,7 +130,7 @@ def _merged_row_stats(stats_ptr, tiles, width, features, offs_m, m_ok, eps):
 
 def matmul_tiling(rows: int, n_out: int, depth: int = 512) -> dict:
     """Block sizes, warps and split-K for ``rows x depth @ depth x n_out``, the best of sweeps on an H200 at the
-    encoder's shapes (``scripts/bench_matmul.py --sweep``, ``benchmarks/results/matmul_*sweep*_2026-11-22-s7.md``):
+    encoder's shapes (``benchmarks/bench_matmul.py --sweep``, ``benchmarks/results/matmul_*sweep*_2026-11-22-s7.md``):
     narrow 64 x 32 tiles keep programs in flight at a few hundred rows; 128-row tiles for wide or tall outputs;
     deep products of fewer than 2048 rows split the depth over 4-8 programs per tile (512 x 2048 -> 512: 39 ->
     23.6 us, 128 rows: 38.7 -> 11.1 us)."""
@@ -151,13 +151,13 @@ def matmul_tiling(rows: int, n_out: int, depth: int = 512) -> dict:
 
 def batch_tiling(batch: int) -> tuple[int, int]:
     """``(rows per program, warps)`` of the decoder's per-step kernels at ``batch`` rows (this GEMM and the LSTM
-    cell), tuned on an H200 (``scripts/bench_prediction.py --sweep``)."""
+    cell), tuned on an H200 (``benchmarks/bench_prediction.py --sweep``)."""
     return (32, 2) if batch <= 32 else (64, 4)
 
 
 def decoder_tiling(batch: int, split_k: bool = False) -> dict:
     """:func:`linear` options for the decoder's per-step GEMMs at ``batch`` rows (H = 640), tuned on an H200
-    (``scripts/bench_prediction.py --sweep``): :func:`batch_tiling`'s rows and warps, 16 columns, 64-deep blocks.
+    (``benchmarks/bench_prediction.py --sweep``): :func:`batch_tiling`'s rows and warps, 16 columns, 64-deep blocks.
     ``split_k``: the prediction network's layers split the depth over 8 programs at batch <= 32 (8.1 -> 5.4 us for
     the projection)."""
     block_m, num_warps = batch_tiling(batch)

@@ -10,7 +10,7 @@
 * :mod:`~nemo_fastdecode.serve.metrics` -- Prometheus metrics.
 * :mod:`~nemo_fastdecode.serve.app` -- the server: routes, lifetime, graceful shutdown.
 
-``nemo-fastdecode serve`` (``nemo_fastdecode.tools.serve_cli``) loads a model and runs :class:`RealtimeServer`.
+``nemo-fastdecode serve`` (``nemo_fastdecode.apps.serve``) loads a model and runs :class:`RealtimeServer`.
 """
 
 from nemo_fastdecode.serve.app import REALTIME_PATH, RealtimeServer, build_engine

@@ -14,7 +14,7 @@
 * :mod:`~nemo_fastdecode.streaming.vad` -- Silero VAD for every stream at once, on the front end's samples.
 * :mod:`~nemo_fastdecode.streaming.endpointing` -- NeMo's blank-run end of utterance for every stream at once.
 * :mod:`~nemo_fastdecode.streaming.engine` -- ``StreamingEngine``: PCM in, partial and final transcripts out.
-* :mod:`~nemo_fastdecode.streaming.nemo_pipeline` -- NeMo's streaming pipeline interface over the engine
+* :mod:`~nemo_fastdecode.nemo.streaming_pipeline` -- NeMo's streaming pipeline interface over the engine
   (``pipeline_type: fast_cache_aware``).
 * :mod:`~nemo_fastdecode.streaming.nemo_path` -- NeMo's own path (slot gather/scatter + ``conformer_stream_step``).
 """

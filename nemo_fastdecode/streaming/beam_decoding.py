@@ -44,9 +44,9 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.beam.malsd import MALSDBeamComputer
 from nemo_fastdecode.config import DEFAULT_MAX_SYMBOLS
-from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.streaming.boosting import SlotBoosting
 from nemo_fastdecode.streaming.decoding import ngram_lm_fusion
+from nemo_fastdecode.transducer.fusion import FusionModels
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel

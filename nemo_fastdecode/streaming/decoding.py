@@ -49,11 +49,11 @@ from nemo_fastdecode.graphs import TwoLevelLoop
 from nemo_fastdecode.graphs.capture import capture_graph
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.frame_loop import FrameLoopGreedy
-from nemo_fastdecode.greedy.fusion import FusionModels
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
 from nemo_fastdecode.greedy.state import BatchedGreedyState, LoopBuffers
 from nemo_fastdecode.streaming.boosting import SlotBoosting
+from nemo_fastdecode.transducer.fusion import FusionModels
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel

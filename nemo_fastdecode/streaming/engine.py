@@ -23,7 +23,7 @@ used the same way)::
     import soundfile as sf
     from nemo.collections.asr.models import ASRModel
     from nemo_fastdecode.streaming import StreamingEngine
-    from nemo_fastdecode.tools.trained_models import example_entries, trained_model_path
+    from nemo_fastdecode.apps.trained_models import example_entries, trained_model_path
 
     model = ASRModel.restore_from(str(trained_model_path("trained-streaming"))).eval()
     engine = StreamingEngine(model, num_slots=4, idle_timeout_seconds=30.0)

@@ -19,8 +19,8 @@ import pytest
 from nemo.collections.asr.models import ASRModel
 from omegaconf import open_dict
 
-from nemo_fastdecode.tools import synthetic
-from nemo_fastdecode.tools.nemo_context import quiet_nemo
+from fastdecode_lab import synthetic
+from nemo_fastdecode.nemo.context import quiet_nemo
 
 #: the two runs of every vendored test file (README.md)
 REFERENCE, SUBSTITUTED = "reference", "substituted"

@@ -1,0 +1,59 @@
+"""Benchmark ``model.transcribe`` end to end: NeMo's default against ``fast_greedy`` and the offline path.
+
+Options: ``configs/bench_transcribe.yaml`` (``fastdecode_lab.configs.TranscribeBenchmarkConfig``).
+
+    python benchmarks/bench_transcribe.py                          # GPU: rnnt-0.6b and tdt-0.6b, 0.5 h of files
+    python benchmarks/bench_transcribe.py models=[tdt-0.6b] calibrations=[0.3] out_dir=/tmp/bench
+    python benchmarks/bench_transcribe.py calibrations=[trained]   # synthetic models that emit like the trained ones
+    python benchmarks/bench_transcribe.py                          # CPU: tiny-rnnt, 10 s (a smoke test)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+import nemo_fastdecode  # noqa: F401  (registers the strategies)
+from fastdecode_lab.benchmarks.transcribe import benchmark_transcribe, write_transcribe_reports
+from fastdecode_lab.configs import TranscribeBenchmarkConfig
+
+
+@hydra.main(config_path="../configs", config_name="bench_transcribe", version_base=None)
+def main(cfg: DictConfig) -> None:
+    schema = OmegaConf.structured(TranscribeBenchmarkConfig)
+    cfg = TranscribeBenchmarkConfig(**OmegaConf.to_container(OmegaConf.merge(schema, cfg)))
+    cuda = torch.cuda.is_available()
+    models = cfg.models or (["rnnt-0.6b", "tdt-0.6b"] if cuda else ["tiny-rnnt"])
+    total_seconds = cfg.total_seconds or (1800.0 if cuda else 10.0)
+    if not cuda:
+        print(f"No CUDA GPU: a CPU smoke test ({', '.join(models)}, {total_seconds:g} s); the timings mean nothing.")
+    reports = [
+        benchmark_transcribe(
+            preset,
+            total_seconds,
+            batch_size=cfg.batch_size,
+            repeats=cfg.repeats,
+            calibration=calibration,
+            bf16=cfg.bf16,
+            rows=cfg.rows,
+            seed=cfg.seed,
+            first_call_new_process=cuda if cfg.first_call_new_process is None else cfg.first_call_new_process,
+            new_processes=cfg.new_processes,
+        )
+        for preset in models
+        for calibration in cfg.calibrations
+    ]
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    gpu = torch.cuda.get_device_name(0).split()[1] if cuda else "cpu"
+    # one file per set of models: runs of one model each into one folder keep their own results
+    stem = os.path.join(cfg.out_dir, f"transcribe_{'-'.join(models)}_{gpu}" + (f"_{cfg.date}" if cfg.date else ""))
+    command = "python benchmarks/bench_transcribe.py " + " ".join(sys.argv[1:])
+    print(write_transcribe_reports(reports, command.strip(), stem + ".json", stem + ".md"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,484 @@
+"""The single hook into NeMo's transducer decoding construction.
+
+NeMo builds every RNN-T/TDT decoding (model constructor, ``change_decoding_strategy``, ``transcribe``
+with timestamps, hybrid models' RNN-T head, cache-aware ``conformer_stream_step``) through
+``AbstractRNNTDecoding.__init__``, which only knows NeMo's own strategy names. :func:`register`
+wraps that constructor once: for one of our strategies it lets NeMo set everything up as for the
+stand-in strategy it mirrors (same config keys: confidence, timestamps, punctuation, ...), then
+replaces the decoding computer with ours and restores the strategy name in ``cfg``. NeMo's own
+strategies go through untouched; an unknown name fails with the full list of valid ones. Our
+strategies are rows of one table, :data:`FAST_STRATEGIES` (stand-in, config section, options dataclass, builder);
+the keys they accept and the defaults they fill in come from the dataclasses in :mod:`nemo_fastdecode.config`.
+
+:func:`register` also makes our options fields of NeMo's greedy and beam config dataclasses (so that Hydra
+schemas such as ``transcribe_speech.py``'s accept ``rnnt_decoding.greedy.fast_math=true`` without ``+``), and
+makes ``.nemo`` files portable: a model saved with one of our strategies stores NeMo's stand-in strategy and
+ours under :data:`PORTABLE_KEY`, so that it loads with the stand-in where this package is not installed and
+with ours where it is.
+
+It also hooks NeMo's streaming inference builder: ``PipelineBuilder.build_pipeline(cfg)`` with
+``pipeline_type:`` :data:`FAST_PIPELINE_TYPE` returns our
+:class:`~nemo_fastdecode.nemo.streaming_pipeline.FastCacheAwarePipeline` (built on first use; every other
+``pipeline_type`` goes to NeMo's builder untouched).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, is_dataclass
+from pathlib import Path
+
+from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
+from nemo.collections.asr.parts.submodules import rnnt_decoding
+from nemo.collections.asr.parts.submodules.rnnt_beam_decoding import BeamRNNTInferConfig
+from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import GreedyBatchedRNNTInferConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from nemo_fastdecode.config import (
+    FastBeamConfig,
+    FastGreedyConfig,
+    greedy_max_symbols,
+    option_names,
+    options_from_section,
+)
+from nemo_fastdecode.logs import logger, quiet_repeated_nemo_lines
+from nemo_fastdecode.nemo.constants import FAST_PIPELINE_TYPE, PORTABLE_KEY, STRATEGIES
+
+# the top-level keys NeMo's decoding section has (before register() adds fields to the sections' dataclasses)
+_DECODING_KEYS = option_names(rnnt_decoding.RNNTDecodingConfig) | {PORTABLE_KEY}
+
+
+@dataclass(frozen=True)
+class FastStrategy:
+    """One of our strategies and how it plugs into NeMo.
+
+    Attributes:
+        stand_in: NeMo strategy whose configuration keys it takes; NeMo sets the decoding up as for it.
+        section: the ``decoding`` sub-section holding its options (``greedy`` / ``beam``).
+        options_class: our options dataclass (:mod:`nemo_fastdecode.config`): names, defaults, validation.
+        nemo_options: the keys NeMo accepts in that section for the stand-in (its config dataclass, plus the
+            keys its ``RNNTDecoding`` reads from the section directly).
+        graphs_switch: the stand-in's key that allows CUDA graphs (off: NeMo's computer is replaced at once).
+        build: ``(decoding, decoding_cfg, decoder, joint) -> decoding module`` replacing NeMo's.
+        records_steps: keeps NeMo's alignments and confidence (``preserve_alignments``, ``confidence_cfg``, ...);
+            otherwise they are refused.
+        fuses: applies the n-gram LM / boosting tree NeMo's set-up loads (``ngram_lm_model``, ``boosting_tree``);
+            otherwise they are refused.
+    """
+
+    stand_in: str
+    section: str
+    options_class: type
+    nemo_options: frozenset[str]
+    graphs_switch: str
+    build: Callable
+    records_steps: bool = False
+    fuses: bool = False
+
+    @property
+    def options(self) -> frozenset[str]:
+        """Keys accepted in the section (anything else is a typo or an unsupported feature)."""
+        return self.nemo_options | option_names(self.options_class)
+
+    @property
+    def own_options(self) -> frozenset[str]:
+        """Our keys, removed before NeMo sees the stand-in's config."""
+        return option_names(self.options_class) - self.nemo_options
+
+
+def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
+    from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
+
+    section = decoding_cfg.get("greedy") or {}
+    options = options_from_section(FastGreedyConfig, section, "decoding.greedy")
+    if decoding._is_tdt and not options.loop_labels:
+        raise ValueError("loop_labels=False (frame looping) is RNN-T only; TDT models decode with loop_labels=True")
+    nemo_computer = getattr(decoding.decoding, "decoding_computer", None)  # NeMo's, built for the stand-in
+    infer = FastGreedyBatchedInfer(
+        decoder_model=decoder,
+        joint_model=joint,
+        blank_index=decoding.blank_id,
+        max_symbols_per_step=greedy_max_symbols(section),
+        durations=list(decoding.durations) if decoding._is_tdt else None,
+        loop_labels=options.loop_labels,
+        use_cuda_graph_decoder=options.use_cuda_graph_decoder,
+        graph_mode=options.graph_mode,
+        include_duration=decoding.tdt_include_token_duration,
+        # the n-gram LM / boosting tree as NeMo's set-up loaded them for the stand-in (None: no fusion)
+        fusion_models=getattr(nemo_computer, "fusion_models", None) or None,
+        fusion_models_alpha=getattr(nemo_computer, "fusion_models_alpha", None) or None,
+        enable_per_stream_biasing=bool(section.get("enable_per_stream_biasing", False)),
+        fused_kernels=options.fused_kernels,
+        fast_math=bool(options.fast_math),
+        exact_predictor=options.exact_predictor,
+        # as NeMo's set-up resolved them for the stand-in (top level, greedy section, confidence_cfg)
+        preserve_alignments=bool(decoding.preserve_alignments),
+        preserve_frame_confidence=decoding.preserve_frame_confidence,
+        exclude_blank_from_confidence=decoding.exclude_blank_from_confidence,
+        confidence_method_cfg=decoding.confidence_method_cfg,
+        include_duration_confidence=decoding.tdt_include_duration_confidence,
+    )
+    infer.offline_batching = options.offline_batching  # read by the model's transcribe (_install_offline_transcribe)
+    return infer
+
+
+def _build_fast_beam(decoding, decoding_cfg: DictConfig, decoder, joint):
+    from nemo_fastdecode.beam.infer import FastBeamBatchedInfer
+
+    section = decoding_cfg.get("beam") or {}
+    if section.get("beam_size") is None:
+        raise ValueError("fast_beam needs decoding.beam.beam_size (e.g. 4)")
+    options = options_from_section(FastBeamConfig, section, "decoding.beam")
+    # as NeMo's malsd_batch: `beam.max_symbols`; NeMo ignores `beam.max_symbols_per_step`
+    per_step = section.get("max_symbols_per_step", None)
+    if per_step is not None and per_step != options.max_symbols:
+        logger.warning(
+            "nemo_fastdecode: beam.max_symbols_per_step=%s has no effect (malsd_batch and fast_beam read "
+            "beam.max_symbols, here %s)",
+            per_step,
+            options.max_symbols,
+        )
+    if section.get("softmax_temperature", 1.0) != 1.0:
+        logger.warning("nemo_fastdecode: beam.softmax_temperature has no effect in malsd_batch and fast_beam")
+    nemo_computer = getattr(decoding.decoding, "decoding_computer", None)  # NeMo's, built for the stand-in
+    return FastBeamBatchedInfer(
+        decoder_model=decoder,
+        joint_model=joint,
+        blank_index=decoding.blank_id,
+        beam_size=options.beam_size,
+        max_symbols_per_step=options.max_symbols,
+        durations=list(decoding.durations) if decoding._is_tdt else None,
+        score_norm=options.score_norm,
+        return_best_hypothesis=options.return_best_hypothesis,
+        allow_cuda_graphs=options.allow_cuda_graphs,
+        graph_mode=options.graph_mode,
+        fused_topk=options.fused_topk,
+        fast_math=bool(options.fast_math),
+        compiled_step=bool(options.compiled_step),
+        # the n-gram LM / boosting tree and fusion modes as NeMo's set-up made them for the stand-in
+        fusion_models=getattr(nemo_computer, "fusion_models", None) or None,
+        fusion_models_alpha=getattr(nemo_computer, "fusion_models_alpha", None) or None,
+        pruning_mode=getattr(nemo_computer, "pruning_mode", None),
+        blank_lm_score_mode=getattr(nemo_computer, "blank_lm_score_mode", None),
+    )
+
+
+FAST_STRATEGIES: dict[str, FastStrategy] = {
+    "fast_greedy": FastStrategy(
+        stand_in="greedy_batch",
+        section="greedy",
+        options_class=FastGreedyConfig,
+        # NeMo's RNNTDecoding reads `max_symbols` and `compute_timestamps` from the greedy section too
+        nemo_options=option_names(GreedyBatchedRNNTInferConfig) | {"max_symbols", "compute_timestamps"},
+        graphs_switch="use_cuda_graph_decoder",
+        build=_build_fast_greedy,
+        records_steps=True,
+        fuses=True,
+    ),
+    "fast_beam": FastStrategy(
+        stand_in="malsd_batch",
+        section="beam",
+        options_class=FastBeamConfig,
+        # merged NeMo configs carry every key of its beam section; malsd_batch reads `max_symbols`
+        nemo_options=option_names(BeamRNNTInferConfig) | {"max_symbols"},
+        graphs_switch="allow_cuda_graphs",
+        build=_build_fast_beam,
+        fuses=True,
+    ),
+}
+assert tuple(FAST_STRATEGIES) == STRATEGIES, "constants.STRATEGIES names the rows of FAST_STRATEGIES"
+# our strategy name -> NeMo strategy whose configuration keys it takes
+STAND_IN_STRATEGY = {name: strategy.stand_in for name, strategy in FAST_STRATEGIES.items()}
+
+_original_init: Callable | None = None
+
+
+def nemo_strategies() -> list[str]:
+    return [s.value for s in rnnt_decoding.TransducerDecodingStrategyType]
+
+
+def valid_strategies() -> list[str]:
+    """Every transducer decoding strategy name, NeMo's and ours."""
+    return nemo_strategies() + sorted(FAST_STRATEGIES)
+
+
+def register() -> None:
+    """Install the hook (idempotent). Called when ``nemo_fastdecode`` is imported."""
+    global _original_init
+    if _original_init is not None:
+        return
+    _original_init = rnnt_decoding.AbstractRNNTDecoding.__init__
+
+    @functools.wraps(_original_init)
+    def init_with_fast_strategies(self, decoding_cfg, decoder, joint, blank_id, *args, **kwargs):
+        if is_dataclass(decoding_cfg):
+            decoding_cfg = OmegaConf.structured(decoding_cfg)
+        strategy = _restore_portable_strategy(decoding_cfg)
+        fast = FAST_STRATEGIES.get(strategy)
+        if fast is None:
+            if strategy not in nemo_strategies():
+                raise ValueError(
+                    f"Unknown transducer decoding strategy {strategy!r}; valid strategies: {', '.join(valid_strategies())}"
+                )
+            return _original_init(self, decoding_cfg, decoder, joint, blank_id, *args, **kwargs)
+        # before NeMo's set-up: it would load an n-gram LM or reject a multi-blank model in the stand-in's words
+        _check_decoding_keys(strategy, decoding_cfg)
+        _check_options(strategy, fast, decoding_cfg)
+        _original_init(self, _stand_in_config(decoding_cfg, fast), decoder, joint, blank_id, *args, **kwargs)
+        if self.preserve_frame_confidence and not fast.records_steps:
+            _unsupported(strategy, fast, ["confidence (preserve_frame_confidence / confidence_cfg)"])
+        self.decoding = fast.build(self, decoding_cfg, decoder, joint)
+        self.cfg = decoding_cfg
+
+    rnnt_decoding.AbstractRNNTDecoding.__init__ = init_with_fast_strategies
+    for strategy in FAST_STRATEGIES.values():
+        _add_option_fields(strategy)
+    _install_portable_save()
+    _install_pipeline_type()
+    _install_offline_transcribe()
+    quiet_repeated_nemo_lines()
+
+
+def _wants_offline_batching(model) -> bool:
+    """``decoding.greedy.offline_batching: true`` on the decoding the model's ``transcribe`` uses (a hybrid model's
+    RNN-T head only when it is the current decoder)."""
+    if getattr(model, "cur_decoder", "rnnt") != "rnnt":
+        return False
+    return bool(getattr(getattr(getattr(model, "decoding", None), "decoding", None), "offline_batching", False))
+
+
+def _install_offline_transcribe() -> None:
+    """NeMo's RNN-T (and hybrid) ``transcribe`` takes the offline path when the model's decoding asks for it
+    (:func:`_wants_offline_batching`); every other call, and every other model, goes to NeMo's method untouched."""
+    from nemo.collections.asr.models import EncDecHybridRNNTCTCModel, EncDecRNNTModel
+
+    from nemo_fastdecode.offline.fast_path import transcribe_call
+
+    for cls in (EncDecRNNTModel, EncDecHybridRNNTCTCModel):
+        nemo_transcribe = cls.__dict__.get("transcribe")
+        if nemo_transcribe is None or getattr(nemo_transcribe, "_nemo_fastdecode", False):
+            continue
+
+        def transcribe(self, audio, *args, _nemo_transcribe=nemo_transcribe, **kwargs):
+            bound = functools.partial(_nemo_transcribe, self)
+            if args or not _wants_offline_batching(self):
+                return bound(audio, *args, **kwargs)
+            return transcribe_call(self, audio, kwargs, bound)
+
+        functools.update_wrapper(transcribe, nemo_transcribe)
+        transcribe._nemo_fastdecode = True
+        cls.transcribe = transcribe
+
+
+def _unsupported(strategy: str, fast: FastStrategy, features: list[str]) -> None:
+    raise NotImplementedError(
+        f"{strategy} does not support {', '.join(features)}; use strategy '{fast.stand_in}' for these"
+    )
+
+
+def _unknown_keys_message(strategy: str, keys: Iterable[str], valid: Iterable[str], where: str, noun: str) -> str:
+    """``"Unknown fast_greedy key(s) ['greddy'] in decoding (did you mean 'greddy' -> 'greedy'?); valid keys: ..."``."""
+    valid = sorted(valid)
+    keys = sorted(keys)
+    hints = [f"{key!r} -> {match[0]!r}" for key in keys if (match := difflib.get_close_matches(key, valid, n=1))]
+    hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+    return f"Unknown {strategy} {noun}(s) {keys} in {where}{hint}; valid {noun}s: {', '.join(valid)}"
+
+
+def _check_decoding_keys(strategy: str, decoding_cfg: DictConfig) -> None:
+    """A misspelled section (``greddy:``) in the decoding config of one of our strategies is an error, not ignored."""
+    unknown = set(decoding_cfg.keys()) - _DECODING_KEYS
+    if unknown:
+        raise ValueError(_unknown_keys_message(strategy, unknown, _DECODING_KEYS, "decoding", noun="key"))
+
+
+def _check_options(strategy: str, fast: FastStrategy, decoding_cfg: DictConfig) -> None:
+    """Unknown keys in the strategy's section (ValueError) and features we do not support (NotImplementedError)."""
+    section = decoding_cfg.get(fast.section) or {}
+    unknown = set(section.keys()) - fast.options
+    if unknown:
+        raise ValueError(
+            _unknown_keys_message(strategy, unknown, fast.options, f"decoding.{fast.section}", noun="option")
+        )
+    # types and values, before NeMo's stand-in reads the keys we share with it (max_symbols, ...)
+    options_from_section(fast.options_class, section, f"decoding.{fast.section}")
+    unsupported = []
+    # NeMo takes the section's value when the top-level one is unset (greedy strategies)
+    alignments = decoding_cfg.get("preserve_alignments", None)
+    if not fast.records_steps and (alignments or (alignments is None and section.get("preserve_alignments", False))):
+        unsupported.append("preserve_alignments")
+    fusion = _fusion_keys(section)
+    if fusion and not fast.fuses:
+        unsupported.append(f"n-gram LM / boosting tree fusion ({' / '.join(fusion)})")
+    elif fusion:
+        _check_fusion(strategy, fast, section, fusion)
+    if decoding_cfg.get("big_blank_durations"):
+        unsupported.append("multi-blank models")
+    if unsupported:
+        _unsupported(strategy, fast, unsupported)
+
+
+def _fusion_keys(section: Mapping) -> list[str]:
+    """The fusion options a section sets: ``ngram_lm_model`` and/or a non-empty ``boosting_tree``."""
+    boosting_tree = section.get("boosting_tree")
+    keys = ["ngram_lm_model"] if section.get("ngram_lm_model") else []
+    return keys + (["boosting_tree"] if boosting_tree and not BoostingTreeModelConfig.is_empty(boosting_tree) else [])
+
+
+def _check_fusion(strategy: str, fast: FastStrategy, section: Mapping, fusion: list[str]) -> None:
+    """Fusion needs the label loop (NeMo's frame loop refuses it too) and an LM file that exists."""
+    where = f"decoding.{fast.section}"
+    if not section.get("loop_labels", True):
+        raise ValueError(
+            f"{where}.{' / '.join(fusion)} needs {where}.loop_labels=true: n-gram LM / boosting tree fusion is "
+            f"implemented for the label-looping algorithm only ({strategy} and NeMo's {fast.stand_in} alike)"
+        )
+    lm_path = section.get("ngram_lm_model")
+    if lm_path and not Path(str(lm_path)).is_file():
+        raise ValueError(
+            f"{where}.ngram_lm_model={str(lm_path)!r}: no such file (an ARPA file or NeMo's .nemo n-gram LM)"
+        )
+
+
+def _stand_in_config(decoding_cfg: DictConfig, fast: FastStrategy) -> DictConfig:
+    # a plain (non-structured) copy: structured configs from our dataclasses refuse pop()
+    stand_in = OmegaConf.create(OmegaConf.to_container(decoding_cfg))
+    with open_dict(stand_in):
+        stand_in.strategy = fast.stand_in
+        if stand_in.get(fast.section) is None:
+            stand_in[fast.section] = {}
+        section = stand_in[fast.section]
+        # NeMo's own computer is replaced right away: never let it capture graphs or build a biasing model
+        section[fast.graphs_switch] = False
+        section.pop("enable_per_stream_biasing", None)
+        for key in fast.own_options:
+            section.pop(key, None)
+    return stand_in
+
+
+def _restore_portable_strategy(decoding_cfg: DictConfig) -> str | None:
+    """The config's strategy; a portable config (stand-in strategy, ours under :data:`PORTABLE_KEY`) is turned back
+    into ours in place, so that the model's config names the strategy that decodes."""
+    strategy = decoding_cfg.get("strategy", None)
+    portable = decoding_cfg.get(PORTABLE_KEY, None)
+    if not portable:
+        return strategy
+    ours = portable.get("strategy", None)
+    fast = FAST_STRATEGIES.get(ours)
+    if fast is None:
+        raise ValueError(
+            f"decoding.{PORTABLE_KEY}.strategy={ours!r} is not one of this package's strategies "
+            f"({', '.join(sorted(FAST_STRATEGIES))})"
+        )
+    if strategy != fast.stand_in:  # the user switched strategies since: theirs wins
+        return strategy
+    with open_dict(decoding_cfg):
+        decoding_cfg.strategy = ours
+        decoding_cfg.pop(PORTABLE_KEY)
+    return ours
+
+
+def portable_decoding_config(cfg: DictConfig) -> DictConfig | None:
+    """A copy of a model config whose decoding loads anywhere: NeMo's stand-in strategy, ours under
+    :data:`PORTABLE_KEY`; ``None`` when the model does not decode with one of our strategies."""
+    decoding = cfg.get("decoding", None) if isinstance(cfg, (DictConfig, Mapping)) else None
+    strategy = decoding.get("strategy", None) if decoding is not None else None
+    if strategy not in FAST_STRATEGIES:
+        return None
+    portable = OmegaConf.create(OmegaConf.to_container(cfg))
+    with open_dict(portable):
+        portable.decoding.strategy = FAST_STRATEGIES[strategy].stand_in
+        portable.decoding[PORTABLE_KEY] = {"strategy": strategy}
+    return portable
+
+
+def _install_portable_save() -> None:
+    """``.nemo`` files (``model.save_to``) get the portable decoding config; the model's own config is unchanged."""
+    from nemo.core.classes.common import FileIO
+
+    nemo_to_config_file = FileIO.to_config_file
+    if getattr(nemo_to_config_file, "_nemo_fastdecode", False):
+        return
+
+    @functools.wraps(nemo_to_config_file)
+    def to_config_file(self, path2yaml_file: str):
+        portable = portable_decoding_config(getattr(self, "_cfg", None))
+        if portable is None:
+            return nemo_to_config_file(self, path2yaml_file)
+        own = self._cfg
+        self._cfg = portable
+        try:
+            return nemo_to_config_file(self, path2yaml_file)
+        finally:
+            self._cfg = own
+
+    to_config_file._nemo_fastdecode = True
+    FileIO.to_config_file = to_config_file
+
+
+def wants_fast_pipeline(cfg: object) -> bool:
+    """NeMo's streaming inference config selects our engine (``pipeline_type: fast_cache_aware``, any case)."""
+    getter = getattr(cfg, "get", None)
+    pipeline_type = getter("pipeline_type", None) if getter is not None else getattr(cfg, "pipeline_type", None)
+    return str(pipeline_type).lower() == FAST_PIPELINE_TYPE
+
+
+def _install_pipeline_type() -> None:
+    """``PipelineBuilder.build_pipeline(cfg)`` builds our pipeline for :data:`FAST_PIPELINE_TYPE`, NeMo's otherwise."""
+    from nemo.collections.asr.inference.factory.pipeline_builder import PipelineBuilder
+
+    nemo_build = PipelineBuilder.build_pipeline  # a staticmethod: the plain function
+    if getattr(nemo_build, "_nemo_fastdecode", False):
+        return
+
+    @functools.wraps(nemo_build)
+    def build_pipeline(cfg):
+        if wants_fast_pipeline(cfg):
+            from nemo_fastdecode.nemo.streaming_pipeline import build_pipeline as build_fast_pipeline
+
+            return build_fast_pipeline(cfg)
+        return nemo_build(cfg)
+
+    build_pipeline._nemo_fastdecode = True
+    PipelineBuilder.build_pipeline = staticmethod(build_pipeline)
+
+
+def _nemo_section_class(fast: FastStrategy) -> type:
+    return GreedyBatchedRNNTInferConfig if fast.section == "greedy" else BeamRNNTInferConfig
+
+
+# NeMo's greedy section reads `max_symbols` before `max_symbols_per_step`: unset by default, so NeMo's own
+# strategies keep their behaviour; the beam section's `max_symbols` default (10) is what malsd_batch reads
+_NEMO_FIELD_DEFAULTS = {("greedy", "max_symbols"): None}
+
+
+def _add_option_fields(fast: FastStrategy) -> None:
+    """Our options (and NeMo's ``max_symbols``) as fields of NeMo's section dataclass, with our types and defaults.
+
+    Hydra schemas built from NeMo's ``RNNTDecodingConfig`` then accept and type-check them on the command line.
+    The fields are added to the existing class (the default factories of NeMo's configs refer to it); NeMo reads
+    its sections with ``.get`` and ignores keys it does not use.
+    """
+    target = _nemo_section_class(fast)
+    hints = typing.get_type_hints(fast.options_class)
+    for option in dataclasses.fields(fast.options_class):
+        if option.name in target.__dataclass_fields__:
+            continue
+        default = _NEMO_FIELD_DEFAULTS.get((fast.section, option.name), option.default)
+        field = dataclasses.field(default=default)
+        field.name, field.type, field._field_type = option.name, _omegaconf_type(hints[option.name]), dataclasses._FIELD
+        target.__dataclass_fields__[option.name] = field
+        target.__annotations__[option.name] = field.type
+        setattr(target, option.name, default)
+
+
+def _omegaconf_type(hint: object) -> object:
+    """``X | None`` as ``Optional[X]``: the form OmegaConf's structured configs understand."""
+    args = typing.get_args(hint)
+    if type(None) in args and len(args) == 2:
+        return typing.Optional[next(a for a in args if a is not type(None))]  # noqa: UP045
+    return hint
