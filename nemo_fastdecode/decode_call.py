@@ -155,8 +155,8 @@ _MATMUL_PRECISION = _Float32MatmulPrecision()
 def eval_mode(*modules: torch.nn.Module) -> Iterator[None]:
     """The modules in eval mode for a decode, their training flags restored after it.
 
-    Only modules in training mode are switched: ``Module.train`` walks every submodule, which cost about 0.4 ms
-    of host time per batch on the decoders' hot path when done unconditionally.
+    Only modules in training mode are switched: ``Module.train`` walks every submodule, which costs host time per
+    batch on the decoders' hot path when done unconditionally.
     """
     training = [m for m in modules if m.training]
     for module in training:

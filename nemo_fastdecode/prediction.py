@@ -18,8 +18,8 @@ backend (CPU) it runs the kernels' torch references, which is how the CPU tests 
 :class:`ExactPredictor` is the exact label loop's form of the same step, in IEEE fp32: the label table, the
 recurrent GEMMs of every layer on a parallel branch while the joint looks, and IEEE-fp32 products for the rest
 (on CUDA the few-row kernel of :mod:`~nemo_fastdecode.kernels.few_row_gemm`, the joint's output layer included).
-cuDNN's fp32 LSTM runs its two GEMMs per layer one after the other on the loop's critical path (4 of about 22 us
-each for a two-layer network at batch 32 on an H100); here only a deeper layer's input GEMM and the projection
+cuDNN's fp32 LSTM runs its two GEMMs per layer one after the other on the loop's critical path (four sequential
+SIMT GEMMs for a two-layer network); here only a deeper layer's input GEMM and the projection
 remain on it. Every product and sum is an fp32 operation as in cuDNN and cuBLAS, in another order, so scores agree
 with NeMo's to float32 rounding, as NeMo's own decoders of other shapes do.
 """
@@ -442,7 +442,7 @@ class ExactPredictor(FastMathPredictor):
         return True
 
     def _tiling(self, rows: int, n_out: int) -> dict:
-        """Triton's IEEE tilings (where the few-row kernel does not run), the best of sweeps on an H100 at H = 640
+        """Triton's IEEE tilings (where the few-row kernel does not run), the best of sweeps at H = 640
         (``benchmarks/results/archive/kernel_decoder-gemm-precisions_H100_2026-11-28.md``)."""
         wide = n_out >= 2048
         if rows <= 32:

@@ -19,8 +19,8 @@ def garbage_collection_paused() -> Iterator[None]:
     Decoders hold reference cycles (their loops keep bound methods of their owner), so a dropped decoder's graphs
     and memory pools are freed by the cyclic collector at an arbitrary allocation. If that happens while another
     graph is being captured, the freed pool's ``cudaFree`` is illegal during capture and the process aborts.
-    Pausing the collector is enough; collecting first (as ``torch.cuda.graph`` does) cost about 0.5 s per capture
-    in a process holding a NeMo model, which the first ``transcribe`` call paid.
+    Pausing the collector is enough; collecting first (as ``torch.cuda.graph`` does) walks every object of a
+    process holding a NeMo model at each capture, a cost the first ``transcribe`` call paid.
     """
     enabled = gc.isenabled()
     gc.disable()

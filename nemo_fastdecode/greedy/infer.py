@@ -198,8 +198,8 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
                 lengths = torch.full([1], 2, dtype=torch.long, device=parameter.device)
                 self.computer(frames, lengths)
                 if self.computer.keeps_caller_autocast(parameter.device) and torch.cuda.is_bf16_supported():
-                    # cuDNN's bf16 LSTM costs 0.2-0.3 s on its first call in a process, at any batch size; an fp32
-                    # call does not pay it
+                    # cuDNN's bf16 LSTM pays a one-time set-up on its first call in a process, at any batch size;
+                    # an fp32 call does not pay it
                     self.computer.reset_graphs()  # captured anew under autocast, not replayed
                     with torch.autocast("cuda", dtype=torch.bfloat16):
                         self.computer(frames, lengths)

@@ -20,27 +20,21 @@ from nemo_fastdecode.greedy.window_look import WindowLookBuffers, window_look
 from nemo_fastdecode.prediction import joint_normalises
 
 # automatic look-ahead (see LabelLoopGreedy): about this many joint rows per look, at most MAX_AUTO_LOOKAHEAD_FRAMES
-# frames. Fast math, H200, 1 h, batch 32 (benchmarks/results/archive/greedy_rnnt-tdt-0.6b_H200_2026-11-22_lookahead-sweep.md):
-# RNN-T 16 frames beat 8 and 4 (blank runs are long); TDT 4 beat 8 and 16 (blanks jump by their durations, so most
-# looks end within a few frames and wider windows only add joint rows). The exact path (NeMo's Linear over the
-# window), H100, 1 h, batch 32, calibration 0.3 (benchmarks/results/archive/greedy_*_2026-11-28_exact-window.md):
-# RNN-T 1/2/4/8/16 frames 0.258/0.206/0.170/0.162/0.186 s; TDT 0.182/0.174/0.179/0.172/0.196 s. With the exact
-# predictor (its recurrent GEMMs beside the look on a parallel branch), H100, same sets: RNN-T 4/8/16 frames
-# 0.125/0.139/0.157 s; TDT 1/2/4/8 0.150/0.150/0.145/0.152 s (0.3) and 0.154/0.135/0.134/0.138 s (trained-like), within
-# the runs' noise from 2 on (benchmarks/results/archive/experiment_exact-predictor-variants_H100_2026-11-28.txt). With
-# the few-row kernel for every product (H200, benchmarks/results/archive/experiment_exact-loop-schedule_H200_2026-11-28_
-# few-row-gemm.txt): RNN-T 2/4/8 frames 0.120/0.107/0.123 s; TDT 1/2/4 0.114/0.103/0.096 s (0.3) and 0.114/0.092/0.098 s
-# (trained-like).
+# frames. With fast math, RNN-T prefers wide windows (blank runs are long), TDT narrower ones (blanks jump by their
+# durations, so most looks end within a few frames and wider windows only add joint rows). The exact paths (NeMo's
+# Linear over the window, the exact predictor, the few-row kernel) have a flatter optimum at fewer rows, within the
+# runs' noise over a range of widths. The sweeps behind these numbers: benchmarks/results/archive/
+# (greedy_*_lookahead-sweep, greedy_*_exact-window, experiment_exact-predictor-variants, experiment_exact-loop-schedule).
 AUTO_LOOKAHEAD_ROWS = {"rnnt": 512, "tdt": 128}
 AUTO_EXACT_LOOKAHEAD_ROWS = {"rnnt": 128, "tdt": 64}
 MAX_AUTO_LOOKAHEAD_FRAMES = 16
 
 
-# automatic looks per iteration with CUDA graphs (0: the two-level loop); see LabelLoopGreedy. H200, 1 h, batch 32
-# (benchmarks/results/archive/greedy_tdt-0.6b_H200_2026-11-23_looks-sweep.md, latest/greedy_*), fast_math: TDT 1 look 0.085 s, 2 looks 0.098 s, 3 looks 0.120 s, two-level
-# 0.107 s; RNN-T 1 look 0.103 s, 2 looks 0.150 s, two-level 0.158 s; exact path, RNN-T: 1 look 0.242 s, two-level
-# 0.911 s. An iteration that only skips blanks runs the prediction network for nothing, but costs less than a
-# WHILE node's condition evaluation (or, without WHILE nodes, a host read of the flag) and the launches around it.
+# automatic looks per iteration with CUDA graphs (0: the two-level loop); see LabelLoopGreedy. One look per
+# iteration was the fastest for both RNN-T and TDT, with fast math and on the exact path, and the two-level loop the
+# slowest on the exact path (benchmarks/results/archive/greedy_tdt-0.6b_H200_2026-11-23_looks-sweep.md). An
+# iteration that only skips blanks runs the prediction network for nothing, but costs less than a WHILE node's
+# condition evaluation (or, without WHILE nodes, a host read of the flag) and the launches around it.
 AUTO_LOOKS_PER_ITERATION = {"rnnt": 1, "tdt": 1}
 
 
@@ -48,8 +42,8 @@ def auto_looks_per_iteration(mode: GraphMode, tdt: bool = False) -> int:
     """Looks per label iteration when chosen automatically (0: the two-level loop with its inner loop).
 
     Eager (the CPU, or graphs off) keeps the two-level loop: there the prediction network's step is real work per
-    iteration, not a few launches inside a graph (CPU, 16 rows of 200 frames, long blank runs: RNN-T 30 ms
-    two-level against 73 ms in one loop)."""
+    iteration, not a few launches inside a graph (on the CPU with long blank runs the two-level loop is the
+    faster one)."""
     return 0 if mode is GraphMode.EAGER else AUTO_LOOKS_PER_ITERATION["tdt" if tdt else "rnnt"]
 
 
@@ -77,10 +71,10 @@ class LabelLoopGreedy(GreedyComputerBase):
 
     ``looks_per_iteration`` (``None``: by graph mode, :func:`auto_looks_per_iteration`): ``0`` runs the two-level
     loop, ``while labels: look; while blanks: look again; emit``, whose inner WHILE condition is evaluated at
-    least once per label (on an H200 each evaluation of a graph's conditional node leaves the GPU idle about
-    11 us). ``K >= 1`` runs one loop instead: ``while rows are active: look K times; emit``. A row still on
-    blanks after its K looks emits nothing that iteration (its prediction network is not advanced) and goes
-    on looking in the next, where the iteration's first look at its current frame is the look the inner loop
+    least once per label (each evaluation of a graph's conditional node leaves the GPU idle for a moment, which
+    adds up over many labels). ``K >= 1`` runs one loop instead: ``while rows are active: look K times; emit``. A
+    row still on blanks after its K looks emits nothing that iteration (its prediction network is not advanced)
+    and goes on looking in the next, where the iteration's first look at its current frame is the look the inner loop
     would have made: every row makes the same looks and emissions as in the two-level loop, so the hypotheses
     are the same; only the batch's number of iterations and condition evaluations changes.
 

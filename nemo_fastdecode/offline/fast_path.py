@@ -58,7 +58,7 @@ class FastTranscribeOptions:
         prefetch: batches read ahead of the one on the GPU.
         freeze_gc: on the first call in the process, move every object that exists then (the model, NeMo, torch)
             out of Python's cyclic garbage collector (``gc.freeze()``). In a process holding a NeMo model a full
-            collection otherwise walks about 700,000 objects, 0.25-0.4 s, and lands in whichever call crosses the
+            collection otherwise walks several hundred thousand objects and lands in whichever call crosses the
             collector's threshold; after the freeze it walks only what was made since. The frozen objects are
             never collected as cycles (they are the long-lived ones); ``gc.unfreeze()`` undoes it.
     """

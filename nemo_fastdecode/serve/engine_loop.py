@@ -321,7 +321,7 @@ class EngineLoop:
             if warm_up:
                 self.engine.warm_up()
             # what is alive now (the model, NeMo's and torch's modules: ~10**6 objects) lives as long as the server:
-            # frozen, a full collection (every thread stops for it) walks only what serving creates, not 0.4 s of them
+            # frozen, a full collection (every thread stops for it) walks only what serving creates, not all of them
             gc.freeze()
             self.ready.set()
             while self._turn():

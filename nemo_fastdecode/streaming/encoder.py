@@ -155,7 +155,8 @@ class StreamingEncoderStep:
             self.kernels = self.tensor_core_matmul or (device.type == "cuda" if use_triton is None else use_triton)
             # the subsampling's convolutions with their masks, ReLUs and paddings in fewer passes: fp32 compute with
             # NeMo's own convolutions; tf32x3, and bf16 compute where Triton runs, fused with them in fp32 (NeMo's
-            # module in bf16 makes passes over [B, C, T/2, F/2], ~9 ms of a 20 ms step at 2,048 streams). None (bf16
+            # module in bf16 makes several passes over [B, C, T/2, F/2], a large share of a step at thousands of
+            # streams). None (bf16
             # on torch, other subsamplings): NeMo's module
             fused = self.tensor_core_matmul or (self.kernels and slots.dtype != torch.float32)
             self.subsampling = (
@@ -383,8 +384,8 @@ class StreamingEncoderStep:
             hidden = self._linear(conv.pointwise_conv1, x)  # [B, Tq, 2C]
             x = glu_depthwise_conv_step(hidden, s.conv[index], slot_ids, conv_src, *self.fused_conv[index])
             return self._linear(conv.pointwise_conv2, x, residual=residual, keep_stats=True)
-        # the pointwise convolutions as GEMMs over [B, Tq, C]: as Conv1d over [B, C, Tq] cuDNN runs them up to ~60x
-        # slower (a 2-frame "image" per stream; bf16 worst)
+        # the pointwise convolutions as GEMMs over [B, Tq, C]: as Conv1d over [B, C, Tq] cuDNN runs them far
+        # slower (a 2-frame "image" per stream is a shape its convolution kernels are not made for; bf16 worst)
         x = F.glu(self._linear(conv.pointwise_conv1, x).transpose(1, 2), dim=1)  # [B, C, Tq]
         joined = join_conv_cache(x, s.conv[index], slot_ids, conv_src)  # [B, C, K - 1 + Tq]
         dw = conv.depthwise_conv

@@ -110,8 +110,8 @@ class StreamingTranscriber:
             on near-fp32 tensor-core kernels, or ``"tf32"``: the same with single TF32 products (fp32 ``dtype``
             only; :class:`StreamingEncoderStep`).
         capture_decoder_step: with CUDA graphs, :meth:`warm_up` also captures the decoder's work around its
-            greedy loop per bucket (:meth:`SlotDecoder.capture_step`: on an H200 the decoder went from 1.4 ms to
-            0.29 ms of a 256-stream step); ``False`` runs that work eagerly.
+            greedy loop per bucket (:meth:`SlotDecoder.capture_step`: that work is many small launches, so eagerly
+            it is launch-bound; see ``docs/benchmarks.md``); ``False`` runs that work eagerly.
         phrase_boosting: set per-stream phrase boosting up now (:meth:`SlotDecoder.enable_boosting`), so that
             :meth:`warm_up` captures the decoder that fuses the streams' trees too; ``False``: the first stream that
             boosts phrases sets it up (its first steps then capture it).
