@@ -19,37 +19,74 @@ NeMo is fully loaded and one of its strategies is asked for:
 It also quiets the OneLogger telemetry lines that NeMo prints on every import (the ``nv_one_logger`` loggers
 are set to ERROR). Set ``NEMO_FASTDECODE_AUTOLOAD=0`` to switch all of this off. Only the standard library is
 imported here.
+
+The names NeMo's configs use for us (strategy names, the portable ``.nemo`` key, the ``pipeline_type``) are those
+of ``nemo_fastdecode/nemo/constants.py``, read by :func:`constants` on first need (the first decoding or pipeline
+NeMo builds) without importing the package: ``importlib.util.find_spec`` gives its folder, and the file (standard
+library only) is executed on its own.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import logging
 import os
 import sys
+from pathlib import Path
 
-__all__ = ["install", "installed"]
+__all__ = ["constants", "install", "installed"]
 
 _DECODING_MODULE = "nemo.collections.asr.parts.submodules.rnnt_decoding"
 _HYDRA_RUNNER_MODULE = "nemo.core.config.hydra_runner"
 _PIPELINE_BUILDER_MODULE = "nemo.collections.asr.inference.factory.pipeline_builder"
-# our strategies, and the key a portable .nemo config keeps ours under (its strategy is NeMo's stand-in)
-_STRATEGIES = ("fast_greedy", "fast_beam")
-_SIDECAR_KEY = "nemo_fastdecode"
-# the pipeline_type that selects our engine in NeMo's streaming inference config (registry.FAST_PIPELINE_TYPE)
-_PIPELINE_TYPE = "fast_cache_aware"
+_CONSTANTS_MODULE = "nemo_fastdecode.nemo.constants"
+_constants: dict[str, object] | None = None
+
+
+def _read_constants() -> dict[str, object]:
+    module = sys.modules.get(_CONSTANTS_MODULE)
+    if module is not None:  # the package is imported already
+        return {name: value for name, value in vars(module).items() if name.isupper()}
+    try:
+        spec = importlib.util.find_spec("nemo_fastdecode")  # a top-level package: found, not imported
+    except (ImportError, ValueError):
+        spec = None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(folder) / "nemo" / "constants.py"
+        if path.is_file():
+            namespace: dict[str, object] = {"__name__": _CONSTANTS_MODULE, "__file__": str(path)}
+            exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)
+            return {name: value for name, value in namespace.items() if name.isupper()}
+    return {}  # the package is gone (a stale .pth): nothing names our strategies, NeMo runs untouched
+
+
+def constants() -> dict[str, object]:
+    """The constants of ``nemo_fastdecode/nemo/constants.py`` (``STRATEGIES``, ``PORTABLE_KEY``,
+    ``FAST_PIPELINE_TYPE``), read once, on first call."""
+    global _constants
+    if _constants is None:
+        _constants = _read_constants()
+    return _constants
+
+
+def _strategies() -> tuple[str, ...]:
+    return tuple(constants().get("STRATEGIES", ()))
 
 
 def _wants_fastdecode(decoding_cfg) -> bool:
     """The decoding config names one of our strategies (directly, or in a portable config's sidecar)."""
+    strategies = _strategies()
+    if not strategies:
+        return False
     try:
-        if decoding_cfg.get("strategy", None) in _STRATEGIES:
+        if decoding_cfg.get("strategy", None) in strategies:
             return True
-        sidecar = decoding_cfg.get(_SIDECAR_KEY, None)
-        return bool(sidecar) and sidecar.get("strategy", None) in _STRATEGIES
+        sidecar = decoding_cfg.get(constants().get("PORTABLE_KEY"), None)
+        return bool(sidecar) and sidecar.get("strategy", None) in strategies
     except AttributeError:  # a dataclass config: only NeMo's own strategies can be spelled there
-        return getattr(decoding_cfg, "strategy", None) in _STRATEGIES
+        return getattr(decoding_cfg, "strategy", None) in strategies
 
 
 def _patch_decoding(module) -> None:
@@ -97,7 +134,7 @@ def _patch_hydra_runner(module) -> None:
 def _wants_fast_pipeline(cfg) -> bool:
     getter = getattr(cfg, "get", None)
     pipeline_type = getter("pipeline_type", None) if getter is not None else getattr(cfg, "pipeline_type", None)
-    return str(pipeline_type).lower() == _PIPELINE_TYPE
+    return pipeline_type is not None and str(pipeline_type).lower() == constants().get("FAST_PIPELINE_TYPE")
 
 
 def _patch_pipeline_builder(module) -> None:

@@ -199,7 +199,7 @@ def test_settings_the_engine_does_not_have_are_refused_by_name(saved):
         with pytest.raises(error, match=name):  # before the model loads
             PipelineBuilder.build_pipeline(nemo_config(saved, "pipeline_type=fast_cache_aware", override))
     autoload = __import__("nemo_fastdecode_autoload")
-    assert registry.FAST_PIPELINE_TYPE == autoload._PIPELINE_TYPE  # one value, two readers
+    assert autoload.constants()["FAST_PIPELINE_TYPE"] == registry.FAST_PIPELINE_TYPE  # one value, two readers
 
 
 # The steps of NeMo 3.0.0's asr_streaming_infer.py, with NeMo's functions only (no nemo_fastdecode import here)

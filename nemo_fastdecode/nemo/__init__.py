@@ -1,12 +1,32 @@
-"""Every place nemo-fastdecode touches NeMo, each a named, idempotent patch (``install`` applies them all).
+"""Every place nemo-fastdecode touches NeMo, each a named, idempotent patch; :func:`install` applies them all.
 
-* :mod:`.registry` -- our strategies in NeMo's decoding construction (``AbstractRNNTDecoding.__init__``), their
-  options as fields of NeMo's config dataclasses, portable ``.nemo`` saves, ``transcribe``'s offline path, and
-  ``pipeline_type: fast_cache_aware`` in NeMo's streaming pipeline builder.
-* :mod:`.nvrtc` -- NeMo's NVRTC helper without its write into CPython's shared ``b" "``.
-* :mod:`.captures` -- NeMo's decoders capture CUDA graphs with the garbage collector paused.
-* :mod:`.streaming_pipeline` -- our streaming engine behind NeMo's streaming inference pipeline interface.
-* :mod:`.context` -- context managers around NeMo calls (eval mode, NeMo's logging quiet).
+The patches (rows of :data:`PATCHES`, in :mod:`.patches`; each module's docstring says what NeMo function it
+wraps, why, and how it is undone):
 
-``autoload/nemo_fastdecode_autoload.py`` (run at interpreter start) reads the constants of :mod:`.constants`.
+* ``AbstractRNNTDecoding.__init__`` -- :func:`.registry.install_decoding_hook`: our strategy names in NeMo's decoding
+  construction (model constructor, ``change_decoding_strategy``, ``.nemo`` restores, streaming).
+* ``GreedyBatchedRNNTInferConfig`` / ``BeamRNNTInferConfig`` fields -- :func:`.option_fields.install_option_fields`:
+  our options in NeMo's config dataclasses (Hydra schemas accept them without ``+``).
+* ``FileIO.to_config_file`` -- :func:`.portable.install_portable_save`: ``.nemo`` files that load without us.
+* ``EncDecRNNTModel.transcribe`` / ``EncDecHybridRNNTCTCModel.transcribe`` --
+  :func:`.offline_transcribe.install_offline_transcribe`: the offline path (``greedy.offline_batching``).
+* ``PipelineBuilder.build_pipeline`` -- :func:`.pipeline_type.install_pipeline_type`: ``pipeline_type:
+  fast_cache_aware`` builds our streaming engine (:mod:`.streaming_pipeline`).
+* the ``nemo_logger`` filter -- :func:`.logs.quiet_repeated_nemo_lines`: NeMo's repeated set-up lines shown once.
+* ``cuda_python_utils.run_nvrtc`` -- :func:`.nvrtc.guard_nemo_nvrtc`: NeMo's NVRTC helper without its write into
+  CPython's shared ``b" "``.
+* the capturing computers' ``_graph_reinitialize`` -- :func:`.captures.guard_nemo_captures`: NeMo's decoders
+  capture CUDA graphs with the garbage collector paused.
+
+Besides the patches: :mod:`.streaming_pipeline` (our streaming engine behind NeMo's streaming inference pipeline
+interface), :mod:`.context` (context managers around NeMo calls), and :mod:`.constants` (the names NeMo's configs
+use for us), which ``autoload/nemo_fastdecode_autoload.py`` (run at interpreter start) reads without importing
+this package.
+
+Importing this package itself imports nothing from NeMo: the patch functions do, when :func:`install` runs
+(``import nemo_fastdecode`` calls it).
 """
+
+from nemo_fastdecode.nemo.patches import PATCHES, Patch, install
+
+__all__ = ["PATCHES", "Patch", "install"]

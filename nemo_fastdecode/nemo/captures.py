@@ -8,6 +8,9 @@ capture fails, and NeMo's fallback to graphs without WHILE nodes then fails on t
 must end on the same stream it began on"), or a later graph's destructor aborts the process. Importing
 ``nemo_fastdecode`` wraps each computer's ``_graph_reinitialize`` (warm-up and every capture, fallback included) in
 :func:`~nemo_fastdecode.graphs.capture.garbage_collection_paused`.
+
+Patch :func:`guard_nemo_captures`; idempotent (a wrapper is marked and never wrapped again); assigning each
+wrapper's ``__wrapped__`` back to its class undoes it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 from nemo_fastdecode.graphs.capture import garbage_collection_paused
 
-__all__ = ["guard_nemo_captures", "nemo_capturing_classes"]
+__all__ = ["capture_targets", "guard_nemo_captures", "nemo_capturing_classes"]
 
 _MARK = "_nemo_fastdecode_collector_paused"
 
@@ -53,6 +56,7 @@ def collector_paused(method: Callable[..., Any]) -> Callable[..., Any]:
             return method(*args, **kwargs)
 
     setattr(paused, _MARK, True)
+    paused._nemo_fastdecode = True  # installed by one of our patches (nemo_fastdecode.nemo.patches.MARK)
     return paused
 
 
@@ -60,3 +64,10 @@ def guard_nemo_captures() -> None:
     """Pause the collector while NeMo's computers capture (idempotent)."""
     for cls in nemo_capturing_classes():
         cls._graph_reinitialize = collector_paused(cls.__dict__["_graph_reinitialize"])
+
+
+def capture_targets() -> dict[str, object]:
+    """Each capturing computer's ``_graph_reinitialize``."""
+    return {
+        f"{cls.__name__}._graph_reinitialize": cls.__dict__["_graph_reinitialize"] for cls in nemo_capturing_classes()
+    }

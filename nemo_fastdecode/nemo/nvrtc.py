@@ -7,6 +7,9 @@ overwrites it: from then on every single-space bytes object in the process reads
 request lines, anything encoding ``" "``). Importing ``nemo_fastdecode`` replaces that helper, in NeMo's module and
 wherever NeMo's decoders imported it, with one that compiles the same source the same way (no options, as NeMo) into
 buffers of their own (:func:`~nemo_fastdecode.graphs.cuda_api.compile_kernel`).
+
+Patch :func:`guard_nemo_nvrtc`; idempotent (NeMo's module already holds :func:`run_nvrtc`, which is marked).
+Assigning NeMo's function (``run_nvrtc.__wrapped__`` once installed) back to those modules undoes it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["guard_nemo_nvrtc", "run_nvrtc"]
+__all__ = ["guard_nemo_nvrtc", "nvrtc_targets", "run_nvrtc"]
 
 
 def run_nvrtc(kernel_string: str, kernel_name: bytes, program_name: bytes) -> Any:
@@ -40,7 +43,20 @@ def guard_nemo_nvrtc() -> None:
     original = cuda_python_utils.run_nvrtc
     if original is run_nvrtc:
         return
+    run_nvrtc.__wrapped__ = original
     cuda_python_utils.run_nvrtc = run_nvrtc
     for name, module in list(sys.modules.items()):
         if name.startswith("nemo.") and getattr(module, "run_nvrtc", None) is original:
             module.run_nvrtc = run_nvrtc
+
+
+run_nvrtc._nemo_fastdecode = True  # installed by one of our patches (nemo_fastdecode.nemo.patches.MARK)
+
+
+def nvrtc_targets() -> dict[str, object]:
+    """``run_nvrtc`` as NeMo's helper module and each NeMo module that imported it see it."""
+    return {
+        f"{name}.run_nvrtc": module.run_nvrtc
+        for name, module in list(sys.modules.items())
+        if (name == "nemo" or name.startswith("nemo.")) and module is not None and hasattr(module, "run_nvrtc")
+    }

@@ -10,24 +10,20 @@ strategies go through untouched; an unknown name fails with the full list of val
 strategies are rows of one table, :data:`FAST_STRATEGIES` (stand-in, config section, options dataclass, builder);
 the keys they accept and the defaults they fill in come from the dataclasses in :mod:`nemo_fastdecode.config`.
 
-:func:`register` also makes our options fields of NeMo's greedy and beam config dataclasses (so that Hydra
-schemas such as ``transcribe_speech.py``'s accept ``rnnt_decoding.greedy.fast_math=true`` without ``+``), and
-makes ``.nemo`` files portable: a model saved with one of our strategies stores NeMo's stand-in strategy and
-ours under :data:`PORTABLE_KEY`, so that it loads with the stand-in where this package is not installed and
-with ours where it is.
+The hook is one patch of :data:`nemo_fastdecode.nemo.PATCHES` (:func:`install_decoding_hook`, applied by
+:func:`register` with the others). Idempotent: the wrapper is marked, NeMo's constructor is its ``__wrapped__``
+(assigning that back undoes it). A portable ``.nemo`` config (NeMo's stand-in strategy, ours under
+:data:`PORTABLE_KEY`, written by :mod:`.portable`) is turned back into ours here.
 
-It also hooks NeMo's streaming inference builder: ``PipelineBuilder.build_pipeline(cfg)`` with
-``pipeline_type:`` :data:`FAST_PIPELINE_TYPE` returns our
-:class:`~nemo_fastdecode.nemo.streaming_pipeline.FastCacheAwarePipeline` (built on first use; every other
-``pipeline_type`` goes to NeMo's builder untouched).
+Building one of our strategies also starts Triton's once-per-process set-up on a background thread where a GPU is
+present (:func:`nemo_fastdecode.kernels.warm_up.start_triton_warm_up`): a decoding is built as the model is
+constructed, before its weights load and it moves to the GPU, so the set-up hides behind model loading.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
-import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
@@ -45,8 +41,11 @@ from nemo_fastdecode.config import (
     option_names,
     options_from_section,
 )
-from nemo_fastdecode.logs import logger, quiet_repeated_nemo_lines
-from nemo_fastdecode.nemo.constants import FAST_PIPELINE_TYPE, PORTABLE_KEY, STRATEGIES
+from nemo_fastdecode.kernels import warm_up
+from nemo_fastdecode.logs import logger
+from nemo_fastdecode.nemo.constants import FAST_PIPELINE_TYPE, PORTABLE_KEY  # noqa: F401  (FAST_PIPELINE_TYPE: re-exported)
+from nemo_fastdecode.nemo.patches import is_ours, mark
+from nemo_fastdecode.nemo.pipeline_type import wants_fast_pipeline  # noqa: F401  (re-exported)
 
 # the top-level keys NeMo's decoding section has (before register() adds fields to the sections' dataclasses)
 _DECODING_KEYS = option_names(rnnt_decoding.RNNTDecodingConfig) | {PORTABLE_KEY}
@@ -122,7 +121,7 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
         confidence_method_cfg=decoding.confidence_method_cfg,
         include_duration_confidence=decoding.tdt_include_duration_confidence,
     )
-    infer.offline_batching = options.offline_batching  # read by the model's transcribe (_install_offline_transcribe)
+    infer.offline_batching = options.offline_batching  # read by the model's transcribe (.offline_transcribe)
     return infer
 
 
@@ -190,11 +189,8 @@ FAST_STRATEGIES: dict[str, FastStrategy] = {
         fuses=True,
     ),
 }
-assert tuple(FAST_STRATEGIES) == STRATEGIES, "constants.STRATEGIES names the rows of FAST_STRATEGIES"
 # our strategy name -> NeMo strategy whose configuration keys it takes
 STAND_IN_STRATEGY = {name: strategy.stand_in for name, strategy in FAST_STRATEGIES.items()}
-
-_original_init: Callable | None = None
 
 
 def nemo_strategies() -> list[str]:
@@ -207,13 +203,20 @@ def valid_strategies() -> list[str]:
 
 
 def register() -> None:
-    """Install the hook (idempotent). Called when ``nemo_fastdecode`` is imported."""
-    global _original_init
-    if _original_init is not None:
-        return
-    _original_init = rnnt_decoding.AbstractRNNTDecoding.__init__
+    """Register our strategies and apply every NeMo patch (idempotent): :func:`nemo_fastdecode.nemo.install`.
+    Called when ``nemo_fastdecode`` is imported."""
+    from nemo_fastdecode.nemo.patches import install
 
-    @functools.wraps(_original_init)
+    install()
+
+
+def install_decoding_hook() -> None:
+    """Wrap ``AbstractRNNTDecoding.__init__`` so that it builds our strategies (idempotent)."""
+    nemo_init = rnnt_decoding.AbstractRNNTDecoding.__init__
+    if is_ours(nemo_init):
+        return
+
+    @functools.wraps(nemo_init)
     def init_with_fast_strategies(self, decoding_cfg, decoder, joint, blank_id, *args, **kwargs):
         if is_dataclass(decoding_cfg):
             decoding_cfg = OmegaConf.structured(decoding_cfg)
@@ -224,54 +227,22 @@ def register() -> None:
                 raise ValueError(
                     f"Unknown transducer decoding strategy {strategy!r}; valid strategies: {', '.join(valid_strategies())}"
                 )
-            return _original_init(self, decoding_cfg, decoder, joint, blank_id, *args, **kwargs)
+            return nemo_init(self, decoding_cfg, decoder, joint, blank_id, *args, **kwargs)
         # before NeMo's set-up: it would load an n-gram LM or reject a multi-blank model in the stand-in's words
         _check_decoding_keys(strategy, decoding_cfg)
         _check_options(strategy, fast, decoding_cfg)
-        _original_init(self, _stand_in_config(decoding_cfg, fast), decoder, joint, blank_id, *args, **kwargs)
+        warm_up.start_triton_warm_up()  # where a GPU is present; behind the model's loading, before its first decode
+        nemo_init(self, _stand_in_config(decoding_cfg, fast), decoder, joint, blank_id, *args, **kwargs)
         if self.preserve_frame_confidence and not fast.records_steps:
             _unsupported(strategy, fast, ["confidence (preserve_frame_confidence / confidence_cfg)"])
         self.decoding = fast.build(self, decoding_cfg, decoder, joint)
         self.cfg = decoding_cfg
 
-    rnnt_decoding.AbstractRNNTDecoding.__init__ = init_with_fast_strategies
-    for strategy in FAST_STRATEGIES.values():
-        _add_option_fields(strategy)
-    _install_portable_save()
-    _install_pipeline_type()
-    _install_offline_transcribe()
-    quiet_repeated_nemo_lines()
+    rnnt_decoding.AbstractRNNTDecoding.__init__ = mark(init_with_fast_strategies, nemo_init)
 
 
-def _wants_offline_batching(model) -> bool:
-    """``decoding.greedy.offline_batching: true`` on the decoding the model's ``transcribe`` uses (a hybrid model's
-    RNN-T head only when it is the current decoder)."""
-    if getattr(model, "cur_decoder", "rnnt") != "rnnt":
-        return False
-    return bool(getattr(getattr(getattr(model, "decoding", None), "decoding", None), "offline_batching", False))
-
-
-def _install_offline_transcribe() -> None:
-    """NeMo's RNN-T (and hybrid) ``transcribe`` takes the offline path when the model's decoding asks for it
-    (:func:`_wants_offline_batching`); every other call, and every other model, goes to NeMo's method untouched."""
-    from nemo.collections.asr.models import EncDecHybridRNNTCTCModel, EncDecRNNTModel
-
-    from nemo_fastdecode.offline.fast_path import transcribe_call
-
-    for cls in (EncDecRNNTModel, EncDecHybridRNNTCTCModel):
-        nemo_transcribe = cls.__dict__.get("transcribe")
-        if nemo_transcribe is None or getattr(nemo_transcribe, "_nemo_fastdecode", False):
-            continue
-
-        def transcribe(self, audio, *args, _nemo_transcribe=nemo_transcribe, **kwargs):
-            bound = functools.partial(_nemo_transcribe, self)
-            if args or not _wants_offline_batching(self):
-                return bound(audio, *args, **kwargs)
-            return transcribe_call(self, audio, kwargs, bound)
-
-        functools.update_wrapper(transcribe, nemo_transcribe)
-        transcribe._nemo_fastdecode = True
-        cls.transcribe = transcribe
+def decoding_targets() -> dict[str, object]:
+    return {"AbstractRNNTDecoding.__init__": rnnt_decoding.AbstractRNNTDecoding.__init__}
 
 
 def _unsupported(strategy: str, fast: FastStrategy, features: list[str]) -> None:
@@ -394,91 +365,3 @@ def portable_decoding_config(cfg: DictConfig) -> DictConfig | None:
         portable.decoding.strategy = FAST_STRATEGIES[strategy].stand_in
         portable.decoding[PORTABLE_KEY] = {"strategy": strategy}
     return portable
-
-
-def _install_portable_save() -> None:
-    """``.nemo`` files (``model.save_to``) get the portable decoding config; the model's own config is unchanged."""
-    from nemo.core.classes.common import FileIO
-
-    nemo_to_config_file = FileIO.to_config_file
-    if getattr(nemo_to_config_file, "_nemo_fastdecode", False):
-        return
-
-    @functools.wraps(nemo_to_config_file)
-    def to_config_file(self, path2yaml_file: str):
-        portable = portable_decoding_config(getattr(self, "_cfg", None))
-        if portable is None:
-            return nemo_to_config_file(self, path2yaml_file)
-        own = self._cfg
-        self._cfg = portable
-        try:
-            return nemo_to_config_file(self, path2yaml_file)
-        finally:
-            self._cfg = own
-
-    to_config_file._nemo_fastdecode = True
-    FileIO.to_config_file = to_config_file
-
-
-def wants_fast_pipeline(cfg: object) -> bool:
-    """NeMo's streaming inference config selects our engine (``pipeline_type: fast_cache_aware``, any case)."""
-    getter = getattr(cfg, "get", None)
-    pipeline_type = getter("pipeline_type", None) if getter is not None else getattr(cfg, "pipeline_type", None)
-    return str(pipeline_type).lower() == FAST_PIPELINE_TYPE
-
-
-def _install_pipeline_type() -> None:
-    """``PipelineBuilder.build_pipeline(cfg)`` builds our pipeline for :data:`FAST_PIPELINE_TYPE`, NeMo's otherwise."""
-    from nemo.collections.asr.inference.factory.pipeline_builder import PipelineBuilder
-
-    nemo_build = PipelineBuilder.build_pipeline  # a staticmethod: the plain function
-    if getattr(nemo_build, "_nemo_fastdecode", False):
-        return
-
-    @functools.wraps(nemo_build)
-    def build_pipeline(cfg):
-        if wants_fast_pipeline(cfg):
-            from nemo_fastdecode.nemo.streaming_pipeline import build_pipeline as build_fast_pipeline
-
-            return build_fast_pipeline(cfg)
-        return nemo_build(cfg)
-
-    build_pipeline._nemo_fastdecode = True
-    PipelineBuilder.build_pipeline = staticmethod(build_pipeline)
-
-
-def _nemo_section_class(fast: FastStrategy) -> type:
-    return GreedyBatchedRNNTInferConfig if fast.section == "greedy" else BeamRNNTInferConfig
-
-
-# NeMo's greedy section reads `max_symbols` before `max_symbols_per_step`: unset by default, so NeMo's own
-# strategies keep their behaviour; the beam section's `max_symbols` default (10) is what malsd_batch reads
-_NEMO_FIELD_DEFAULTS = {("greedy", "max_symbols"): None}
-
-
-def _add_option_fields(fast: FastStrategy) -> None:
-    """Our options (and NeMo's ``max_symbols``) as fields of NeMo's section dataclass, with our types and defaults.
-
-    Hydra schemas built from NeMo's ``RNNTDecodingConfig`` then accept and type-check them on the command line.
-    The fields are added to the existing class (the default factories of NeMo's configs refer to it); NeMo reads
-    its sections with ``.get`` and ignores keys it does not use.
-    """
-    target = _nemo_section_class(fast)
-    hints = typing.get_type_hints(fast.options_class)
-    for option in dataclasses.fields(fast.options_class):
-        if option.name in target.__dataclass_fields__:
-            continue
-        default = _NEMO_FIELD_DEFAULTS.get((fast.section, option.name), option.default)
-        field = dataclasses.field(default=default)
-        field.name, field.type, field._field_type = option.name, _omegaconf_type(hints[option.name]), dataclasses._FIELD
-        target.__dataclass_fields__[option.name] = field
-        target.__annotations__[option.name] = field.type
-        setattr(target, option.name, default)
-
-
-def _omegaconf_type(hint: object) -> object:
-    """``X | None`` as ``Optional[X]``: the form OmegaConf's structured configs understand."""
-    args = typing.get_args(hint)
-    if type(None) in args and len(args) == 2:
-        return typing.Optional[next(a for a in args if a is not type(None))]  # noqa: UP045
-    return hint
