@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.decode_call import true_fp32
+from nemo_fastdecode.kernels import warm_up
 from nemo_fastdecode.streaming.beam_decoding import SlotBeamDecoder
 from nemo_fastdecode.streaming.buckets import BucketedStep
 from nemo_fastdecode.streaming.decoding import SlotDecoder, check_ngram_lm
@@ -157,6 +158,8 @@ class StreamingTranscriber:
         model.eval()
         self.model, self.num_slots, self.dtype = model, num_slots, dtype
         self.device = next(model.parameters()).device
+        if self.device.type == "cuda":  # Triton's one-time set-up on a thread, behind the rest of this set-up
+            warm_up.start_triton_warm_up()
         self.geometry = StreamingGeometry.from_encoder(encoder)
         attn = encoder.layers[0].self_attn
         self.slots = SlotState(
