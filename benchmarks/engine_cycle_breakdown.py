@@ -41,8 +41,8 @@ PARTS = {  # name: (engine attribute owning the method or None for the engine, m
     "queue.write": ("queue", "write"),
     "queue.read": ("queue", "read"),
     "step": ("transcriber", "step"),
-    "grew (device read)": (None, "_grew"),
-    "events": (None, "_events"),
+    "grew (device read)": ("event_builder", "grew"),
+    "events": ("event_builder", "events"),
     "free": (None, "_free"),
 }
 

@@ -124,7 +124,7 @@ class LoopTrace:
 
             schedule.advance, schedule._traced = traced_advance, True
         self.stepped = []
-        live = np.flatnonzero(engine._stream_of >= 0)
+        live = np.flatnonzero(engine.streams.live)
         if live.size:
             backlog = schedule.backlog[live]
             full, _ = schedule.next_chunks(live)
@@ -135,7 +135,7 @@ class LoopTrace:
         hop, rate = engine.front.settings.hop, engine.front.settings.sample_rate
         stepped = np.concatenate(self.stepped, axis=1) if self.stepped else np.zeros((2, 0), dtype=np.int64)
         for slot, frames in stepped.T.tolist():  # the arrival that completed each stepped chunk's audio
-            item = loop._item_of.get(int(engine._stream_of[slot]))
+            item = loop._item_of.get(int(engine.streams.stream_of[slot]))
             if item is None:
                 continue
             end = frames * hop * item.rate // rate
@@ -143,7 +143,7 @@ class LoopTrace:
             if received is not None:
                 self.chunks.append(clock - received)
         if clock - self.last >= 1.0:
-            self.write(clock, len(engine._slot_of))
+            self.write(clock, len(engine.streams.slot_of))
 
     def write(self, now: float, open_streams: int) -> None:
         def quantiles(values: list[float]) -> str:

@@ -13,12 +13,20 @@
 * :mod:`~nemo_fastdecode.streaming.events` -- the engine's options, events and errors.
 * :mod:`~nemo_fastdecode.streaming.vad` -- Silero VAD for every stream at once, on the front end's samples.
 * :mod:`~nemo_fastdecode.streaming.endpointing` -- NeMo's blank-run end of utterance for every stream at once.
+* :mod:`~nemo_fastdecode.streaming.config` -- ``EngineConfig``: the engine's options, checked once.
+* :mod:`~nemo_fastdecode.streaming.streams` -- the engine's stream ids, slots and lifecycle.
+* :mod:`~nemo_fastdecode.streaming.pcm` -- what a push may carry: PCM checks, split samples.
+* :mod:`~nemo_fastdecode.streaming.inbox` -- pushed audio in pinned host memory until a cycle takes it.
+* :mod:`~nemo_fastdecode.streaming.cycle` -- one engine cycle: audio in, features, one batched step, events.
+* :mod:`~nemo_fastdecode.streaming.utterance_ends` -- where utterances end in the cycle (VAD cuts, blank runs).
+* :mod:`~nemo_fastdecode.streaming.event_builder` -- segments and the partial / final events' text, tokens, words.
 * :mod:`~nemo_fastdecode.streaming.engine` -- ``StreamingEngine``: PCM in, partial and final transcripts out.
 * :mod:`~nemo_fastdecode.nemo.streaming_pipeline` -- NeMo's streaming pipeline interface over the engine
   (``pipeline_type: fast_cache_aware``).
 * :mod:`~nemo_fastdecode.streaming.nemo_path` -- NeMo's own path (slot gather/scatter + ``conformer_stream_step``).
 """
 
+from nemo_fastdecode.streaming.config import EngineConfig
 from nemo_fastdecode.streaming.engine import StreamingEngine
 from nemo_fastdecode.streaming.events import (
     BoostingOptions,
@@ -41,6 +49,7 @@ __all__ = [
     "CapacityError",
     "EndReason",
     "EndpointingOptions",
+    "EngineConfig",
     "SpeechEvent",
     "StepResult",
     "StreamEndedError",
