@@ -9,8 +9,9 @@
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 import nemo_fastdecode
 
