@@ -6,6 +6,10 @@ the logic lives in ``fastdecode_lab.streaming_sim``.
     # the shipped trained model on the example utterances: each stream's reference, final transcript and the WER;
     # quick on a CPU
     python scripts/streaming.py
+    python scripts/streaming.py --help   # every option, its default and description
+
+    # every input of a manifest, one stream each (num_streams=N: N streams, stream i playing input i mod inputs)
+    python scripts/streaming.py dataset_manifest=test.jsonl
 
     # a synthetic (random-weight) preset on synthetic audio
     python scripts/streaming.py model=tiny-streaming
@@ -33,7 +37,9 @@ from nemo.core.config import hydra_runner
 from omegaconf import DictConfig
 
 import fastdecode_lab.models  # noqa: F401  (the lab's synthetic presets as model names: model=tiny-rnnt)
+from fastdecode_lab.configs import StreamingConfig
 from fastdecode_lab.streaming_sim import run
+from nemo_fastdecode.apps.confighelp import check_hydra_argv
 
 
 @hydra_runner(config_path="../configs/streaming", config_name="streaming")
@@ -42,4 +48,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_hydra_argv(StreamingConfig, "scripts/streaming.py", open_sections=())  # --help; misspelled keys named
     main()

@@ -2,7 +2,8 @@
 
 Follows NeMo's ``examples/asr/transcribe_speech.py``; the logic lives in ``nemo_fastdecode.apps.transcribe``.
 
-    # embedded demo: synthetic (random-weight) model and audio, fast_greedy vs greedy_batch table
+    # embedded demo: the shipped trained model (trained-tdt) on the shipped example utterances: each reference,
+    # hypothesis and the WER, then the fast_greedy vs greedy_batch table
     python scripts/transcribe.py
 
     # a real checkpoint on a folder of .wav/.flac, or on a JSON-lines manifest
@@ -13,6 +14,11 @@ Follows NeMo's ``examples/asr/transcribe_speech.py``; the logic lives in ``nemo_
     # decoding options (configs/decoding/fast_greedy.yaml), or NeMo's own strategy
     python scripts/transcribe.py decoding.greedy.loop_labels=false decoding.greedy.graph_mode=eager
     python scripts/transcribe.py decoding.strategy=greedy_batch
+
+    # a synthetic preset (random weights) on synthetic audio
+    python scripts/transcribe.py model=tiny-rnnt
+
+    python scripts/transcribe.py --help   # every option, its default and description
 """
 
 import sys
@@ -21,6 +27,8 @@ from nemo.core.config import hydra_runner
 from omegaconf import DictConfig
 
 import fastdecode_lab.models  # noqa: F401  (the lab's synthetic presets as model names: model=tiny-rnnt)
+from nemo_fastdecode.apps.confighelp import check_hydra_argv
+from nemo_fastdecode.apps.configs import TranscribeConfig
 from nemo_fastdecode.apps.transcribe import run
 
 
@@ -31,4 +39,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_hydra_argv(TranscribeConfig, "scripts/transcribe.py")  # --help from the config; misspelled keys named
     main()
