@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import multiprocessing
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from nemo_fastdecode.apps.configs import LoadtestConfig
-from nemo_fastdecode.apps.loadtest.client import ClientResult, item_ends, run_client
+from nemo_fastdecode.apps.loadtest.client import ClientResult, check_server, item_ends, run_client
 from nemo_fastdecode.apps.loadtest.report import LoadPoint, LoadtestResult, format_markdown, summarize, write_result
 from nemo_fastdecode.apps.loadtest.server_metrics import histogram_quantiles_ms, metrics_url, scrape_histograms
 from nemo_fastdecode.apps.options import parse_config
@@ -160,9 +161,14 @@ def run_point(
 
 
 def run(config: LoadtestConfig) -> LoadtestResult:
-    """The load test (one point, or a sweep over ``clients_sweep``); writes JSON, Markdown and a sweep's plot."""
+    """The load test (one point, or a sweep over ``clients_sweep``); writes JSON, Markdown and a sweep's plot.
+
+    Raises:
+        ConnectionError: no server at ``config.url`` (checked first).
+    """
     from nemo_fastdecode.apps.environment import environment
 
+    check_server(config.url)  # before the inputs and references take their time
     inputs, texts = load_inputs(config)
     refs = references(config, inputs) if config.check else None
     points = [run_point(config, inputs, int(n), refs, texts) for n in (config.clients_sweep or [config.clients])]
@@ -173,7 +179,11 @@ def run(config: LoadtestConfig) -> LoadtestResult:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_config(LoadtestConfig, list(argv or []), "nemo-fastdecode loadtest")
-    result = run(config)
+    try:
+        result = run(config)
+    except ConnectionError as error:
+        print(f"nemo-fastdecode loadtest: {error}", file=sys.stderr)
+        return 2
     print(format_markdown(result))
     print("\n" + ", ".join(f"{k}: {v}" for k, v in result.files.items()))
     return 0 if result.passed else 1

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 __all__ = [
     "ClientResult",
+    "check_server",
     "connect_session",
     "item_ends",
     "message_ends",
@@ -99,6 +101,25 @@ def append_message(pcm: bytes, binary: bool) -> str | bytes:
     if binary:
         return pcm
     return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+
+
+def check_server(url: str, timeout: float = 3.0) -> None:
+    """Raise ``ConnectionError`` (``no server at ws://...: start it first with `nemo-fastdecode serve```) unless
+    something accepts TCP connections at ``url``'s host and port: a load test without a server would time every
+    client out and report nothing but NaNs."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "wss" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as error:
+        raise ConnectionError(
+            f"no server at {url} ({error.strerror or error}): start it first with `nemo-fastdecode serve` "
+            f"(port={port} if not the default), in another terminal"
+        ) from None
 
 
 async def connect_session(
