@@ -55,8 +55,9 @@ class StreamingConfig:
         dataset_manifest: every entry of this JSON-lines manifest (``audio_filepath``, optional ``text``: each
             stream's reference and final transcript are then printed with the WER). Neither: the shipped example
             utterances, with their reference texts (synthetic demo utterances for a synthetic preset).
-        num_streams: concurrent streams; stream ``i`` plays input ``i mod (number of inputs)`` (the default plays
-            each example utterance once).
+        num_streams: concurrent streams; stream ``i`` plays input ``i mod (number of inputs)``; ``None`` (the
+            default): one stream per input, every input streamed once. Fewer streams than inputs leave the rest out
+            (the run says so).
         num_slots: slots (pre-allocated caches); ``None``: ``num_streams``.
         att_context_size: ``[left, lookahead]`` among the encoder's look-aheads; ``None``: its default.
         stagger_seconds: stream starts are drawn uniformly in ``[0, stagger_seconds)``; 0 starts all
@@ -110,7 +111,7 @@ class StreamingConfig:
     model: str = "trained-streaming"
     audio_dir: str | None = None
     dataset_manifest: str | None = None
-    num_streams: int = 6
+    num_streams: int | None = None
     num_slots: int | None = None
     att_context_size: list[int] | None = None
     stagger_seconds: float = 1.0

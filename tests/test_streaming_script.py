@@ -146,6 +146,23 @@ def test_tiny_run_matches_nemo_path(tmp_path):
     assert [r["stream"] for r in records] == list(range(5)) and all(r["identical"] for r in records)
 
 
+def test_every_input_of_a_manifest_is_streamed_by_default(tmp_path):
+    """8 inputs (more than the 6 streams the default used to have): 8 streams, one per input, none left out."""
+    paths = synthetic.write_wavs(synthetic.synthetic_audio([0.6] * 8, seed=5), tmp_path / "wavs")
+    manifest = tmp_path / "many.jsonl"
+    manifest.write_text("".join(json.dumps({"audio_filepath": str(p)}) + "\n" for p in paths))
+    lines: list[str] = []
+    config = {"model": "tiny-streaming", "dataset_manifest": str(manifest), "compare_nemo": False, "cuda": -1}
+    config |= {"fixed_step_repeats": 0, "stagger_seconds": 0.2, "output_dir": str(tmp_path / "out")}
+    result = sim.run(config, log=lines.append)
+    assert [Path(r["audio"]).name for r in result.transcripts] == [p.name for p in paths]
+    assert json.loads(Path(result.files["json"]).read_text())["config"]["num_streams"] == 8
+    assert not any("streaming the first" in line for line in lines)
+    lines.clear()
+    cut = sim.run({**config, "num_streams": 3}, log=lines.append)
+    assert len(cut.transcripts) == 3 and "num_streams=3: streaming the first 3 of 8 inputs" in "\n".join(lines)
+
+
 def test_tiny_run_with_an_ngram_lm_matches_nemo_path_fusing_it(tmp_path):
     """``ngram_lm_model`` / ``ngram_lm_alpha``: ours fuses the LM, NeMo's path too (the model's
     ``greedy.ngram_lm_model``); the streams' tokens agree, and differ from a run without the LM."""

@@ -69,7 +69,7 @@ def resolve_config(cfg: StreamingConfig | DictConfig | dict[str, Any] | None = N
         cfg = OmegaConf.structured(cfg) if not isinstance(cfg, dict) else OmegaConf.create(cfg)
     merged = OmegaConf.merge(schema, cfg)
     StreamingConfig(**OmegaConf.to_container(merged))  # value checks (__post_init__)
-    if merged.num_streams < 1:
+    if merged.num_streams is not None and merged.num_streams < 1:
         raise ValueError(f"num_streams must be >= 1, got {merged.num_streams}")
     if merged.num_slots is not None and merged.num_slots < 1:
         raise ValueError(f"num_slots must be >= 1 or null, got {merged.num_slots}")
@@ -305,6 +305,19 @@ def _describe(cfg: DictConfig, setup: _Setup, num_slots: int, streams: str) -> s
     )
 
 
+def stream_count(num_streams: int | None, inputs: int, log: Callable[[str], None] = print) -> int:
+    """``num_streams``, or one stream per input when ``None``; fewer streams than inputs are logged (the inputs
+    past them are not streamed)."""
+    if num_streams is None:
+        return inputs
+    if num_streams < inputs:
+        log(
+            f"num_streams={num_streams}: streaming the first {num_streams} of {inputs} inputs "
+            f"(num_streams=null streams each input once)."
+        )
+    return num_streams
+
+
 def run(
     cfg: StreamingConfig | DictConfig | dict[str, Any] | None = None, *, log: Callable[[str], None] = print
 ) -> StreamingRunResult | SweepResult:
@@ -316,10 +329,11 @@ def run(
     setup = _setup(cfg, log)
     if cfg.num_streams_sweep:
         return run_sweep(cfg, setup, log)
-    num_slots = cfg.num_slots or cfg.num_streams
-    plans = _plans(cfg, setup, cfg.num_streams)
-    log(_describe(cfg, setup, num_slots, str(cfg.num_streams)))
-    paths = _make_paths(cfg, setup, num_slots, min(cfg.num_streams, num_slots), plans)
+    num_streams = stream_count(cfg.num_streams, len(setup.features), log)
+    num_slots = cfg.num_slots or num_streams
+    plans = _plans(cfg, setup, num_streams)
+    log(_describe(cfg, setup, num_slots, str(num_streams)))
+    paths = _make_paths(cfg, setup, num_slots, min(num_streams, num_slots), plans)
     stats, tokens = _simulate_paths(setup, paths, plans, num_slots)
 
     reference, nemo_beam = None, [None] * len(plans)
@@ -344,7 +358,7 @@ def run(
         transcripts.append(record)
 
     result = StreamingRunResult(
-        config=OmegaConf.to_container(cfg),
+        config={**OmegaConf.to_container(cfg), "num_streams": num_streams},  # the count run (null: one per input)
         environment=environment(setup.device),
         geometry=asdict(setup.geometry),
         paths=stats,
