@@ -267,10 +267,12 @@ def test_clear_errors(tmp_path, demo, monkeypatch):
         T.run({"dataset_manifest": str(manifest)}, log=lambda line: None)
     manifest.write_text('{"audio_filepath": "missing.wav"}\n')
     with pytest.raises(FileNotFoundError, match="bad.jsonl:1: audio_filepath 'missing.wav' not found"):
-        manifests.read_inputs(dataset_manifest=manifest)
+        manifests.read_inputs(dataset_manifest=manifest, strict=True)
+    with pytest.raises(ValueError, match="has no usable entries; .*bad.jsonl:1: audio_filepath 'missing.wav' not"):
+        manifests.read_inputs(dataset_manifest=manifest, log=lambda line: None)
     manifest.write_text("not json\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: not valid JSON"):
-        manifests.read_inputs(dataset_manifest=manifest)
+        manifests.read_inputs(dataset_manifest=manifest, strict=True)
     with pytest.raises(FileNotFoundError, match="dataset_manifest .*does not exist"):
         manifests.read_inputs(dataset_manifest=tmp_path / "none.jsonl")
     with pytest.raises(ValueError, match="not both"):
@@ -342,6 +344,86 @@ def test_unreadable_files_are_reported_and_the_others_transcribed(audio_inputs, 
     for path in paths:
         assert isinstance(records[path.name]["pred_text"], str) and "error" not in records[path.name]
     assert records["empty.wav"]["pred_text"] is None and records["empty.wav"]["error"] == "it has no samples"
+
+
+def test_bad_manifest_lines_are_named_and_skipped_and_resampled_files_named(audio_inputs, tmp_path):
+    """A missing file, a line that is not JSON and one without ``audio_filepath``: each named with its line number
+    and reason and skipped, the others transcribed (exit 1 as for unreadable files); an 8 kHz file is named as
+    resampled to the model's 16 kHz."""
+    import soundfile as sf
+
+    root, paths, _ = audio_inputs
+    slow = tmp_path / "slow.wav"
+    data, rate = sf.read(paths[0], dtype="float32")
+    sf.write(slow, data[::2], rate // 2)
+    manifest = tmp_path / "mixed.jsonl"
+    lines = [
+        json.dumps({"audio_filepath": str(paths[0]), "text": "a"}),
+        json.dumps({"audio_filepath": "missing.wav"}),
+        "{not json",
+        json.dumps({"path": "x.wav"}),
+        json.dumps({"audio_filepath": "slow.wav"}),
+    ]
+    manifest.write_text("\n".join(lines) + "\n")
+    logged: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    utterances = manifests.read_inputs(dataset_manifest=manifest, log=logged.append, skipped=skipped)
+    assert [u.audio_path.name for u in utterances] == [paths[0].name, "slow.wav"]
+    assert [where.rsplit(":", 1)[1] for where, _ in skipped] == ["2", "3", "4"]
+    assert "audio_filepath 'missing.wav' not found" in skipped[0][1] and "not valid JSON" in skipped[1][1]
+    assert "no 'audio_filepath'" in skipped[2][1]
+    assert any("mixed.jsonl:2" in line and "missing.wav" in line for line in logged)
+    note = manifests.resampling_note([paths[0], slow], 16000)
+    assert note == "Resampled 1 of 2 file(s) to the model's 16000 Hz: slow.wav (8000 Hz)"
+    assert manifests.resampling_note([paths[0]], 16000) is None
+    audio = manifests.load_audio([slow], 16000, log=logged.append)
+    assert logged[-1] == note.replace("1 of 2", "1 of 1") and abs(len(audio[0]) - len(data)) <= 2
+
+    out = tmp_path / "out.jsonl"
+    logged.clear()
+    result = T.run(
+        {"model": "tiny-rnnt", "dataset_manifest": str(manifest), "output_filename": str(out)},
+        log=logged.append, progress=False,
+    )  # fmt: skip
+    text = "\n".join(logged)
+    assert "3 manifest line(s) skipped" in text and "mixed.jsonl:3: not valid JSON" in text
+    assert "Resampled 1 of 2 file(s) to the model's 16000 Hz: slow.wav (8000 Hz)" in text
+    assert len(result.records) == 2 and all(isinstance(r["pred_text"], str) for r in result.records)
+    assert len(result.failed) == 3  # the script exits 1, as for unreadable files
+
+
+def test_the_scripts_help_and_misspelled_keys(tmp_path):
+    """``--help`` lists each option with its description; a misspelled key is named with the closest valid key,
+    without a traceback (before Hydra runs)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = str(ROOT / "scripts" / "transcribe.py")
+    done = subprocess.run(
+        [sys.executable, script, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "  batch_size=32\n      utterances per batch." in done.stdout and "model=trained-tdt" in done.stdout
+    assert "== Config groups ==" not in done.stdout
+    done = subprocess.run(
+        [sys.executable, script, "batch_sise=4"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "unknown option 'batch_sise'; did you mean 'batch_size'?" in done.stderr
+    assert "Valid options: model, audio_dir" in done.stderr
+
+
+def test_the_scripts_docstrings_name_the_defaults():
+    """The demo ``scripts/transcribe.py`` runs is the shipped trained model, not a random-weight one."""
+    import ast
+
+    from nemo_fastdecode.apps.configs import ParallelTranscribeConfig
+
+    def doc(name: str) -> str:
+        return ast.get_docstring(ast.parse((ROOT / "scripts" / f"{name}.py").read_text())) or ""
+
+    assert TranscribeConfig.model in doc("transcribe") and "synthetic (random-weight) model and audio" not in doc(
+        "transcribe"
+    )
+    assert f"defaults to ``{ParallelTranscribeConfig.model}``" in doc("transcribe_parallel")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,17 +38,26 @@ class Utterance:
 
 
 def read_inputs(
-    audio_dir: str | os.PathLike | None = None, dataset_manifest: str | os.PathLike | None = None
+    audio_dir: str | os.PathLike | None = None,
+    dataset_manifest: str | os.PathLike | None = None,
+    *,
+    strict: bool = False,
+    log: Callable[[str], None] = print,
+    skipped: list[tuple[str, str]] | None = None,
 ) -> list[Utterance]:
     """Read ``audio_dir`` (every ``.wav``/``.flac``, sorted by name) or a JSON-lines ``dataset_manifest``.
 
     Manifest entries need ``audio_filepath``; a relative path is taken relative to the manifest's
     folder, as NeMo does; other keys (``text``, ``duration``, ...) are kept for the output.
 
+    A bad manifest line (not a JSON object, no ``audio_filepath``, an audio file that does not exist) is named
+    through ``log`` (``manifest:line: reason``) and skipped, and ``(manifest:line, reason)`` appended to ``skipped``
+    when given; the other lines are read all the same. ``strict=True`` raises at the first one instead.
+
     Raises:
-        ValueError: both or neither given, no audio in the folder, an empty manifest, a line that is
-            not a JSON object or lacks ``audio_filepath`` (the message names the line).
-        FileNotFoundError: the folder, the manifest or an audio file it names does not exist.
+        ValueError: both or neither given, no audio in the folder, a manifest with no usable entry; with ``strict``,
+            a line that is not a JSON object or lacks ``audio_filepath`` (the message names the line).
+        FileNotFoundError: the folder or the manifest does not exist; with ``strict``, an audio file it names.
     """
     if (audio_dir is None) == (dataset_manifest is None):
         raise ValueError("give exactly one of audio_dir and dataset_manifest")
@@ -65,6 +74,7 @@ def read_inputs(
     if not manifest.is_file():
         raise FileNotFoundError(f"dataset_manifest {str(manifest)!r} does not exist")
     utterances = []
+    bad: list[tuple[str, str]] = []
     with open(manifest, encoding="utf-8") as f:
         for line_number, line in enumerate(f, start=1):
             line = line.strip()
@@ -72,22 +82,38 @@ def read_inputs(
                 continue
             where = f"{manifest}:{line_number}"
             try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{where}: not valid JSON ({error.msg})") from None
-            if not isinstance(entry, dict):
-                raise ValueError(f"{where}: expected a JSON object per line, got {type(entry).__name__}")
-            if "audio_filepath" not in entry:
-                raise ValueError(f"{where}: entry has no 'audio_filepath' (keys: {', '.join(entry) or 'none'})")
-            path = Path(entry["audio_filepath"]).expanduser()
-            if not path.is_absolute():
-                path = manifest.parent / path
-            if not path.is_file():
-                raise FileNotFoundError(f"{where}: audio_filepath {entry['audio_filepath']!r} not found ({path})")
-            utterances.append(Utterance(audio_path=path.resolve(), entry=entry))
+                utterances.append(_manifest_line(manifest, line))
+            except (ValueError, FileNotFoundError) as error:
+                if strict:
+                    raise type(error)(f"{where}: {error}") from None
+                log(f"Skipping {where}: {error}")
+                bad.append((where, str(error)))
+    if skipped is not None:
+        skipped.extend(bad)
     if not utterances:
-        raise ValueError(f"dataset_manifest {str(manifest)!r} has no entries")
+        reasons = "".join(f"; {where}: {reason}" for where, reason in bad[:3]) + ("; ..." if len(bad) > 3 else "")
+        raise ValueError(f"dataset_manifest {str(manifest)!r} has no {'usable ' if bad else ''}entries{reasons}")
+    if bad:
+        log(f"{len(bad)} line(s) of {manifest} skipped (named above); {len(utterances)} entries read.")
     return utterances
+
+
+def _manifest_line(manifest: Path, line: str) -> Utterance:
+    """One manifest line's :class:`Utterance`; ``ValueError`` / ``FileNotFoundError`` say what is wrong with it."""
+    try:
+        entry = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not valid JSON ({error.msg})") from None
+    if not isinstance(entry, dict):
+        raise ValueError(f"expected a JSON object per line, got {type(entry).__name__}")
+    if "audio_filepath" not in entry:
+        raise ValueError(f"entry has no 'audio_filepath' (keys: {', '.join(entry) or 'none'})")
+    path = Path(entry["audio_filepath"]).expanduser()
+    if not path.is_absolute():
+        path = manifest.parent / path
+    if not path.is_file():
+        raise FileNotFoundError(f"audio_filepath {entry['audio_filepath']!r} not found ({path})")
+    return Utterance(audio_path=path.resolve(), entry=entry)
 
 
 def default_output_path(audio_dir: str | os.PathLike | None, dataset_manifest: str | os.PathLike | None) -> Path:
@@ -155,11 +181,40 @@ def write_output_manifest(records: Sequence[dict[str, Any]], path: str | os.Path
     return path
 
 
-def load_audio(paths: Sequence[str | os.PathLike], sample_rate: int) -> list[np.ndarray]:
-    """Read audio files as mono float32 arrays at ``sample_rate`` (resampled where needed), as NeMo does."""
+def load_audio(
+    paths: Sequence[str | os.PathLike], sample_rate: int, log: Callable[[str], None] | None = print
+) -> list[np.ndarray]:
+    """Read audio files as mono float32 arrays at ``sample_rate`` (resampled where needed, as NeMo does; ``log`` gets
+    one line naming the files resampled and their rates, :func:`resampling_note`)."""
     from nemo.collections.asr.parts.preprocessing.segment import AudioSegment
 
+    note = resampling_note(paths, sample_rate) if log is not None else None
+    if note is not None:
+        log(note)
     return [AudioSegment.from_file(str(p), target_sr=sample_rate).samples.astype(np.float32) for p in paths]
+
+
+def resampling_note(paths: Sequence[str | os.PathLike], sample_rate: int, show: int = 5) -> str | None:
+    """One line naming the files whose rate is not ``sample_rate`` (resampled to it as they are read) and their rates,
+    e.g. ``Resampled 2 of 6 file(s) to the model's 16000 Hz: a.wav (8000 Hz), b.wav (44100 Hz)``; ``None`` when
+    every file is at ``sample_rate`` (files that cannot be read are left to :func:`audio_problem`)."""
+    import soundfile as sf
+
+    other = []
+    for path in paths:
+        try:
+            rate = sf.info(str(path)).samplerate
+        except Exception:  # unreadable: reported elsewhere
+            continue
+        if rate != sample_rate:
+            other.append(f"{Path(path).name} ({rate} Hz)")
+    if not other:
+        return None
+    more = f", ... and {len(other) - show} more" if len(other) > show else ""
+    return (
+        f"Resampled {len(other)} of {len(paths)} file(s) to the model's {sample_rate} Hz: {', '.join(other[:show])}"
+        f"{more}"
+    )
 
 
 def audio_problem(path: str | os.PathLike) -> str | None:

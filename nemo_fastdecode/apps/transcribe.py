@@ -37,6 +37,7 @@ from nemo_fastdecode.apps.manifests import (
     load_audio,
     output_records,
     read_inputs,
+    resampling_note,
     write_output_manifest,
     write_wavs,
 )
@@ -170,11 +171,15 @@ def transcribe_utterances(
     log: Callable[[str], None] = print,
 ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """Output records of ``utterances`` (in their order) and the ``(audio path, reason)`` of those that could not be
-    read: each such file gets ``pred_text: null`` and an ``error``, and the others are transcribed all the same."""
+    read: each such file gets ``pred_text: null`` and an ``error``, and the others are transcribed all the same. Files
+    at another rate than the model's are named in one line (NeMo resamples them as it reads them)."""
     problems = {i: reason for i, u in enumerate(utterances) if (reason := audio_problem(u.audio_path)) is not None}
     for i, reason in problems.items():
         log(f"Cannot transcribe {utterances[i].audio_path}: it {reason}")
     readable = [u for i, u in enumerate(utterances) if i not in problems]
+    note = resampling_note([u.audio_path for u in readable], int(model.cfg.get("sample_rate", 16000)))
+    if note is not None:  # NeMo's transcribe resamples them as it reads them
+        log(note)
     hyps = (
         transcribe_files(
             model,
@@ -375,7 +380,8 @@ class TranscribeResult:
         output_path: the output manifest.
         records: its entries (input entry + ``pred_text`` [+ timestamps]; files that could not be read have
             ``pred_text: null`` and ``error``, the reason).
-        failed: ``(audio path, reason)`` of each input that could not be transcribed.
+        failed: ``(audio path, reason)`` of each input that could not be transcribed, then ``(manifest:line,
+            reason)`` of each manifest line skipped (not JSON, no ``audio_filepath``, a missing file).
         comparison: the strategy comparison rows, if it ran.
         demo: whether this was the embedded demo (the shipped example utterances, or synthetic audio in a temporary
             folder for a synthetic model).
@@ -422,6 +428,7 @@ def run(
     )
 
     family = model_family(cfg.model)
+    skipped: list[tuple[str, str]] = []  # bad manifest lines: (manifest:line, reason), named as they are read
     with tempfile.TemporaryDirectory(prefix="fastdecode_demo_") as tmp, _demo_threads(demo and device.type == "cpu"):
         if demo and family is None:
             paths = None
@@ -441,7 +448,7 @@ def run(
                 utterance.entry["audio_filepath"] = utterance.audio_path.name
         else:
             paths = None
-            utterances = read_inputs(cfg.audio_dir, cfg.dataset_manifest)
+            utterances = read_inputs(cfg.audio_dir, cfg.dataset_manifest, log=log, skipped=skipped)
 
         model = load_model(cfg.model, device=device, seed=cfg.seed)
         if cfg.bf16 and device.type != "cuda":
@@ -474,6 +481,9 @@ def run(
         if failed:
             log(f"{len(failed)} of {len(records)} file(s) could not be transcribed (each has an 'error' entry there):")
             log("\n".join(f"  {path}: {reason}" for path, reason in failed))
+        if skipped:
+            log(f"{len(skipped)} manifest line(s) skipped (not in the output manifest):")
+            log("\n".join(f"  {where}: {reason}" for where, reason in skipped))
 
         comparison = None
         if compare and (paths is not None or readable):
@@ -481,7 +491,7 @@ def run(
             audio = (
                 family.demo_audio(DEMO_DURATIONS, cfg.seed)
                 if paths is not None
-                else load_audio([u.audio_path for u in readable], sample_rate)
+                else load_audio([u.audio_path for u in readable], sample_rate, log=None)  # named above
             )
             comparison = compare_strategies(model, audio, decoding=cfg.decoding, batch_size=cfg.batch_size)
             kind = comparison_kind(cfg.decoding)
@@ -494,4 +504,4 @@ def run(
             log(format_comparison(comparison))
             if device.type == "cpu":
                 log("CPU timings of a tiny model: they check the set-up and do not represent GPU decoding speed.")
-    return TranscribeResult(output_path, records, failed, comparison, demo, model, wer)
+    return TranscribeResult(output_path, records, failed + skipped, comparison, demo, model, wer)
