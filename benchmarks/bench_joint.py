@@ -25,7 +25,8 @@ def time_batch(batch: int, linear: torch.nn.Linear, num_tokens: int, g: torch.Ge
     """One Markdown row: the three joint paths at batch size ``batch``."""
     import triton.testing
 
-    from nemo_fastdecode.greedy import steps
+    from nemo_fastdecode.kernels.best_token import best_token
+    from nemo_fastdecode.kernels.joint_hidden import joint_hidden
 
     hidden_size = linear.in_features
     enc = torch.randn([batch, 50, hidden_size], device="cuda", generator=g)
@@ -39,8 +40,8 @@ def time_batch(batch: int, linear: torch.nn.Linear, num_tokens: int, g: torch.Ge
         return linear(torch.relu(enc[rows, times] + pred[:, 0])).max(dim=-1)
 
     def fused_steps():
-        steps.joint_hidden(enc, times, pred, hidden, fused=True)
-        return steps.best_token(linear(hidden), num_tokens, *token_out, fused=True)
+        joint_hidden(enc, times, pred, hidden, fused=True)
+        return best_token(linear(hidden), num_tokens, *token_out, fused=True)
 
     # cuBLAS with the output layer padded to a multiple of 64 rows: aligned (vectorised) GEMM kernels
     padded = torch.nn.Linear(hidden_size, -(-num_tokens // 64) * 64, device="cuda")
@@ -51,8 +52,8 @@ def time_batch(batch: int, linear: torch.nn.Linear, num_tokens: int, g: torch.Ge
         padded.bias[:num_tokens] = linear.bias
 
     def fused_steps_padded():
-        steps.joint_hidden(enc, times, pred, hidden, fused=True)
-        return steps.best_token(padded(hidden), num_tokens, *token_out, fused=True)
+        joint_hidden(enc, times, pred, hidden, fused=True)
+        return best_token(padded(hidden), num_tokens, *token_out, fused=True)
 
     with torch.inference_mode():
         paths = (torch_path, fused_steps, fused_steps_padded)

@@ -1,8 +1,10 @@
-"""The fused Triton step kernels (greedy/steps.py) are bit-identical to their torch references.
+"""The greedy loops' fused Triton step kernels (kernels/greedy_select.py, through greedy/steps.py) are bit-identical
+to their torch references (the unfused paths of greedy/steps.py).
 
 Run in Triton's CPU interpreter without a GPU (conftest sets TRITON_INTERPRET=1). Two levels:
-each kernel against its reference on random loop states (every buffer compared exactly), and whole
-decodes with ``fused_kernels=True`` against the torch path and NeMo's baseline.
+each step against its reference on random loop states (every buffer compared exactly), and whole
+decodes with ``fused_kernels=True`` against the torch path and NeMo's baseline. The joint's hidden layer, the best
+token and the masked state update are tested in tests/test_kernel_*.py.
 """
 
 from __future__ import annotations
@@ -125,69 +127,6 @@ def test_frame_kernels_match_reference(batch, max_symbols):
     steps.frame_select(reference, best_scores, best_labels, BLANK, max_symbols, fused=False)
     steps.frame_select(fused, best_scores, best_labels, BLANK, max_symbols, fused=True)
     assert_same_state(reference, fused)
-
-
-@pytest.mark.parametrize("hidden", [5, 1030])  # below and above one 1024-wide block
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("frame_loop", [False, True])
-def test_joint_hidden_kernel_matches_reference(hidden, dtype, frame_loop):
-    g = torch.Generator().manual_seed(hidden)
-    encoder = torch.randn([3, 4, hidden], generator=g).to(DEVICE, dtype)
-    predictor = torch.randn([3, 1, hidden], generator=g).to(DEVICE, dtype)
-    frame = torch.tensor(2, device=DEVICE)
-    times = frame.expand(3) if frame_loop else torch.tensor([3, 0, 2], device=DEVICE)
-    out = torch.empty([3, hidden], dtype=dtype, device=DEVICE)
-    expected = steps.joint_hidden(encoder, times, predictor, out, fused=False).clone()
-    actual = steps.joint_hidden(encoder, times, predictor, out.fill_(7.0), fused=True)
-    if dtype == torch.bfloat16 and DEVICE.type == "cpu":
-        # Triton's CPU interpreter rounds fp32 -> bf16 toward zero (the GPU rounds to nearest): one ulp apart
-        torch.testing.assert_close(actual, expected, rtol=2**-7, atol=0)
-    else:
-        assert torch.equal(expected, actual)
-    assert (actual == 0).any() and (actual > 0).any(), "setup: relu should clip some entries"
-
-
-def test_joint_hidden_kernel_with_beams_sharing_an_encoder_row():
-    """Beam search: R decoder rows per utterance read that utterance's encoder row, each at its own frame."""
-    g = torch.Generator().manual_seed(3)
-    beams = 3
-    encoder = torch.randn([2, 5, 40], generator=g).to(DEVICE)
-    predictor = torch.randn([2 * beams, 1, 40], generator=g).to(DEVICE)
-    times = torch.tensor([0, 4, 2, 1, 1, 3], device=DEVICE)
-    out = torch.empty([2 * beams, 40], device=DEVICE)
-    expected = torch.relu(encoder.repeat_interleave(beams, 0)[torch.arange(2 * beams), times] + predictor[:, 0])
-    for fused in (False, True):
-        actual = steps.joint_hidden(encoder, times, predictor, out.fill_(7.0), fused, rows_per_frame_row=beams)
-        assert torch.equal(actual, expected), fused
-
-
-@pytest.mark.parametrize("num_tokens", [1, 13, 1025])
-def test_best_token_kernel_matches_torch_max(num_tokens):
-    g = torch.Generator().manual_seed(num_tokens)
-    logits = torch.randn([5, num_tokens + 4], generator=g).to(DEVICE)  # 4 extra (duration) columns ignored
-    logits[1, : min(3, num_tokens)] = 9.0  # ties: the lowest label wins
-    expected = steps.best_token(logits, num_tokens, None, None, fused=False)
-    out = torch.zeros([5], device=DEVICE), torch.zeros([5], dtype=torch.long, device=DEVICE)
-    actual = steps.best_token(logits, num_tokens, *out, fused=True)
-    assert torch.equal(expected[0], actual[0]) and torch.equal(expected[1], actual[1])
-
-
-@pytest.mark.parametrize("layers", [1, 2])
-def test_masked_state_update_kernel_matches_reference(layers):
-    g = torch.Generator().manual_seed(layers)
-    mask = torch.tensor([True, False, True, False], device=DEVICE)
-
-    def state():
-        states = [torch.randn([layers, 4, 6], generator=g).to(DEVICE) for _ in range(2)]
-        return states, torch.randn([4, 1, 9], generator=g).to(DEVICE)
-
-    (dst_states, dst_out), (src_states, src_out) = state(), state()
-    reference = ([s.clone() for s in dst_states], dst_out.clone())
-    steps.masked_state_update(mask, reference[0], src_states, reference[1], src_out, fused=False)
-    steps.masked_state_update(mask, dst_states, src_states, dst_out, src_out, fused=True)
-    for expected, actual in zip([*reference[0], reference[1]], [*dst_states, dst_out], strict=True):
-        assert torch.equal(expected, actual)
-    assert torch.equal(dst_out[1], reference[1][1]) and not torch.equal(dst_out[1], src_out[1])
 
 
 @pytest.mark.skipif(DEVICE.type != "cpu", reason="GPU hosts run this in test_greedy_gpu.py")

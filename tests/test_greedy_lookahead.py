@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import GREEDY_UNBOUNDED_SAFE, TDT_DURATIONS, VOCAB_SIZE, make_networks, random_encoder_output
+from conftest import GREEDY_UNBOUNDED_SAFE, VOCAB_SIZE, make_networks, random_encoder_output
 from test_greedy_exactness import ours
-from test_greedy_fused import assert_same_state, twin_buffers
 
-from nemo_fastdecode.greedy import label_loop, steps
+from nemo_fastdecode.greedy import label_loop
 from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 from nemo_fastdecode.greedy.label_loop import auto_lookahead_frames
-from nemo_fastdecode.greedy.window_look import WindowLookBuffers, look_tiling, window_look
-from nemo_fastdecode.kernels import matmul
+from nemo_fastdecode.greedy.steps import window_look
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 LENGTHS = [24, 1, 17, 0, 9, 24, 3]
@@ -69,40 +67,6 @@ def test_one_kernel_look_on_raw_logits_matches_single_frame_steps(kind, monkeypa
     assert sum(len(h.y_sequence) for h in single) > 0
 
 
-@pytest.mark.parametrize("batch,window", [(5, 3), (3, 2)])
-@pytest.mark.parametrize("start", [True, False])
-@pytest.mark.parametrize("tdt", [False, True])
-def test_window_look_kernel_is_linear_best_token_and_window_select(batch, window, start, tdt):
-    reference, fused = twin_buffers(batch, seed=batch * 11 + start, max_time=9)
-    g = torch.Generator().manual_seed(batch + window)
-    # 40 tokens (blank = 39): three column tiles of 16, so the kernel combines tiles; the loop state's other labels
-    # are random in both paths
-    hidden_size, num_tokens, blank = 8, 40, 39
-    n_out = num_tokens + (len(TDT_DURATIONS) if tdt else 0)
-    hidden = torch.randn([batch * window, hidden_size], generator=g).to(DEVICE)
-    weight = torch.randn([n_out, hidden_size], generator=g).to(DEVICE)
-    bias = torch.randn([n_out], generator=g).to(DEVICE)
-    weight[1] = weight[blank] = 4 * hidden[0]  # row 0: labels 1 and blank tie (different tiles): 1 wins
-    bias[1] = bias[blank] = 0.0
-    hidden[2] = 0.0  # a row whose logits are the bias
-    values = torch.tensor(TDT_DURATIONS, device=DEVICE) if tdt else None
-    logits = matmul.linear(hidden, weight, bias, **matmul.decoder_tiling(batch))  # tiled as for the batch's rows
-    scores, labels = steps.best_token(logits, num_tokens, torch.empty([batch * window], device=DEVICE),
-                                      torch.empty([batch * window], dtype=torch.long, device=DEVICE), True)  # fmt: skip
-    assert labels[0] == 1 and logits[0, blank] == scores[0], "setup: row 0's best is the tie"
-    durations = logits[:, num_tokens:] if tdt else None
-    steps.window_select(reference, scores, labels, durations, values, blank, window, start)
-    scratch = WindowLookBuffers.allocate(batch, window, n_out, DEVICE)
-    for repeat in range(2):  # the second launch finds its counters reset
-        twin = fused if repeat == 0 else twin_buffers(batch, seed=batch * 11 + start, max_time=9)[1]
-        window_look(twin, scratch, hidden, weight, bias, num_tokens, values, blank, window, start)
-        assert torch.equal(scratch.logits, logits)
-        assert torch.equal(scratch.best_scores, scores) and torch.equal(scratch.best_labels, labels)
-        assert_same_state(reference, twin)
-        assert not scratch.counters.any()
-    assert look_tiling(32, 16)[1] == 32 and look_tiling(32, 4)[1] == 16
-
-
 def test_lookahead_in_graphs_on_the_gpu():
     if not torch.cuda.is_available():
         pytest.skip("CUDA graphs need a GPU")
@@ -116,25 +80,6 @@ def test_lookahead_in_graphs_on_the_gpu():
         windowed = decoder_for("tdt", decoder, joint, 3, None, mode)
         assert windowed.computer._lookahead(x.device, len(LENGTHS)) == 16  # TDT: 128 rows // 7 > 16
         assert everything(windowed(encoder_output=x, encoded_lengths=lengths)[0]) == everything(single)
-
-
-@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "torch"])
-def test_window_rows_are_the_single_frame_hidden_rows(fused):
-    g = torch.Generator().manual_seed(0)
-    encoder = torch.randn([3, 6, 5], generator=g).to(DEVICE)
-    predictor = torch.randn([3, 1, 5], generator=g).to(DEVICE)
-    time = torch.tensor([0, 4, 2], device=DEVICE)
-    last_frame = torch.tensor([5, 5, 0], device=DEVICE)  # row 2: a zero-length row (always frame 0)
-    window = 4
-    got = steps.joint_hidden_window(encoder, time, last_frame, predictor, torch.empty([12, 5], device=DEVICE),
-                                    window, fused)  # fmt: skip
-    for b in range(3):
-        for w in range(window):
-            frame = max(min(int(time[b]) + w, int(last_frame[b])), 0)
-            expected = torch.relu(encoder[b, frame] + predictor[b, 0])
-            assert torch.equal(got[b * window + w], expected), (b, w)
-    with pytest.raises(ValueError, match="B \\* window = 12 rows"):
-        steps.joint_hidden_window(encoder, time, last_frame, predictor, torch.empty([9, 5]), window, fused)
 
 
 @pytest.mark.usefixtures("exact_fp32")  # on CUDA, NeMo's cuDNN LSTM in true fp32 as the exact path is decided

@@ -37,8 +37,6 @@ from nemo_fastdecode.beam.hyps import BeamHypsBuffer
 from nemo_fastdecode.beam.state import BeamLoopBuffers
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
-from nemo_fastdecode.greedy.state import check_blank_is_last_token, module_dtype, predictor_state_batch_dim
-from nemo_fastdecode.greedy.steps import joint_hidden
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.beam_select import (
     advance_beams,
@@ -47,10 +45,12 @@ from nemo_fastdecode.kernels.beam_select import (
     select_extensions_reference,
 )
 from nemo_fastdecode.kernels.beam_topk import MAX_K, log_softmax_topk
+from nemo_fastdecode.kernels.joint_hidden import joint_hidden
 from nemo_fastdecode.kernels.warm_up import finish_triton_warm_up
 from nemo_fastdecode.logs import logger
 from nemo_fastdecode.prediction import FastMathPredictor, decode_precision
 from nemo_fastdecode.transducer.fusion import FusionModels
+from nemo_fastdecode.transducer.modules import check_blank_is_last_token, module_dtype, predictor_state_batch_dim
 
 # With max_symbols=None a hypothesis may emit any number of labels per frame: start with room for this
 # many steps per frame and grow (re-running the batch) when the storage fills; past the limit the model

@@ -19,17 +19,13 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
-from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.records import RecordOptions, StepConfidence, StepRecords
-from nemo_fastdecode.greedy.state import (
-    BatchedGreedyState,
-    LoopBuffers,
-    check_blank_is_last_token,
-    module_dtype,
-    predictor_state_batch_dim,
-)
+from nemo_fastdecode.greedy.state import BatchedGreedyState, LoopBuffers
 from nemo_fastdecode.kernels import triton_runs_on
+from nemo_fastdecode.kernels.best_token import best_token
+from nemo_fastdecode.kernels.joint_hidden import joint_hidden
+from nemo_fastdecode.kernels.masked_state import masked_state_update
 from nemo_fastdecode.kernels.warm_up import finish_triton_warm_up
 from nemo_fastdecode.logs import logger
 from nemo_fastdecode.prediction import (
@@ -41,6 +37,7 @@ from nemo_fastdecode.prediction import (
     normalise_joint_logits,
 )
 from nemo_fastdecode.transducer.fusion import FusionModels
+from nemo_fastdecode.transducer.modules import check_blank_is_last_token, module_dtype, predictor_state_batch_dim
 
 # With max_symbols=None the number of labels per frame is unbounded: start with this many slots per
 # frame and grow (re-running the batch) when a row overflows; past the limit the model is not emitting
@@ -210,7 +207,7 @@ class GreedyComputerBase(CapturedLoopOwner):
     def _logits_at(self, b: LoopBuffers, time_indices: torch.Tensor, fused: bool) -> torch.Tensor:
         """Joint logits ``[B, V + 1 (+ durations)]`` of each row's frame ``time_indices[b]`` and predictor output."""
         if fused and b.encoder_projected.dtype == b.predictor_output.dtype and self._joint_is_fusable():
-            hidden = steps.joint_hidden(b.encoder_projected, time_indices, b.predictor_output, b.joint_hidden, True)
+            hidden = joint_hidden(b.encoder_projected, time_indices, b.predictor_output, b.joint_hidden, True)
             return self._joint_output(hidden, predictor=b.predictor)
         frames = b.encoder_projected[b.batch_indices, time_indices].unsqueeze(1)
         return self.joint.joint_after_projection(frames, b.predictor_output)[:, 0, 0, :]
@@ -241,11 +238,11 @@ class GreedyComputerBase(CapturedLoopOwner):
         num_tokens = self.blank_index + 1
         logits = self._logits_at(b, time_indices, fused)
         if recorded is None:
-            scores, labels = steps.best_token(logits, num_tokens, b.token_scores, b.token_labels, fused)
+            scores, labels = best_token(logits, num_tokens, b.token_scores, b.token_labels, fused)
         else:
             confidence = self._step_confidence(logits) if self._step_confidence is not None else None
             logits = self._recorded_logits(logits)
-            scores, labels = steps.best_token(logits, num_tokens, b.token_scores, b.token_labels, fused)
+            scores, labels = best_token(logits, num_tokens, b.token_scores, b.token_labels, fused)
             b.steps.add_(recorded, labels, time_indices, logits, confidence)
         return scores, labels, logits[:, num_tokens:] if self.is_tdt else None
 
@@ -280,7 +277,7 @@ class GreedyComputerBase(CapturedLoopOwner):
             )
             output = self.joint.project_prednet(output)
         # same as: states[mask] = new_states[mask] (in the decoder's layout); predictor_output[mask] = output[mask]
-        steps.masked_state_update(
+        masked_state_update(
             mask,
             buffers.predictor_states,
             list(new_states),

@@ -14,9 +14,10 @@ import torch
 
 from nemo_fastdecode.decode_call import eval_mode
 from nemo_fastdecode.graphs import GraphMode, LoopPhases
-from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.base import GreedyComputerBase
-from nemo_fastdecode.greedy.state import LoopBuffers, module_device, module_dtype
+from nemo_fastdecode.greedy.state import LoopBuffers
+from nemo_fastdecode.greedy.steps import frame_emit, frame_select
+from nemo_fastdecode.transducer.modules import module_device, module_dtype
 
 PredictorStep = tuple[torch.Tensor, Sequence[torch.Tensor] | None]
 
@@ -60,7 +61,7 @@ class FrameLoopGreedy(GreedyComputerBase):
                 if self.max_symbols is not None:
                     recorded &= b.symbols_at_frame < self.max_symbols
             scores, labels, _ = self._best_token_at(b, b.frame_indices, fused, recorded)
-            steps.frame_select(b, scores, labels, self.blank_index, self.max_symbols, fused)
+            frame_select(b, scores, labels, self.blank_index, self.max_symbols, fused)
 
         def before_loop() -> None:
             b.frame.zero_()
@@ -76,7 +77,7 @@ class FrameLoopGreedy(GreedyComputerBase):
             best_label_at_frame()
 
         def inner_step() -> None:
-            steps.frame_emit(b, fused)
+            frame_emit(b, fused)
             self._predict_masked(b, b.labels, b.found, fused)
             best_label_at_frame()
 

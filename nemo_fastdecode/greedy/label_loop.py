@@ -13,10 +13,12 @@ import contextlib
 import torch
 
 from nemo_fastdecode.graphs import GraphMode, LoopPhases
-from nemo_fastdecode.greedy import steps
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.state import LoopBuffers
-from nemo_fastdecode.greedy.window_look import WindowLookBuffers, window_look
+from nemo_fastdecode.greedy.steps import label_emit, label_select, update_time_flags, window_look, window_select
+from nemo_fastdecode.kernels.best_token import best_token
+from nemo_fastdecode.kernels.joint_hidden import joint_hidden_window
+from nemo_fastdecode.kernels.window_look import WindowLookBuffers
 from nemo_fastdecode.prediction import joint_normalises
 
 # automatic look-ahead (see LabelLoopGreedy): about this many joint rows per look, at most MAX_AUTO_LOOKAHEAD_FRAMES
@@ -59,9 +61,10 @@ class LabelLoopGreedy(GreedyComputerBase):
 
     ``lookahead_frames`` (``None``: automatic): each look at the joint (the first of an outer iteration, and the
     inner loop's while rows skip blanks) covers each row's next ``W`` frames, one joint call of ``B * W`` rows
-    instead of up to ``W`` calls of ``B`` rows (:func:`steps.window_select`). With ``fast_math`` on Triton its joint
-    kernel is tiled as for ``B`` rows, so each row's logits are the single-frame look's bit for bit and the loop ends
-    in the same state; automatic there: :func:`auto_lookahead_frames` (16 frames at batch 32 for RNN-T, 4 for TDT).
+    instead of up to ``W`` calls of ``B`` rows (:func:`~nemo_fastdecode.greedy.steps.window_select`). With
+    ``fast_math`` on Triton its joint kernel is tiled as for ``B`` rows, so each row's logits are the single-frame
+    look's bit for bit and the loop ends in the same state; automatic there: :func:`auto_lookahead_frames` (16 frames
+    at batch 32 for RNN-T, 4 for TDT).
     With the opt-in exact predictor one IEEE-fp32 few-row GEMM computes the ``B * W`` rows, whose logits equal the
     single-frame look's to float32 rounding; automatic there: 4 frames at batch 32 for RNN-T, 2 for TDT. By default
     (NeMo's modules) looks go frame by frame, each joint call the shape of NeMo's, so its sums round as NeMo's do;
@@ -142,7 +145,7 @@ class LabelLoopGreedy(GreedyComputerBase):
 
     def _look_ahead(self, b: LoopBuffers, window: int, start: bool) -> None:
         """Up to ``window`` looks from one joint call at each row's next ``window`` frames."""
-        hidden = steps.joint_hidden_window(
+        hidden = joint_hidden_window(
             b.encoder_projected, b.time_indices, b.last_frame, b.predictor_output, b.window_hidden, window, True
         )
         num_tokens = self.blank_index + 1
@@ -154,9 +157,9 @@ class LabelLoopGreedy(GreedyComputerBase):
         # fast math: tiled as for B rows, each row's logits the single-frame look's bit for bit; the exact path: one
         # IEEE-fp32 GEMM on the B * W rows (the single-frame look's to fp32 rounding)
         logits = self._joint_output(hidden, tile_rows=b.batch_size, predictor=b.predictor)
-        scores, labels = steps.best_token(logits, num_tokens, b.window_scores, b.window_labels, True)
+        scores, labels = best_token(logits, num_tokens, b.window_scores, b.window_labels, True)
         duration_logits = logits[:, num_tokens:] if self.is_tdt else None
-        steps.window_select(b, scores, labels, duration_logits, self._durations, self.blank_index, window, start)
+        window_select(b, scores, labels, duration_logits, self._durations, self.blank_index, window, start)
 
     def _fused_best_token_at(
         self, b: LoopBuffers, fused: bool, start: bool
@@ -187,12 +190,12 @@ class LabelLoopGreedy(GreedyComputerBase):
                 # the rows that look now (every active row first, then those on blanks) are the rows NeMo records
                 recorded = None if b.steps is None else (b.active if start else b.advance)
                 scores, labels, duration_logits = self._best_token_at(b, b.safe_time_indices, fused, recorded)
-            steps.label_select(b, scores, labels, duration_logits, self._durations, self.blank_index, start, fused)
+            label_select(b, scores, labels, duration_logits, self._durations, self.blank_index, start, fused)
 
         def before_loop() -> None:
             b.time_indices.copy_(b.initial_time)
             torch.clamp(b.encoder_lengths - 1, min=0, out=b.last_frame)
-            steps.update_time_flags(b)
+            update_time_flags(b)
             self._restart_predictor(b)
             self._reset_results(b)
             if b.fusion is not None:
@@ -227,7 +230,7 @@ class LabelLoopGreedy(GreedyComputerBase):
 
         def outer_end() -> None:
             # rows that were decoding and found a non-blank label emit it (TDT: even if it jumped past the end)
-            steps.label_emit(b, self.max_symbols, self.is_tdt, fused)
+            label_emit(b, self.max_symbols, self.is_tdt, fused)
             self._predict_masked(b, b.labels, b.found, fused, b.recurrent_gates)
             if b.fusion is not None:
                 self.fusion.select(b.fusion, b.labels, b.found)

@@ -23,7 +23,8 @@ from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_bas
 from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
 from nemo_fastdecode.greedy.base import GreedyComputerBase
 from nemo_fastdecode.greedy.hyps import EmittedTokens
-from nemo_fastdecode.greedy.state import BatchedGreedyState, module_device, module_dtype
+from nemo_fastdecode.greedy.state import BatchedGreedyState
+from nemo_fastdecode.transducer.modules import module_device, module_dtype
 
 __all__ = ["NemoDecodingComputer", "batched_hyps_of"]
 

@@ -11,7 +11,7 @@ against a float64 reference) at tensor-core speed, but not bit-identical to cuBL
 - :func:`sigmoid`, :func:`tanh`: activations without libdevice (they run in the interpreter too).
 
 Used by :mod:`~nemo_fastdecode.kernels.matmul` (the linear layer), :mod:`~nemo_fastdecode.kernels.lstm_step` (the
-LSTM cell) and :mod:`~nemo_fastdecode.greedy.window_look` (the joint's output layer fused with the greedy look).
+LSTM cell) and :mod:`~nemo_fastdecode.kernels.window_look` (the joint's output layer fused with the greedy look).
 """
 
 from __future__ import annotations

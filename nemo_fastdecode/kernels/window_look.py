@@ -2,14 +2,15 @@
 hidden rows, each row's best token, and the window selection.
 
 :func:`window_look` leaves exactly the state of :func:`~nemo_fastdecode.kernels.matmul.linear` (tiled as for
-the batch's rows) + :func:`steps.best_token` + :func:`steps.window_select` on the same buffers, in one launch instead
+the batch's rows) + :func:`~nemo_fastdecode.kernels.best_token.best_token` +
+:func:`~nemo_fastdecode.kernels.greedy_select.window_select` on the same tensors, in one launch instead
 of three. Each program computes a tile of logits and, for its rows, the best token among its columns; the last
 program of a row tile to finish combines the tiles' answers (the lowest label among equal scores, as ``torch.max``);
 the last row tile to finish runs the selection. Inside a CUDA graph a label-loop step waits on each launch for a few
 microseconds, so the look-ahead's critical path loses two of them per look.
 
 Used where the joint's logits are its scores (no log-softmax: NeMo's default on CUDA); elsewhere the label loop
-runs the three steps.
+runs the three steps (the reference: ``tests/test_greedy_lookahead.py`` compares the two).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nemo_fastdecode.greedy import steps
-from nemo_fastdecode.greedy.state import LoopBuffers
+from nemo_fastdecode.kernels.greedy_select import LookTensors, batch_block, window_select_rows
 from nemo_fastdecode.kernels.matmul import batch_tiling
 from nemo_fastdecode.kernels.tf32x3 import accumulate, check_fp32
 
@@ -111,7 +111,7 @@ def _window_look_kernel(
         if tl.atomic_add(counters_ptr + row_tiles, 1, sem="acq_rel") == row_tiles - 1:
             # 4. the last row tile: the window selection over the whole batch
             tl.atomic_xchg(counters_ptr + row_tiles, 0)
-            steps.window_select_rows(
+            window_select_rows(
                 best_scores_ptr, best_labels_ptr, logits_ptr + num_tokens, logits_stride, duration_values, time,
                 safe_time, label_time, last_frame, lengths, active, active_before, advance, blank, labels, scores,
                 durations, inner_flag, batch, blank_id, START, WINDOW, NUM_DURATIONS, SELECT_BLOCK_B, BLOCK_D, ".cg",
@@ -119,7 +119,7 @@ def _window_look_kernel(
 
 
 def window_look(
-    b: LoopBuffers,
+    look: LookTensors,
     scratch: WindowLookBuffers,
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -133,27 +133,28 @@ def window_look(
 ) -> None:
     """Up to ``window`` looks of the label loop from the joint's hidden rows, in one kernel (see module doc).
 
-    Shapes: hidden ``[B * W, H]`` (:func:`steps.joint_hidden_window`), weight ``[N, H]`` and bias ``[N]`` (the
-    joint's last Linear; N = V + 1 (+ durations)), duration_values ``[num_durations]`` (TDT) or ``None``; float32.
-    Leaves ``scratch.logits`` / ``best_scores`` / ``best_labels`` as ``linear`` / ``best_token`` would, and ``b`` as
-    :func:`steps.window_select` would.
+    Shapes: hidden ``[B * W, H]`` (:func:`~nemo_fastdecode.kernels.joint_hidden.joint_hidden_window`), weight
+    ``[N, H]`` and bias ``[N]`` (the joint's last Linear; N = V + 1 (+ durations)), duration_values
+    ``[num_durations]`` (TDT) or ``None``; float32; ``look``: the label loop's per-row state (``B`` rows).
+    Leaves ``scratch.logits`` / ``best_scores`` / ``best_labels`` as ``linear`` / ``best_token`` would, and ``look``
+    as :func:`~nemo_fastdecode.kernels.greedy_select.window_select` would.
     """
     check_fp32(hidden=hidden, weight=weight, bias=bias)
+    batch = look.labels.shape[0]
     rows_total, depth = hidden.shape
     n_out = weight.shape[0]
-    if rows_total != b.batch_size * window or scratch.logits.shape != (rows_total, n_out) or weight.shape[1] != depth:
-        raise ValueError(f"window look shapes disagree: hidden {tuple(hidden.shape)}, batch {b.batch_size}, window "
+    if rows_total != batch * window or scratch.logits.shape != (rows_total, n_out) or weight.shape[1] != depth:
+        raise ValueError(f"window look shapes disagree: hidden {tuple(hidden.shape)}, batch {batch}, window "
                          f"{window}, weight {tuple(weight.shape)}, logits {tuple(scratch.logits.shape)}")  # fmt: skip
-    block_b, block_n, num_warps = look_tiling(b.batch_size, window)
+    block_b, block_n, num_warps = look_tiling(batch, window)
     grid = (triton.cdiv(rows_total, block_b), triton.cdiv(n_out, block_n))
     num_durations = n_out - num_tokens if duration_values is not None else 0
-    select_block, _ = steps.batch_block(b.batch_size)
+    select_block, _ = batch_block(batch)
     _window_look_kernel[grid](
         hidden, hidden.stride(0), weight, weight.stride(0), bias, scratch.logits, scratch.logits.stride(0),
         scratch.tile_scores, scratch.tile_labels, scratch.best_scores, scratch.best_labels, scratch.counters,
         rows_total, n_out, depth, num_tokens, duration_values if num_durations else scratch.best_labels,
-        b.time_indices, b.safe_time_indices, b.label_time, b.last_frame, b.encoder_lengths, b.active,
-        b.active_before, b.advance, b.blank, b.labels, b.scores, b.durations, b.inner_flag, b.batch_size, blank_id,
+        *look, batch, blank_id,
         BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=64, PRECISION=precision,
         BLOCK_TILES=triton.next_power_of_2(grid[1]), START=start, WINDOW=window, NUM_DURATIONS=num_durations,
         SELECT_BLOCK_B=select_block, BLOCK_D=triton.next_power_of_2(max(num_durations, 2)), num_warps=num_warps,
