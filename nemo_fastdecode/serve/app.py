@@ -26,8 +26,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-import torch
-
 from nemo_fastdecode.serve.admission import Admission
 from nemo_fastdecode.serve.config import ServeConfig
 from nemo_fastdecode.serve.connection import Connection
@@ -48,22 +46,7 @@ log = logging.getLogger(__name__)
 def build_engine(model: ASRModel, config: ServeConfig) -> StreamingEngine:
     """The streaming engine ``config`` asks for, on the model's device (no idle timeout: connections time out; Silero
     VAD with ``config.vad``, for the streams of sessions that ask for ``server_vad``)."""
-    return StreamingEngine(
-        model,
-        config.slots,
-        att_context_size=config.att_context_size,
-        dtype=getattr(torch, config.dtype),
-        use_cuda_graphs=config.use_cuda_graphs,
-        encoder_matmul=config.encoder_matmul,
-        fast_math=config.fast_math,
-        max_symbols=config.max_symbols,
-        endpointing=config.endpointing,
-        phrase_boosting=config.phrase_boosting,
-        decoding=config.decoding,
-        beam_size=config.beam_size,
-        ngram_lm_model=config.ngram_lm_model,
-        ngram_lm_alpha=config.ngram_lm_alpha,
-    )
+    return StreamingEngine(model, config.engine)
 
 
 class RealtimeServer:

@@ -1,6 +1,9 @@
 """The server's options as dataclasses, mirrored one to one by ``configs/serve.yaml``.
 
-* :class:`ServeConfig` -- model, address, engine (slots, look-ahead, precision, decoding), lifetime, access.
+* :class:`ServeConfig` -- model, address, engine (slots, look-ahead, precision, decoding), lifetime, access. Its
+  engine settings are flat keys (``slots=1024 att_context_size=[70,1]``); :attr:`ServeConfig.engine` builds the
+  engine's :class:`~nemo_fastdecode.streaming.config.EngineConfig` from them, in one place, and that config's checks
+  are the server's (their messages name the server's keys).
 * :class:`LimitsConfig` -- what one connection may send and hold: message size, audio rate, outgoing queue.
 """
 
@@ -8,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nemo_fastdecode.streaming.encoder import check_precision
+from nemo_fastdecode.streaming.config import EngineConfig
 from nemo_fastdecode.streaming.events import EndpointingOptions
-from nemo_fastdecode.streaming.transcriber import check_decoding
 
 __all__ = ["LimitsConfig", "ServeConfig"]
 
@@ -152,11 +154,9 @@ class ServeConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def __post_init__(self) -> None:
-        if self.slots < 1:
-            raise ValueError(f"slots must be >= 1, got {self.slots}")
+        self.engine  # noqa: B018 -- the engine settings' checks (EngineConfig's), before any model loads
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        check_precision(self.dtype, self.encoder_matmul)
         if self.idle_timeout_seconds is not None and not self.idle_timeout_seconds > 0:
             raise ValueError(f"idle_timeout_seconds must be > 0 or null, got {self.idle_timeout_seconds}")
         if not self.shutdown_timeout_seconds >= 0:
@@ -168,13 +168,6 @@ class ServeConfig:
             raise ValueError("api_key must be null or a non-empty string")
         if self.gil_switch_interval_ms is not None and not self.gil_switch_interval_ms > 0:
             raise ValueError(f"gil_switch_interval_ms must be > 0 or null, got {self.gil_switch_interval_ms}")
-        check_decoding(
-            self.decoding,
-            self.beam_size,
-            fast_math=self.fast_math,
-            ngram_lm_model=self.ngram_lm_model,
-            ngram_lm_alpha=self.ngram_lm_alpha,
-        )
         if (
             isinstance(self.network_workers, bool)
             or not isinstance(self.network_workers, int)
@@ -186,8 +179,35 @@ class ServeConfig:
             )
         if not (isinstance(self.network_batch_ms, int | float) and 0 <= self.network_batch_ms <= 100):
             raise ValueError(f"network_batch_ms must be in [0, 100] milliseconds, got {self.network_batch_ms!r}")
-        if self.decoding == "beam" and self.vad:
-            raise ValueError("vad: true needs decoding: greedy; valid with decoding: beam: vad: false")
+
+    @property
+    def engine(self) -> EngineConfig:
+        """The engine these settings ask for (``build_engine`` builds it): ``slots`` slots, Silero VAD with ``vad``,
+        no idle timeout (connections time out, with ``idle_timeout_seconds``). Raises ``ValueError`` naming the
+        server's key for settings the engine cannot take."""
+        try:
+            return EngineConfig(
+                num_slots=self.slots,
+                att_context_size=self.att_context_size,
+                dtype=self.dtype,
+                use_cuda_graphs=self.use_cuda_graphs,
+                encoder_matmul=self.encoder_matmul,
+                fast_math=self.fast_math,
+                max_symbols=self.max_symbols,
+                endpointing=self.endpointing,
+                phrase_boosting=self.phrase_boosting,
+                decoding=self.decoding,
+                beam_size=self.beam_size,
+                ngram_lm_model=self.ngram_lm_model,
+                ngram_lm_alpha=self.ngram_lm_alpha,
+            )
+        except (ValueError, TypeError) as error:  # name the setting as this config spells it
+            message = str(error)
+            if message.startswith("num_slots "):
+                message = message.removeprefix("num_")
+            elif message.startswith("endpointing (vad or a blank-run rule) needs decoding='greedy'"):
+                message = "vad: true needs decoding: greedy; valid with decoding: beam: vad: false"
+            raise ValueError(message) from None
 
     @property
     def endpointing(self) -> EndpointingOptions | None:
