@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_fastdecode.streaming.encoder import check_precision
-from nemo_fastdecode.streaming.transcriber import check_decoding
+from nemo_fastdecode.streaming.config import EngineConfig
 
 
 @dataclass
@@ -140,20 +139,13 @@ class StreamingConfig:
     latency_target_ms: float = 50.0
 
     def __post_init__(self) -> None:
-        check_precision(self.dtype, self.encoder_matmul)
+        self.engine_config()  # the engine options' checks (precision, decoding, n-gram LM)
         if self.fixed_step_repeats < 0:
             raise ValueError(f"fixed_step_repeats must be >= 0, got {self.fixed_step_repeats}")
         if self.num_streams_sweep is not None and (
             not self.num_streams_sweep or any(int(n) < 1 for n in self.num_streams_sweep)
         ):
             raise ValueError(f"num_streams_sweep must be a non-empty list of counts >= 1, got {self.num_streams_sweep}")
-        check_decoding(
-            self.decoding,
-            self.beam_size,
-            fast_math=self.fast_math,
-            ngram_lm_model=self.ngram_lm_model,
-            ngram_lm_alpha=self.ngram_lm_alpha,
-        )
         if self.nemo_beam_reference_streams < 0:
             raise ValueError(f"nemo_beam_reference_streams must be >= 0, got {self.nemo_beam_reference_streams}")
         share = self.boosting_streams_share
@@ -171,6 +163,24 @@ class StreamingConfig:
                 "conformer_stream_step path has no per-stream boosting to compare with); or decoding: beam, whose "
                 "NeMo reference fuses each stream's phrases"
             )
+
+    def engine_config(self, num_slots: int | None = None) -> EngineConfig:
+        """The streaming options of these settings as the engine's :class:`EngineConfig` (the one place they are
+        checked); ``num_slots``: default ``num_slots``, else ``num_streams``."""
+        if num_slots is None:
+            num_slots = self.num_slots if self.num_slots is not None else (self.num_streams or 1)  # None: per input
+        return EngineConfig(
+            num_slots=num_slots,
+            att_context_size=self.att_context_size,
+            dtype=self.dtype,
+            use_cuda_graphs=self.use_cuda_graphs,
+            encoder_matmul=self.encoder_matmul,
+            fast_math=self.fast_math,
+            decoding=self.decoding,
+            beam_size=self.beam_size,
+            ngram_lm_model=self.ngram_lm_model,
+            ngram_lm_alpha=self.ngram_lm_alpha,
+        )
 
 
 def check_calibrations(calibrations: list[Any]) -> list[float | str]:
@@ -484,15 +494,26 @@ class StreamAudioBenchConfig:
     tag: str | None = None
 
     def __post_init__(self) -> None:
-        StreamingConfig(dtype=self.dtype, encoder_matmul=self.encoder_matmul)  # the engine options' checks
         if not self.stream_counts or any(int(n) < 1 for n in self.stream_counts):
             raise ValueError(f"stream_counts must be a non-empty list of counts >= 1, got {self.stream_counts}")
+        self.engine_config(max(int(n) for n in self.stream_counts))  # the engine options' checks
         if self.num_files < 1 or self.cycle_repeats < 1:
             raise ValueError(f"num_files and cycle_repeats must be >= 1, got {self.num_files}, {self.cycle_repeats}")
         if self.stagger_seconds is not None and self.stagger_seconds < 0:
             raise ValueError(f"stagger_seconds must be >= 0 or null, got {self.stagger_seconds}")
         if self.audio_dir is not None and self.dataset_manifest is not None:
             raise ValueError("give audio_dir or dataset_manifest, not both")
+
+    def engine_config(self, num_slots: int) -> EngineConfig:
+        """Our engine for ``num_slots`` streams, as these settings ask for it (the one place they are checked)."""
+        return EngineConfig(
+            num_slots=num_slots,
+            att_context_size=self.att_context_size,
+            dtype=self.dtype,
+            use_cuda_graphs=self.use_cuda_graphs,
+            encoder_matmul=self.encoder_matmul,
+            fast_math=self.fast_math,
+        )
 
 
 #: the stages of ``scripts/train_tiny_models.py``, in the order they run

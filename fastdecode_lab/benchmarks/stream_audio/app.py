@@ -114,7 +114,6 @@ def run(
     pcm = [np.round(a * 32768).astype(np.int16) for a in audios]
     counts = sorted({int(n) for n in cfg.stream_counts})
     stagger = geometry.chunk_seconds if cfg.stagger_seconds is None else float(cfg.stagger_seconds)
-    dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
     result = BenchResult(
         command=command or " ".join(shlex.quote(a) for a in sys.argv),
         config=OmegaConf.to_container(cfg),
@@ -140,10 +139,7 @@ def run(
         count = CountResult(n)
         result.counts.append(count)
         try:
-            engine = StreamingEngine(
-                model, num_slots=n, att_context_size=att, dtype=dtype, use_cuda_graphs=cfg.use_cuda_graphs,
-                encoder_matmul=cfg.encoder_matmul, fast_math=cfg.fast_math,
-            )  # fmt: skip
+            engine = StreamingEngine(model, cfg.engine_config(n))
             warmup = warm_up_engine(engine, pcm, n)
             streams = plan_pcm_streams(
                 pcm, n, geometry.chunk_seconds, stagger, engine.front.settings.complete_frames, sample_rate, cfg.seed
@@ -166,7 +162,9 @@ def run(
                         nemo_model, device, n, att, cfg.nemo.compute_dtype, cfg.nemo.use_cuda_graph_decoder,
                         cfg.nemo.matmul_precision,
                     )  # fmt: skip
-                    pipeline = build_nemo_pipeline(nemo_cfg, model=model if (models.model_family(cfg.model) is not None) else None)
+                    pipeline = build_nemo_pipeline(
+                        nemo_cfg, model=model if (models.model_family(cfg.model) is not None) else None
+                    )
                     count.nemo_step = time_pipeline_steps(pipeline, audios, n, cfg.cycle_repeats, device)
                     if texts is not None and result.pipeline_agreement is None:
                         theirs = pipeline_texts(pipeline, wavs)
