@@ -105,6 +105,9 @@ def load_model(name: str, *, device: str | torch.device = "cpu", seed: int = 0, 
     """
     from nemo.collections.asr.models import ASRModel
 
+    from nemo_fastdecode.apps.quiet import one_line_nemo_messages
+
+    one_line_nemo_messages()  # NeMo's restore and decoding set-up lines: one line each, once
     device = torch.device(device)
     family = model_family(name)
     if family is not None:
