@@ -9,7 +9,6 @@ import asyncio
 import base64
 import dataclasses
 import json
-import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -104,21 +103,25 @@ def append_message(pcm: bytes, binary: bool) -> str | bytes:
 
 
 def check_server(url: str, timeout: float = 3.0) -> None:
-    """Raise ``ConnectionError`` (``no server at ws://...: start it first with `nemo-fastdecode serve```) unless
-    something accepts TCP connections at ``url``'s host and port: a load test without a server would time every
-    client out and report nothing but NaNs."""
-    from urllib.parse import urlsplit
+    """Raise ``ConnectionError`` (``no server at ws://...: start it first with `nemo-fastdecode serve```) unless a
+    server answers HTTP at ``url``'s host and port (``/health``; any answer will do): a load test without a server
+    would time every client out and report nothing but NaNs."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
 
-    parts = urlsplit(url)
-    host = parts.hostname or "127.0.0.1"
-    port = parts.port or (443 if parts.scheme == "wss" else 80)
+    parts = urllib.parse.urlsplit(url)
+    scheme = "https" if parts.scheme == "wss" else "http"
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            pass
-    except OSError as error:
+        urllib.request.urlopen(urllib.parse.urlunsplit((scheme, parts.netloc, "/health", "", "")), timeout=timeout)
+    except urllib.error.HTTPError:
+        return  # a server that answers (503 while it warms up)
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
         raise ConnectionError(
-            f"no server at {url} ({error.strerror or error}): start it first with `nemo-fastdecode serve` "
-            f"(port={port} if not the default), in another terminal"
+            f"no server at {url} ({reason}): start it first with `nemo-fastdecode serve`"
+            + (f" port={parts.port}" if parts.port not in (None, 8000) else "")
+            + " in another terminal"
         ) from None
 
 
