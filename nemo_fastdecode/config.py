@@ -6,8 +6,11 @@
   ``RNNTDecodingConfig``, so ``model.change_decoding_strategy(cfg)`` accepts it as is.
 * :class:`FastBeamConfig` / :class:`FastBeamDecodingConfig` -- the same for ``strategy: fast_beam``
   (``configs/decoding/fast_beam.yaml``).
-* :func:`options_from_section` -- a strategy's options read from a user's section, validated.
-* :func:`greedy_max_symbols` -- NeMo's rule for the greedy ``max_symbols`` of a decoding section.
+* :func:`options_from_section` -- a strategy's options read from a user's section, validated (once: the registry
+  passes the result whole to the decoder classes' ``from_options``).
+* :func:`greedy_max_symbols` -- NeMo's rule for the greedy ``max_symbols`` of a decoding section
+  (:func:`greedy_max_symbols_setting`, the value set, then :func:`nemo_max_symbols`, what NeMo's decoders make of it).
+* :func:`require_label_loop` -- the rule that fusion and per-stream biasing need the label loop, in one place.
 
 The registry derives the keys it accepts and the defaults it fills in from these dataclasses; the YAML
 files mirror them (tested). Use them as Hydra/OmegaConf schemas::
@@ -18,7 +21,8 @@ files mirror them (tested). Use them as Hydra/OmegaConf schemas::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -33,11 +37,15 @@ __all__ = [
     "FastBeamDecodingConfig",
     "FastGreedyConfig",
     "FastGreedyDecodingConfig",
+    "LabelLoopOnly",
     "NemoDecodingKeys",
+    "fusion_keys",
     "greedy_max_symbols",
+    "greedy_max_symbols_setting",
     "nemo_max_symbols",
     "option_names",
     "options_from_section",
+    "require_label_loop",
 ]
 
 #: Valid values of ``decoding.greedy.graph_mode`` and ``decoding.beam.graph_mode``.
@@ -53,6 +61,40 @@ def _check_graph_mode_and_max_symbols(graph_mode: str, max_symbols: int | None, 
     if max_symbols is not None and max_symbols != unset and max_symbols < 1:
         allowed = "None" if unset is None else f"None or {unset} (unset)"
         raise ValueError(f"max_symbols must be >= 1 or {allowed}, got {max_symbols}")
+
+
+class LabelLoopOnly(ValueError):
+    """``features`` were asked for with the frame-looping algorithm; they are implemented in the label loop only."""
+
+    def __init__(self, features: Sequence[str], where: str = "") -> None:
+        self.features = list(features)
+        prefix = f"{where}." if where else ""
+        switch = f"{prefix}loop_labels={'true' if where else 'True'}"  # a config's spelling, or Python's
+        super().__init__(
+            f"{' / '.join(prefix + feature for feature in self.features)} needs {switch}: n-gram LM / boosting tree "
+            "fusion and per-stream biasing are implemented for the label-looping algorithm only (NeMo's frame loop "
+            "refuses them too)"
+        )
+
+
+def require_label_loop(features: Sequence[str], loop_labels: bool, where: str = "") -> None:
+    """The rule, in one place: fusion (``ngram_lm_model``, ``boosting_tree``, NeMo's ``fusion_models``) and per-stream
+    biasing need ``loop_labels``; raises :class:`LabelLoopOnly` naming ``features`` (those asked for) otherwise."""
+    if features and not loop_labels:
+        raise LabelLoopOnly(features, where)
+
+
+def fusion_keys(section: Mapping[str, Any] | Any) -> list[str]:
+    """The fusion options a section (or options object) sets: ``ngram_lm_model`` and/or a non-empty
+    ``boosting_tree``."""
+    get = (
+        section.get if isinstance(section, Mapping) or hasattr(section, "get") else functools.partial(getattr, section)
+    )
+    boosting_tree = get("boosting_tree", None)
+    if type(boosting_tree) is dict:  # a plain section (OmegaConf's and the dataclass have attributes)
+        boosting_tree = BoostingTreeModelConfig(**boosting_tree)
+    keys = ["ngram_lm_model"] if get("ngram_lm_model", None) else []
+    return keys + (["boosting_tree"] if boosting_tree and not BoostingTreeModelConfig.is_empty(boosting_tree) else [])
 
 
 @dataclass
@@ -103,6 +145,7 @@ class FastGreedyConfig:
     def __post_init__(self) -> None:
         # 0 is unset, as in NeMo: max_symbols_per_step applies (see greedy_max_symbols)
         _check_graph_mode_and_max_symbols(self.graph_mode, self.max_symbols, unset=0)
+        require_label_loop(fusion_keys(self), self.loop_labels)
 
 
 @dataclass
@@ -243,6 +286,8 @@ def options_from_section(
         ) from None
     try:
         return options_class(**{name: typed[name] for name in given})
+    except LabelLoopOnly as error:  # the keys named as the user spelled them
+        raise LabelLoopOnly(error.features, where) from None
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
 
@@ -269,8 +314,17 @@ def greedy_max_symbols(section: Mapping[str, Any] | None, *, bounded: bool = Fal
     """
     section = section or {}
     max_symbols = nemo_max_symbols(
-        section.get("max_symbols", None) or section.get("max_symbols_per_step", None),
+        greedy_max_symbols_setting(section),
         graphs_allowed=section.get("use_cuda_graph_decoder", True),
         frame_loop=not section.get("loop_labels", True),
     )
     return DEFAULT_MAX_SYMBOLS if max_symbols is None and bounded else max_symbols
+
+
+def greedy_max_symbols_setting(section: Mapping[str, Any] | None) -> int | None:
+    """The greedy ``max_symbols`` a ``decoding.greedy`` section sets, as NeMo's ``RNNTDecoding`` reads it:
+    ``max_symbols`` if set (not ``None`` or 0), else ``max_symbols_per_step``; ``None``: unset. What the decoders
+    make of it: :func:`nemo_max_symbols` (which :class:`~nemo_fastdecode.greedy.infer.FastGreedyBatchedInfer`
+    applies)."""
+    section = section or {}
+    return section.get("max_symbols", None) or section.get("max_symbols_per_step", None)

@@ -9,6 +9,7 @@ chunk by chunk) and runs our :class:`MALSDBeamComputer`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis, NBestHypotheses
@@ -18,7 +19,7 @@ from nemo.core.neural_types import AcousticEncodedRepresentation, HypothesisType
 
 from nemo_fastdecode.beam.malsd import MALSDBeamComputer
 from nemo_fastdecode.beam.nemo_computer import NemoBeamComputer
-from nemo_fastdecode.config import DEFAULT_MAX_SYMBOLS, nemo_max_symbols
+from nemo_fastdecode.config import DEFAULT_MAX_SYMBOLS, FastBeamConfig, nemo_max_symbols
 from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_nonfinite
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.graphs.owner import ComputerGraphsSwitch
@@ -54,7 +55,12 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
         pruning_mode / blank_lm_score_mode: as in NeMo's classes; ``None``: the defaults of
             NeMo's ``malsd_batch`` set-up (``late``, ``lm_weighted_full``).
 
+    :meth:`from_options` builds one from our options dataclass (``decoding.beam`` of ``strategy: fast_beam`` parsed:
+    :class:`~nemo_fastdecode.config.FastBeamConfig`), as the registry does.
+
     Attributes:
+        options: the :class:`~nemo_fastdecode.config.FastBeamConfig` it was built from (``None``: built from keyword
+            arguments).
         computer: our beam search (:class:`MALSDBeamComputer`).
         decoding_computer: the same search behind NeMo's modified-ALSD computer interface
             (:class:`~nemo_fastdecode.beam.nemo_computer.NemoBeamComputer`): chunk-by-chunk decoding of streams with
@@ -116,6 +122,37 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             blank_lm_score_mode=blank_lm_score_mode,
         )
         self.decoding_computer = NemoBeamComputer(self.computer, allow_cuda_graphs=allow_cuda_graphs)
+        self.options: FastBeamConfig | None = None
+
+    @classmethod
+    def from_options(
+        cls,
+        options: FastBeamConfig,
+        *,
+        decoder_model: torch.nn.Module,
+        joint_model: torch.nn.Module,
+        blank_index: int,
+        **nemo_arguments: Any,
+    ) -> FastBeamBatchedInfer:
+        """The search for ``options`` (validated already), the one place that maps them to the constructor's
+        arguments; ``nemo_arguments``: NeMo's, as its set-up resolved them (durations, fusion models and modes)."""
+        search = cls(
+            decoder_model=decoder_model,
+            joint_model=joint_model,
+            blank_index=blank_index,
+            beam_size=options.beam_size,
+            max_symbols_per_step=options.max_symbols,
+            score_norm=options.score_norm,
+            return_best_hypothesis=options.return_best_hypothesis,
+            allow_cuda_graphs=options.allow_cuda_graphs,
+            graph_mode=options.graph_mode,
+            fused_topk=options.fused_topk,
+            fast_math=bool(options.fast_math),
+            compiled_step=bool(options.compiled_step),
+            **nemo_arguments,
+        )
+        search.options = options
+        return search
 
     # NeMo's hooks around training and validation; as NeMo's, they go through the decoding computer
     def disable_cuda_graphs(self) -> bool:

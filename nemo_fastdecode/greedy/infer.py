@@ -21,7 +21,7 @@ from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 from nemo.collections.common.parts.optional_cuda_graphs import WithOptionalCudaGraphs
 from nemo.core.classes import typecheck
 
-from nemo_fastdecode.config import nemo_max_symbols
+from nemo_fastdecode.config import FastGreedyConfig, nemo_max_symbols, require_label_loop
 from nemo_fastdecode.decode_call import check_decoder_inputs, eval_mode, mark_nonfinite
 from nemo_fastdecode.graphs import GraphMode
 from nemo_fastdecode.greedy.base import GreedyComputerBase
@@ -74,7 +74,13 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             loop of ``K`` looks per iteration (fewer loop-condition evaluations); ``None``: automatic. The same
             hypotheses either way, see :class:`LabelLoopGreedy`.
 
+    :meth:`from_options` builds one from our options dataclass (``decoding.greedy`` of ``strategy: fast_greedy``
+    parsed: :class:`~nemo_fastdecode.config.FastGreedyConfig`), as the registry does.
+
     Attributes:
+        options: the :class:`~nemo_fastdecode.config.FastGreedyConfig` it was built from (``None``: built from
+            keyword arguments).
+        offline_batching: the model's ``transcribe`` takes the offline path (``options.offline_batching``).
         computer: our greedy computer (:class:`LabelLoopGreedy` or :class:`FrameLoopGreedy`).
         decoding_computer: the same computer behind NeMo's label-looping computer interface
             (:class:`~nemo_fastdecode.greedy.nemo_computer.NemoDecodingComputer`), read by NeMo's streaming pipelines.
@@ -122,16 +128,8 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             duration_confidence=bool(include_duration_confidence) and durations is not None,
             confidence_method_cfg=confidence_method_cfg,
         )
-        if fusion_models and not loop_labels:
-            raise ValueError(
-                "n-gram LM / boosting tree fusion (fusion_models) needs loop_labels=True: it is not implemented with "
-                "the frame-looping algorithm (nor in NeMo's)"
-            )
-        if enable_per_stream_biasing and not loop_labels:
-            raise ValueError(
-                "enable_per_stream_biasing=True needs loop_labels=True: per-stream biasing is not implemented with "
-                "the frame-looping algorithm (nor in NeMo's)"
-            )
+        require_label_loop(["fusion_models"] if fusion_models else [], loop_labels)
+        require_label_loop(["enable_per_stream_biasing=True"] if enable_per_stream_biasing else [], loop_labels)
         biasing_multi_model = None
         if enable_per_stream_biasing:
             # its storage grows as trees are added: graphs captured on the old storage must go
@@ -176,7 +174,44 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             **label_loop_options,
         )
         self.decoding_computer = NemoDecodingComputer(self.computer, allow_cuda_graphs=use_cuda_graph_decoder)
+        self.options: FastGreedyConfig | None = None
+        self.offline_batching = False
         self.warm_up_seconds = self._warm_up_on_gpu()
+
+    @classmethod
+    def from_options(
+        cls,
+        options: FastGreedyConfig,
+        *,
+        decoder_model: torch.nn.Module,
+        joint_model: torch.nn.Module,
+        blank_index: int,
+        max_symbols_per_step: int | None = None,
+        **nemo_arguments: Any,
+    ) -> FastGreedyBatchedInfer:
+        """The decoder for ``options`` (validated already: fusion needs the label loop, ...), the one place that maps
+        them to the constructor's arguments.
+
+        ``max_symbols_per_step``: the value the section sets, as NeMo reads it (``max_symbols``, else
+        ``max_symbols_per_step``; :func:`~nemo_fastdecode.config.greedy_max_symbols_setting`); resolved here, once.
+        ``nemo_arguments``: NeMo's arguments as its set-up resolved them (durations, alignments, confidence, fusion
+        models, per-stream biasing)."""
+        infer = cls(
+            decoder_model=decoder_model,
+            joint_model=joint_model,
+            blank_index=blank_index,
+            max_symbols_per_step=max_symbols_per_step,
+            loop_labels=options.loop_labels,
+            use_cuda_graph_decoder=options.use_cuda_graph_decoder,
+            graph_mode=options.graph_mode,
+            fused_kernels=options.fused_kernels,
+            fast_math=bool(options.fast_math),
+            exact_predictor=options.exact_predictor,
+            **nemo_arguments,
+        )
+        infer.options = options
+        infer.offline_batching = options.offline_batching  # read by the model's transcribe (nemo.offline_transcribe)
+        return infer
 
     def _warm_up_on_gpu(self) -> float | None:
         """Decode two frames of zeros once where the networks already sit on a GPU, in the parameters' dtype and, where

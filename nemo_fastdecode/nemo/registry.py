@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 
-from nemo.collections.asr.parts.context_biasing import BoostingTreeModelConfig
 from nemo.collections.asr.parts.submodules import rnnt_decoding
 from nemo.collections.asr.parts.submodules.rnnt_beam_decoding import BeamRNNTInferConfig
 from nemo.collections.asr.parts.submodules.rnnt_greedy_decoding import GreedyBatchedRNNTInferConfig
@@ -37,7 +36,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from nemo_fastdecode.config import (
     FastBeamConfig,
     FastGreedyConfig,
-    greedy_max_symbols,
+    fusion_keys,
+    greedy_max_symbols_setting,
     option_names,
     options_from_section,
 )
@@ -62,7 +62,8 @@ class FastStrategy:
         nemo_options: the keys NeMo accepts in that section for the stand-in (its config dataclass, plus the
             keys its ``RNNTDecoding`` reads from the section directly).
         graphs_switch: the stand-in's key that allows CUDA graphs (off: NeMo's computer is replaced at once).
-        build: ``(decoding, decoding_cfg, decoder, joint) -> decoding module`` replacing NeMo's.
+        build: ``(decoding, decoding_cfg, options, decoder, joint) -> decoding module`` replacing NeMo's (``options``:
+            the section parsed once, an instance of ``options_class``).
         records_steps: keeps NeMo's alignments and confidence (``preserve_alignments``, ``confidence_cfg``, ...);
             otherwise they are refused.
         fuses: applies the n-gram LM / boosting tree NeMo's set-up loads (``ngram_lm_model``, ``boosting_tree``);
@@ -89,31 +90,26 @@ class FastStrategy:
         return option_names(self.options_class) - self.nemo_options
 
 
-def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
+def _build_fast_greedy(decoding, decoding_cfg: DictConfig, options: FastGreedyConfig, decoder, joint):
     from nemo_fastdecode.greedy.infer import FastGreedyBatchedInfer
 
     section = decoding_cfg.get("greedy") or {}
-    options = options_from_section(FastGreedyConfig, section, "decoding.greedy")
     if decoding._is_tdt and not options.loop_labels:
         raise ValueError("loop_labels=False (frame looping) is RNN-T only; TDT models decode with loop_labels=True")
     nemo_computer = getattr(decoding.decoding, "decoding_computer", None)  # NeMo's, built for the stand-in
-    infer = FastGreedyBatchedInfer(
+    return FastGreedyBatchedInfer.from_options(
+        options,
         decoder_model=decoder,
         joint_model=joint,
         blank_index=decoding.blank_id,
-        max_symbols_per_step=greedy_max_symbols(section),
+        # as NeMo's RNNTDecoding reads it (max_symbols, else max_symbols_per_step); the decoder resolves it
+        max_symbols_per_step=greedy_max_symbols_setting(section),
         durations=list(decoding.durations) if decoding._is_tdt else None,
-        loop_labels=options.loop_labels,
-        use_cuda_graph_decoder=options.use_cuda_graph_decoder,
-        graph_mode=options.graph_mode,
         include_duration=decoding.tdt_include_token_duration,
         # the n-gram LM / boosting tree as NeMo's set-up loaded them for the stand-in (None: no fusion)
         fusion_models=getattr(nemo_computer, "fusion_models", None) or None,
         fusion_models_alpha=getattr(nemo_computer, "fusion_models_alpha", None) or None,
         enable_per_stream_biasing=bool(section.get("enable_per_stream_biasing", False)),
-        fused_kernels=options.fused_kernels,
-        fast_math=bool(options.fast_math),
-        exact_predictor=options.exact_predictor,
         # as NeMo's set-up resolved them for the stand-in (top level, greedy section, confidence_cfg)
         preserve_alignments=bool(decoding.preserve_alignments),
         preserve_frame_confidence=decoding.preserve_frame_confidence,
@@ -121,17 +117,14 @@ def _build_fast_greedy(decoding, decoding_cfg: DictConfig, decoder, joint):
         confidence_method_cfg=decoding.confidence_method_cfg,
         include_duration_confidence=decoding.tdt_include_duration_confidence,
     )
-    infer.offline_batching = options.offline_batching  # read by the model's transcribe (.offline_transcribe)
-    return infer
 
 
-def _build_fast_beam(decoding, decoding_cfg: DictConfig, decoder, joint):
+def _build_fast_beam(decoding, decoding_cfg: DictConfig, options: FastBeamConfig, decoder, joint):
     from nemo_fastdecode.beam.infer import FastBeamBatchedInfer
 
     section = decoding_cfg.get("beam") or {}
     if section.get("beam_size") is None:
         raise ValueError("fast_beam needs decoding.beam.beam_size (e.g. 4)")
-    options = options_from_section(FastBeamConfig, section, "decoding.beam")
     # as NeMo's malsd_batch: `beam.max_symbols`; NeMo ignores `beam.max_symbols_per_step`
     per_step = section.get("max_symbols_per_step", None)
     if per_step is not None and per_step != options.max_symbols:
@@ -144,20 +137,12 @@ def _build_fast_beam(decoding, decoding_cfg: DictConfig, decoder, joint):
     if section.get("softmax_temperature", 1.0) != 1.0:
         logger.warning("nemo_fastdecode: beam.softmax_temperature has no effect in malsd_batch and fast_beam")
     nemo_computer = getattr(decoding.decoding, "decoding_computer", None)  # NeMo's, built for the stand-in
-    return FastBeamBatchedInfer(
+    return FastBeamBatchedInfer.from_options(
+        options,
         decoder_model=decoder,
         joint_model=joint,
         blank_index=decoding.blank_id,
-        beam_size=options.beam_size,
-        max_symbols_per_step=options.max_symbols,
         durations=list(decoding.durations) if decoding._is_tdt else None,
-        score_norm=options.score_norm,
-        return_best_hypothesis=options.return_best_hypothesis,
-        allow_cuda_graphs=options.allow_cuda_graphs,
-        graph_mode=options.graph_mode,
-        fused_topk=options.fused_topk,
-        fast_math=bool(options.fast_math),
-        compiled_step=bool(options.compiled_step),
         # the n-gram LM / boosting tree and fusion modes as NeMo's set-up made them for the stand-in
         fusion_models=getattr(nemo_computer, "fusion_models", None) or None,
         fusion_models_alpha=getattr(nemo_computer, "fusion_models_alpha", None) or None,
@@ -230,12 +215,12 @@ def install_decoding_hook() -> None:
             return nemo_init(self, decoding_cfg, decoder, joint, blank_id, *args, **kwargs)
         # before NeMo's set-up: it would load an n-gram LM or reject a multi-blank model in the stand-in's words
         _check_decoding_keys(strategy, decoding_cfg)
-        _check_options(strategy, fast, decoding_cfg)
+        options = _check_options(strategy, fast, decoding_cfg)
         warm_up.start_triton_warm_up()  # where a GPU is present; behind the model's loading, before its first decode
         nemo_init(self, _stand_in_config(decoding_cfg, fast), decoder, joint, blank_id, *args, **kwargs)
         if self.preserve_frame_confidence and not fast.records_steps:
             _unsupported(strategy, fast, ["confidence (preserve_frame_confidence / confidence_cfg)"])
-        self.decoding = fast.build(self, decoding_cfg, decoder, joint)
+        self.decoding = fast.build(self, decoding_cfg, options, decoder, joint)
         self.cfg = decoding_cfg
 
     rnnt_decoding.AbstractRNNTDecoding.__init__ = mark(init_with_fast_strategies, nemo_init)
@@ -267,47 +252,37 @@ def _check_decoding_keys(strategy: str, decoding_cfg: DictConfig) -> None:
         raise ValueError(_unknown_keys_message(strategy, unknown, _DECODING_KEYS, "decoding", noun="key"))
 
 
-def _check_options(strategy: str, fast: FastStrategy, decoding_cfg: DictConfig) -> None:
-    """Unknown keys in the strategy's section (ValueError) and features we do not support (NotImplementedError)."""
+def _check_options(strategy: str, fast: FastStrategy, decoding_cfg: DictConfig):
+    """The section's options (an instance of ``fast.options_class``, parsed and validated once); unknown keys in the
+    section (ValueError) and features we do not support (NotImplementedError) are refused."""
     section = decoding_cfg.get(fast.section) or {}
     unknown = set(section.keys()) - fast.options
     if unknown:
         raise ValueError(
             _unknown_keys_message(strategy, unknown, fast.options, f"decoding.{fast.section}", noun="option")
         )
-    # types and values, before NeMo's stand-in reads the keys we share with it (max_symbols, ...)
-    options_from_section(fast.options_class, section, f"decoding.{fast.section}")
+    # types and values (fusion needs the label loop, ...), before NeMo's stand-in reads the keys we share with it
+    options = options_from_section(fast.options_class, section, f"decoding.{fast.section}")
     unsupported = []
     # NeMo takes the section's value when the top-level one is unset (greedy strategies)
     alignments = decoding_cfg.get("preserve_alignments", None)
     if not fast.records_steps and (alignments or (alignments is None and section.get("preserve_alignments", False))):
         unsupported.append("preserve_alignments")
-    fusion = _fusion_keys(section)
+    fusion = fusion_keys(section)
     if fusion and not fast.fuses:
         unsupported.append(f"n-gram LM / boosting tree fusion ({' / '.join(fusion)})")
     elif fusion:
-        _check_fusion(strategy, fast, section, fusion)
+        _check_lm_file(fast, section)
     if decoding_cfg.get("big_blank_durations"):
         unsupported.append("multi-blank models")
     if unsupported:
         _unsupported(strategy, fast, unsupported)
+    return options
 
 
-def _fusion_keys(section: Mapping) -> list[str]:
-    """The fusion options a section sets: ``ngram_lm_model`` and/or a non-empty ``boosting_tree``."""
-    boosting_tree = section.get("boosting_tree")
-    keys = ["ngram_lm_model"] if section.get("ngram_lm_model") else []
-    return keys + (["boosting_tree"] if boosting_tree and not BoostingTreeModelConfig.is_empty(boosting_tree) else [])
-
-
-def _check_fusion(strategy: str, fast: FastStrategy, section: Mapping, fusion: list[str]) -> None:
-    """Fusion needs the label loop (NeMo's frame loop refuses it too) and an LM file that exists."""
+def _check_lm_file(fast: FastStrategy, section: Mapping) -> None:
+    """The n-gram LM file exists (that fusion needs the label loop, the options dataclass checks)."""
     where = f"decoding.{fast.section}"
-    if not section.get("loop_labels", True):
-        raise ValueError(
-            f"{where}.{' / '.join(fusion)} needs {where}.loop_labels=true: n-gram LM / boosting tree fusion is "
-            f"implemented for the label-looping algorithm only ({strategy} and NeMo's {fast.stand_in} alike)"
-        )
     lm_path = section.get("ngram_lm_model")
     if lm_path and not Path(str(lm_path)).is_file():
         raise ValueError(
