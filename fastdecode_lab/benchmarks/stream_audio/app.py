@@ -135,11 +135,12 @@ def run(
         texts = [model.decoding.decode_ids_to_str(ids) for ids in reference]
         wavs = [str(p) for p in synthetic.write_wavs(audios, out_dir / "inputs", sample_rate)]
     att = list(geometry.att_context_size)
+    settings: StreamAudioBenchConfig = OmegaConf.to_object(cfg)  # its engine_config builds our engine's options
     for n in counts:
         count = CountResult(n)
         result.counts.append(count)
         try:
-            engine = StreamingEngine(model, cfg.engine_config(n))
+            engine = StreamingEngine(model, settings.engine_config(n))
             warmup = warm_up_engine(engine, pcm, n)
             streams = plan_pcm_streams(
                 pcm, n, geometry.chunk_seconds, stagger, engine.front.settings.complete_frames, sample_rate, cfg.seed
