@@ -17,6 +17,7 @@ import torch
 from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import LabelLoopingStateItem
 from nemo.collections.asr.parts.utils.rnnt_utils import Hypothesis
 
+from nemo_fastdecode.config import require_label_loop
 from nemo_fastdecode.graphs import GraphMode, LoopPhases, TwoLevelLoop, choose_graph_mode
 from nemo_fastdecode.graphs.owner import CapturedLoopOwner
 from nemo_fastdecode.greedy.hyps import EmittedTokens
@@ -130,11 +131,7 @@ class GreedyComputerBase(CapturedLoopOwner):
 
     def _check_fusion(self, fusion: FusionModels) -> None:
         """Fusion runs in the label loop without records; graphs only where the models' calls can be captured."""
-        if self.frame_looping:
-            raise ValueError(
-                "n-gram LM / boosting tree fusion needs the label-looping algorithm (loop_labels=True); NeMo's frame "
-                "loop does not fuse either"
-            )
+        require_label_loop(["fusion_models"], not self.frame_looping)
         if self.records.enabled:
             raise ValueError(
                 "n-gram LM / boosting tree fusion or per-stream biasing with alignments or confidence "
