@@ -2,10 +2,10 @@
 
 A decoder step multiplies a batch of 32 rows (or a look-ahead window of a few times that) by weights of a few
 megabytes. At these shapes cuBLAS's fp32 kernels and Triton's ``tl.dot`` in IEEE precision spend most of their time
-outside the products (split-K passes over global memory, operands staged through shared memory for every multiply):
-on an H200, 32 x 640 -> 2560 took 21.6 us in cuBLAS and 16.4 us in Triton, where the 3xTF32 tensor-core kernel of
-the fast path takes 8.9 (``benchmarks/results/latest/kernel_few-row-gemm_H200_2026-11-28.md``). This kernel
-reaches the tensor-core kernel's time on the CUDA cores, in plain fp32:
+outside the products (split-K passes over global memory, operands staged through shared memory for every multiply),
+and take about twice as long as the fast path's 3xTF32 tensor-core kernel
+(``benchmarks/results/latest/kernel_few-row-gemm_H200_2026-11-28.md`` has the timings). This kernel reaches the
+tensor-core kernel's time on the CUDA cores, in plain fp32:
 
 - each thread holds a register tile of ``RPT`` rows x 4 columns, reading the weight from a transposed copy
   ``W^T [K, N_pad]`` (:func:`transposed_weight`: one float4 per depth index, columns padded to a multiple of 4) and
@@ -31,11 +31,11 @@ import torch
 #: the most rows a call may have (beyond that the products are large enough for the general GEMMs)
 MAX_ROWS = 256
 
-# (column groups of 4 per warp, rows per thread, depth slices = warps per block): the fastest of a sweep on an H200
-# at K = 640 (benchmarks/results/latest/kernel_few-row-gemm_H200_2026-11-28.md)
-_WIDE = (8, 4, 16)  # 32 x 2560: 8.8 us; 128 x 1025: 9.1 us
-_WINDOW = (8, 4, 20)  # 64 x 1030: 6.8 us
-_NARROW = (8, 1, 20)  # 32 x 640: 5.5 us
+# (column groups of 4 per warp, rows per thread, depth slices = warps per block): the fastest of a sweep at K = 640
+# (benchmarks/results/latest/kernel_few-row-gemm_H200_2026-11-28.md)
+_WIDE = (8, 4, 16)  # e.g. 32 x 2560, 128 x 1025
+_WINDOW = (8, 4, 20)  # e.g. 64 x 1030
+_NARROW = (8, 1, 20)  # e.g. 32 x 640
 TILINGS = (_WIDE, _WINDOW, _NARROW)
 
 _SOURCE = r"""

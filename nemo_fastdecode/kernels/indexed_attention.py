@@ -255,7 +255,7 @@ def pick_blocks(tq: int, d: int) -> tuple[bool, int, int, int, int]:
     if tq <= SMALL_TQ:
         block_m = triton.next_power_of_2(tq)
         # [BLOCK_M, BLOCK_N, BLOCK_D] product tiles of 2K elements, 32 per thread over 2 warps: small programs,
-        # many resident per SM (H200 sweep at 256 streams, Tq 2, 72 keys: 56 us vs 59 at 4 warps, 125 with tl.dot)
+        # many resident per SM (the sweep at 256 streams: faster than 4 warps, and than tl.dot by about 2x)
         block_n = max(16, min(64, 2048 // (block_m * block_d)))
         return False, block_m, block_n, block_d, 2
     block_m = min(64, max(16, triton.next_power_of_2(tq)))  # tl.dot needs >= 16 rows

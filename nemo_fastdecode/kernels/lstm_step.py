@@ -1,7 +1,7 @@
 """One LSTM cell step on tensor cores at near-fp32 accuracy (3xTF32), in Triton.
 
 Opt-in fast math for the prediction network (``fast_math=True``): cuDNN's fp32 LSTM step at batch 32 runs
-two SIMT GEMMs of about 22 us each on an H100/H200, although the weights (13 MB) sit in L2. This kernel
+two SIMT GEMMs on the CUDA cores, slow for their size although the weights (13 MB) sit in L2. This kernel
 multiplies in 3xTF32 (:mod:`~nemo_fastdecode.kernels.tf32x3`): near fp32 but not bit-identical to cuBLAS, so
 decisions may differ on near-ties. That is why the path is opt-in and its agreement with the exact path is
 reported by the benchmark.
@@ -127,7 +127,7 @@ def lstm_cell_step(
     x_args = (x, x.stride(0), weight_x, weight_x.stride(0), x.shape[1]) if has_x else (c, 0, c, 0, 0)
     h_args = (h, h.stride(0), weight_h, weight_h.stride(0), c, 0) if has_h else (c, 0, c, 0, recurrent_gates,
                                                                                 recurrent_gates.stride(0))  # fmt: skip
-    # tuned on an H200 at H = 640 (benchmarks/bench_prediction.py --sweep): many small programs beat few large ones
+    # tuned at H = 640 (benchmarks/bench_prediction.py --sweep): many small programs beat few large ones
     default_rows, default_warps = batch_tiling(batch)
     block_b = block_b or default_rows
     block_h = block_h or (4 if batch <= 32 else 8)

@@ -4,7 +4,7 @@ cuBLAS runs fp32 GEMMs on the CUDA cores (SIMT) unless TF32 is allowed, and TF32
 mantissa bits (relative error ~1e-3, too coarse for the streaming encoder's 1e-4 agreement with NeMo). 3xTF32
 (:mod:`~nemo_fastdecode.kernels.tf32x3`, which holds the tile products and split-K) gives fp32-level accuracy
 (~1e-6 relative here) at tensor-core speed. At the encoder's shapes (a few hundred rows of 512-2048 features)
-cuBLAS's SIMT kernels reached about a third of fp32 peak on an H200 (``benchmarks/profile_streaming.py``);
+cuBLAS's SIMT kernels stay well below fp32 peak (``benchmarks/profile_streaming.py`` shows it);
 ``benchmarks/bench_matmul.py`` times this kernel against them, tiled by :func:`matmul_tiling`.
 
 The fast-math decoder's per-step GEMMs (the prediction network's projection and recurrent gates, the joint's output
@@ -129,11 +129,10 @@ def _merged_row_stats(stats_ptr, tiles, width, features, offs_m, m_ok, eps):
 
 
 def matmul_tiling(rows: int, n_out: int, depth: int = 512) -> dict:
-    """Block sizes, warps and split-K for ``rows x depth @ depth x n_out``, the best of sweeps on an H200 at the
-    encoder's shapes (``benchmarks/bench_matmul.py --sweep``, ``benchmarks/results/matmul_*sweep*_2026-11-22-s7.md``):
-    narrow 64 x 32 tiles keep programs in flight at a few hundred rows; 128-row tiles for wide or tall outputs;
-    deep products of fewer than 2048 rows split the depth over 4-8 programs per tile (512 x 2048 -> 512: 39 ->
-    23.6 us, 128 rows: 38.7 -> 11.1 us)."""
+    """Block sizes, warps and split-K for ``rows x depth @ depth x n_out``, the best of sweeps at the encoder's
+    shapes (``benchmarks/bench_matmul.py --sweep``; tables in ``benchmarks/results/``): narrow 64 x 32 tiles keep
+    programs in flight at a few hundred rows; 128-row tiles for wide or tall outputs; deep products of fewer than 2048
+    rows split the depth over 4-8 programs per tile, so that enough programs run at once."""
     if depth >= 1024 and rows < 2048:
         return {"block_m": 64, "block_n": 64 if rows >= 512 else 32, "block_k": 32, "num_warps": 4, "num_stages": 3,
                 "split_k": 4 if rows >= 512 else 8}  # fmt: skip
@@ -151,15 +150,15 @@ def matmul_tiling(rows: int, n_out: int, depth: int = 512) -> dict:
 
 def batch_tiling(batch: int) -> tuple[int, int]:
     """``(rows per program, warps)`` of the decoder's per-step kernels at ``batch`` rows (this GEMM and the LSTM
-    cell), tuned on an H200 (``benchmarks/bench_prediction.py --sweep``)."""
+    cell), tuned by ``benchmarks/bench_prediction.py --sweep``."""
     return (32, 2) if batch <= 32 else (64, 4)
 
 
 def decoder_tiling(batch: int, split_k: bool = False) -> dict:
-    """:func:`linear` options for the decoder's per-step GEMMs at ``batch`` rows (H = 640), tuned on an H200
-    (``benchmarks/bench_prediction.py --sweep``): :func:`batch_tiling`'s rows and warps, 16 columns, 64-deep blocks.
-    ``split_k``: the prediction network's layers split the depth over 8 programs at batch <= 32 (8.1 -> 5.4 us for
-    the projection)."""
+    """:func:`linear` options for the decoder's per-step GEMMs at ``batch`` rows (H = 640), tuned by
+    ``benchmarks/bench_prediction.py --sweep``: :func:`batch_tiling`'s rows and warps, 16 columns, 64-deep blocks.
+    ``split_k``: the prediction network's layers split the depth over 8 programs at batch <= 32 (too few row blocks
+    to fill the GPU otherwise)."""
     block_m, num_warps = batch_tiling(batch)
     tiling = {"block_m": block_m, "block_n": 16, "block_k": 64, "num_warps": num_warps, "num_stages": 4, "split_k": 1}
     if split_k and batch <= 32:
@@ -169,9 +168,8 @@ def decoder_tiling(batch: int, split_k: bool = False) -> dict:
 
 def tensor_cores_win(rows: int, n_out: int, depth: int) -> bool:
     """Whether this kernel, tiled by :func:`matmul_tiling`, beat cuBLAS fp32 at ``rows x depth @ depth x n_out`` in
-    the H200 sweeps: from 128 rows (512 x 512 -> 2048: 32.1 -> 20.5 us), and at depth 1024 and more with split-K
-    (32 x 2048 -> 512: 10.9 -> 8.8 us); not at a few dozen rows of a shallow product (32 x 512 -> 512: 6.8 vs
-    11.1 us), where cuBLAS stays."""
+    the sweeps of ``benchmarks/bench_matmul.py``: from 128 rows, and at depth 1024 and more with split-K; not at a
+    few dozen rows of a shallow product, where cuBLAS stays."""
     return rows >= 128 or depth >= 1024
 
 

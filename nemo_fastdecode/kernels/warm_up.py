@@ -1,8 +1,9 @@
-"""Triton's once-per-process set-up, done on a background thread at import instead of in the first decode.
+"""Triton's once-per-process set-up, done on a background thread when one of our decoders or the streaming
+transcriber is first built on a GPU (while the model loads), instead of in the first decode.
 
 Before its first kernel launch in a process, Triton hashes its own installation (``triton_key``: every compiler
-source file and the ~100 MB ``libtriton`` library, about 0.5 s) to key its on-disk cache, and imports its Gluon
-front end (about 0.25 s). Without this thread both land in the first ``transcribe`` call. The thread only warms
+source file and the ~100 MB ``libtriton`` library) to key its on-disk cache, and imports its Gluon front end: a
+large part of a second together. Without this thread both land in the first ``transcribe`` call. The thread only warms
 what Triton computes once and caches per process (an ``lru_cache`` and module imports); it launches nothing on the
 GPU and touches no CUDA state, so it cannot race a graph capture. ``NEMO_FASTDECODE_TRITON_WARM_UP=0`` turns it off.
 """

@@ -30,8 +30,8 @@ def look_tiling(batch_size: int, window: int) -> tuple[int, int, int]:
     """``(rows per program, columns per program, warps)`` for ``batch_size * window`` joint rows.
 
     Rows and warps are :func:`~nemo_fastdecode.kernels.matmul.batch_tiling` of the batch (the same sums as the
-    single-frame joint, row for row); wider column tiles from 256 rows (H200, ``benchmarks/bench_joint.py``: 23.7 ->
-    17.5 us at 512 rows, bit for bit the same logits).
+    single-frame joint, row for row); wider column tiles from 256 rows, faster there with bit for bit the same
+    logits (``benchmarks/bench_joint.py``).
     """
     block_b, num_warps = batch_tiling(batch_size)
     return block_b, (32 if batch_size * window >= 256 else 16), num_warps

@@ -96,8 +96,8 @@ class ServeConfig:
         gil_switch_interval_ms: Python's thread switch interval while the server runs (``sys.setswitchinterval``;
             ``None``: leave Python's 5 ms). The engine thread and the network thread share the GIL, and the engine
             gives it up at every GPU synchronisation of a cycle: with 5 ms, each of those may wait up to 5 ms for the
-            network thread to hand it back, which stretches cycles under load (measured on an H100 with 256 clients:
-            p95 chunk latency 1,338 ms at 5 ms, 56 ms at 0.5 ms).
+            network thread to hand it back, which stretches cycles under load (the load test's tables in
+            ``benchmarks/results/`` compare the two).
         phrase_boosting: set per-stream phrase boosting (a session's ``transcription.boosting``) up at start, so that
             the warm-up captures the decoder that fuses the streams' trees too (needs a model with a tokenizer);
             ``false``: the first item with phrases sets it up (its first steps capture it).
