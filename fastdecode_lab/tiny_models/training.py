@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
 
 #: the repository's model configs (``configs/tiny_models``)
-DEFAULT_MODEL_CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "tiny_models"
+DEFAULT_MODEL_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "tiny_models"
 
 
 def default_num_workers() -> int:
