@@ -16,7 +16,7 @@ from fastdecode_lab.streaming_sim.app import stream_count
 from nemo_fastdecode.apps.confighelp import attribute_docs, check_hydra_argv, format_options, unknown_keys
 from nemo_fastdecode.apps.configs import LoadtestConfig, ParallelTranscribeConfig, TranscribeConfig
 from nemo_fastdecode.apps.options import parse_config
-from nemo_fastdecode.apps.quiet import OneLineOnce, one_line
+from nemo_fastdecode.nemo.one_line_logs import OneLineOnce, one_line
 from nemo_fastdecode.serve.config import ServeConfig
 
 

@@ -105,7 +105,7 @@ def load_model(name: str, *, device: str | torch.device = "cpu", seed: int = 0, 
     """
     from nemo.collections.asr.models import ASRModel
 
-    from nemo_fastdecode.apps.quiet import one_line_nemo_messages
+    from nemo_fastdecode.nemo.one_line_logs import one_line_nemo_messages
 
     one_line_nemo_messages()  # NeMo's restore and decoding set-up lines: one line each, once
     device = torch.device(device)

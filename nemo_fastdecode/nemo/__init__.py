@@ -18,6 +18,9 @@ wraps, why, and how it is undone):
 * the capturing computers' ``_graph_reinitialize`` -- :func:`.captures.guard_nemo_captures`: NeMo's decoders
   capture CUDA graphs with the garbage collector paused.
 
+Applied by the apps only (not at import): :func:`.one_line_logs.one_line_nemo_messages`, a filter on NeMo's logger
+that prints each of its messages on one line, once.
+
 Besides the patches: :mod:`.streaming_pipeline` (our streaming engine behind NeMo's streaming inference pipeline
 interface), :mod:`.context` (context managers around NeMo calls), and :mod:`.constants` (the names NeMo's configs
 use for us), which ``autoload/nemo_fastdecode_autoload.py`` (run at interpreter start) reads without importing

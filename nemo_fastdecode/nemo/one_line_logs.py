@@ -6,8 +6,9 @@ warning once per decoder built, the loss configuration, three data-loader config
 that follows a ``...:`` header line, and the source line Python's warnings repeat, are left out) and lets each line
 through once. ``NEMO_FASTDECODE_VERBOSE=1`` (:func:`nemo_fastdecode.logs.set_verbose`) shows NeMo's lines whole
 and every time. The package's own filter of repeated lines (:func:`nemo_fastdecode.nemo.logs.quiet_repeated_nemo_lines`,
-a patch the package's import installs) is attached too. This filter is the apps' (the tools print NeMo's lines), not
-a patch of the library's.
+a patch the package's import installs) is attached too. Not applied by ``import nemo_fastdecode``: the apps attach it
+when they load a model (:func:`nemo_fastdecode.apps.models.load_model`); ``logging.getLogger("nemo_logger")
+.removeFilter(...)`` undoes it.
 """
 
 from __future__ import annotations
