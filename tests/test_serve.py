@@ -474,6 +474,11 @@ def test_bad_messages_get_error_events_and_the_connection_survives(server, audio
         ),
         (json.dumps({"type": "session.update", "session": {"voice": "alloy"}}), "invalid_event", "session.voice"),
         (append(b"\x00" * 60_000), "message_too_large", None),  # base64: 80 kB, over the 64 KiB limit
+        # 30,000 characters of 3 bytes each: 90 kB of UTF-8, over the 64 KiB limit (a limit in bytes, not characters)
+        (json.dumps({"type": "session.update", "session": {"x": "\u20ac" * 30_000}}, ensure_ascii=False),
+         "message_too_large", None),  # fmt: skip
+        # 10 kB nested 5,000 deep: deeper than the JSON parser's recursion limit
+        ('{"type": "session.update", "session": ' + "[" * 5_000 + "]" * 5_000 + "}", "invalid_json", None),
     ]
 
     async def scenario():

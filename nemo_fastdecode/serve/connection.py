@@ -61,6 +61,7 @@ from nemo_fastdecode.serve.protocol import (
     Usage,
     Word,
     decode_audio,
+    oversized,
     parse_client_event,
 )
 from nemo_fastdecode.streaming import BoostingOptions, EndpointingOptions, SpeechEvent, StreamEvent, StreamOptions
@@ -299,10 +300,11 @@ class Connection:
 
     # ---- client messages -----------------------------------------------------------------------------------------
     def _handle(self, message: str | bytes) -> None:
-        if len(message) > self.limits.max_message_bytes:
+        size = oversized(message, self.limits.max_message_bytes)
+        if size is not None:
             raise ProtocolError(
                 ErrorCode.MESSAGE_TOO_LARGE,
-                f"a message of {len(message)} bytes is over the limit of {self.limits.max_message_bytes}; it was "
+                f"a message of {size} bytes is over the limit of {self.limits.max_message_bytes}; it was "
                 "dropped: send audio in smaller pieces",
             )
         if isinstance(message, bytes):  # a binary frame: raw PCM16

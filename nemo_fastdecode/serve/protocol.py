@@ -199,17 +199,32 @@ CLIENT_EVENT_TYPES: tuple[str, ...] = (
 CONVERSATION_EVENT_PREFIXES: tuple[str, ...] = ("response.", "conversation.", "output_audio_buffer.")
 
 
+def oversized(message: str | bytes, limit: int) -> int | None:
+    """A client message's size in bytes when it is over ``limit`` bytes, else ``None``. A text message counts its
+    UTF-8 encoding (up to 4 bytes a character), not its characters; it is encoded only when its characters could
+    exceed the limit."""
+    if isinstance(message, str):
+        if 4 * len(message) <= limit:
+            return None
+        size = len(message.encode("utf-8", "surrogatepass"))
+    else:
+        size = len(message)
+    return size if size > limit else None
+
+
 def parse_client_event(text: str | bytes) -> SessionUpdate | AudioAppend | AudioCommit | AudioClear:
     """One JSON text message -> its validated event.
 
     Raises:
-        ProtocolError: not JSON, not an event object, an unknown or unsupported type, or a field of the wrong
+        ProtocolError: not JSON (nested too deeply to parse included), not an event object, an unknown or unsupported type, or a field of the wrong
             shape (``param`` names it, e.g. ``session.audio.input.format.rate``).
     """
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ProtocolError(ErrorCode.INVALID_JSON, f"the message is not valid JSON: {error}") from None
+    except RecursionError:  # arrays or objects nested deeper than the parser's recursion limit
+        raise ProtocolError(ErrorCode.INVALID_JSON, "the message is nested too deeply to parse") from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise ProtocolError(ErrorCode.INVALID_EVENT, "an event is a JSON object with a string 'type'", param="type")
     kind, event_id = data["type"], data.get("event_id") if isinstance(data.get("event_id"), str) else None
@@ -231,6 +246,8 @@ def parse_client_event(text: str | bytes) -> SessionUpdate | AudioAppend | Audio
         )
     try:
         return _CLIENT_EVENT.validate_python(data)
+    except RecursionError:
+        raise ProtocolError(ErrorCode.INVALID_EVENT, f"{kind}: the event is nested too deeply", event_id=event_id) from None
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"][1:])  # [0] is the union's tag
