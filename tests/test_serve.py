@@ -185,6 +185,8 @@ def check_clients(plans: list[list[np.ndarray]], results: list[list[dict]], expe
         assert not [e for e in events if e["type"] == "error"]
         deltas = [e for e in events if e["type"].endswith(".delta")]
         assert all(e["item_id"] in {c["item_id"] for c in completed} for e in deltas)
+        for event in completed:  # a client that builds the text from the deltas gets the final transcript
+            assert "".join(e["delta"] for e in deltas if e["item_id"] == event["item_id"]) == event["transcript"]
 
 
 def append(pcm: np.ndarray | bytes) -> str:
@@ -353,6 +355,22 @@ def test_the_default_loadtest_streams_the_examples_to_the_trained_model_exactly(
     assert f"WER {100 * point.wer:.2f}% of the finals against the reference texts (6 finals)" in markdown
     assert json.loads((tmp_path / "loadtest.json").read_text())["points"][0]["wer"] == point.wer
     assert format_markdown(read_result(tmp_path / "loadtest.json")) == markdown  # the JSON reads back whole
+
+
+def test_the_deltas_of_an_item_add_up_to_its_final_transcript(trained_model, examples):
+    """A client that builds the text from the deltas gets the final transcript: the text of the stream's last chunk
+    comes as a last delta before ``completed`` (the trained model on an example utterance, whose final adds words)."""
+    s = ServerThread(trained_model, slots=2, model_name="trained-streaming")
+    try:
+        events = run(stream_items(s.url, [examples[0][0]], seed=3, key=None))
+        assert s.settled()
+    finally:
+        s.stop()
+    (completed,) = [e for e in events if e["type"] == COMPLETED]
+    deltas = [e["delta"] for e in events if e["type"].endswith(".delta")]
+    assert completed["transcript"] == examples[0][1] and len(deltas) > 1  # something to add up
+    assert "".join(deltas) == completed["transcript"]
+    assert events.index(completed) > max(i for i, e in enumerate(events) if e["type"].endswith(".delta"))
 
 
 def test_a_synthetic_loadtest_model_gets_synthetic_audio_and_no_wer():

@@ -568,9 +568,21 @@ class Connection:
                     )
                 )
             return
+        # what the final adds to the deltas sent (the stream's last chunk): one more delta, so that they add up to it
+        remainder = event.text[len(item.sent) :] if event.text.startswith(item.sent) else ""
         if not event.is_last:  # a segment the endpointer ended: the server's commit
             self._committed(item_id)
             item.sent = ""
+        if remainder:
+            self._send(
+                TranscriptionDelta(
+                    event_id=self._event_id(),
+                    item_id=item_id,
+                    delta=remainder,
+                    text=event.text,
+                    audio_end_ms=round(event.end * 1000),
+                )
+            )
         start_ms = round((item.start_samples / self.session.rate + event.start) * 1000)
         self._send(
             TranscriptionCompleted(
