@@ -555,34 +555,15 @@ class Connection:
         if not event.is_final:
             text = event.text
             common = len(item.sent) if text.startswith(item.sent) else 0
-            delta = text[common:]
             item.sent = text
-            if delta:
-                self._send(
-                    TranscriptionDelta(
-                        event_id=self._event_id(),
-                        item_id=item_id,
-                        delta=delta,
-                        text=text,
-                        audio_end_ms=round(event.end * 1000),
-                    )
-                )
+            self._send_delta(item_id, text[common:], event)
             return
         # what the final adds to the deltas sent (the stream's last chunk): one more delta, so that they add up to it
         remainder = event.text[len(item.sent) :] if event.text.startswith(item.sent) else ""
         if not event.is_last:  # a segment the endpointer ended: the server's commit
             self._committed(item_id)
             item.sent = ""
-        if remainder:
-            self._send(
-                TranscriptionDelta(
-                    event_id=self._event_id(),
-                    item_id=item_id,
-                    delta=remainder,
-                    text=event.text,
-                    audio_end_ms=round(event.end * 1000),
-                )
-            )
+        self._send_delta(item_id, remainder, event)
         start_ms = round((item.start_samples / self.session.rate + event.start) * 1000)
         self._send(
             TranscriptionCompleted(
@@ -597,6 +578,19 @@ class Connection:
         )
         if event.is_last:
             self._done(item)
+
+    def _send_delta(self, item_id: str, delta: str, event: StreamEvent) -> None:
+        """``delta`` (the text ``event`` adds to the item's deltas so far), unless empty."""
+        if delta:
+            self._send(
+                TranscriptionDelta(
+                    event_id=self._event_id(),
+                    item_id=item_id,
+                    delta=delta,
+                    text=event.text,
+                    audio_end_ms=round(event.end * 1000),
+                )
+            )
 
     def _speech(self, item: _Item, speech: SpeechEvent) -> None:
         ms = round((item.start_samples / self.session.rate + speech.seconds) * 1000)
