@@ -306,8 +306,10 @@ def test_output_arrays_index_the_packed_frames(preprocessor):
 
 def test_refused_input_names_the_stream(preprocessor):
     front = AudioFrontEnd(preprocessor, num_slots=3, max_push_seconds=0.01)  # 160 samples
-    with pytest.raises(ValueError, match="stream 0: sample rate 8000 Hz is not supported; .* runs at 16000 Hz"):
-        front.open(0, sample_rate=8000)
+    valid = "valid: 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000 Hz"
+    for rate in (8001, 96000, 24000.0, True):
+        with pytest.raises(ValueError, match=f"stream 0: sample rate {rate} Hz is not supported; {valid} .* 16000 Hz"):
+            front.open(0, sample_rate=rate)
     with pytest.raises(ValueError, match="stream 0: 2 channels are not supported; valid: 1"):
         front.open(0, channels=2)
     with pytest.raises(ValueError, match="sample format 'int8' is not supported"):

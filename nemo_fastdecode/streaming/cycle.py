@@ -37,7 +37,8 @@ class EngineCycle:
 
     Args:
         max_chunks_per_cycle: most chunks one stream steps in a cycle.
-        cycle_samples: most samples of one stream fed to the front end per cycle.
+        cycle_samples: most samples of one stream fed to the front end per cycle, at the model's rate (a stream at
+            another rate gets as many seconds of its own samples).
         max_chunk: frames of the schedule's largest chunk (a stream is fed while fewer than this many wait).
         end_frames: ``[F, S]`` float32 columns of the preprocessor's ``pad_value``: with them, each stream's last
             feature frame is followed by one masked frame (NeMo's streaming script); ``None``: no such frame.
@@ -82,7 +83,8 @@ class EngineCycle:
         # 1. audio in: one copy for every stream fed; features for every stream (ended ones: their last frames)
         feed = live & (self.inbox.pending_bytes > 0) & (schedule.backlog < self._max_chunk)
         fed = np.flatnonzero(feed)  # each takes at most one cycle's audio; the rest waits
-        staged = self.inbox.take(fed, self._cycle_samples * pcm.itemsize[fed])
+        # a cycle's samples at the model's rate, in each stream's own rate and bytes
+        staged = self.inbox.take(fed, self.front.input_samples(fed, self._cycle_samples) * pcm.itemsize[fed])
         if staged is not None:
             self.front.append_staged(staged)
         flush = live & streams.ending & (self.inbox.pending_bytes == 0) & ~streams.flushed

@@ -292,7 +292,7 @@ class StreamingEngine:
         Args:
             stream_id: an open stream.
             pcm: raw bytes in the stream's ``sample_format`` (any byte count: a sample split between pushes is put
-                together), or a 1-D numpy array of its dtype (int16 or float32). Empty pushes only count as activity
+                together), or a 1-D numpy array of its dtype (int16, float32, uint8 for G.711). Empty pushes only count as activity
                 for the idle timeout.
 
         Raises:

@@ -165,9 +165,15 @@ class StreamOptions:
     """How a stream's audio arrives, and what its events carry.
 
     Attributes:
-        sample_rate: Hz; must be the model's (16 kHz for NeMo's ASR models). ``None``: the model's.
-        sample_format: ``"int16"`` (16-bit PCM, little-endian, scaled ``x / 32768`` as NeMo reads WAV files) or
-            ``"float32"`` (little-endian, finite). Raw bytes are read in this format; numpy arrays must have its dtype.
+        sample_rate: Hz: the model's (16 kHz for NeMo's ASR models; ``None``: the model's), or one of
+            :data:`~nemo_fastdecode.streaming.frontend.INPUT_RATES` (8000, 11025, 12000, 16000, 22050, 24000, 32000,
+            44100, 48000), resampled to the model's rate on the device exactly as ``scipy.signal.resample_poly`` does
+            on the whole stream (its default filter). Other rates are refused at open, naming the valid ones.
+            Events' times (``start``, ``end``, word timestamps) are seconds of the stream's audio whatever its rate.
+        sample_format: ``"int16"`` (16-bit PCM, little-endian, scaled ``x / 32768`` as NeMo reads WAV files),
+            ``"float32"`` (little-endian, finite), ``"mulaw"`` or ``"alaw"`` (G.711, one byte a sample, e.g. 8 kHz
+            telephone audio: OpenAI Realtime's ``audio/pcmu`` / ``audio/pcma``; decoded to the G.711 16-bit linear
+            value / 32768). Raw bytes are read in this format; numpy arrays must have its dtype (uint8 for G.711).
         channels: must be 1 (mono).
         partial_words: word timestamps on partial events too (host work per event; final events always have them).
         partial_token_ids: partial events carry the segment's token ids so far; ``False``: their ``token_ids`` is

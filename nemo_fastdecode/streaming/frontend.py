@@ -64,13 +64,25 @@ from nemo_fastdecode.graphs.capture import capture_graph
 from nemo_fastdecode.kernels import triton_runs_on
 from nemo_fastdecode.kernels.pcm_frames import ROW_FIELDS, SampleFormat, pcm_frames, pcm_frames_reference
 from nemo_fastdecode.kernels.power_spectrum import power_spectrum, power_spectrum_reference
+from nemo_fastdecode.kernels.resample import (
+    FilterBank,
+    Ratio,
+    ready_outputs,
+    resample,
+    resample_reference,
+    total_outputs,
+)
 from nemo_fastdecode.kernels.stft_frames import FrameIndex, stft_frames, stft_frames_reference
 from nemo_fastdecode.streaming.inbox import AudioInbox, StagedAudio, earlier_in_slot
 from nemo_fastdecode.streaming.staging import HostStaging
 
-__all__ = ["AudioFrontEnd", "FrontEndOutput", "MelSettings", "SampleFormat"]
+__all__ = ["INPUT_RATES", "AudioFrontEnd", "FrontEndOutput", "MelSettings", "SampleFormat"]
 
 _NO_NORMALIZATION = ("NA", None, "", False)  # NeMo's FilterbankFeatures skips normalize_batch or passes x through
+
+INPUT_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
+"""Sample rates (Hz) a stream may have besides the model's: the others are resampled to the model's rate on the
+device (:mod:`~nemo_fastdecode.kernels.resample`, ``scipy.signal.resample_poly``'s filter)."""
 
 
 @dataclass(frozen=True)
@@ -226,7 +238,7 @@ def _host_bytes(audio: Any, sample_format: SampleFormat, slot: int) -> bytes | m
     if isinstance(audio, np.ndarray):
         if audio.ndim != 1:
             raise ValueError(f"stream {slot}: audio must be mono (1-D), got an array of shape {audio.shape}")
-        expected = np.dtype("<i2" if sample_format is SampleFormat.INT16 else "<f4")
+        expected = sample_format.dtype
         if audio.dtype not in (expected, np.dtype(np.uint8)):
             raise ValueError(
                 f"stream {slot}: an array of dtype {audio.dtype} was pushed to a {sample_format.value} stream "
@@ -336,6 +348,7 @@ class AudioFrontEnd:
 
         front = AudioFrontEnd(model.preprocessor, num_slots=1024, device="cuda")
         front.open(3)                                  # int16 PCM at the model's rate, mono
+        front.open(7, sample_rate=8000, sample_format="mulaw")  # G.711 mu-law at 8 kHz: resampled on the device
         front.append({3: pcm_bytes, 7: other_bytes})   # any number of streams: one host-to-device copy
         out = front.features(flush={7})                # every complete frame, batched; stream 7 ends
         for slot, frames in out:                       # [F, n] views, in time order
@@ -346,7 +359,9 @@ class AudioFrontEnd:
         num_slots: the most streams open at once (slots ``0 .. num_slots - 1``).
         device: where the sample rings, the kernels and the features live.
         max_push_seconds: the most audio a stream may receive between two :meth:`features` calls. Sizes the rings:
-            ``num_slots x (max_push_seconds * rate + n_fft + hop + 1)`` float32.
+            ``num_slots x (max_push_seconds * rate + n_fft + hop + 1 + lag)`` float32 (``lag``: a few dozen samples,
+            what a resampled stream's end adds), and once a stream at another rate opens, the input rings of the
+            resampled streams: ``num_slots x (max_push_seconds * 48000 + history)`` float32 (``history``: about 64).
         cuda_graphs: on a CUDA device with Triton, run each :meth:`features` pass (frame cut, FFT, power, mel product,
             log) as one CUDA graph replay per power-of-two frame count up to 131,072 (:class:`_FeatureGraphs`).
     """
@@ -367,11 +382,22 @@ class AudioFrontEnd:
         self.settings = s = MelSettings.from_preprocessor(preprocessor)
         self.num_slots, self.device = num_slots, torch.device(device)
         self.max_push_seconds = max_push_seconds
+        # Resampling: one ratio per supported input rate; the bounds below hold for every one of them
+        self._ratios = {rate: Ratio.of(rate, s.sample_rate) for rate in INPUT_RATES if rate != s.sample_rate}
+        self._taps = max((r.taps for r in self._ratios.values()), default=1)
+        lag = max((r.lag for r in self._ratios.values()), default=0)
         # Ring row of a slot: absolute padded sample position q (sample index + pad) lives at column q % capacity.
         # Once features() has emitted every complete frame, the next frame's samples (from one before its first
-        # tap) span < n_fft + hop + 1 positions; one push comes on top.
-        self.capacity = math.ceil(max_push_seconds * s.sample_rate) + s.n_fft + s.hop + 1
+        # tap) span < n_fft + hop + 1 positions; one push comes on top (for a resampled stream: its outputs up to
+        # the stream's end as if it ended there, at most `lag` more).
+        self.capacity = math.ceil(max_push_seconds * s.sample_rate) + s.n_fft + s.hop + 1 + lag
         self.ring = torch.zeros(num_slots, self.capacity, dtype=torch.float32, device=self.device)
+        # Input ring row of a resampled stream: input k at column k % input_capacity; it holds the inputs the first
+        # output not yet final reads, and one push (allocated when the first resampled stream opens)
+        history = max((r.history for r in self._ratios.values()), default=0)
+        self.input_capacity = math.ceil(max_push_seconds * max(INPUT_RATES)) + history + 1
+        self.input_ring: torch.Tensor | None = None
+        self._filters = FilterBank(self.device)
         self._window = s.window.to(self.device)
         self._fb = s.fb.to(self.device)
         self._use_triton = triton is not None and triton_runs_on(self.device)
@@ -386,8 +412,17 @@ class AudioFrontEnd:
         self._emitted = np.zeros(num_slots, dtype=np.int64)  # feature frames emitted
         self._format = [SampleFormat.INT16] * num_slots
         self._itemsize = np.full(num_slots, SampleFormat.INT16.itemsize, dtype=np.int64)
-        self._is_float = np.zeros(num_slots, dtype=bool)
+        self._format_code = np.zeros(num_slots, dtype=np.int64)  # SampleFormat.code
         self._partial: dict[int, bytes] = {}  # leading bytes of a sample whose other bytes have not arrived yet
+        # resampled streams (rate other than the model's): rate, ratio, filter, input samples received; _samples
+        # counts the outputs final so far (all of them once the stream ended)
+        self._rate = np.full(num_slots, s.sample_rate, dtype=np.int64)
+        self._resampled = np.zeros(num_slots, dtype=bool)
+        self._up = np.ones(num_slots, dtype=np.int64)
+        self._down = np.ones(num_slots, dtype=np.int64)
+        self._half_len = np.zeros(num_slots, dtype=np.int64)
+        self._filter_offset = np.zeros(num_slots, dtype=np.int64)
+        self._inputs = np.zeros(num_slots, dtype=np.int64)
 
     # ---- streams -------------------------------------------------------------------------------------------
     def open(
@@ -402,25 +437,48 @@ class AudioFrontEnd:
 
         Args:
             slot: a closed slot.
-            sample_rate: the audio's rate in Hz; must be the model's (``None``: the model's).
+            sample_rate: the audio's rate in Hz: the model's (``None``), or one of :data:`INPUT_RATES` (resampled to
+                the model's rate on the device, as ``scipy.signal.resample_poly`` does on the whole stream).
             channels: must be 1 (mono).
-            sample_format: ``"int16"`` (16-bit PCM, scaled ``x / 32768`` as NeMo reads WAV files) or ``"float32"``,
-                both little-endian.
+            sample_format: ``"int16"`` (16-bit PCM, scaled ``x / 32768`` as NeMo reads WAV files), ``"float32"``
+                (both little-endian), ``"mulaw"`` or ``"alaw"`` (G.711, one byte a sample, decoded to its 16-bit
+                linear value / 32768).
+
+        Raises:
+            ValueError: a rate, channel count or format not taken, naming it and the valid ones.
         """
         self._check_slot(slot)
         if self._open[slot]:
             raise ValueError(f"slot {slot} is already open; close or reset it first")
-        rate = self.settings.sample_rate
-        if sample_rate is not None and sample_rate != rate:
+        model_rate = self.settings.sample_rate
+        rate = model_rate if sample_rate is None else sample_rate
+        if (
+            isinstance(rate, bool)
+            or not isinstance(rate, (int, np.integer))
+            or (rate != model_rate and rate not in self._ratios)
+        ):
+            valid = ", ".join(str(r) for r in sorted({model_rate, *INPUT_RATES}))
             raise ValueError(
-                f"stream {slot}: sample rate {sample_rate} Hz is not supported; the model's preprocessor runs at "
-                f"{rate} Hz (resample the audio to {rate} Hz before pushing it)"
+                f"stream {slot}: sample rate {sample_rate!r} Hz is not supported; valid: {valid} Hz (the model runs "
+                f"at {model_rate} Hz; other rates are resampled to it)"
             )
         if channels != 1:
             raise ValueError(f"stream {slot}: {channels} channels are not supported; valid: 1 (mono)")
         self._format[slot] = sample_format = SampleFormat.parse(sample_format)
         self._itemsize[slot] = sample_format.itemsize
-        self._is_float[slot] = sample_format is SampleFormat.FLOAT32
+        self._format_code[slot] = sample_format.code
+        rate = int(rate)
+        self._rate[slot] = rate
+        self._resampled[slot] = resampled = rate != model_rate
+        if resampled:
+            ratio = self._ratios[rate]
+            self._up[slot], self._down[slot], self._half_len[slot] = ratio.up, ratio.down, ratio.half_len
+            self._filter_offset[slot] = self._filters.add(ratio)  # designed once per rate
+            if self.input_ring is None:
+                self.input_ring = torch.zeros(self.num_slots, self.input_capacity, device=self.device)
+        else:
+            self._up[slot] = self._down[slot] = 1
+            self._half_len[slot] = 0
         self._open[slot] = True
         self.reset(slot)
 
@@ -428,7 +486,7 @@ class AudioFrontEnd:
         """Restart an open stream at its first sample (same format); audio not yet turned into frames is dropped."""
         self._check_open(slot)
         self._ended[slot] = False
-        self._samples[slot] = self._emitted[slot] = 0
+        self._samples[slot] = self._emitted[slot] = self._inputs[slot] = 0
         self._partial.pop(slot, None)
         # the ring row keeps old samples: frames read only positions this stream has written (masks in features)
 
@@ -439,15 +497,25 @@ class AudioFrontEnd:
         self._partial.pop(slot, None)
 
     def samples_received(self, slot: int) -> int:
-        """Whole samples the stream has received so far."""
+        """Samples of the stream at the model's rate in its ring so far: those received, or for a resampled stream
+        the resampled samples final so far (all ``ceil(inputs * up / down)`` of them once it was flushed)."""
         return int(self._samples[slot])
+
+    def input_rate(self, slot: int) -> int:
+        """The stream's sample rate in Hz (the model's, or the rate it is resampled from)."""
+        return int(self._rate[slot])
+
+    def input_samples(self, slots: np.ndarray, model_samples: int) -> np.ndarray:
+        """``[N]``: how many input samples of each of ``slots`` make at most ``model_samples`` samples at the model's
+        rate (``model_samples * in_rate / model_rate``, rounded down): a push limit in the streams' own rates."""
+        return model_samples * self._down[slots] // self._up[slots]
 
     def frames_emitted(self, slot: int) -> int:
         """Feature frames of the stream emitted so far (= the index of its next frame)."""
         return int(self._emitted[slot])
 
     def received_samples(self, slots: np.ndarray) -> np.ndarray:
-        """``[N]`` whole samples each of ``slots`` has received (:meth:`samples_received` for many streams)."""
+        """``[N]`` samples at the model's rate of each of ``slots`` (:meth:`samples_received` for many streams)."""
         return self._samples[slots]
 
     def read_samples(self, slots: np.ndarray, starts: np.ndarray, length: int) -> torch.Tensor:
@@ -500,12 +568,18 @@ class AudioFrontEnd:
 
         Triton compiles (or loads from its disk cache) one binary per specialisation of a kernel's arguments: here
         the sample format and the number of frames in one call (1, a multiple of 16, any other), on one and on two
-        streams. A server that meets a variant first under load stalls every stream for that compile, so it launches
+        streams, and the resampler (on a stream at another rate than the model's). Every supported rate's
+        resampling filter is designed here too (else at the first stream of that rate), and the input rings
+        allocated. A server that meets a variant first under load stalls every stream for that compile, so it launches
         them all before it is ready. The slots are closed again afterwards; their ring rows keep zeros, which no
         later stream reads. With ``cuda_graphs``, the feature pass's graphs are captured first, for every row count
         a call can reach (this part runs also while streams are open: a capture writes only the graph's own
         buffers).
         """
+        for ratio in self._ratios.values():
+            self._filters.add(ratio)
+        if self._ratios and self.input_ring is None:
+            self.input_ring = torch.zeros(self.num_slots, self.input_capacity, device=self.device)
         if self._graphs is not None:
             self._graphs.capture_up_to(self.num_slots * (self.capacity // self.settings.hop + 1))
         if self._open.any():
@@ -515,13 +589,21 @@ class AudioFrontEnd:
         # per stream and call: 1 frame, then 8 (16 in all with two streams) and 3, within what one push may carry
         most = (self.capacity - s.n_fft - s.hop - 1) // s.hop
         pushes = [s.lookahead] + [frames * s.hop for frames in (min(8, most), min(3, most)) if frames > 0]
-        for sample_format in (SampleFormat.INT16, SampleFormat.FLOAT32):
-            for count in range(1, len(free) + 1):
+        # every format on one and two streams at the model's rate; G.711 and a resampled stream (its decode rows
+        # target the input ring; the resampler's one variant) on one
+        other_rate = next(iter(self._ratios), None)
+        variants = [(f, None, len(free)) for f in (SampleFormat.INT16, SampleFormat.FLOAT32)]
+        variants += [(f, None, 1) for f in (SampleFormat.MULAW, SampleFormat.ALAW)]
+        if other_rate is not None:
+            variants.append((SampleFormat.INT16, other_rate, 1))
+        for sample_format, rate, most_streams in variants:
+            for count in range(1, most_streams + 1):
                 slots = free[:count]
                 for slot in slots:
-                    self.open(slot, sample_format=sample_format)
+                    self.open(slot, sample_format=sample_format, sample_rate=rate)
                 for samples in pushes:
-                    silence = bytes(samples * sample_format.itemsize)
+                    inputs = int(self.input_samples(np.array(slots[:1]), samples)[0])
+                    silence = bytes(inputs * sample_format.itemsize)
                     self.append({slot: silence for slot in slots})
                     self.features()
                 self.features(flush=slots)
@@ -586,7 +668,7 @@ class AudioFrontEnd:
         for i in np.flatnonzero(sizes % itemsize)[:1].tolist():
             raise ValueError(f"stream {slots[i]}: a staged record of {sizes[i]} bytes holds a partial sample")
         counts = sizes // itemsize
-        totals = np.zeros(self.num_slots, dtype=np.int64)  # new samples per slot
+        totals = np.zeros(self.num_slots, dtype=np.int64)  # new samples per slot (at the stream's rate)
         if staged.unique_slots:  # the usual cycle: one record per stream
             before, touched = np.zeros_like(counts), slots
             totals[slots] = counts
@@ -594,41 +676,88 @@ class AudioFrontEnd:
             before = earlier_in_slot(slots, counts)
             np.add.at(totals, slots, counts)
             touched = np.flatnonzero(totals)
+        # samples at the model's rate after this append: a resampled stream's outputs up to its end as if it ended
+        # now (computed now, so that a flush needs no kernel; final only up to ready_outputs)
+        resampled = touched[self._resampled[touched]]
+        inputs = self._inputs[resampled] + totals[resampled]
+        up, down, half_len = self._up[resampled], self._down[resampled], self._half_len[resampled]
+        after = self._samples[touched] + totals[touched]
+        after[self._resampled[touched]] = total_outputs(inputs, up, down)
         # the next frame still reads from one sample before its first padded position on
-        held = s.pad + self._samples[touched] + totals[touched] - (self._emitted[touched] * s.hop - 1)
-        for i in np.flatnonzero(held > self.capacity)[:1].tolist():
+        held = s.pad + after - (self._emitted[touched] * s.hop - 1)
+        # a resampled stream's input ring holds what its first output not yet final reads, and the new inputs
+        oldest = np.maximum(-(-(self._samples[resampled] * down - half_len) // up), 0)
+        over = np.flatnonzero(held > self.capacity)
+        over_inputs = resampled[inputs - oldest > self.input_capacity]
+        for slot in np.union1d(touched[over], over_inputs)[:1].tolist():
             raise ValueError(
-                f"stream {touched[i]}: {totals[touched[i]]} new samples exceed what the front end holds between two "
+                f"stream {slot}: {totals[slot]} new samples exceed what the front end holds between two "
                 f"features() calls (max_push_seconds={self.max_push_seconds}); call features() more often or raise "
                 "max_push_seconds"
             )
-        is_float = self._is_float[slots]
-        for i in np.flatnonzero(is_float).tolist():
+        code = self._format_code[slots]
+        for i in np.flatnonzero(code == SampleFormat.FLOAT32.code).tolist():
             values = staged.payload(i).view(np.float32)
             if not np.isfinite(values).all():
                 bad = int(np.flatnonzero(~np.isfinite(values))[0])
                 raise ValueError(
                     f"stream {slots[i]}: non-finite sample {values[bad]} at sample "
-                    f"{int(self._samples[slots[i]] + before[i]) + bad}; audio must be finite"
+                    f"{int(self._received(slots[i]) + before[i]) + bad}; audio must be finite"
                 )
+        to_input = self._resampled[slots]  # resampled streams' samples go to their input rings
         rows = np.empty((len(slots), ROW_FIELDS), dtype=np.int32)
         rows[:, 0] = staged.offsets
         rows[:, 1] = counts
         rows[:, 2] = slots
-        rows[:, 3] = (s.pad + self._samples[slots] + before) % self.capacity
-        if is_float.any():  # formats grouped: one kernel launch each
-            rows = rows[np.argsort(is_float, kind="stable")]
-        received, device_rows = staged.upload(rows)
-        self._samples[touched] += totals[touched]  # every check passed: commit
+        rows[:, 3] = np.where(
+            to_input,
+            (self._inputs[slots] + before) % self.input_capacity,
+            (s.pad + self._samples[slots] + before) % self.capacity,
+        )
+        rows[:, 4] = to_input
+        if (code != code[0]).any():  # formats grouped: one kernel launch each
+            order = np.argsort(code, kind="stable")
+            rows, code = rows[order], code[order]
+        # the resampler's rows: each resampled stream's outputs from its first one not yet final to its end so far
+        table = None
+        if resampled.size:
+            first = self._samples[resampled]
+            table = np.stack(
+                [
+                    resampled,
+                    first,
+                    after[self._resampled[touched]] - first,
+                    up,
+                    down,
+                    half_len,
+                    self._filter_offset[resampled],
+                    inputs,
+                    (s.pad + first) % self.capacity,
+                ],
+                axis=1,
+            )
+        received, device_rows, device_table = staged.upload(rows, table)
+        # every check passed: commit
+        self._samples[touched] += totals[touched]
+        self._samples[resampled] = ready_outputs(inputs, up, down, half_len)
+        self._inputs[resampled] = inputs
         decode = pcm_frames if self._use_triton else pcm_frames_reference
-        floats = int(is_float.sum())
-        for sample_format, first, last in (
-            (SampleFormat.INT16, 0, len(slots) - floats),
-            (SampleFormat.FLOAT32, len(slots) - floats, len(slots)),
-        ):
-            if last > first:
-                max_samples = int(rows[first:last, 1].max())
-                decode(received, device_rows[first:last], self.ring, sample_format, max_samples)
+        bounds = np.flatnonzero(np.r_[True, code[1:] != code[:-1], True])
+        for first_row, end_row in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            sample_format = list(SampleFormat)[int(code[first_row])]
+            max_samples = int(rows[first_row:end_row, 1].max())
+            decode(received, device_rows[first_row:end_row], self.ring, sample_format, max_samples, **self._inputs_arg)
+        if device_table is not None:
+            run = resample if self._use_triton else resample_reference
+            run(self.input_ring, self._filters.bank, device_table, self.ring, int(table[:, 2].max()), self._taps)
+
+    @property
+    def _inputs_arg(self) -> dict[str, torch.Tensor]:
+        return {} if self.input_ring is None else {"input_ring": self.input_ring}
+
+    def _received(self, slot: int) -> int:
+        """Samples the stream has received at its own rate."""
+        return int(self._inputs[slot] if self._resampled[slot] else self._samples[slot])
 
     # ---- features out --------------------------------------------------------------------------------------
     def features(self, flush: Iterable[int] = ()) -> FrontEndOutput:
@@ -636,7 +765,8 @@ class AudioFrontEnd:
 
         Args:
             flush: streams that end now: their remaining frames (up to NeMo's ``seq_len``) are computed with NeMo's
-                zero padding after the last sample, and they take no more audio until reset. The first bytes of a
+                zero padding after the last sample (a resampled stream: after its last resampled sample, which
+                ``resample_poly`` computes with zeros past the last input), and they take no more audio until reset. The first bytes of a
                 sample still waiting for the rest are dropped, with a warning.
 
         Returns:
@@ -656,6 +786,9 @@ class AudioFrontEnd:
                         f"{self._format[slot].value} sample; dropped",
                         stacklevel=2,
                     )
+        # a resampled stream's last outputs (zeros past its end) are in its ring already: computed with the others
+        ends = ending[self._resampled[ending]]
+        self._samples[ends] = total_outputs(self._inputs[ends], self._up[ends], self._down[ends])
         live = self._open & ~self._ended
         ready = np.where(live, s.complete_frames(self._samples), self._emitted)
         ready[ending] = s.seq_len(self._samples[ending])

@@ -112,16 +112,29 @@ class StagedAudio:
         start = int(self.offsets[record])
         return self._log.host[start : start + int(self.sizes[record])]
 
-    def upload(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the int32 ``rows`` after the log's payloads and copy both to the device at once.
+    def upload(
+        self, rows: np.ndarray, table: np.ndarray | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Append the int32 ``rows`` (and an int64 ``table``, 8-byte aligned) after the log's payloads and copy all of
+        it to the device at once.
 
-        Returns ``(bytes, rows)``: the log's bytes on the device and the rows' device view (valid until the log's
-        next use: read them in the kernels queued before the next :meth:`AudioInbox.take`).
+        Returns ``(bytes, rows, table)``: the log's bytes on the device and the rows' and the table's device views
+        (``None`` without a table; valid until the log's next use: read them in the kernels queued before the next
+        :meth:`AudioInbox.take`).
         """
         start = self._log.reserve(rows.nbytes)
         self._log.host[start : start + rows.nbytes] = rows.view(np.uint8).reshape(-1)
-        received = self._log.send(start + rows.nbytes)
-        return received, received[start:].view(torch.int32).reshape(rows.shape)
+        end = start + rows.nbytes
+        if table is not None:
+            table = np.ascontiguousarray(table, dtype=np.int64)
+            at = self._log.reserve(table.nbytes + 12)  # 4-byte aligned: 16 with the slack (one kernel variant)
+            at += -at % 16
+            self._log.host[at : at + table.nbytes] = table.view(np.uint8).reshape(-1)
+            end = at + table.nbytes
+        received = self._log.send(end)
+        device_rows = received[start : start + rows.nbytes].view(torch.int32).reshape(rows.shape)
+        device_table = None if table is None else received[at:end].view(torch.int64).reshape(table.shape)
+        return received, device_rows, device_table
 
 
 class AudioInbox:

@@ -1,4 +1,5 @@
-"""What a push may carry, checked before anything is queued: raw PCM of the stream's sample format, whole samples.
+"""What a push may carry, checked before anything is queued: raw audio of the stream's sample format (int16, float32,
+G.711 mu-law or A-law bytes), whole samples.
 
 :class:`PcmInput` keeps, per slot, the stream's sample format, the whole samples pushed so far and the first bytes of
 a sample split between pushes (put together with the rest at the next push). Its checks raise
@@ -23,7 +24,7 @@ class PcmInput:
 
     Attributes:
         carry: per slot, the first bytes of a sample whose other bytes are to come.
-        samples: ``[S]`` int64, whole samples pushed.
+        samples: ``[S]`` int64, whole samples pushed (at the stream's own rate).
         format: per slot, the stream's :class:`SampleFormat`.
         itemsize: ``[S]`` int64, bytes per sample.
     """
@@ -91,7 +92,7 @@ class PcmInput:
                     stream_id,
                     f"stream {stream_id}: audio must be mono, a 1-D array; got shape {pcm.shape} ({channels})",
                 )
-            expected = np.dtype("<i2" if sample_format == "int16" else "<f4")
+            expected = self.format[slot].dtype
             if pcm.dtype != expected:
                 raise StreamError(
                     stream_id,
