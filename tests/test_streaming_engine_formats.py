@@ -1,0 +1,100 @@
+"""The streaming engine on streams at other rates and formats than the model's 16 kHz PCM, on the shipped trained
+model and its example utterances: a 24 kHz int16 stream (OpenAI Realtime's default ``audio/pcm``) and an 8 kHz G.711
+mu-law stream (``audio/pcmu``) transcribe exactly as the same audio resampled to 16 kHz by
+``scipy.signal.resample_poly`` and pushed as float32, interleaved in one engine, with the same word times."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.signal import resample_poly
+
+from nemo_fastdecode.apps import trained_models
+from nemo_fastdecode.apps.models import load_model
+from nemo_fastdecode.streaming import StreamingEngine
+from nemo_fastdecode.streaming.events import StreamOptions
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module")
+def trained_model():
+    return load_model("trained-streaming")
+
+
+@pytest.fixture(scope="module")
+def examples() -> list[np.ndarray]:
+    """The shipped example utterances: 16 kHz int16 PCM."""
+    import soundfile as sf
+
+    return [sf.read(e["audio_filepath"], dtype="int16")[0] for e in trained_models.example_entries()]
+
+
+def _to_int16(x: np.ndarray) -> np.ndarray:
+    return np.clip(np.round(x), -32768, 32767).astype("<i2")
+
+
+def _transcribe(model, streams: list[tuple[bytes, StreamOptions, int]], seed: int) -> list:
+    """Every stream's last event, all streams open at once in one engine, each pushed in random pieces of about
+    20-200 ms of its own audio (``streams``: bytes, options, bytes per second), cycles polled between pushes."""
+    rng = np.random.default_rng(seed)
+    engine = StreamingEngine(model, num_slots=len(streams))
+    ids = [engine.open(options) for _, options, _ in streams]
+    sent = [0] * len(streams)
+    finals = {}
+    while len(finals) < len(streams):
+        for i, (data, _, per_second) in enumerate(streams):
+            if sent[i] < len(data):
+                size = int(rng.uniform(0.02, 0.2) * per_second) + int(rng.integers(0, 2))  # odd sizes: split samples
+                engine.push(ids[i], data[sent[i] : sent[i] + size])
+                sent[i] += size
+                if sent[i] >= len(data):
+                    engine.finish(ids[i])
+        for event in engine.poll():
+            if event.is_last:
+                finals[event.stream_id] = event
+    return [finals[i] for i in ids]
+
+
+def _assert_same(ours: list, theirs: list) -> None:
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.text and b.text  # something to compare
+        assert a.text == b.text and a.token_ids == b.token_ids
+        assert [(w["word"], w["start_offset"], w["end_offset"]) for w in a.words] == [
+            (w["word"], w["start_offset"], w["end_offset"]) for w in b.words
+        ]
+        assert a.end == pytest.approx(b.end, abs=1e-9)  # seconds of audio, in the model's time base for both
+
+
+def test_24khz_int16_streams_transcribe_as_their_16khz_resample(trained_model, examples):
+    streams, references = [], []
+    for pcm in examples:
+        pcm24 = _to_int16(resample_poly(pcm.astype(np.float64), 3, 2))  # 24 kHz audio
+        back = resample_poly(pcm24.astype(np.float32) / 32768, 2, 3).astype(np.float32)
+        streams.append((pcm24.tobytes(), StreamOptions(sample_rate=24000, sample_format="int16"), 48000))
+        references.append((back.tobytes(), StreamOptions(sample_rate=16000, sample_format="float32"), 64000))
+    finals = _transcribe(trained_model, streams + references, seed=0)
+    _assert_same(finals[: len(examples)], finals[len(examples) :])
+
+
+def test_8khz_mulaw_streams_transcribe_as_their_decoded_16khz_resample(trained_model, examples):
+    audioop = pytest.importorskip("audioop")
+    streams, references = [], []
+    for pcm in examples:
+        pcm8 = _to_int16(resample_poly(pcm.astype(np.float64), 1, 2))  # 8 kHz telephone audio
+        codes = audioop.lin2ulaw(pcm8.tobytes(), 2)
+        decoded = np.frombuffer(audioop.ulaw2lin(codes, 2), dtype="<i2").astype(np.float32) / 32768
+        back = resample_poly(decoded, 2, 1).astype(np.float32)
+        streams.append((codes, StreamOptions(sample_rate=8000, sample_format="mulaw"), 8000))
+        references.append((back.tobytes(), StreamOptions(sample_format="float32"), 64000))
+    finals = _transcribe(trained_model, streams + references, seed=1)
+    _assert_same(finals[: len(examples)], finals[len(examples) :])
+
+
+def test_open_refuses_a_rate_not_taken(trained_model):
+    engine = StreamingEngine(trained_model, num_slots=1)
+    with pytest.raises(ValueError, match=r"sample rate 96000 Hz is not supported; valid: 8000, .* 48000 Hz"):
+        engine.open(StreamOptions(sample_rate=96000))
+    with pytest.raises(ValueError, match=r"sample format 'g711' is not supported; valid: 'int16', 'float32', 'mulaw'"):
+        engine.open(StreamOptions(sample_format="g711"))
+    assert engine.open_streams == []  # nothing was opened
