@@ -3,7 +3,18 @@
 Per engine cycle, :meth:`AudioFrontEnd.append_staged` takes the new bytes of any number of streams from ONE host
 buffer (pinned on a GPU host; the engine's pushes are written there as they arrive:
 :class:`~nemo_fastdecode.streaming.inbox.AudioInbox`), copies it to the device in one copy, and one kernel per sample
-format (:mod:`~nemo_fastdecode.kernels.pcm_frames`) decodes and appends the samples to each slot's sample ring.
+format (:mod:`~nemo_fastdecode.kernels.pcm_frames`: int16, float32, G.711 mu-law, A-law) decodes and appends the
+samples to each slot's sample ring.
+
+Streams at another rate than the model's (:data:`INPUT_RATES`: 8, 11.025, 12, 16, 22.05, 24, 32, 44.1 and 48 kHz) are
+resampled on the device: the decode kernel writes their samples into a per-slot *input ring*, and ONE launch of the
+resampler (:mod:`~nemo_fastdecode.kernels.resample`; its rows travel in the same copy as the audio) computes, for all
+of them whatever their rates, the samples at the model's rate, ``scipy.signal.resample_poly(x, up, down)`` of the
+whole stream with its default filter (designed with ``scipy.signal.firwin`` once per rate) up to fp32 rounding,
+whatever the push sizes. A resampled sample is final once the newest input its filter reads has arrived (``half_len /
+up`` inputs later, 0.6 ms at 24 kHz); the outputs past it are computed too, as if the stream ended there, so that a
+stream's end needs no kernel of its own (they are recomputed with the next push). From there on everything is in the
+model's time base: sample counts (:meth:`AudioFrontEnd.samples_received`), frames, the VAD, events' times.
 :meth:`AudioFrontEnd.features` then computes, for all streams in one batched pass, every feature frame whose
 samples have all arrived: one kernel cuts the windowed, pre-emphasised frames from the rings
 (:mod:`~nemo_fastdecode.kernels.stft_frames`), torch's FFT transforms them, one kernel takes the power spectrum
@@ -36,10 +47,12 @@ changes nothing here).
 
 What is refused, with an error naming the value: preprocessors other than NeMo's ``FilterbankFeatures``
 (e.g. its torchaudio variant), ``normalize`` other than ``"NA"`` (per-utterance statistics would look at the
-whole future of a stream), ``frame_splicing != 1``, ``exact_pad=True``, no window; streams at a sample rate
-other than the model's (resample before pushing; no resampler here), more than one channel, non-finite float
-samples. Memory is bounded: each slot keeps a ring of ``max_push_seconds`` of audio plus one frame's context,
-overwritten as frames are emitted.
+whole future of a stream), ``frame_splicing != 1``, ``exact_pad=True``, no window; streams at a sample rate that is
+neither the model's nor one of :data:`INPUT_RATES`, sample formats other than int16, float32, mu-law and A-law, more
+than one channel, non-finite float samples, more than ``max_push_seconds`` of a stream's audio between two
+:meth:`AudioFrontEnd.features` calls. Memory is bounded: each slot keeps a ring of ``max_push_seconds`` of audio plus
+one frame's context, overwritten as frames are emitted (and, once a stream at another rate opens, an input ring of
+``max_push_seconds`` at 48 kHz plus the filter's reach).
 
 Not thread-safe: one engine thread calls ``append`` and ``features``.
 """
@@ -620,7 +633,7 @@ class AudioFrontEnd:
 
         Args:
             pushes: ``{slot: audio}``; audio is bytes-like (``bytes``, ``bytearray``, ``memoryview``) in the stream's
-                format, or a 1-D numpy array / CPU tensor of its dtype (or uint8 bytes). Any byte count: the bytes of
+                format, or a 1-D numpy array / CPU tensor of its dtype (or uint8 bytes; G.711 streams: uint8). Any byte count: the bytes of
                 a sample split between two pushes wait on the host until the rest arrives. Empty pushes do nothing.
 
         Raises:
@@ -650,11 +663,15 @@ class AudioFrontEnd:
         self._partial.update(partial)
 
     def append_staged(self, staged: StagedAudio) -> None:
-        """Append audio staged in a host log (:meth:`AudioInbox.take`): one copy, one kernel per sample format.
+        """Append audio staged in a host log (:meth:`AudioInbox.take`): one copy, one kernel per sample format, one
+        resampler launch for the streams at other rates.
 
         Each record holds whole samples of its slot's format; a slot's records follow each other in its ring. The
-        int32 rows ``[R, 4]`` (byte offset, samples, slot, first ring position) are written after the log's payloads
-        and go with them in the same copy; :func:`~nemo_fastdecode.kernels.pcm_frames.pcm_frames` decodes them.
+        int32 rows ``[R, 5]`` (byte offset, samples, slot, first ring position, target ring) are written after the
+        log's payloads and go with them in the same copy; :func:`~nemo_fastdecode.kernels.pcm_frames.pcm_frames`
+        decodes them (a resampled stream's into its input ring). So do the int64 rows of
+        :func:`~nemo_fastdecode.kernels.resample.resample`, one per resampled stream: its outputs from the first not
+        yet final to the stream's end so far.
 
         Raises:
             ValueError: a closed or flushed slot, a record of partial samples, non-finite float samples, or more audio
