@@ -185,3 +185,36 @@ def test_refused_rates_and_pushes_of_resampled_streams(preprocessor):
     front.append({0: np.zeros(480, dtype="<f4")})  # 10 ms: taken
     front.features(flush=[0])
     assert front.samples_received(0) == 160
+
+
+@pytest.mark.gpu
+def test_warm_up_launches_the_format_and_resampler_variants(preprocessor, exact_fp32):
+    """After the warm-up, G.711 streams and resampled streams of several rates, interleaved with int16 and float32
+    ones, compile (or load) no Triton kernel; their samples are still resample_poly's."""
+    triton = pytest.importorskip("triton")
+    front = AudioFrontEnd(preprocessor, num_slots=4, device=torch.device("cuda"), max_push_seconds=0.1)
+    front.warm_up()
+    compiled = []
+    previous = triton.knobs.runtime.jit_post_compile_hook
+    triton.knobs.runtime.jit_post_compile_hook = lambda *args, **kwargs: compiled.append(kwargs.get("fn"))
+    rng = np.random.default_rng(9)
+    streams = [(24000, SampleFormat.INT16), (8000, SampleFormat.MULAW), (44100, SampleFormat.FLOAT32)]
+    streams += [(16000, SampleFormat.ALAW)]
+    try:
+        decoded = []
+        for slot, (rate, sample_format) in enumerate(streams):
+            data, samples = _encode(_signal(rate // 2, rate, rng), sample_format)
+            decoded.append(samples)
+            front.open(slot, sample_rate=rate, sample_format=sample_format.value)
+            step = int(0.05 * rate) * sample_format.itemsize
+            for i in range(0, len(data), step):
+                front.append({slot: data[i : i + step]})
+                front.features()
+            front.features(flush=[slot])
+            n = front.samples_received(slot)
+            samples = front.read_samples(np.array([slot]), np.array([max(0, n - 1000)]), min(n, 1000))[0].cpu()
+            expected = decoded[slot] if rate == RATE else resample_poly(decoded[slot], *_ratio(rate))
+            assert np.abs(samples.numpy() - expected[-len(samples) :]).max() < ATOL
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = previous
+    assert compiled == []
