@@ -413,11 +413,14 @@ def test_bad_input_leaves_the_other_streams_exact(cases, audio):
     assert final.is_last and final.end == 800 / RATE
     for options, message in (
         (
-            StreamOptions(sample_rate=8000),
-            r"sample rate 8000 Hz is not supported; the model's preprocessor runs at 16000",
+            StreamOptions(sample_rate=8001),
+            r"sample rate 8001 Hz is not supported; valid: 8000, 11025, .*, 48000 Hz \(the model runs at 16000 Hz",
         ),
         (StreamOptions(channels=2), r"2 channels are not supported; valid: 1 \(mono\)"),
-        (StreamOptions(sample_format="mulaw"), r"sample format 'mulaw' is not supported; valid: 'int16', 'float32'"),
+        (
+            StreamOptions(sample_format="ulaw"),
+            r"sample format 'ulaw' is not supported; valid: 'int16', 'float32', 'mulaw', 'alaw'",
+        ),
     ):
         with pytest.raises(ValueError, match=message):
             engine.open(options)
