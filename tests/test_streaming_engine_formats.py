@@ -98,3 +98,37 @@ def test_open_refuses_a_rate_not_taken(trained_model):
     with pytest.raises(ValueError, match=r"sample format 'g711' is not supported; valid: 'int16', 'float32', 'mulaw'"):
         engine.open(StreamOptions(sample_format="g711"))
     assert engine.open_streams == []  # nothing was opened
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from conftest import tiny_streaming_model
+
+    return tiny_streaming_model()
+
+
+@pytest.mark.parametrize("rate", [8000, 11025, 22050, 32000, 44100, 48000])
+def test_bursts_longer_than_a_cycle_at_every_rate(tiny_model, rate):
+    """A stream pushed whole at once (seconds of audio, a small ``max_cycle_seconds``) is fed a cycle's seconds of its
+    own audio at a time, within the front end's rings whatever its rate; its transcript and end are those of its
+    resample_poly'd 16 kHz float32 stream (a tiny random model: any tokens will do)."""
+    rng = np.random.default_rng(rate)
+    x = np.clip(0.3 * rng.standard_normal(int(1.7 * rate)), -1, 1)
+    pcm = _to_int16(x * 32767)
+    g = np.gcd(rate, 16000)
+    back = resample_poly(pcm.astype(np.float32) / 32768, 16000 // g, rate // g).astype(np.float32)
+    finals = []
+    for data, options in (
+        (pcm.tobytes(), StreamOptions(sample_rate=rate)),
+        (back.tobytes(), StreamOptions(sample_format="float32")),
+    ):
+        engine = StreamingEngine(tiny_model, num_slots=1, max_cycle_seconds=0.1)
+        stream = engine.open(options)
+        engine.push(stream, data)
+        engine.finish(stream)
+        events = []
+        while not events or not events[-1].is_last:
+            events += engine.poll()
+        finals.append(events[-1])
+    assert finals[0].token_ids == finals[1].token_ids and finals[0].token_ids
+    assert finals[0].end == finals[1].end == len(back) / 16000
