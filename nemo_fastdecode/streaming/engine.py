@@ -39,6 +39,13 @@ used the same way)::
     print(final.text, final.words)
     print("reference:", example["text"])
 
+Input: each stream's format and rate are its :class:`~nemo_fastdecode.streaming.events.StreamOptions`: int16,
+float32, G.711 mu-law or A-law samples, at the model's rate or one of
+:data:`~nemo_fastdecode.streaming.frontend.INPUT_RATES` (8 to 48 kHz), resampled on the device in the front end as
+``scipy.signal.resample_poly`` does on the whole stream. Everything after the front end (features, chunks, VAD, events'
+times) runs in the model's time base; a stream at another rate transcribes as its ``resample_poly``'d audio at the
+model's rate would (tests/test_streaming_engine_formats.py).
+
 Exactness: in fp32 every stream's tokens, text and word timestamps equal NeMo's cache-aware streaming of that
 stream alone (``CacheAwareStreamingAudioBuffer`` over the preprocessor's features of the whole file, then
 ``conformer_stream_step``), whatever the push sizes and however streams interleave (tests/test_streaming_engine.py).
