@@ -681,6 +681,8 @@ class AudioFrontEnd:
         s = self.settings
         slots, sizes = staged.slots, staged.sizes
         self._check_live(slots)
+        if slots.size == 0:
+            return
         itemsize = self._itemsize[slots]
         for i in np.flatnonzero(sizes % itemsize)[:1].tolist():
             raise ValueError(f"stream {slots[i]}: a staged record of {sizes[i]} bytes holds a partial sample")
