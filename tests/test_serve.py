@@ -198,10 +198,10 @@ async def stream_items(url: str, items: list[np.ndarray], seed: int, key: str | 
     """One client: each item in random pieces (base64 and binary frames, odd byte counts), then a commit; returns
     every event after ``session.updated``, up to the last item's ``completed``."""
     rng = np.random.default_rng(seed)
-    ws, created = await connect_session(url, key)
+    ws, created = await connect_session(url, key, rate=RATE)
     async with ws:
         assert created["type"] == "session.created"
-        assert created["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": RATE}
+        assert created["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}  # OpenAI's
         await ws.send(session_update(RATE))
         assert json.loads(await ws.recv())["type"] == "session.updated"
         receiver = asyncio.create_task(
@@ -228,7 +228,7 @@ async def session_once_a_slot_frees(url: str, key: str | None) -> Any:
     """A session on ``url`` as soon as the server admits one again (a slot frees just after its client closes):
     retried for up to about 2 s; its WebSocket."""
     for _ in range(100):
-        ws, first = await connect_session(url, key)
+        ws, first = await connect_session(url, key, rate=RATE)
         if first["type"] == "session.created":
             return ws
         await asyncio.sleep(0.02)
@@ -412,9 +412,9 @@ def test_health_ready_metrics_and_unknown_paths(server):
 
 def test_a_full_server_refuses_with_1013_and_an_error_naming_the_capacity(server):
     async def scenario():
-        held = [await connect_session(server.url, KEY) for _ in range(3)]
+        held = [await connect_session(server.url, KEY, rate=RATE) for _ in range(3)]
         assert all(first["type"] == "session.created" for _, first in held)
-        ws, first = await connect_session(server.url, KEY)
+        ws, first = await connect_session(server.url, KEY, rate=RATE)
         assert first["type"] == "error" and first["error"]["code"] == "server_at_capacity"
         assert "all 3 stream slots" in first["error"]["message"]
         await ws.wait_closed()
@@ -466,19 +466,55 @@ def test_bad_messages_get_error_events_and_the_connection_survives(server, audio
         (json.dumps({"type": "input_audio_buffer.append", "audio": "%%%"}), "invalid_audio", "audio"),
         (json.dumps({"type": "input_audio_buffer.commit"}), "input_audio_buffer_commit_empty", None),
         (
-            json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}}),
+            json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/opus"}}}}}),
             "unsupported_audio_format",
-            "session.audio.input.format",
+            "session.audio.input.format.type",
         ),
         (
-            json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"rate": 24000}}}}}),
+            json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"rate": 11025}}}}}),
             "unsupported_audio_format",
             "session.audio.input.format.rate",
         ),
         (
-            json.dumps({"type": "transcription_session.update", "session": {"input_audio_format": "g711_ulaw"}}),
+            json.dumps({"type": "transcription_session.update", "session": {"input_audio_format": "g729"}}),
             "unsupported_audio_format",
             "session.input_audio_format",
+        ),
+        (
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"audio": {"input": {"format": {"type": "audio/pcmu", "rate": RATE}}}},
+                }
+            ),
+            "unsupported_audio_format",
+            "session.audio.input.format.rate",
+        ),
+        (
+            json.dumps(
+                {"type": "session.update", "session": {"audio": {"input": {"transcription": {"delay": "now"}}}}}
+            ),
+            "invalid_value",
+            "session.audio.input.transcription.delay",
+        ),
+        (
+            json.dumps(
+                {"type": "session.update", "session": {"audio": {"input": {"transcription": {"keywords": [" "]}}}}}
+            ),
+            "invalid_value",
+            "session.audio.input.transcription.keywords.0",
+        ),
+        (
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {
+                        "audio": {"input": {"transcription": {"keywords": ["a"], "boosting": {"phrases": ["a"]}}}}
+                    },
+                }
+            ),
+            "invalid_value",
+            "session.audio.input.transcription.keywords",
         ),
         (
             json.dumps({"type": "session.update", "session": {"turn_detection": {"type": "server_vad"}}}),
@@ -493,14 +529,17 @@ def test_bad_messages_get_error_events_and_the_connection_survives(server, audio
         (json.dumps({"type": "session.update", "session": {"voice": "alloy"}}), "invalid_event", "session.voice"),
         (append(b"\x00" * 60_000), "message_too_large", None),  # base64: 80 kB, over the 64 KiB limit
         # 30,000 characters of 3 bytes each: 90 kB of UTF-8, over the 64 KiB limit (a limit in bytes, not characters)
-        (json.dumps({"type": "session.update", "session": {"x": "\u20ac" * 30_000}}, ensure_ascii=False),
-         "message_too_large", None),  # fmt: skip
+        (
+            json.dumps({"type": "session.update", "session": {"x": "\u20ac" * 30_000}}, ensure_ascii=False),
+            "message_too_large",
+            None,
+        ),  # fmt: skip
         # 10 kB nested 5,000 deep: deeper than the JSON parser's recursion limit
         ('{"type": "session.update", "session": ' + "[" * 5_000 + "]" * 5_000 + "}", "invalid_json", None),
     ]
 
     async def scenario():
-        ws, _ = await connect_session(server.url, KEY)
+        ws, _ = await connect_session(server.url, KEY, rate=RATE)
         async with ws:
             errors = []
             for message, _, _ in bad:
@@ -516,14 +555,17 @@ def test_bad_messages_get_error_events_and_the_connection_survives(server, audio
         assert error["type"] == "error" and error["error"]["code"] == code, error
         assert error["error"]["param"] == param, error
         assert error["error"]["message"]
-    assert "valid: 'audio/pcm'" in errors[7]["error"]["message"] and "16000 Hz" in errors[8]["error"]["message"]
+    assert "valid: 'audio/pcm', 'audio/pcmu', 'audio/pcma'" in errors[7]["error"]["message"]
+    assert "16000" in errors[8]["error"]["message"] and "24000" in errors[8]["error"]["message"]  # the rates taken
+    assert "8000 Hz" in errors[10]["error"]["message"]  # G.711's rate
+    assert "minimal, low, medium, high, xhigh" in errors[11]["error"]["message"]
     check_completed(events[-1], refs[2], audio[2])  # the rejected 60 kB of zeros are not part of the stream
     assert server.settled()
 
 
 def test_a_message_over_the_hard_cap_closes_with_1009(server):
     async def scenario():
-        ws, _ = await connect_session(server.url, KEY)
+        ws, _ = await connect_session(server.url, KEY, rate=RATE)
         async with ws:
             await ws.send(b"\x00" * (4 * 64 * 1024 + 2))
             await ws.wait_closed()
@@ -539,7 +581,7 @@ def test_a_message_over_the_hard_cap_closes_with_1009(server):
 
 def test_a_client_that_disconnects_mid_chunk_frees_its_slot_at_once(server, audio):
     async def scenario():
-        ws, _ = await connect_session(server.url, KEY)
+        ws, _ = await connect_session(server.url, KEY, rate=RATE)
         await ws.send(audio[0][:2500].tobytes())  # under one chunk
         await ws.send(audio[0][2500:2501].tobytes()[:1])  # and half a sample
         for _ in range(200):
@@ -575,7 +617,7 @@ async def _cycles(s: ServerThread, n: int, at_once: int = 3) -> None:
     pcm = np.zeros(1200, dtype=np.int16).tobytes()
 
     async def one(k: int) -> None:
-        ws, first = await connect_session(s.url, KEY)
+        ws, first = await connect_session(s.url, KEY, rate=RATE)
         assert first["type"] == "session.created"
         if k % 4 == 1:
             await ws.send(pcm)
@@ -598,7 +640,7 @@ def test_idle_connections_get_the_final_of_their_audio_then_close(model, audio, 
     try:
 
         async def scenario():
-            ws, _ = await connect_session(s.url)
+            ws, _ = await connect_session(s.url, rate=RATE)
             async with ws:
                 await ws.send(audio[2].tobytes())  # never committed
                 events = await receive_until(ws, lambda e: e["type"] == "error", 30)
@@ -690,14 +732,14 @@ def shut_down_with_two_clients(s: ServerThread, sessions, audio, refs) -> None:
         check_completed(completed[0], refs[i], audio[i])
         assert events[-1]["error"]["code"] == "server_shutting_down"
     with pytest.raises((OSError, InvalidStatus)):  # no longer listening
-        run(connect_session(s.url), timeout=5)
+        run(connect_session(s.url, rate=RATE), timeout=5)
 
 
 def test_graceful_shutdown_delivers_every_final_then_closes_1001(model, audio, refs):
     s = ServerThread(model, slots=2)
 
     async def sessions():
-        return [(await connect_session(s.url))[0] for _ in range(2)]
+        return [(await connect_session(s.url, rate=RATE))[0] for _ in range(2)]
 
     try:
         shut_down_with_two_clients(s, sessions, audio, refs)
@@ -710,7 +752,7 @@ def test_audio_faster_than_the_rate_limit_is_paced_not_dropped(model, audio, ref
     try:
 
         async def scenario():
-            ws, _ = await connect_session(s.url)
+            ws, _ = await connect_session(s.url, rate=RATE)
             async with ws:
                 start = time.monotonic()
                 for piece in np.array_split(audio[1], 26):  # 2.6 s at once
@@ -728,7 +770,7 @@ def test_audio_faster_than_the_rate_limit_is_paced_not_dropped(model, audio, ref
 
 def test_clear_drops_the_buffer_and_the_next_item_is_exact(server, audio, refs):
     async def scenario():
-        ws, _ = await connect_session(server.url, KEY)
+        ws, _ = await connect_session(server.url, KEY, rate=RATE)
         async with ws:
             await ws.send(audio[0][:9000].tobytes())
             await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
@@ -757,7 +799,7 @@ def test_server_vad_maps_to_the_engine_endpointing_hook(model, audio, refs):
     try:
 
         async def scenario():
-            ws, _ = await connect_session(s.url)
+            ws, _ = await connect_session(s.url, rate=RATE)
             async with ws:
                 update = {"type": "session.update", "session": {"turn_detection": {"type": "server_vad"}}}
                 await ws.send(json.dumps(update))
@@ -816,7 +858,7 @@ def test_vad_true_serves_server_vad_with_speech_events_and_a_commit_per_utteranc
     try:
 
         async def vad_client():
-            ws, _ = await connect_session(s.url)
+            ws, _ = await connect_session(s.url, rate=RATE)
             async with ws:
                 turn = {"type": "server_vad", "silence_duration_ms": 300}
                 await ws.send(json.dumps({"type": "session.update", "session": {"turn_detection": turn}}))
@@ -895,7 +937,7 @@ def test_server_vad_settings_are_checked(model):
     try:
 
         async def scenario():
-            ws, _ = await connect_session(s.url)
+            ws, _ = await connect_session(s.url, rate=RATE)
             async with ws:
                 replies = []
                 for turn in ({"threshold": 1.5}, {"silence_duration_ms": -5}):
@@ -932,7 +974,7 @@ def test_an_engine_failure_fails_the_items_and_health(model, audio):
         s.server.engine_loop.engine.poll = broken_poll
 
         async def scenario():
-            ws, _ = await connect_session(s.url)
+            ws, _ = await connect_session(s.url, rate=RATE)
             async with ws:
                 await ws.send(audio[0].tobytes())
                 return await receive_until(ws, lambda e: e["type"].endswith(".failed"), 30)

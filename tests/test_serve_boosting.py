@@ -51,7 +51,7 @@ def test_a_boosted_item_is_nemo_per_stream_boosting_and_null_turns_it_off(model,
     try:
 
         async def scenario():
-            ws, _ = await connect_session(s.url)
+            ws, _ = await connect_session(s.url, rate=RATE)
             async with ws:
                 replies, finals = [], []
                 for boosting, where in (({"phrases": PHRASES, "weight": WEIGHT}, "audio"), (None, "beta")):
@@ -99,7 +99,7 @@ def test_bad_boosting_settings_get_error_events_naming_the_field(model, pcm):
     try:
 
         async def scenario():
-            ws, _ = await connect_session(s.url)
+            ws, _ = await connect_session(s.url, rate=RATE)
             async with ws:
                 errors = []
                 for boosting, *_ in bad:
@@ -137,7 +137,7 @@ def test_a_boosted_item_with_beam_search_is_nemo_beam_search_fusing_its_phrases(
     try:
 
         async def scenario():
-            ws, _ = await connect_session(s.url)
+            ws, _ = await connect_session(s.url, rate=RATE)
             async with ws:
                 await ws.send(update({"phrases": PHRASES, "weight": weight}))
                 assert json.loads(await ws.recv())["type"] == "session.updated"

@@ -20,6 +20,7 @@ import pytest
 import test_serve
 from test_serve import (
     KEY,
+    RATE,
     ServerThread,
     append,
     check_completed,
@@ -63,7 +64,7 @@ async def one_per_worker(s: ServerThread, key: str | None = KEY) -> list:
     """A connection on each worker (the kernel picks the worker of a new connection: connect until each has one)."""
     held: dict[int, object] = {}
     for _ in range(200):
-        ws, created = await connect_session(s.url, key)
+        ws, created = await connect_session(s.url, key, rate=RATE)
         if created["type"] == "error" and created["error"]["code"] == "server_at_capacity":
             await asyncio.sleep(0.05)  # the server has yet to release the slot of one just closed
             continue
@@ -424,11 +425,11 @@ def test_concurrent_clients_on_both_workers_get_exactly_their_own_transcripts(se
 def test_the_slots_count_across_workers_1013_when_full(server):
     async def scenario():
         held = await one_per_worker(server)
-        ws, first = await connect_session(server.url, KEY)
+        ws, first = await connect_session(server.url, KEY, rate=RATE)
         assert first["type"] == "session.created"
         held.append(ws)  # 3 slots taken, on both workers
         for _ in range(4):  # whichever worker gets them
-            ws, first = await connect_session(server.url, KEY)
+            ws, first = await connect_session(server.url, KEY, rate=RATE)
             assert first["type"] == "error" and first["error"]["code"] == "server_at_capacity"
             assert "all 3 stream slots" in first["error"]["message"]
             await ws.wait_closed()
@@ -479,7 +480,7 @@ def test_clients_that_vanish_mid_chunk_free_their_slots_at_once(server, audio):
 
 def test_health_ready_and_metrics_answer_from_every_worker(server, audio, refs):
     async def stream():
-        ws, _ = await connect_session(server.url, KEY)
+        ws, _ = await connect_session(server.url, KEY, rate=RATE)
         async with ws:
             await ws.send(audio[2].tobytes())
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
@@ -578,7 +579,7 @@ def test_python_m_serve_with_workers_serves_and_stops_on_sigterm():
         url = ready.split("ready on ")[1].split()[0]
 
         async def scenario():
-            ws, created = await connect_session(url)
+            ws, created = await connect_session(url, rate=RATE)
             async with ws:
                 assert created["type"] == "session.created"
                 await ws.send(np.zeros(16000, np.int16).tobytes())

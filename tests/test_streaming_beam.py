@@ -255,7 +255,7 @@ def test_beam_on_cuda_with_graphs_gives_nemo_beam_search_alone(audio, preset):  
 def test_server_with_beam_search_gives_nemo_beam_search_alone(beam_cases, audio):  # noqa: F811
     """Two clients at once on 127.0.0.1, one item each: each completed transcript and its words are NeMo's beam search
     across chunks of that audio alone."""
-    from test_serve import ServerThread, run, words_of
+    from test_serve import RATE, ServerThread, run, words_of
 
     from nemo_fastdecode.apps.loadtest.client import COMPLETED, connect_session, receive_until
     from nemo_fastdecode.serve.config import ServeConfig
@@ -268,7 +268,7 @@ def test_server_with_beam_search_gives_nemo_beam_search_alone(beam_cases, audio)
     try:
 
         async def client(pcm):
-            ws, _ = await connect_session(server.url)
+            ws, _ = await connect_session(server.url, rate=RATE)
             async with ws:
                 for start in range(0, len(pcm), 3200):
                     await ws.send(pcm[start : start + 3200].tobytes())

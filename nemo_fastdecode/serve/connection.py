@@ -24,6 +24,7 @@ import dataclasses
 import itertools
 import logging
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
@@ -33,9 +34,17 @@ from nemo_fastdecode.serve.config import LimitsConfig
 from nemo_fastdecode.serve.engine_loop import Abort, Delivery, Drop, EnginePort, Finish, Push
 from nemo_fastdecode.serve.metrics import ServerMetrics
 from nemo_fastdecode.serve.protocol import (
+    BETA_FORMAT_NAMES,
+    DEFAULT_PCM_RATE,
+    DELAYS,
+    G711_RATE,
+    PCM,
+    SAMPLE_FORMATS,
     AudioAppend,
     AudioClear,
     AudioCommit,
+    BetaSession,
+    BetaTranscription,
     Boosting,
     Cleared,
     CloseCode,
@@ -43,17 +52,19 @@ from nemo_fastdecode.serve.protocol import (
     ErrorCode,
     ErrorDetail,
     ErrorEvent,
+    G711Format,
+    PcmFormat,
     ProtocolError,
     Session,
     SessionAudio,
     SessionAudioInput,
     SessionConfig,
     SessionEvent,
-    SessionFormat,
     SessionTranscription,
     SessionUpdate,
     SpeechStarted,
     SpeechStopped,
+    Transcription,
     TranscriptionCompleted,
     TranscriptionDelta,
     TranscriptionFailed,
@@ -61,6 +72,7 @@ from nemo_fastdecode.serve.protocol import (
     Usage,
     Word,
     decode_audio,
+    format_named,
     oversized,
     parse_client_event,
 )
@@ -74,35 +86,68 @@ __all__ = ["Connection", "SessionState"]
 
 log = logging.getLogger(__name__)
 
-#: the formats a client may name, and the one the server takes
-PCM16_NAMES = ("audio/pcm", "pcm16")
-
 
 @dataclasses.dataclass
 class SessionState:
     """A connection's effective session settings."""
 
-    rate: int
     model: str
+    format: str = PCM  # audio/pcm, audio/pcmu or audio/pcma
+    rate: int = DEFAULT_PCM_RATE  # of the audio the client sends
     turn_detection: TurnDetection | None = None
     language: str | None = None
+    languages: list[str] | None = None
     prompt: str | None = None
+    delay: str | None = None
+    requested_model: str | None = None  # the transcription model the client named
     endpointing: EndpointingOptions | None = None  # the VAD settings ``turn_detection`` asks for (engine VAD only)
-    boosting: BoostingOptions | None = None  # the phrases to boost in the next items
+    boosting: BoostingOptions | None = None  # the phrases to boost in the next items (keywords or boosting)
 
-    def describe(self, session_id: str) -> Session:
+    @property
+    def itemsize(self) -> int:
+        """Bytes per sample of the session's format."""
+        return 2 if self.format == PCM else 1
+
+    def describe(self, session_id: str, beta: bool) -> Session | BetaSession:
+        """The session as ``session.created`` / ``.updated`` report it: the GA shape, or the beta one."""
+        keywords = list(self.boosting.phrases) if self.boosting is not None else None
+        if beta:
+            return BetaSession(
+                id=session_id,
+                input_audio_format=BETA_FORMAT_NAMES[self.format],
+                input_audio_sample_rate=self.rate,
+                input_audio_transcription=BetaTranscription(
+                    model=self.requested_model, language=self.language, prompt=self.prompt, served_model=self.model
+                ),
+                turn_detection=self.turn_detection,
+            )
+        audio_format = PcmFormat(rate=self.rate) if self.format == PCM else G711Format(type=self.format)
         return Session(
             id=session_id,
             audio=SessionAudio(
                 input=SessionAudioInput(
-                    format=SessionFormat(rate=self.rate),
+                    format=audio_format,
                     transcription=SessionTranscription(
-                        model=self.model, language=self.language, prompt=self.prompt, boosting=_reported(self.boosting)
+                        model=self.model,
+                        language=self.language,
+                        languages=self.languages,
+                        prompt=self.prompt,
+                        keywords=keywords,
+                        delay=self.delay,
+                        boosting=_reported(self.boosting),
                     ),
                     turn_detection=self.turn_detection,
                 )
             ),
         )
+
+
+def _speaks_beta(ws: ServerConnection) -> bool:
+    """Whether the client speaks the beta protocol: its handshake sends ``OpenAI-Beta: realtime=v1`` (as the SDKs'
+    ``beta.realtime.connect`` do)."""
+    request = getattr(ws, "request", None)
+    header = request.headers.get("OpenAI-Beta", "") if request is not None else ""
+    return "realtime=v1" in header.replace(" ", "").split(",")
 
 
 def _reported(options: BoostingOptions | None) -> Boosting | None:
@@ -118,7 +163,8 @@ class _Item:
 
     index: int
     item_id: str
-    start_samples: int
+    start_seconds: float  # where its audio starts in the connection's audio
+    rate: int  # of its audio (a session's format changes only between items)
     samples: int = 0
     sent: str = ""
 
@@ -146,12 +192,13 @@ class Connection:
         engine_loop: where audio goes: the engine loop, or a network worker's proxy of it.
         metrics: the server's metrics.
         limits: per-connection limits.
-        rate: the model's sample rate (the only one taken).
+        rate: the model's sample rate (a client may send PCM at it, or at any rate the engine resamples from).
         model_name: reported in the session.
         idle_timeout: seconds without a message before the connection is ended; ``None``: never.
         segmenting: whether the engine loop has an endpointer (``server_vad`` is accepted with it).
         vad: the engine's VAD settings when it runs Silero VAD (``server_vad`` is accepted, its ``threshold`` and
             ``silence_duration_ms`` override them per session); ``None``: no VAD.
+        pcm_rates: ``audio/pcm`` rates taken besides 24 kHz (OpenAI's) and the model's (the engine resamples them).
     """
 
     def __init__(
@@ -167,10 +214,14 @@ class Connection:
         idle_timeout: float | None,
         segmenting: bool = False,
         vad: EndpointingOptions | None = None,
+        pcm_rates: Collection[int] = (),
     ):
         self.ws, self.id, self.engine_loop, self.metrics, self.limits = ws, connection_id, engine_loop, metrics, limits
-        self.session = SessionState(rate=rate, model=model_name)
+        self.session = SessionState(model=model_name)
         self.session_id = f"sess_{connection_id}"
+        self.model_rate = rate
+        self.pcm_rates = tuple(sorted({DEFAULT_PCM_RATE, rate, *pcm_rates}))  # audio/pcm rates taken
+        self.beta = _speaks_beta(ws)  # the beta flavour: transcription_session.* events, the beta session shape
         self.idle_timeout, self.vad = idle_timeout, vad
         self.segmenting = segmenting or vad is not None
         self._out: asyncio.Queue[BaseModel | _Close] = asyncio.Queue(maxsize=limits.max_outgoing_events)
@@ -181,7 +232,7 @@ class Connection:
         self._finals_done = asyncio.Event()
         self._finals_done.set()
         self._last_item_id: str | None = None
-        self._samples = 0  # the connection's audio so far
+        self._seconds = 0.0  # the connection's audio so far
         self._tokens = limits.max_audio_burst_seconds  # audio seconds the client may send now (rate limit)
         self._refilled = time.monotonic()
         self._reader: asyncio.Task | None = None
@@ -197,7 +248,8 @@ class Connection:
     async def run(self) -> None:
         """Serve the client until it leaves, idles out, reads too slowly, or the server shuts down."""
         self._writer = asyncio.create_task(self._write(), name=f"writer-{self.id}")
-        self._send(SessionEvent(event_id=self._event_id(), type="session.created", session=self._describe()))
+        created = "transcription_session.created" if self.beta else "session.created"
+        self._send(SessionEvent(event_id=self._event_id(), type=created, session=self._describe(self.beta)))
         self._reader = asyncio.create_task(self._read(), name=f"reader-{self.id}")
         try:
             with contextlib.suppress(asyncio.CancelledError):
@@ -325,14 +377,15 @@ class Connection:
             return
         if self._current is None:
             index = next(self._item_index)
-            self._current = _Item(index, f"item_{self.id}_{index}", start_samples=self._samples)
+            self._current = _Item(index, f"item_{self.id}_{index}", self._seconds, self.session.rate)
             self._finals_done.clear()
         item = self._current
         vad = self.session.turn_detection is not None
         self.engine_loop.submit(Push((self.id, item.index), pcm, time.monotonic(), self._stream_options(), vad))
-        item.samples += len(pcm) // 2
-        self._samples += len(pcm) // 2
-        seconds = len(pcm) / 2 / self.session.rate
+        samples = len(pcm) // self.session.itemsize
+        item.samples += samples
+        seconds = samples / self.session.rate
+        self._seconds += seconds
         self._tokens -= seconds
         self.metrics.audio_seconds.inc(seconds)
 
@@ -340,11 +393,11 @@ class Connection:
         """The engine stream's options for the session as it is now (built again only when the session changed)."""
         # with an engine VAD, a session without turn detection opens its stream with endpointing off
         endpointing = (self.session.endpointing or EndpointingOptions()) if self.vad is not None else None
-        key = (self.session.rate, endpointing, self.session.boosting)
+        key = (self.session.format, self.session.rate, endpointing, self.session.boosting)
         if self._options is None or self._options[0] != key:
             options = StreamOptions(
                 sample_rate=self.session.rate,
-                sample_format="int16",
+                sample_format=SAMPLE_FORMATS[self.session.format],
                 endpointing=endpointing,
                 boosting=self.session.boosting,
                 partial_token_ids=False,  # deltas are text: partials cross processes without the segment's ids
@@ -368,16 +421,17 @@ class Connection:
         item, self._current = self._current, None
         if item is not None:
             self.engine_loop.submit(Abort((self.id, item.index)))
-            self._samples -= item.samples  # the cleared audio is not part of the stream
+            self._seconds -= item.samples / item.rate  # the cleared audio is not part of the stream
         if not self._pending:
             self._finals_done.set()
         self._send(Cleared(event_id=self._event_id()))
 
     def _update(self, event: SessionUpdate) -> None:
-        """Apply the fields present, all or nothing; reply with the effective session."""
+        """Apply the fields present, all or nothing; reply with the effective session (in the beta shape to a
+        ``transcription_session.update`` or on a beta connection)."""
         new = dataclasses.replace(self.session)
         self._apply_session(event.session, new, event.event_id)
-        if self._current is not None and new.rate != self.session.rate:
+        if self._current is not None and (new.format, new.rate) != (self.session.format, self.session.rate):
             raise ProtocolError(
                 ErrorCode.INVALID_VALUE,
                 "the audio format cannot change while the buffer holds audio: commit or clear it first",
@@ -385,25 +439,25 @@ class Connection:
                 event_id=event.event_id,
             )
         self.session = new
-        kind = "transcription_session.updated" if event.type.startswith("transcription_session") else "session.updated"
-        self._send(SessionEvent(event_id=self._event_id(), type=kind, session=self._describe()))
+        beta_event = event.type.startswith("transcription_session")
+        kind = "transcription_session.updated" if beta_event else "session.updated"
+        self._send(SessionEvent(event_id=self._event_id(), type=kind, session=self._describe(self.beta or beta_event)))
 
     def _apply_session(self, update: SessionConfig, new: SessionState, event_id: str | None) -> None:
         audio_input = update.audio.input if update.audio is not None else None
         fields = set(audio_input.model_fields_set) if audio_input is not None else set()
         if audio_input is not None and audio_input.format is not None:
             fmt = audio_input.format
-            self._check_format(fmt.type, fmt.rate, "session.audio.input.format", event_id)
-            new.rate = fmt.rate or new.rate
+            new.format, new.rate = self._check_format(fmt.type, fmt.rate, "session.audio.input.format", event_id)
         if update.input_audio_format is not None:
-            self._check_format(update.input_audio_format, None, "session.input_audio_format", event_id)
+            new.format, new.rate = self._check_format(
+                update.input_audio_format, None, "session.input_audio_format", event_id
+            )
         transcription, param = update.input_audio_transcription, "session.input_audio_transcription"
         if transcription is None and audio_input is not None and audio_input.transcription is not None:
             transcription, param = audio_input.transcription, "session.audio.input.transcription"
         if transcription is not None:
-            new.language, new.prompt = transcription.language, transcription.prompt
-            if "boosting" in transcription.model_fields_set:  # absent: unchanged; null: off
-                new.boosting = self._boosting(transcription.boosting, f"{param}.boosting", event_id)
+            self._apply_transcription(transcription, new, param, event_id)
         for present, value, param in (
             ("turn_detection" in fields, audio_input.turn_detection if audio_input else None, "audio.input"),
             ("turn_detection" in update.model_fields_set, update.turn_detection, "session"),
@@ -415,37 +469,87 @@ class Connection:
         if noise is not None:
             raise ProtocolError(
                 ErrorCode.INVALID_VALUE,
-                "noise reduction is not available: send null",
+                "noise reduction is not available (the model hears the audio as sent): send null",
                 param="session.audio.input.noise_reduction",
                 event_id=event_id,
             )
         if update.include:
             raise ProtocolError(
                 ErrorCode.INVALID_VALUE,
-                f"include {update.include} is not available (no log probabilities): send [] or leave it out",
+                f"include {update.include} is not available (token log probabilities are not reported): send [] or "
+                "leave it out",
                 param="session.include",
                 event_id=event_id,
             )
 
-    def _check_format(self, name: str, rate: int | None, param: str, event_id: str | None) -> None:
-        if name not in PCM16_NAMES:
+    def _apply_transcription(
+        self, transcription: Transcription, new: SessionState, param: str, event_id: str | None
+    ) -> None:
+        """The fields of ``transcription`` present in the update; ``keywords`` and ``boosting`` both set the phrases
+        boosted (``keywords`` at the server's boosting settings)."""
+        given = transcription.model_fields_set
+        if "keywords" in given and "boosting" in given:
             raise ProtocolError(
-                ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
-                f"audio format {name!r} is not taken; valid: 'audio/pcm' (or 'pcm16'): 16-bit little-endian mono "
-                f"PCM at {self.session.rate} Hz",
-                param=param,
+                ErrorCode.INVALID_VALUE,
+                "give the phrases to boost as keywords or as boosting (the extension with every option), not both",
+                param=f"{param}.keywords",
                 event_id=event_id,
             )
-        if rate is not None and rate != self.session.rate:
+        if transcription.delay is not None and transcription.delay not in DELAYS:
+            raise ProtocolError(
+                ErrorCode.INVALID_VALUE,
+                f"delay {transcription.delay!r} is not valid; valid: {', '.join(DELAYS)}",
+                param=f"{param}.delay",
+                event_id=event_id,
+            )
+        for name in ("language", "languages", "prompt", "delay"):
+            if name in given:
+                setattr(new, name, getattr(transcription, name))
+        if "model" in given:
+            new.requested_model = transcription.model
+        if "keywords" in given:  # null or []: no boosting
+            keywords = transcription.keywords or None
+            phrases = None if keywords is None else Boosting(phrases=keywords)
+            new.boosting = self._boosting(phrases, f"{param}.keywords", event_id, prefix="keywords")
+        if "boosting" in given:  # absent: unchanged; null: off
+            new.boosting = self._boosting(transcription.boosting, f"{param}.boosting", event_id)
+
+    def _check_format(self, name: str, rate: int | None, param: str, event_id: str | None) -> tuple[str, int]:
+        """The (format, rate) a client names; ``audio/pcm`` is at 24 kHz unless ``rate`` names another rate taken."""
+        audio_format = format_named(name)
+        if audio_format is None:
+            valid = ", ".join(repr(n) for n in (*SAMPLE_FORMATS, *BETA_FORMAT_NAMES.values()))
             raise ProtocolError(
                 ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
-                f"rate {rate} Hz is not taken; this model takes {self.session.rate} Hz PCM (resample before sending)",
+                f"audio format {name!r} is not taken; valid: {valid}",
+                param=param if rate is None and param.endswith("input_audio_format") else param + ".type",
+                event_id=event_id,
+            )
+        if audio_format != PCM:
+            if rate not in (None, G711_RATE):
+                raise ProtocolError(
+                    ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
+                    f"rate {rate} Hz is not taken for {audio_format}; G.711 audio is at {G711_RATE} Hz",
+                    param=param + ".rate",
+                    event_id=event_id,
+                )
+            return audio_format, G711_RATE
+        rate = DEFAULT_PCM_RATE if rate is None else rate
+        if rate not in self.pcm_rates:
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED_AUDIO_FORMAT,
+                f"rate {rate} Hz is not taken for audio/pcm; valid: {', '.join(map(str, self.pcm_rates))} "
+                f"(the model's rate is {self.model_rate} Hz)",
                 param=param + ".rate",
                 event_id=event_id,
             )
+        return audio_format, rate
 
-    def _boosting(self, value: Boosting | None, param: str, event_id: str | None) -> BoostingOptions | None:
-        """The engine's boosting options of a session's ``transcription.boosting``, checked against the limits."""
+    def _boosting(
+        self, value: Boosting | None, param: str, event_id: str | None, prefix: str = "boosting.phrases"
+    ) -> BoostingOptions | None:
+        """The engine's boosting options of a session's ``transcription.boosting`` (or of its ``keywords``: the
+        phrases, ``prefix`` naming them in messages), checked against the limits."""
         if value is None:
             return None
 
@@ -459,17 +563,18 @@ class Connection:
             valid = ", ".join(["phrases", "weight", *TREE_OPTIONS])
             raise refuse(f"unknown boosting option {name!r}; valid: {valid}", f".{name}")
         phrases, limit, longest = value.phrases, self.limits.max_boost_phrases, self.limits.max_boost_phrase_chars
+        # keywords name the list itself (param ends in .keywords); boosting its .phrases field
+        where = "" if prefix == "keywords" else ".phrases"
         if not 1 <= len(phrases) <= limit:
             valid = f"1 to {limit} phrases" if limit else "none: this server does not boost phrases"
-            raise refuse(f"boosting.phrases has {len(phrases)} phrases; valid: {valid}", ".phrases")
+            raise refuse(f"{prefix} has {len(phrases)} phrases; valid: {valid}", where)
         for i, phrase in enumerate(phrases):
             shown = repr(phrase if len(phrase) <= 40 else phrase[:40] + "...")
             if not phrase.strip():
-                raise refuse(f"boosting.phrases[{i}]={shown} is empty; valid: a non-empty phrase", f".phrases.{i}")
+                raise refuse(f"{prefix}[{i}]={shown} is empty; valid: a non-empty phrase", f"{where}.{i}")
             if len(phrase) > longest:
                 raise refuse(
-                    f"boosting.phrases[{i}]={shown} has {len(phrase)} characters; valid: at most {longest}",
-                    f".phrases.{i}",
+                    f"{prefix}[{i}]={shown} has {len(phrase)} characters; valid: at most {longest}", f"{where}.{i}"
                 )
         given = {name: v for name, v in value.model_dump(exclude={"phrases"}).items() if v is not None}
         try:
@@ -564,7 +669,7 @@ class Connection:
             self._committed(item_id)
             item.sent = ""
         self._send_delta(item_id, remainder, event)
-        start_ms = round((item.start_samples / self.session.rate + event.start) * 1000)
+        start_ms = round((item.start_seconds + event.start) * 1000)
         self._send(
             TranscriptionCompleted(
                 event_id=self._event_id(),
@@ -593,7 +698,7 @@ class Connection:
             )
 
     def _speech(self, item: _Item, speech: SpeechEvent) -> None:
-        ms = round((item.start_samples / self.session.rate + speech.seconds) * 1000)
+        ms = round((item.start_seconds + speech.seconds) * 1000)
         item_id = item.segment_id(speech.segment)
         if speech.started:
             self._send(SpeechStarted(event_id=self._event_id(), audio_start_ms=ms, item_id=item_id))
@@ -617,8 +722,8 @@ class Connection:
             self._finals_done.set()
 
     # ---- outgoing ------------------------------------------------------------------------------------------------
-    def _describe(self) -> Session:
-        return self.session.describe(self.session_id)
+    def _describe(self, beta: bool) -> Session | BetaSession:
+        return self.session.describe(self.session_id, beta)
 
     def _event_id(self) -> str:
         return f"event_{self.id}_{next(self._event_ids)}"

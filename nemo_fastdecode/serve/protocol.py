@@ -1,20 +1,28 @@
 """The OpenAI Realtime transcription protocol as pydantic schemas: client events in, server events out.
 
-Client events (JSON text messages; raw binary messages are PCM16 audio, as ``input_audio_buffer.append``):
+Two flavours, chosen by the client's handshake: GA (``session.*`` events, the GA session shape) and beta (the
+``OpenAI-Beta: realtime=v1`` header: ``transcription_session.created`` / ``.updated`` and the beta session shape).
+Either flavour's update event is taken on either; the reply is in the shape of the event sent.
 
-* ``session.update`` / ``transcription_session.update`` -- the audio format (``audio/pcm`` at the model's rate,
-  or ``input_audio_format: pcm16``) and ``turn_detection`` (``null``, or ``server_vad`` where the engine runs VAD or
-  the server has an endpointer), and (an extension) phrase boosting for the session's next items:
-  ``transcription.boosting`` ``{"phrases": [...], "weight": 1.0, ...}`` (NeMo's per-stream boosting tree; ``null``
-  turns it off); only the fields present change.
-* ``input_audio_buffer.append`` -- base64 PCM16 audio.
+Client events (JSON text messages; raw binary messages are audio in the session's format, as
+``input_audio_buffer.append``):
+
+* ``session.update`` / ``transcription_session.update`` -- the audio format (``audio/pcm`` 16-bit PCM at 24 kHz,
+  OpenAI's default, or at another ``rate`` the engine resamples from, the model's included; ``audio/pcmu`` /
+  ``audio/pcma``: G.711 at 8 kHz; beta names ``pcm16``, ``g711_ulaw``, ``g711_alaw``), ``turn_detection``
+  (``null``, or ``server_vad`` where the engine runs VAD or the server has an endpointer), and the transcription:
+  ``keywords`` (phrases boosted in the session's next items), ``delay``, ``language`` / ``languages`` / ``prompt``
+  (reported back), and (an extension) ``boosting`` ``{"phrases": [...], "weight": 1.0, ...}`` (NeMo's per-stream
+  boosting tree with every option; ``null`` turns it off); only the fields present change.
+* ``input_audio_buffer.append`` -- base64 audio.
 * ``input_audio_buffer.commit`` -- the buffer's audio is one item: its ``completed`` event follows.
 * ``input_audio_buffer.clear`` -- drop the audio appended since the last commit.
 
 Server events: ``session.created`` / ``session.updated`` (``transcription_session.*`` for the beta flavour),
 ``input_audio_buffer.committed`` / ``cleared``, ``input_audio_buffer.speech_started`` / ``speech_stopped`` (with
 ``server_vad`` on a server with VAD), ``conversation.item.input_audio_transcription.delta`` (partials) and
-``.completed`` (finals, word timestamps in ``words``), and ``error`` (``error.code`` names every refusal).
+``.completed`` (finals, word timestamps in ``words``), and ``error`` (``error.code`` names every refusal). Every one
+validates under the official SDK's types of its flavour (tested with the SDK).
 
 Every incoming message is validated here; :func:`parse_client_event` returns an event or a :class:`ProtocolError`
 whose code and message go back to the client in an ``error`` event.
@@ -90,15 +98,36 @@ class ProtocolError(Exception):
         self.code, self.message, self.param, self.event_id = code, message, param, event_id
 
 
+# ---- audio formats and session options ---------------------------------------------------------------------------
+PCM, PCMU, PCMA = "audio/pcm", "audio/pcmu", "audio/pcma"
+#: the engine's sample format of each audio format (what its bytes hold)
+SAMPLE_FORMATS: dict[str, str] = {PCM: "int16", PCMU: "mulaw", PCMA: "alaw"}
+#: the beta flavour's ``input_audio_format`` names of the formats
+BETA_FORMAT_NAMES: dict[str, str] = {PCM: "pcm16", PCMU: "g711_ulaw", PCMA: "g711_alaw"}
+#: ``audio/pcm``'s rate when a session does not name one: OpenAI's (its SDK types the rate ``Literal[24000]``)
+DEFAULT_PCM_RATE = 24000
+G711_RATE = 8000  #: G.711's one rate
+#: ``transcription.delay``, shortest look-ahead first
+DELAYS: tuple[str, ...] = ("minimal", "low", "medium", "high", "xhigh")
+LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"  #: the one ``include`` value
+
+
+def format_named(name: str) -> str | None:
+    """The audio format a client names (GA ``audio/pcm``, beta ``pcm16``, ...), or ``None`` for no known format."""
+    beta = {beta_name: ga_name for ga_name, beta_name in BETA_FORMAT_NAMES.items()}
+    return name if name in SAMPLE_FORMATS else beta.get(name)
+
+
 # ---- client events -----------------------------------------------------------------------------------------------
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class AudioFormat(_Strict):
-    """``{"type": "audio/pcm", "rate": 16000}``: 16-bit little-endian mono PCM at ``rate`` Hz."""
+    """``{"type": "audio/pcm", "rate": 24000}``: 16-bit little-endian mono PCM at ``rate`` Hz (24 kHz when left
+    out); ``{"type": "audio/pcmu"}`` / ``{"type": "audio/pcma"}``: G.711 mu-law / A-law at 8 kHz."""
 
-    type: str = "audio/pcm"
+    type: str = PCM
     rate: int | None = None
 
 
@@ -129,13 +158,18 @@ class Boosting(BaseModel):
 
 
 class Transcription(BaseModel):
-    """``model`` / ``language`` / ``prompt``: accepted and ignored (the served model is language-free here);
-    ``boosting`` (extension): the phrases to boost in the session's next items, ``null``: none."""
+    """``model`` / ``language`` / ``languages`` / ``prompt``: accepted, reported back and otherwise ignored (the
+    served model transcribes the language it was trained on); ``keywords``: phrases to boost in the session's next
+    items (per-stream phrase boosting at the server's weight); ``delay``: one of :data:`DELAYS`; ``boosting``
+    (extension): the phrases and every boosting option, ``null``: none."""
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     language: str | None = None
+    languages: list[str] | None = None
     prompt: str | None = None
+    keywords: list[str] | None = None
+    delay: str | None = None
     boosting: Boosting | None = None
 
 
@@ -247,7 +281,9 @@ def parse_client_event(text: str | bytes) -> SessionUpdate | AudioAppend | Audio
     try:
         return _CLIENT_EVENT.validate_python(data)
     except RecursionError:
-        raise ProtocolError(ErrorCode.INVALID_EVENT, f"{kind}: the event is nested too deeply", event_id=event_id) from None
+        raise ProtocolError(
+            ErrorCode.INVALID_EVENT, f"{kind}: the event is nested too deeply", event_id=event_id
+        ) from None
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"][1:])  # [0] is the union's tag
@@ -294,20 +330,29 @@ class Usage(BaseModel):
     seconds: float
 
 
-class SessionFormat(BaseModel):
-    type: Literal["audio/pcm"] = "audio/pcm"
+class PcmFormat(BaseModel):
+    type: Literal["audio/pcm"] = PCM
     rate: int
 
 
+class G711Format(BaseModel):
+    type: Literal["audio/pcmu", "audio/pcma"]
+
+
 class SessionTranscription(BaseModel):
+    """The session's transcription settings; ``boosting`` is an extension (every boosting option, defaults filled)."""
+
     model: str
     language: str | None = None
+    languages: list[str] | None = None
     prompt: str | None = None
+    keywords: list[str] | None = None
+    delay: Literal["minimal", "low", "medium", "high", "xhigh"] | None = None
     boosting: Boosting | None = None
 
 
 class SessionAudioInput(BaseModel):
-    format: SessionFormat
+    format: PcmFormat | G711Format
     transcription: SessionTranscription
     turn_detection: TurnDetection | None = None
     noise_reduction: None = None
@@ -318,12 +363,45 @@ class SessionAudio(BaseModel):
 
 
 class Session(BaseModel):
-    """The effective session, as ``session.created`` / ``session.updated`` report it."""
+    """The effective session in the GA shape, as ``session.created`` / ``session.updated`` report it."""
 
     id: str
     object: Literal["realtime.transcription_session"] = "realtime.transcription_session"
     type: Literal["transcription"] = "transcription"
     audio: SessionAudio
+    include: list[str] = Field(default_factory=list)
+
+
+class BetaTranscription(BaseModel):
+    """``model``: what the client named (``None`` if it named none); the served model is ``served_model``
+    (extension): the beta SDK types ``model`` as one of OpenAI's three model names."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+    served_model: str
+
+
+class ClientSecret(BaseModel):
+    """A WebSocket session has no client secret; the beta SDK's session type requires the field."""
+
+    value: str = ""
+    expires_at: int = 0
+
+
+class BetaSession(BaseModel):
+    """The effective session in the beta shape (``transcription_session.created`` / ``.updated``);
+    ``input_audio_sample_rate`` (extension): the rate of ``pcm16`` audio (24 kHz unless the client set another)."""
+
+    id: str
+    object: Literal["realtime.transcription_session"] = "realtime.transcription_session"
+    client_secret: ClientSecret = Field(default_factory=ClientSecret)
+    modalities: list[Literal["text"]] = Field(default_factory=lambda: ["text"])
+    input_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"]
+    input_audio_sample_rate: int
+    input_audio_transcription: BetaTranscription
+    turn_detection: TurnDetection | None = None
+    input_audio_noise_reduction: None = None
     include: list[str] = Field(default_factory=list)
 
 
@@ -341,7 +419,7 @@ class SessionEvent(ServerEvent):
     type: Literal[
         "session.created", "session.updated", "transcription_session.created", "transcription_session.updated"
     ]
-    session: Session
+    session: Session | BetaSession
 
 
 class Committed(ServerEvent):

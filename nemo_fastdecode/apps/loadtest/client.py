@@ -126,14 +126,22 @@ def check_server(url: str, timeout: float = 3.0) -> None:
 
 
 async def connect_session(
-    url: str, api_key: str | None = None, *, open_timeout: float = 30.0, **kwargs: Any
+    url: str, api_key: str | None = None, *, rate: int | None = None, open_timeout: float = 30.0, **kwargs: Any
 ) -> tuple[ClientConnection, dict[str, Any]]:
-    """Connect (``Authorization: Bearer``) and read the first event (``session.created``, or the refusal's error)."""
+    """Connect (``Authorization: Bearer``) and read the first event (``session.created``, or the refusal's error);
+    with ``rate``, then set the session to PCM16 at ``rate`` Hz (:func:`session_update`) and read its
+    ``session.updated``."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     ws = await connect(
         url, additional_headers=headers, open_timeout=open_timeout, compression=None, max_size=None, **kwargs
     )
-    return ws, json.loads(await ws.recv())
+    first = json.loads(await ws.recv())
+    if rate is not None and first["type"] == "session.created":
+        await ws.send(session_update(rate))
+        updated = json.loads(await ws.recv())
+        if updated["type"] != "session.updated":
+            raise ConnectionError(f"the server refused PCM16 at {rate} Hz: {updated}")
+    return ws, first
 
 
 async def receive_until(
