@@ -3,6 +3,7 @@
 python benchmarks/engine_cycle_breakdown.py                                    # CPU: tiny model, 256 and 1,024 streams
 python benchmarks/engine_cycle_breakdown.py --host-only                        # CPU: the host's share alone (see below)
 python benchmarks/engine_cycle_breakdown.py --model hybrid-17x512-streaming --att 70 1 --streams 256 1024   # a GPU
+python benchmarks/engine_cycle_breakdown.py --model hybrid-17x512-streaming --att 70 1 --input-rate 24000   # 24 kHz in
 
 Every stream plays synthetic int16 speech; each timed cycle pushes one chunk period (160 ms at ``[70, 1]`` or
 ``[16, 1]``) to every stream (not timed), then one poll steps them all. Each part is timed between two
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import math
 import pstats
 import time
 from collections.abc import Callable, Iterator
@@ -124,7 +126,12 @@ def run(args: argparse.Namespace) -> None:
         torch.set_num_threads(1)
     torch.manual_seed(0)
     model = load_model(args.model, device=device, vocab=args.vocab)  # synthetic: calibrated to ~0.3 tokens/frame
-    audio = synthetic.synthetic_audio([4.0, 3.0, 5.0], seed=7)
+    audio = synthetic.synthetic_audio([4.0, 3.0, 5.0], seed=7)  # at the model's 16 kHz
+    if args.input_rate is not None and args.input_rate != 16000:  # the streams' rate: the front end resamples
+        from scipy.signal import resample_poly
+
+        common = math.gcd(args.input_rate, 16000)
+        audio = [resample_poly(np.asarray(x, np.float64), args.input_rate // common, 16000 // common) for x in audio]
     pcms = [np.clip(np.asarray(x) * 32767, -32768, 32767).astype(np.int16) for x in audio]
     for n in args.streams:
         measure(model, pcms, n, args, device)
@@ -144,8 +151,9 @@ def measure(model: torch.nn.Module, pcms: list[np.ndarray], n: int, args: argpar
         stub_device_work(engine, int(model.decoding.blank_id))
     else:
         engine.warm_up()
-    ids = [engine.open(StreamOptions(partial_words=args.partial_words)) for _ in range(n)]
-    push = round(engine.geometry.chunk_seconds * engine.front.settings.sample_rate)
+    rate = args.input_rate or engine.front.settings.sample_rate
+    ids = [engine.open(StreamOptions(partial_words=args.partial_words, sample_rate=rate)) for _ in range(n)]
+    push = round(engine.geometry.chunk_seconds * rate)
     position = 0
     for _ in range(3):  # first chunks, lazy set-up
         push_all(engine, ids, pcms, position, push)
@@ -181,7 +189,8 @@ def measure(model: torch.nn.Module, pcms: list[np.ndarray], n: int, args: argpar
     poll_ms = 1e3 * float(np.median(polls))
     medians = {name: 1e3 * float(np.median(seconds)) for name, seconds in parts.items()}
     print(
-        f"== {n} streams on the {device.type}{' (host only)' if args.host_only else ''}: poll {poll_ms:.3f} ms "
+        f"== {n} streams at {rate} Hz on the {device.type}{' (host only)' if args.host_only else ''}: poll "
+        f"{poll_ms:.3f} ms "
         f"(median of {args.repeats}), {events / args.repeats:.0f} partial events per cycle"
     )
     for name in PARTS:
@@ -220,6 +229,9 @@ def main() -> None:
     parser.add_argument("--vocab", default="bpe", choices=["bpe", "char"], help="a synthetic model's vocabulary")
     parser.add_argument("--att", type=int, nargs=2, default=[16, 1], help="att_context_size [left, lookahead]")
     parser.add_argument("--streams", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument(
+        "--input-rate", type=int, default=None, help="the streams' PCM rate (default: the model's; others resampled)"
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the engine's dtype")
     parser.add_argument("--encoder-matmul", default="fp32", choices=["fp32", "tf32x3", "tf32"], help="encoder GEMMs")
     parser.add_argument("--repeats", type=int, default=10, help="timed cycles per stream count")

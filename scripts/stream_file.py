@@ -4,7 +4,7 @@
     python scripts/stream_file.py                # terminal 2: the first shipped example utterance and its reference
     python scripts/stream_file.py speech.wav     # partials as they come, then the final with word times
 
-The file must be mono at the server's rate (16 kHz for NeMo's models; ``sox in.wav -r 16000 -c 1 out.wav``). Without
+The file must be mono, at any rate from 8 to 48 kHz (the server resamples it to the model's). Without
 a file, the first of the package's example utterances is sent and its reference text printed. A plain client of the
 protocol (websockets, numpy, soundfile only: it starts at once), paced in real time unless ``--fast``.
 """

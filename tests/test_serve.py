@@ -275,6 +275,21 @@ def test_loadtest_clients_are_exact_end_to_end(server, model, audio, refs):
     assert server.settled()
 
 
+def test_loadtest_clients_at_24khz_get_the_finals_of_their_audio_resampled_to_the_models_rate(server, model, audio):
+    """``input_rate=24000`` (OpenAI's default): the clients send 24 kHz PCM16, the server resamples it on its device;
+    each final equals NeMo's streaming of the client's audio resampled to 16 kHz by scipy's polyphase resampler."""
+    from nemo_fastdecode.apps.configs import LoadtestConfig
+    from nemo_fastdecode.apps.loadtest.app import resampled
+
+    config = LoadtestConfig(url=server.url, api_key=KEY, clients=2, stagger_seconds=0.2, chunk_ms=100, input_rate=24000)
+    inputs = [np.round(resampled(pcm / 32768, RATE, 24000) * 32768).astype(np.int16) for pcm in audio[:2]]
+    refs = [reference_transcript(model, resampled(pcm / 32768, 24000, RATE).astype(np.float32)) for pcm in inputs]
+    assert all(r.token_ids for r in refs)  # there is something to compare
+    point = run_point(config, inputs, 2, [[r] for r in refs])
+    assert (point.completed, point.errors, point.refused, point.exact, point.checked) == (2, 0, {}, 2, 2)
+    assert server.settled()
+
+
 def test_loadtest_point_says_where_in_their_items_the_timed_partials_fall():
     """A model that emits only at a stream's start would time stream starts only: the point counts the partials
     timed and the share of them past their item's first second."""

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+import fastdecode_lab.models  # noqa: F401  (synthetic presets as model names)
 from nemo_fastdecode.apps.serve import main
 from nemo_fastdecode.serve import engine_loop
 from nemo_fastdecode.serve.engine_loop import EngineLoop, Push, PushBatch

@@ -9,10 +9,12 @@
 # `nemo-fastdecode loadtest` against it, samples the server with py-spy for $SPY_SECONDS s once $SPY_STREAMS streams are
 # open (when py-spy is installed), stops the server with SIGINT (its graceful shutdown) and packs the trace, the logs,
 # the profile and the load test's JSON, Markdown and plot into OUT_DIR/serve_TAG.tar.gz.
-# TRACE=0 runs the server as users do (`python3 -m nemo_fastdecode serve`, no trace and its cost); py-spy then starts
+# TRACE=0 runs the server as users do (`python3 -m fastdecode_lab serve`: the console script with the lab's synthetic
+# model names; no trace and its cost); py-spy then starts
 # $SPY_DELAY s (default 15) after the load test.
 # Defaults: the 17 x 512 hybrid at [70, 1] with 2,048 slots and 4 network workers; 8 client processes streaming
 # binary PCM of 15/14/13/12 s synthetic inputs, starts over 5 s. Later key=value arguments override them.
+# INPUT_RATES="16000 24000" runs one load test per client input rate against the same server (tags get _RATEHz).
 set -uo pipefail
 out=${1:?OUT_DIR}; tag=${2:?TAG}; shift 2
 server=(); load=()
@@ -26,7 +28,7 @@ start=$(date +%s)
 note() { echo "[$(($(date +%s) - start)) s] $*" | tee -a "$work/timeline.txt"; }
 
 if [[ ${TRACE:-1} == 0 ]]; then
-  serve=(python3 -m nemo_fastdecode serve)
+  serve=(python3 -m fastdecode_lab serve)
 else
   serve=(python3 benchmarks/experiments/serve_loop_trace.py "$work/trace.txt")
 fi
@@ -56,10 +58,13 @@ if command -v py-spy >/dev/null; then
   spy_pid=$!
 fi
 
-python3 -m nemo_fastdecode loadtest url="ws://127.0.0.1:$port/v1/realtime" model=hybrid-17x512-streaming \
-  'att_context_size=[70,1]' processes=8 binary=true 'synthetic_seconds=[15.0,14.0,13.0,12.0]' stagger_seconds=5.0 \
-  output_dir="$work" tag="$tag" "${load[@]}" >"$work/loadtest.log" 2>&1
-note "load test exit $?"
+for rate in ${INPUT_RATES:-16000}; do  # one load test per client input rate, one after the other, same server
+  suffix=$([[ -n ${INPUT_RATES:-} ]] && echo "_${rate}Hz")
+  python3 -m fastdecode_lab loadtest url="ws://127.0.0.1:$port/v1/realtime" model=hybrid-17x512-streaming \
+    'att_context_size=[70,1]' processes=8 binary=true 'synthetic_seconds=[15.0,14.0,13.0,12.0]' stagger_seconds=5.0 \
+    input_rate="$rate" output_dir="$work" tag="$tag$suffix" "${load[@]}" >"$work/loadtest$suffix.log" 2>&1
+  note "load test ($rate Hz) exit $?"
+done
 
 [[ -n $spy_pid ]] && kill $spy_pid 2>/dev/null
 kill -INT $server_pid 2>/dev/null

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]  # (encoder output [B, D, T], lengths [B]) per batch
 
 
-
 def encode(
     model: ASRModel,
     audios: Sequence[np.ndarray | torch.Tensor],

@@ -130,6 +130,9 @@ class LoadtestConfig:
         synthetic_seconds: durations of the synthetic inputs (a synthetic ``model`` with no audio given).
         max_audio_seconds: cut each input to this (``None``: whole files).
         chunk_ms: audio per message.
+        input_rate: the rate clients send PCM16 at: the model's 16 kHz, or another rate the server resamples from
+            (24000: OpenAI's default). The inputs are resampled to it before the run (scipy's ``resample_poly``); each
+            item's reference is then NeMo's streaming of the item's audio resampled back to 16 kHz the same way.
         realtime: pace each client's audio in real time (``False``: as fast as the server reads).
         binary: raw binary PCM frames instead of base64 ``input_audio_buffer.append``.
         stagger_seconds: client starts drawn uniformly in ``[0, stagger_seconds)``.
@@ -157,6 +160,7 @@ class LoadtestConfig:
     synthetic_seconds: list[float] = field(default_factory=lambda: [3.0, 5.0, 2.0, 4.0])
     max_audio_seconds: float | None = 30.0
     chunk_ms: float = 80.0
+    input_rate: int = 16000
     realtime: bool = True
     binary: bool = False
     stagger_seconds: float = 1.0
@@ -186,6 +190,8 @@ class LoadtestConfig:
             raise ValueError(f"clients, clients_sweep and processes must be >= 1, got {counts} and {self.processes}")
         if self.audio_files is not None and self.dataset_manifest is not None:
             raise ValueError("give audio_files or dataset_manifest, not both")
+        if not 8000 <= self.input_rate <= 48000:
+            raise ValueError(f"input_rate={self.input_rate} Hz; valid: 8000 to 48000 (the model's 16000 by default)")
         if not self.chunk_ms > 0 or not self.timeout_seconds > 0 or self.stagger_seconds < 0:
             raise ValueError(
                 f"chunk_ms and timeout_seconds must be > 0 and stagger_seconds >= 0, got {self.chunk_ms}, "

@@ -189,7 +189,8 @@ def _stream_steps(model: ASRModel, feats: torch.Tensor) -> Iterator[tuple[torch.
 
 
 def reference_transcript(model: ASRModel, pcm: np.ndarray, att_context_size: list[int] | None = None) -> Reference:
-    """NeMo's streaming of int16 PCM ``[T]`` alone (read as NeMo reads a 16-bit WAV file: ``x / 32768``).
+    """NeMo's streaming of int16 PCM ``[T]`` alone (read as NeMo reads a 16-bit WAV file: ``x / 32768``), or of
+    float32 samples ``[T]`` as they are.
 
     ``att_context_size``: the encoder's look-ahead to use (set on the model); ``None``: its current one.
     """
@@ -200,7 +201,9 @@ def reference_transcript(model: ASRModel, pcm: np.ndarray, att_context_size: lis
     if len(pcm) < model.preprocessor.featurizer.hop_length:  # no feature frame: nothing to decode
         return Reference([], "", [])
     device = next(model.parameters()).device
-    signal = torch.from_numpy(np.asarray(pcm, dtype=np.int16).astype(np.float32) / 32768)[None].to(device)
+    pcm = np.asarray(pcm)
+    samples = pcm.astype(np.float32) if pcm.dtype.kind == "f" else pcm.astype(np.int16).astype(np.float32) / 32768
+    signal = torch.from_numpy(samples)[None].to(device)
     with torch.inference_mode():
         feats, length = model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]], device=device))
     _, hyp, _ = nemo_alone(model, feats[0, :, : int(length)])

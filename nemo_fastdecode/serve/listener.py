@@ -27,6 +27,7 @@ from nemo_fastdecode.serve.engine_loop import Delivery, EnginePort
 from nemo_fastdecode.serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from nemo_fastdecode.serve.protocol import CloseCode, ErrorCode, ErrorDetail, ErrorEvent
 from nemo_fastdecode.streaming import EndpointingOptions
+from nemo_fastdecode.streaming.frontend import INPUT_RATES
 
 __all__ = ["REALTIME_PATH", "Listener"]
 
@@ -148,6 +149,7 @@ class Listener:
             idle_timeout=self.config.idle_timeout_seconds,
             segmenting=self.segmenting,
             vad=self.vad,
+            pcm_rates=INPUT_RATES,
         )
         self.connections[connection_id] = connection
         self.metrics.connections.set(len(self.connections))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import math
 import multiprocessing
 import sys
 import time
@@ -32,7 +33,8 @@ SAMPLE_RATE = 16000
 
 
 def load_inputs(config: LoadtestConfig) -> tuple[list[np.ndarray], list[str | None]]:
-    """int16 PCM ``[T]`` per input at 16 kHz (files resampled as NeMo reads them), cut to ``max_audio_seconds``; and
+    """int16 PCM ``[T]`` per input at ``input_rate`` (files read at 16 kHz as NeMo reads them, cut to
+    ``max_audio_seconds``, then resampled to ``input_rate``); and
     each input's reference text (``None`` where it has none, or where the cut shortened it).
 
     With no audio given: the shipped example utterances and their texts, or made audio for a model of a registered family (a
@@ -54,7 +56,18 @@ def load_inputs(config: LoadtestConfig) -> tuple[list[np.ndarray], list[str | No
         texts = [None] * len(floats)
     cut = None if config.max_audio_seconds is None else round(config.max_audio_seconds * SAMPLE_RATE)
     texts = [None if cut is not None and len(f) > cut else text for f, text in zip(floats, texts, strict=True)]
-    return [np.clip(np.round(f[:cut] * 32768), -32768, 32767).astype(np.int16) for f in floats], texts
+    floats = [resampled(f[:cut], SAMPLE_RATE, config.input_rate) for f in floats]
+    return [np.clip(np.round(f * 32768), -32768, 32767).astype(np.int16) for f in floats], texts
+
+
+def resampled(signal: np.ndarray, rate: int, to_rate: int) -> np.ndarray:
+    """``signal`` at ``rate`` Hz resampled to ``to_rate`` Hz by scipy's polyphase resampler (the server's method)."""
+    if rate == to_rate:
+        return signal
+    from scipy.signal import resample_poly
+
+    common = math.gcd(rate, to_rate)
+    return resample_poly(np.asarray(signal, dtype=np.float64), to_rate // common, rate // common)
 
 
 def references(config: LoadtestConfig, inputs: Sequence[np.ndarray]) -> list[list[Reference]]:
@@ -66,11 +79,11 @@ def references(config: LoadtestConfig, inputs: Sequence[np.ndarray]) -> list[lis
     model = load_model(config.model, device=inference_device(config.cuda), seed=config.seed)
     out = []
     for pcm in inputs:
-        ends = item_ends(len(pcm), SAMPLE_RATE, config.chunk_ms, config.commit_every_seconds)
-        starts = [0, *ends[:-1]]
-        out.append(
-            [reference_transcript(model, pcm[a:b], config.att_context_size) for a, b in zip(starts, ends, strict=True)]
-        )
+        ends = item_ends(len(pcm), config.input_rate, config.chunk_ms, config.commit_every_seconds)
+        items = [pcm[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        if config.input_rate != SAMPLE_RATE:  # what the server's resampler makes of each item (a stream of its own)
+            items = [resampled(item / 32768, config.input_rate, SAMPLE_RATE).astype(np.float32) for item in items]
+        out.append([reference_transcript(model, item, config.att_context_size) for item in items])
     return out
 
 
@@ -84,7 +97,7 @@ async def _run_group(
             index=i,
             audio_index=i % len(inputs),
             start_at=start,
-            rate=SAMPLE_RATE,
+            rate=config.input_rate,
             chunk_ms=config.chunk_ms,
             realtime=config.realtime,
             binary=config.binary,
