@@ -20,10 +20,12 @@ import json
 
 import numpy as np
 import pytest
-from conftest import tiny_streaming_model
 from pydantic import TypeAdapter
 from scipy.signal import resample_poly
-from test_serve import KEY, RATE, ServerThread, run, vad_pcm
+from test_serve import KEY, RATE, ServerThread, run
+
+from nemo_fastdecode.apps import trained_models
+from nemo_fastdecode.apps.models import load_model
 
 openai = pytest.importorskip("openai")
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent  # noqa: E402
@@ -58,20 +60,32 @@ def valid_beta(raw: str | bytes) -> dict:
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServerThread(tiny_streaming_model(), slots=2, api_key=KEY, vad=True, vad_min_silence_ms=300)
+    """The shipped trained model (it has a tokenizer: keywords are boosted), Silero VAD for ``server_vad``."""
+    s = ServerThread(load_model("trained-streaming"), slots=2, api_key=KEY, vad=True, vad_min_silence_ms=300)
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
-def pcm24() -> bytes:
-    """Three voiced utterances and pauses at 24 kHz, int16 (the 16 kHz test signal resampled 3/2)."""
-    pcm = resample_poly(vad_pcm().astype(np.float64), 3, 2)
+def pcm16() -> np.ndarray:
+    """Two of the shipped example utterances with 0.6 s of silence around and between them: int16 at 16 kHz."""
+    import soundfile as sf
+
+    utterances = [sf.read(e["audio_filepath"], dtype="int16")[0] for e in trained_models.example_entries()[:2]]
+    gap = np.zeros(round(0.6 * RATE), dtype=np.int16)
+    return np.concatenate([gap, utterances[0], gap, utterances[1], gap])
+
+
+@pytest.fixture(scope="module")
+def pcm24(pcm16) -> bytes:
+    """``pcm16`` at 24 kHz (OpenAI's rate), int16, resampled by scipy's polyphase resampler."""
+    pcm = resample_poly(pcm16.astype(np.float64), 3, 2)
     return np.clip(np.round(pcm), -32768, 32767).astype(np.int16).tobytes()
 
 
 def client(server: ServerThread) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(api_key=KEY, base_url=f"{server.http}/v1", max_retries=0)
+    ws_base = server.url.removesuffix("/realtime")
+    return openai.AsyncOpenAI(api_key=KEY, base_url=f"{server.http}/v1", websocket_base_url=ws_base, max_retries=0)
 
 
 async def read_until(connection, check, done, timeout: float = 60.0) -> list[dict]:
@@ -152,7 +166,7 @@ def test_a_ga_session_through_the_sdk_gets_only_events_the_sdk_types_accept(serv
     assert events[-1]["type"] == "input_audio_buffer.cleared"
 
 
-def test_a_beta_session_through_the_sdk_gets_only_events_the_beta_types_accept(server, pcm24):
+def test_a_beta_session_through_the_sdk_gets_only_events_the_beta_types_accept(server, pcm16, pcm24):
     """Beta flavour (``OpenAI-Beta: realtime=v1``): ``transcription_session.created`` and ``.updated`` in the beta
     session shape (``input_audio_format: pcm16``, 24 kHz), then the item's events: all valid (strict)."""
 
@@ -181,4 +195,4 @@ def test_a_beta_session_through_the_sdk_gets_only_events_the_beta_types_accept(s
     assert updated["session"]["turn_detection"] is None
     assert [e["type"] for e in events].count("input_audio_buffer.committed") == 1
     completed = events[-1]
-    assert completed["transcript"] and completed["usage"]["seconds"] == pytest.approx(len(vad_pcm()) / RATE, abs=1e-3)
+    assert completed["transcript"] and completed["usage"]["seconds"] == pytest.approx(len(pcm16) / RATE, abs=1e-3)
