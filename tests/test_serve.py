@@ -290,6 +290,47 @@ def test_loadtest_clients_at_24khz_get_the_finals_of_their_audio_resampled_to_th
     assert server.settled()
 
 
+def test_g711_clients_get_the_finals_of_their_audio_decoded_and_resampled(trained_model, examples):
+    """``audio/pcmu`` and ``audio/pcma`` (G.711 at 8 kHz, as telephony sends): each final equals NeMo's streaming of
+    the bytes decoded as the ITU-T tables do (``audioop``) and resampled to 16 kHz by scipy's polyphase resampler."""
+    audioop = pytest.importorskip("audioop")  # the reference codec (in the standard library up to Python 3.12)
+    from nemo_fastdecode.apps.loadtest.app import resampled
+
+    pcm8 = [np.round(resampled(pcm / 32768, RATE, 8000) * 32767).astype(np.int16) for pcm, _ in examples[:2]]
+    cases = [("audio/pcmu", audioop.lin2ulaw, audioop.ulaw2lin), ("audio/pcma", audioop.lin2alaw, audioop.alaw2lin)]
+    sent, refs = [], []
+    for (_, encode, decode), pcm in zip(cases, pcm8, strict=True):
+        sent.append(encode(pcm.tobytes(), 2))
+        decoded = np.frombuffer(decode(sent[-1], 2), dtype=np.int16) / 32768
+        refs.append(reference_transcript(trained_model, resampled(decoded, 8000, RATE).astype(np.float32)))
+    assert all(r.token_ids for r in refs)  # there is something to compare
+    s = ServerThread(trained_model, slots=2, model_name="trained-streaming")
+    try:
+
+        async def client(audio_format: str, data: bytes) -> list[dict]:
+            ws, _ = await connect_session(s.url)
+            async with ws:
+                update = {"type": "session.update", "session": {"audio": {"input": {"format": {"type": audio_format}}}}}
+                await ws.send(json.dumps(update))
+                updated = json.loads(await ws.recv())
+                assert updated["session"]["audio"]["input"]["format"] == {"type": audio_format}
+                for start in range(0, len(data), 1600):  # 200 ms messages, base64 and binary
+                    piece = data[start : start + 1600]
+                    await ws.send(piece if start % 3200 else append(piece))
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                return await receive_until(ws, lambda e: e["type"] == COMPLETED, 60)
+
+        async def both():
+            return await asyncio.gather(*(client(fmt, data) for (fmt, _, _), data in zip(cases, sent, strict=True)))
+
+        for events, ref, data in zip(run(both()), refs, sent, strict=True):
+            assert events[-1]["transcript"] == ref.text
+            assert words_of(events[-1]["words"]) == words_of(ref.words)
+            assert events[-1]["usage"]["seconds"] == len(data) / 8000  # one byte a sample
+    finally:
+        s.stop()
+
+
 def test_loadtest_point_says_where_in_their_items_the_timed_partials_fall():
     """A model that emits only at a stream's start would time stream starts only: the point counts the partials
     timed and the share of them past their item's first second."""
@@ -486,7 +527,7 @@ def test_bad_messages_get_error_events_and_the_connection_survives(server, audio
             "session.audio.input.format.type",
         ),
         (
-            json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"rate": 11025}}}}}),
+            json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"rate": 11000}}}}}),
             "unsupported_audio_format",
             "session.audio.input.format.rate",
         ),
