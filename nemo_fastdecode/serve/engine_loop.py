@@ -47,6 +47,7 @@ from nemo_fastdecode.streaming import (
     StreamingEngineError,
     StreamOptions,
 )
+from nemo_fastdecode.streaming.frontend import SampleFormat
 
 __all__ = [
     "Abort",
@@ -242,7 +243,8 @@ class _Item:
     finish_received: float | None = None
     stream: int | None = None
     turn_detection: bool = False
-    rate: int = 16000
+    rate: int = 16000  # of the item's audio
+    itemsize: int = 2  # bytes per sample of the item's audio
     samples: int = 0
     # (samples pushed so far, when the push arrived); a stream without partials (silence) keeps only the newest
     arrivals: collections.deque[tuple[int, float]] = dataclasses.field(
@@ -448,6 +450,7 @@ class EngineLoop:
             lane.popleft()
             return [Delivery(item.key, None, str(error)), *self._start_head(connection)]
         item.rate = options.sample_rate or self.engine.front.settings.sample_rate
+        item.itemsize = SampleFormat.parse(options.sample_format).itemsize
         self._item_of[item.stream] = item
         if turn_detection:
             self._segmenting.add(item.stream)
@@ -613,9 +616,9 @@ class EngineLoop:
 
 
 def _note_pushed(item: _Item, nbytes: int, received: float) -> None:
-    """An item's stream took ``nbytes`` of PCM16 that arrived at ``received``: its samples, and the arrival the chunk
+    """An item's stream took ``nbytes`` of audio that arrived at ``received``: its samples, and the arrival the chunk
     latency is measured from."""
-    item.samples += nbytes // 2
+    item.samples += nbytes // item.itemsize
     item.arrivals.append((item.samples, received))
 
 
