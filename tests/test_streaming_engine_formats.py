@@ -132,3 +132,53 @@ def test_bursts_longer_than_a_cycle_at_every_rate(tiny_model, rate):
         finals.append(events[-1])
     assert finals[0].token_ids == finals[1].token_ids and finals[0].token_ids
     assert finals[0].end == finals[1].end == len(back) / 16000
+
+
+def test_push_many_takes_g711_int16_and_float32_pushes_as_pushes_one_at_a_time(tiny_model):
+    """A network batch of pushes to G.711, 24 kHz int16 and float32 streams (``push_many``: the G.711 and int16 ones go
+    in together) counts every stream's samples and transcribes each as pushing them one at a time does."""
+    rng = np.random.default_rng(5)
+    x = np.clip(0.3 * rng.standard_normal(16000), -1, 1)
+    streams = [  # (bytes, options, bytes per 100 ms)
+        (
+            bytes(rng.integers(0, 256, 8000, dtype=np.uint8)),
+            StreamOptions(sample_rate=8000, sample_format="mulaw"),
+            800,
+        ),
+        (bytes(rng.integers(0, 256, 8000, dtype=np.uint8)), StreamOptions(sample_rate=8000, sample_format="alaw"), 800),
+        (_to_int16(x * 32767).tobytes() * 2, StreamOptions(sample_rate=24000), 4800),
+        (x.astype("<f4").tobytes(), StreamOptions(sample_format="float32"), 6400),
+    ]
+    finals = []
+    for batched in (True, False):
+        engine = StreamingEngine(tiny_model, num_slots=len(streams))
+        ids = [engine.open(options) for _, options, _ in streams]
+        offsets, rounds, alone = [0] * len(streams), 0, []
+        push = engine.push
+        engine.push = lambda stream_id, audio, alone=alone, push=push: (
+            alone.append(stream_id),
+            push(stream_id, audio),
+        )[1]
+        while any(offset < len(data) for offset, (data, _, _) in zip(offsets, streams, strict=True)):
+            pieces = [data[o : o + step] for o, (data, _, step) in zip(offsets, streams, strict=True)]
+            if batched:
+                stops = np.cumsum([len(p) for p in pieces])
+                assert engine.push_many(ids, b"".join(pieces), stops - [len(p) for p in pieces], stops) == len(ids)
+            else:
+                for stream_id, piece in zip(ids, pieces, strict=True):
+                    engine.push(stream_id, piece)
+            offsets = [o + len(p) for o, p in zip(offsets, pieces, strict=True)]
+            rounds += 1
+            engine.poll()
+        if batched:  # only the float32 pushes went alone (their samples are checked for NaN)
+            assert alone == [ids[3]] * rounds
+        slots = [engine.streams.slot_of[i] for i in ids]
+        assert engine.pcm.samples[slots].tolist() == [8000, 8000, len(streams[2][0]) // 2, 16000]
+        for stream_id in ids:
+            engine.finish(stream_id)
+        last = {}
+        while len(last) < len(ids):
+            last.update({e.stream_id: e for e in engine.poll() if e.is_last})
+        finals.append([last[i] for i in ids])
+    assert all(e.token_ids for e in finals[0])  # something to compare
+    assert [(e.token_ids, e.end) for e in finals[0]] == [(e.token_ids, e.end) for e in finals[1]]

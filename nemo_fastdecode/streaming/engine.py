@@ -316,8 +316,8 @@ class StreamingEngine:
     def push_many(
         self, stream_ids: Sequence[int], audio: bytes | memoryview, starts: np.ndarray, stops: np.ndarray
     ) -> int:
-        """:meth:`push` of ``audio[starts[i]:stops[i]]`` to ``stream_ids[i]`` for each ``i``, in order; the int16
-        pushes of whole samples go in together (one copy into the inbox when they are adjacent in ``audio``, the
+        """:meth:`push` of ``audio[starts[i]:stops[i]]`` to ``stream_ids[i]`` for each ``i``, in order; the int16 and
+        G.711 pushes of whole samples go in together (one copy into the inbox when they are adjacent in ``audio``, the
         counts updated in arrays). A server applies a network batch of pushes this way.
 
         Returns how many pushes were applied: all, or the index of the first that :meth:`push` refuses (it and the
@@ -328,17 +328,18 @@ class StreamingEngine:
         slot_of = streams.slot_of
         slots = np.fromiter((slot_of.get(i, -1) for i in stream_ids), dtype=np.int64, count=count)
         starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
-        # together: open, not ending, int16, whole samples, no split sample waiting
+        # together: open, not ending, int16 or G.711, whole samples, no split sample waiting
         simple = self.pcm.batchable(slots)
         simple[simple] = ~streams.ending[slots[simple]]
-        simple &= (stops - starts) % 2 == 0
+        itemsize = self.pcm.itemsize[np.maximum(slots, 0)]
+        simple &= (stops - starts) % itemsize == 0
         done = 0
         while done < count:
             run = count if simple[done:].all() else done + int(np.argmin(simple[done:]))
             if run > done:
                 together = slots[done:run]
                 self.inbox.write_many(together, audio, starts[done:run], stops[done:run])
-                np.add.at(self.pcm.samples, together, (stops[done:run] - starts[done:run]) // 2)
+                np.add.at(self.pcm.samples, together, (stops[done:run] - starts[done:run]) // itemsize[done:run])
                 streams.last_push[together] = streams.clock()
                 done = run
             if done < count:  # one push the general way

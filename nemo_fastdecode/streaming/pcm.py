@@ -60,10 +60,10 @@ class PcmInput:
         return samples
 
     def batchable(self, slots: np.ndarray) -> np.ndarray:
-        """``[N]`` bool: open int16 streams (slots >= 0) without a split sample waiting, whose pushes of whole samples
-        may go in together."""
+        """``[N]`` bool: open int16 or G.711 streams (slots >= 0) without a split sample waiting, whose pushes of
+        whole samples may go in together (float32 pushes go alone: their samples are checked for NaN first)."""
         simple = slots >= 0
-        simple[simple] = self.itemsize[slots[simple]] == 2
+        simple[simple] = self.itemsize[slots[simple]] <= 2
         for i in np.flatnonzero(simple).tolist():
             if self.carry[slots[i]]:
                 simple[i] = False
