@@ -93,8 +93,8 @@ class Listener:
             max_queue=16,  # messages read ahead of the handler
             write_limit=limits.write_buffer_bytes,
             close_timeout=2.0,
-            ping_interval=20.0,
-            ping_timeout=20.0,
+            ping_interval=None,  # each Connection pings its client (limits.slow_reader_seconds: slow readers too)
+            ping_timeout=None,
             reuse_port=reuse_port or None,
         )
 
