@@ -1,23 +1,27 @@
 """The server's flow control under bad input, through real sockets on 127.0.0.1 and real websockets clients: a burst of
 messages is answered in full (the reader waits for the writer), a client that never reads is caught as a slow reader
-(its pong overdue) while the others are served."""
+(its pong overdue) while the others are served, and ``/ready`` answers 503 while the engine warms up and while the
+server drains on shutdown."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
 from conftest import tiny_streaming_model
 from test_serve import ServerThread, run
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from fastdecode_lab import synthetic as S
 from nemo_fastdecode.apps.loadtest.client import COMPLETED, connect_session, receive_until
-from nemo_fastdecode.serve import LimitsConfig
+from nemo_fastdecode.serve import LimitsConfig, RealtimeServer, ServeConfig, build_engine
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -220,4 +224,144 @@ def test_a_paced_client_is_not_a_slow_reader(model, audio):
         assert events[-1]["type"] == COMPLETED and not [e for e in events if e["type"] == "error"]
         assert refusals(s, "slow_reader") == 0
     finally:
+        s.stop()
+
+
+# ----------------------------------------------------------------------------------------------
+# /ready while warming up and while draining
+
+
+def warming_server(model, gate: threading.Event, **options) -> ServerThread:
+    """A :class:`ServerThread`'s server whose engine warm-up waits for ``gate`` (started, not waited for)."""
+    s = ServerThread.__new__(ServerThread)
+    s.config = ServeConfig(port=0, slots=2, **options)
+    engine = build_engine(model, s.config)
+    warm_up = engine.warm_up
+
+    def gated():
+        assert gate.wait(60)
+        return warm_up()
+
+    engine.warm_up = gated
+    s.server = RealtimeServer(engine, s.config, model_name="tiny-streaming")
+    s.loop = asyncio.new_event_loop()
+    s.thread = threading.Thread(target=s.loop.run_forever, daemon=True)
+    s.thread.start()
+    s.call(s.server.start())
+    s.url = f"ws://127.0.0.1:{s.server.port}/v1/realtime"
+    s.http = f"http://127.0.0.1:{s.server.port}"
+    return s
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """Status and body; raises ``OSError`` (``URLError``) when nothing listens."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_while_the_engine_warms_up_health_is_200_ready_503_and_websockets_are_refused(model, audio):
+    gate = threading.Event()
+    s = warming_server(model, gate)
+    try:
+        for _ in range(3):
+            assert http_get(s.http + "/health") == (200, "ok\n")
+            assert http_get(s.http + "/ready") == (503, "not ready\n")
+            time.sleep(0.1)
+
+        async def refused():
+            with pytest.raises(InvalidStatus) as error:
+                await connect(s.url, open_timeout=10)
+            return error.value.response
+
+        response = run(refused())
+        assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+        assert b"warming up" in response.body
+        assert s.server.admission.admitted == 0 and not s.server.connections
+        gate.set()
+        s.call(s.server.wait_ready(30), timeout=40)
+        assert http_get(s.http + "/ready") == (200, "ready\n")
+
+        async def served():
+            ws, created = await connect_session(s.url)
+            async with ws:
+                assert created["type"] == "session.created"
+                await ws.send(audio[2].tobytes())
+                await ws.send(COMMIT)
+                return await read_items(ws, 1)
+
+        assert run(served())[-1]["type"] == COMPLETED
+    finally:
+        gate.set()
+        s.stop()
+
+
+def test_while_shutting_down_ready_is_503_until_the_connections_have_drained(model, audio):
+    """A graceful shutdown with a client whose audio is not yet transcribed (the engine slowed down, so that the
+    drain takes a while): the port keeps answering, ``/ready`` 503 and ``/health`` 200, a new WebSocket gets
+    ``server_shutting_down`` and 1001, the client gets its final then 1001; only then does the port close."""
+    s = ServerThread(model, slots=2)
+    engine = s.server.engine_loop.engine
+    poll = engine.poll
+
+    def slow_poll(*args, **kwargs):
+        time.sleep(0.05)
+        return poll(*args, **kwargs)
+
+    try:
+
+        async def scenario():
+            ws, _ = await connect_session(s.url)
+            t0 = time.monotonic()
+            async with ws:
+                await ws.send(np.concatenate(audio).tobytes())  # not committed: the shutdown commits it
+                for _ in range(300):
+                    if s.server.engine_loop.live_streams == 1:
+                        break
+                    await asyncio.sleep(0.01)
+                engine.poll = slow_poll
+                shutdown = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(s.server.shutdown(20.0), s.loop))
+                arrivals: dict[str, float] = {}
+
+                def arrived(event: dict, _: float) -> None:
+                    arrivals.setdefault(event["type"], time.monotonic() - t0)
+
+                client = asyncio.create_task(receive_until(ws, lambda e: e["type"] == "error", 60, arrived))
+                answers, newcomer = [], None
+                while True:
+                    try:
+                        ready, health = await asyncio.gather(
+                            asyncio.to_thread(http_get, s.http + "/ready"),
+                            asyncio.to_thread(http_get, s.http + "/health"),
+                        )
+                    except OSError:  # the port closed
+                        closed_at = time.monotonic() - t0
+                        break
+                    answers.append((time.monotonic() - t0, ready, health))
+                    if newcomer is None:
+                        other, first = await connect_session(s.url)
+                        await other.wait_closed()
+                        newcomer = (first, other.close_code)
+                    await asyncio.sleep(0.02)
+                events = await client
+                final_at = arrivals[COMPLETED]
+                await ws.wait_closed()
+                await shutdown
+                return answers, closed_at, newcomer, events, ws.close_code, final_at
+
+        answers, closed_at, newcomer, events, code, final_at = run(scenario())
+        assert len(answers) >= 3, answers
+        assert all(ready == (503, "not ready\n") and health == (200, "ok\n") for _, ready, health in answers)
+        first, other_code = newcomer
+        assert first["error"]["code"] == "server_shutting_down" and other_code == 1001
+        completed = [e for e in events if e["type"] == COMPLETED]
+        assert len(completed) == 1 and events[-1]["error"]["code"] == "server_shutting_down" and code == 1001
+        assert answers[0][0] < final_at < closed_at  # /ready said 503 before the final, the port closed after it
+        print(
+            f"/ready 503 x{len(answers)}, the final delivered by {final_at:.2f} s, the port closed at {closed_at:.2f} s"
+        )
+    finally:
+        engine.poll = poll
         s.stop()
