@@ -181,7 +181,7 @@ def test_a_client_that_streams_and_never_reads_is_closed_as_a_slow_reader(model,
 
 def test_an_idle_client_that_reads_is_not_a_slow_reader(model):
     """Pings answered (the client's library reads them): no slow reader, however long it waits."""
-    s = ServerThread(model, slots=1, limits={"slow_reader_seconds": 0.2}, idle_timeout_seconds=None)
+    s = ServerThread(model, slots=1, limits={"slow_reader_seconds": 0.5}, idle_timeout_seconds=None)
     try:
 
         async def scenario():
@@ -208,7 +208,7 @@ def test_slow_reader_seconds_is_checked():
 def test_a_paced_client_is_not_a_slow_reader(model, audio):
     """Audio faster than the rate limit: the server stops reading it, so its pong waits behind its audio; that time
     does not count, it is not closed however small ``slow_reader_seconds`` is."""
-    limits = {"max_audio_rate": 2.0, "max_audio_burst_seconds": 0.3, "slow_reader_seconds": 0.2}
+    limits = {"max_audio_rate": 2.0, "max_audio_burst_seconds": 0.3, "slow_reader_seconds": 0.5}
     s = ServerThread(model, slots=1, limits=limits)
     try:
 
