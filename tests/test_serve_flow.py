@@ -9,6 +9,7 @@ import asyncio
 import json
 import threading
 import time
+import types
 import urllib.error
 import urllib.request
 
@@ -22,6 +23,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from fastdecode_lab import synthetic as S
 from nemo_fastdecode.apps.loadtest.client import COMPLETED, connect_session, receive_until
 from nemo_fastdecode.serve import LimitsConfig, RealtimeServer, ServeConfig, build_engine
+from nemo_fastdecode.serve.metrics import ServerMetrics
+from nemo_fastdecode.serve.workers import WorkerPool
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -365,3 +368,21 @@ def test_while_shutting_down_ready_is_503_until_the_connections_have_drained(mod
     finally:
         engine.poll = poll
         s.stop()
+
+
+def test_network_workers_take_websockets_once_the_engine_is_warm_and_not_after_it_failed():
+    """With network workers the workers' ``serving`` flag follows the engine alone: a worker takes WebSockets while a
+    sibling restarts (``/ready`` then waits for every worker), not before the warm-up, not after a failure."""
+    engine_loop = types.SimpleNamespace(ready=threading.Event(), failed=None)
+    pool = WorkerPool(
+        engine_loop, ServeConfig(port=0, network_workers=2), ServerMetrics(), model_name="m", rate=16000,
+        segmenting=False, vad=None,
+    )  # fmt: skip
+    pool._update_flags()
+    assert list(pool.flags) == [0, 1, 0]  # [ready, healthy, serving]: warming up
+    engine_loop.ready.set()
+    pool._update_flags()
+    assert list(pool.flags) == [0, 1, 1]  # warm, but not every worker listens: not ready, serving
+    engine_loop.failed = RuntimeError("device lost")
+    pool._update_flags()
+    assert list(pool.flags) == [0, 0, 0]
