@@ -3,7 +3,8 @@
 
 Routes (one port): ``/v1/realtime`` (WebSocket, the transcription protocol), ``/health`` (200 while the engine loop
 runs), ``/ready`` (200 once the engine is warm and every worker listens, 503 before and while shutting down),
-``/metrics`` (Prometheus).
+``/metrics`` (Prometheus). The port answers while the engine warms up (a WebSocket upgrade then gets HTTP 503) and
+while a shutdown drains the open connections (a new WebSocket then gets ``server_shutting_down`` and 1001).
 
 Example (a model already loaded; ``nemo-fastdecode serve`` does this from a config)::
 
@@ -103,6 +104,7 @@ class RealtimeServer:
                 vad=vad,
                 healthy=lambda: self.engine_loop.failed is None,
                 ready=lambda: self.ready,
+                serving=lambda: self.engine_loop.ready.is_set() and self.engine_loop.failed is None,
                 exposition=self._exposition,
             )
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -28,8 +28,16 @@ class LimitsConfig:
         max_audio_rate: audio seconds a connection may send per wall-clock second, sustained (1.0 = real time).
             Reads pause (TCP back-pressure) when a client goes faster: nothing is dropped.
         max_audio_burst_seconds: audio a connection may send at once above that rate (a file's first seconds).
-        max_outgoing_events: server events queued for a client that does not read them; one more is a slow
-            reader: an ``error`` event (when it can still be written) and close code 1008.
+        max_outgoing_events: server events queued for a client that does not read them; one more engine event
+            (a delta, a final, ...) is a slow reader: an ``error`` event ``slow_reader`` (when it can still be
+            written) and close code 1008. The replies to the client's own messages never overflow it: the server
+            stops reading while half of it waits (TCP holds the client back; nothing is dropped).
+        slow_reader_seconds: the server pings each client every ``slow_reader_seconds / 2``; a client whose pong is
+            overdue by this long has not read what was sent before the ping (a WebSocket client answers pings as it
+            reads; one that stops reading is caught however much the socket buffers still take) and is closed as a
+            slow reader: ``error`` ``slow_reader`` (when it can still be written), close 1008, the ``slow_reader``
+            refusal counted and logged. A peer that is gone without closing is caught the same way (this is the
+            server's keepalive). Time the server paces the client (``max_audio_rate``) does not count.
         write_buffer_bytes: bytes the WebSocket layer buffers per connection before a send waits for the client.
         max_boost_phrases: most phrases a session's ``transcription.boosting`` may list.
         max_boost_phrase_chars: longest boosting phrase, in characters.
@@ -39,6 +47,7 @@ class LimitsConfig:
     max_audio_rate: float = 4.0
     max_audio_burst_seconds: float = 30.0
     max_outgoing_events: int = 256
+    slow_reader_seconds: float = 20.0
     write_buffer_bytes: int = 64 * 1024
     max_boost_phrases: int = 1000
     max_boost_phrase_chars: int = 200
@@ -55,6 +64,12 @@ class LimitsConfig:
             raise ValueError(
                 f"limits.max_outgoing_events and limits.write_buffer_bytes must be >= 1, got "
                 f"{self.max_outgoing_events} and {self.write_buffer_bytes}"
+            )
+        if isinstance(self.slow_reader_seconds, bool) or not (
+            isinstance(self.slow_reader_seconds, int | float) and 0 < self.slow_reader_seconds <= 3600
+        ):
+            raise ValueError(
+                f"limits.slow_reader_seconds must be > 0 and <= 3600 seconds, got {self.slow_reader_seconds!r}"
             )
         if self.max_boost_phrases < 0 or self.max_boost_phrase_chars < 1:
             raise ValueError(

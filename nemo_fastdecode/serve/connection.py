@@ -1,12 +1,19 @@
 """One client's WebSocket: the transcription session, its audio buffer and items, bounded queues both ways.
 
-A :class:`Connection` runs two tasks on the server's event loop:
+A :class:`Connection` runs three tasks on the server's event loop:
 
 * the reader validates every message (:mod:`~nemo_fastdecode.serve.protocol`), applies it (session settings, audio to
   the engine loop, commits, clears) and paces the client to the audio rate limit (it stops reading, so TCP holds the
-  client back: nothing is dropped);
-* the writer sends the events queued for the client. The queue is bounded: a client that does not read is told
-  (``slow_reader``) and closed with 1008, so a stalled client never holds unbounded memory.
+  client back: nothing is dropped). It also stops reading while the outgoing queue is half full, so that the replies
+  to the client's own messages (``cleared``, ``session.updated``, errors) wait for the writer instead of overflowing
+  the queue: a burst of messages is answered in full, however many come at once;
+* the writer sends the events queued for the client. The queue is bounded: engine events (which never wait) that
+  find it full mean a client that does not read; it is told (``slow_reader``) and closed with 1008, so a stalled
+  client never holds unbounded memory;
+* a watchdog pings the client every ``limits.slow_reader_seconds / 2``: a pong comes back only once the client has
+  read everything sent before the ping, so a pong overdue by ``limits.slow_reader_seconds`` is a client that does not
+  read (however much the socket buffers still take): ``slow_reader`` and 1008 too. Time the server itself holds the
+  client back (the audio rate limit) does not count: the pong waits behind the client's audio then.
 
 Engine events come in through :meth:`Connection.deliver` (called on the event loop, never waiting). An item is the
 audio between two commits: one engine stream, whose partials become ``delta`` events and whose final becomes the
@@ -225,6 +232,12 @@ class Connection:
         self.idle_timeout, self.vad = idle_timeout, vad
         self.segmenting = segmenting or vad is not None
         self._out: asyncio.Queue[BaseModel | _Close] = asyncio.Queue(maxsize=limits.max_outgoing_events)
+        # the reader reads on while fewer events than this wait (the rest of the queue is the engine events' room)
+        self._read_bound = max(1, limits.max_outgoing_events // 2)
+        self._room = asyncio.Event()  # set while fewer than ``_read_bound`` events wait
+        self._room.set()
+        self._paced = 0.0  # seconds the reader has been held back by the audio rate limit, in all
+        self._watchdog: asyncio.Task | None = None
         self._event_ids = itertools.count()
         self._item_index = itertools.count()
         self._current: _Item | None = None  # the buffer: audio appended since the last commit
@@ -251,6 +264,7 @@ class Connection:
         created = "transcription_session.created" if self.beta else "session.created"
         self._send(SessionEvent(event_id=self._event_id(), type=created, session=self._describe(self.beta)))
         self._reader = asyncio.create_task(self._read(), name=f"reader-{self.id}")
+        self._watchdog = asyncio.create_task(self._watch_reads(), name=f"watchdog-{self.id}")
         try:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
@@ -263,7 +277,7 @@ class Connection:
         finally:
             # whatever is left (a client that went away mid-chunk): dropped now, its slot free for the next cycle
             self.engine_loop.submit(Drop(self.id))
-            for task in (self._reader, self._writer):
+            for task in (self._reader, self._writer, self._watchdog):
                 if task is not None and not task.done():
                     task.cancel()
 
@@ -296,6 +310,8 @@ class Connection:
                 if not self._handle_message(message):
                     return
                 await self._pace()
+                if self._out.qsize() >= self._read_bound:
+                    await self._wait_for_room()
         finally:
             if watchdog is not None:
                 watchdog.cancel()
@@ -322,9 +338,65 @@ class Connection:
             return False
         return not self._closing
 
+    async def _wait_for_room(self) -> None:
+        """Hold the reader (TCP then holds the client) until the writer has sent the queue down below half."""
+        while self._out.qsize() >= self._read_bound:
+            self._room.clear()
+            await self._room.wait()
+
+    async def _watch_reads(self) -> None:
+        """Ping the client every ``slow_reader_seconds / 2``; a pong overdue by ``slow_reader_seconds`` (not counting
+        time the reader was paced) is a client that does not read what is sent: close it as a slow reader. Ends with
+        the reader (idle timeout and shutdown bound the rest of a connection's life)."""
+        limit = self.limits.slow_reader_seconds
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                await asyncio.sleep(limit / 2)
+                if self._closing or self._reader is None or self._reader.done():
+                    return
+                sent, paced = loop.time(), self._paced
+                ping = asyncio.ensure_future(self.ws.ping())  # its drain waits while the client does not read
+                pong: asyncio.Future | None = None
+                try:
+                    while True:
+                        deadline = sent + limit + (self._paced - paced)
+                        remaining = deadline - loop.time()
+                        if remaining <= 0:
+                            break
+                        if pong is None:
+                            done, _ = await asyncio.wait([ping], timeout=remaining)
+                            if done:
+                                pong = ping.result()
+                            continue
+                        done, _ = await asyncio.wait([pong], timeout=remaining)
+                        if done:
+                            break
+                finally:
+                    if not ping.done():
+                        ping.cancel()
+                if self._closing or self._reader.done():
+                    return
+                if pong is None or not pong.done():
+                    overdue = loop.time() - sent
+                    log.warning(
+                        "connection %d: slow reader: no pong %.1f s after a ping (it does not read what is sent); "
+                        "closing with 1008",
+                        self.id,
+                        overdue,
+                    )
+                    self._slow_reader(
+                        f"the client has not read the events sent {overdue:.0f} s ago (no pong to a ping within "
+                        f"{limit:g} s); closing"
+                    )
+                    return
+                pong.result()  # a ConnectionClosed ends the watch
+
     async def _write(self) -> None:
         while True:
             event = await self._out.get()
+            if not self._room.is_set() and self._out.qsize() < self._read_bound:
+                self._room.set()
             if isinstance(event, _Close):
                 await self.ws.close(event.code, event.reason)
                 return
@@ -348,7 +420,8 @@ class Connection:
         try:
             self._out.put_nowait(_Close(code, reason))
         except asyncio.QueueFull:
-            self._slow_reader()
+            limit = self.limits.max_outgoing_events
+            self._slow_reader(f"{limit} events wait unread: the client reads too slowly; closing")
 
     # ---- client messages -----------------------------------------------------------------------------------------
     def _handle(self, message: str | bytes) -> None:
@@ -632,6 +705,7 @@ class Connection:
         self._tokens = min(burst, self._tokens + (now - self._refilled) * rate)
         self._refilled = now
         if self._tokens < 0:
+            self._paced += -self._tokens / rate
             await asyncio.sleep(-self._tokens / rate)
 
     # ---- engine events -------------------------------------------------------------------------------------------
@@ -734,7 +808,9 @@ class Connection:
         try:
             self._out.put_nowait(event)
         except asyncio.QueueFull:
-            self._slow_reader()
+            limit = self.limits.max_outgoing_events
+            log.warning("connection %d: slow reader: %d events wait unread; closing with 1008", self.id, limit)
+            self._slow_reader(f"{limit} events wait unread: the client reads too slowly; closing")
             raise _Overflow from None
 
     def _send_error(self, code: ErrorCode, message: str, param: str | None = None, event_id: str | None = None) -> None:
@@ -746,8 +822,9 @@ class Connection:
         with contextlib.suppress(_Overflow):
             self._send_error(error.code, error.message, error.param, error.event_id)
 
-    def _slow_reader(self) -> None:
-        """The client does not read: drop what is queued, tell it if it still can be told, close with 1008."""
+    def _slow_reader(self, message: str) -> None:
+        """The client does not read: drop what is queued, tell it (``message``) if it still can be told, close with
+        1008."""
         if self._closing and self._writer is not None and self._writer.done():
             return
         self._closing = True
@@ -758,12 +835,7 @@ class Connection:
             self._out.get_nowait()
         if self._reader is not None:
             self._reader.cancel()
-        limit = self.limits.max_outgoing_events
-        detail = ErrorDetail(
-            type=ErrorCode.SLOW_READER.error_type,
-            code=ErrorCode.SLOW_READER.value,
-            message=f"{limit} events wait unread: the client reads too slowly; closing",
-        )
+        detail = ErrorDetail(type=ErrorCode.SLOW_READER.error_type, code=ErrorCode.SLOW_READER.value, message=message)
         self._writer = asyncio.create_task(self._last_words(ErrorEvent(event_id=self._event_id(), error=detail)))
 
     async def _last_words(self, event: ErrorEvent) -> None:

@@ -7,6 +7,12 @@ process (next to the engine thread) or one in each network worker process (:mod:
 all serving the same port.
 
 Routes (one port): ``/v1/realtime`` (WebSocket, the transcription protocol), ``/health``, ``/ready``, ``/metrics``.
+
+The port answers from the moment it is bound: while the engine warms up, ``/health`` says 200, ``/ready`` 503 and a
+WebSocket upgrade is answered with HTTP 503 (``Retry-After``: nothing is admitted before the engine can serve it).
+On a graceful shutdown the port stays open while the open connections drain (each gets the finals of its audio):
+``/ready`` says 503 and a new WebSocket gets the ``server_shutting_down`` error and close 1001; the port closes once
+they are done.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ class Listener:
         vad: the engine's VAD settings when it runs Silero VAD; ``None``: no VAD.
         healthy: ``/health`` answers 200 while this is true.
         ready: ``/ready`` answers 200 while this is true (and this frontend is not shutting down).
+        serving: WebSocket upgrades are taken while this is true (the engine is warm and has not failed), else
+            answered with HTTP 503; ``None``: while ``ready`` is.
         exposition: the ``/metrics`` text (a coroutine: a worker asks the main process for it).
         first_id: connection ids count up from ``first_id + 1`` (each worker has its own range).
     """
@@ -69,10 +77,12 @@ class Listener:
         ready: Callable[[], bool],
         exposition: Callable[[], Awaitable[bytes]],
         first_id: int = 0,
+        serving: Callable[[], bool] | None = None,
     ):
         self.engine, self.config, self.metrics, self.admission = engine, config, metrics, admission
         self.rate, self.model_name, self.segmenting, self.vad = rate, model_name, segmenting, vad
         self._healthy, self._ready, self._exposition = healthy, ready, exposition
+        self._serving = ready if serving is None else serving
         self.connections: dict[int, Connection] = {}
         self._handlers: set[asyncio.Task] = set()
         self._ids = itertools.count(first_id + 1)
@@ -94,8 +104,8 @@ class Listener:
             max_queue=16,  # messages read ahead of the handler
             write_limit=limits.write_buffer_bytes,
             close_timeout=2.0,
-            ping_interval=20.0,
-            ping_timeout=20.0,
+            ping_interval=None,  # each Connection pings its client (limits.slow_reader_seconds: slow readers too)
+            ping_timeout=None,
             reuse_port=reuse_port or None,
         )
 
@@ -106,10 +116,9 @@ class Listener:
         return next(iter(self._server.sockets)).getsockname()[1]
 
     async def close(self, timeout: float) -> None:
-        """Graceful: stop listening; every open connection gets the final of the audio it sent, then close 1001."""
+        """Graceful: every open connection gets the final of the audio it sent, then close 1001; meanwhile the port
+        still answers (``/ready`` 503, new WebSockets refused with ``server_shutting_down``); then it closes."""
         self.shutting_down = True
-        if self._server is not None:
-            self._server.close(close_connections=False)
         for connection in list(self.connections.values()):
             connection.shut_down()
         if self._handlers:
@@ -174,7 +183,12 @@ class Listener:
     async def _http(self, connection: ServerConnection, request: Request) -> Response | None:
         path = request.path.partition("?")[0]
         if path == REALTIME_PATH:
-            return None  # the WebSocket handshake goes on
+            if self.shutting_down or self._serving():
+                return None  # the WebSocket handshake goes on (while shutting down: refused with an error event)
+            why = "the engine is warming up" if self._healthy() else "the engine failed"
+            response = connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {why}; try again later\n")
+            response.headers["Retry-After"] = "1"
+            return response
         if path == "/health":
             ok = self._healthy()
             return connection.respond(

@@ -127,8 +127,8 @@ class WorkerPool:
         self.size = config.network_workers
         #: connections holding a slot, one cell per worker (the workers' Admission sums them under the lock)
         self.counts = self._context.Array("i", self.size)
-        #: ``[ready, healthy]``, written by this process only
-        self.flags = self._context.Array("b", 2, lock=False)
+        #: ``[ready, healthy, serving]`` (serving: the engine is warm and has not failed), written by this process only
+        self.flags = self._context.Array("b", 3, lock=False)
         self._workers: dict[int, _Worker] = {}  # by index
         self._lock = threading.Lock()  # _workers: the reader thread replaces dead ones, the sender reads them
         self._incarnations = itertools.count(1)
@@ -311,6 +311,7 @@ class WorkerPool:
         healthy = self.engine_loop.failed is None
         ready = self.engine_loop.ready.is_set() and healthy and not self.shutting_down and self.listening
         self.flags[0], self.flags[1] = int(ready), int(healthy)
+        self.flags[2] = int(self.engine_loop.ready.is_set() and healthy)
 
     # ---- the sender thread ---------------------------------------------------------------------------------------
     def _send(self) -> None:
@@ -457,6 +458,7 @@ class _NetworkWorker:
             vad=spec.vad,
             healthy=lambda: bool(self.flags[1]),
             ready=lambda: bool(self.flags[0]),
+            serving=lambda: bool(self.flags[2]),
             exposition=self._scrape,
             first_id=spec.incarnation << ID_BITS,
         )
