@@ -75,6 +75,70 @@ def test_a_boosted_item_is_nemo_per_stream_boosting_and_null_turns_it_off(model,
         assert words_of(final["words"]) == words_of(words)
 
 
+def test_keywords_are_boosted_at_the_servers_keywords_weight(model, pcm):
+    """OpenAI's ``transcription.keywords``: the item is NeMo's per-stream boosting of those phrases at the server's
+    ``keywords_weight``; ``[]`` turns it off; bad keywords get an error naming the one at fault."""
+    boosted, plain = reference(model, pcm, PHRASES), reference(model, pcm, None)
+    assert boosted[0] and boosted[0] != plain[0], "boosting changes nothing here: the comparison could not fail"
+    s = ServerThread(model, slots=1, keywords_weight=WEIGHT, limits={"max_boost_phrase_chars": 20})
+    where = "session.audio.input.transcription.keywords"
+    try:
+
+        async def scenario():
+            ws, _ = await connect_session(s.url, rate=RATE)
+            async with ws:
+                replies, finals = [], []
+                for keywords in (PHRASES, ["x" * 21], []):
+                    transcription = {"keywords": keywords}
+                    message = {
+                        "type": "session.update",
+                        "session": {"audio": {"input": {"transcription": transcription}}},
+                    }
+                    await ws.send(json.dumps(message))
+                    replies.append(json.loads(await ws.recv()))
+                    if replies[-1]["type"] == "session.updated":
+                        await ws.send(pcm.tobytes())
+                        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                        finals.append((await receive_until(ws, lambda e: e["type"] == COMPLETED, 60))[-1])
+                return replies, finals
+
+        replies, finals = run(scenario(), 120)
+    finally:
+        s.stop()
+    reported = replies[0]["session"]["audio"]["input"]["transcription"]
+    assert reported["keywords"] == PHRASES and reported["boosting"]["weight"] == WEIGHT
+    assert replies[1]["error"]["param"] == f"{where}.0" and "keywords[0]" in replies[1]["error"]["message"]
+    assert replies[2]["session"]["audio"]["input"]["transcription"]["keywords"] is None
+    assert [f["transcript"] for f in finals] == [boosted[1], plain[1]]
+
+
+def test_a_model_without_a_tokenizer_refuses_keywords(pcm):
+    """Phrase boosting needs the model's tokenizer: a server whose model has none refuses keywords when they are set,
+    naming the field, rather than failing the items later."""
+    from conftest import tiny_streaming_model
+
+    s = ServerThread(tiny_streaming_model(), slots=1)
+    try:
+
+        async def scenario():
+            ws, _ = await connect_session(s.url)
+            async with ws:
+                transcription = {"keywords": ["hello"]}
+                await ws.send(
+                    json.dumps(
+                        {"type": "session.update", "session": {"audio": {"input": {"transcription": transcription}}}}
+                    )
+                )
+                return json.loads(await ws.recv())
+
+        error = run(scenario(), 60)
+    finally:
+        s.stop()
+    assert error["type"] == "error" and error["error"]["code"] == "invalid_value"
+    assert error["error"]["param"] == "session.audio.input.transcription.keywords"
+    assert "no tokenizer" in error["error"]["message"]
+
+
 def test_bad_boosting_settings_get_error_events_naming_the_field(model, pcm):
     where = "session.audio.input.transcription.boosting"
     bad = [

@@ -102,7 +102,8 @@ def valid_messages(draw) -> Message:
             [
                 {},
                 {"type": "transcription"},
-                {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+                {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}}}},  # the default: no change
+                {"audio": {"input": {"transcription": {"delay": "high", "languages": ["en"]}}}},
                 {"audio": {"input": {"turn_detection": None, "transcription": {"language": "en"}}}},
                 {"input_audio_format": "pcm16", "turn_detection": None},
                 {"input_audio_transcription": {"model": "x", "prompt": "p"}},
@@ -190,7 +191,16 @@ def invalid_messages(draw) -> Message:
         return Message(dumps({"type": "input_audio_buffer.append", "audio": "A" * size}), "error")
     if kind == "oversized_binary":
         return Message(b"\x00" * draw(st.integers(LIMIT + 1, 3 * LIMIT)), "error")
-    fmt = draw(st.sampled_from([{"type": "audio/pcmu"}, {"rate": 8000}, {"type": "g711_alaw", "rate": 16000}]))
+    fmt = draw(
+        st.sampled_from(
+            [
+                {"type": "audio/opus"},
+                {"rate": 96000},
+                {"type": "audio/pcmu", "rate": 16000},
+                {"type": "g711_alaw", "rate": 1},
+            ]
+        )
+    )
     return Message(dumps({"type": "session.update", "session": {"audio": {"input": {"format": fmt}}}}), "error")
 
 

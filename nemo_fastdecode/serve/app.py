@@ -83,12 +83,13 @@ class RealtimeServer:
         self.rate = engine.front.settings.sample_rate
         vad = engine.endpointing if engine.endpointing.vad else None
         segmenting = endpointer is not None or vad is not None
+        boosting = getattr(engine.model, "tokenizer", None) is not None  # phrase boosting builds trees of its tokens
         self.workers: WorkerPool | None = None
         self.listener: Listener | None = None
         if config.network_workers:
             self.workers = WorkerPool(
                 self.engine_loop, config, self.metrics, model_name=model_name, rate=self.rate, segmenting=segmenting,
-                vad=vad,
+                vad=vad, boosting=boosting,
             )  # fmt: skip
             self.admission = Admission(engine.num_slots, config.api_key, shared=(self.workers.counts, 0))
         else:
@@ -102,6 +103,7 @@ class RealtimeServer:
                 model_name=model_name,
                 segmenting=segmenting,
                 vad=vad,
+                boosting=boosting,
                 healthy=lambda: self.engine_loop.failed is None,
                 ready=lambda: self.ready,
                 serving=lambda: self.engine_loop.ready.is_set() and self.engine_loop.failed is None,

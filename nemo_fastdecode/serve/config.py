@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from nemo_fastdecode.streaming.config import EngineConfig
@@ -116,6 +117,8 @@ class ServeConfig:
         phrase_boosting: set per-stream phrase boosting (a session's ``transcription.boosting``) up at start, so that
             the warm-up captures the decoder that fuses the streams' trees too (needs a model with a tokenizer);
             ``false``: the first item with phrases sets it up (its first steps capture it).
+        keywords_weight: the boosting weight (NeMo's ``boosting_model_alpha``) of a session's
+            ``transcription.keywords`` (OpenAI's field has no weight; the ``boosting`` extension sets its own).
         decoding: ``greedy`` or ``beam``: NeMo's ``malsd_batch`` beam search per stream, continued chunk after chunk
             (partial transcripts are the best beam so far and may change; with per-stream
             phrase boosting and the n-gram LM too; not with ``vad`` or ``fast_math``).
@@ -160,6 +163,7 @@ class ServeConfig:
     api_key: str | None = None
     gil_switch_interval_ms: float | None = 0.5
     phrase_boosting: bool = False
+    keywords_weight: float = 1.0
     decoding: str = "greedy"
     beam_size: int = 4
     ngram_lm_model: str | None = None
@@ -172,6 +176,8 @@ class ServeConfig:
         self.engine  # noqa: B018 -- the engine settings' checks (EngineConfig's), before any model loads
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if not math.isfinite(self.keywords_weight):
+            raise ValueError(f"keywords_weight must be a finite number, got {self.keywords_weight}")
         if self.idle_timeout_seconds is not None and not self.idle_timeout_seconds > 0:
             raise ValueError(f"idle_timeout_seconds must be > 0 or null, got {self.idle_timeout_seconds}")
         if not self.shutdown_timeout_seconds >= 0:

@@ -206,6 +206,8 @@ class Connection:
         vad: the engine's VAD settings when it runs Silero VAD (``server_vad`` is accepted, its ``threshold`` and
             ``silence_duration_ms`` override them per session); ``None``: no VAD.
         pcm_rates: ``audio/pcm`` rates taken besides 24 kHz (OpenAI's) and the model's (the engine resamples them).
+        boosting: whether the model can boost phrases (it has a tokenizer); ``False``: keywords are refused.
+        keywords_weight: the boosting weight of a session's ``keywords``.
     """
 
     def __init__(
@@ -222,11 +224,13 @@ class Connection:
         segmenting: bool = False,
         vad: EndpointingOptions | None = None,
         pcm_rates: Collection[int] = (),
+        boosting: bool = True,
+        keywords_weight: float = 1.0,
     ):
         self.ws, self.id, self.engine_loop, self.metrics, self.limits = ws, connection_id, engine_loop, metrics, limits
         self.session = SessionState(model=model_name)
         self.session_id = f"sess_{connection_id}"
-        self.model_rate = rate
+        self.model_rate, self.boosting_available, self.keywords_weight = rate, boosting, keywords_weight
         self.pcm_rates = tuple(sorted({DEFAULT_PCM_RATE, rate, *pcm_rates}))  # audio/pcm rates taken
         self.beta = _speaks_beta(ws)  # the beta flavour: transcription_session.* events, the beta session shape
         self.idle_timeout, self.vad = idle_timeout, vad
@@ -582,7 +586,7 @@ class Connection:
             new.requested_model = transcription.model
         if "keywords" in given:  # null or []: no boosting
             keywords = transcription.keywords or None
-            phrases = None if keywords is None else Boosting(phrases=keywords)
+            phrases = None if keywords is None else Boosting(phrases=keywords, weight=self.keywords_weight)
             new.boosting = self._boosting(phrases, f"{param}.keywords", event_id, prefix="keywords")
         if "boosting" in given:  # absent: unchanged; null: off
             new.boosting = self._boosting(transcription.boosting, f"{param}.boosting", event_id)
@@ -628,6 +632,9 @@ class Connection:
 
         def refuse(message: str, where: str = "") -> ProtocolError:
             return ProtocolError(ErrorCode.INVALID_VALUE, message, param=param + where, event_id=event_id)
+
+        if not self.boosting_available:
+            raise refuse("phrase boosting is not available: this server's model has no tokenizer; send null")
 
         for name in value.model_extra or {}:
             if name in NEMO_UNSUPPORTED_OPTIONS:

@@ -53,6 +53,7 @@ class Listener:
         rate: the model's sample rate.
         model_name: reported in sessions.
         segmenting: whether the engine loop has an endpointer (``server_vad`` is accepted with it).
+        boosting: whether the model can boost phrases (it has a tokenizer): sessions' keywords are taken.
         vad: the engine's VAD settings when it runs Silero VAD; ``None``: no VAD.
         healthy: ``/health`` answers 200 while this is true.
         ready: ``/ready`` answers 200 while this is true (and this frontend is not shutting down).
@@ -72,6 +73,7 @@ class Listener:
         rate: int,
         model_name: str,
         segmenting: bool,
+        boosting: bool = True,
         vad: EndpointingOptions | None,
         healthy: Callable[[], bool],
         ready: Callable[[], bool],
@@ -81,6 +83,7 @@ class Listener:
     ):
         self.engine, self.config, self.metrics, self.admission = engine, config, metrics, admission
         self.rate, self.model_name, self.segmenting, self.vad = rate, model_name, segmenting, vad
+        self.boosting = boosting
         self._healthy, self._ready, self._exposition = healthy, ready, exposition
         self._serving = ready if serving is None else serving
         self.connections: dict[int, Connection] = {}
@@ -157,6 +160,8 @@ class Listener:
             model_name=self.model_name,
             idle_timeout=self.config.idle_timeout_seconds,
             segmenting=self.segmenting,
+            boosting=self.boosting,
+            keywords_weight=self.config.keywords_weight,
             vad=self.vad,
             pcm_rates=INPUT_RATES,
         )

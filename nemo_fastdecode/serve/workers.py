@@ -85,6 +85,7 @@ class WorkerSpec:
     rate: int
     segmenting: bool
     vad: EndpointingOptions | None
+    boosting: bool
 
 
 # ---- the main process ------------------------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ class WorkerPool:
         engine_loop: the engine loop (started by the caller).
         config: the server's config (``config.network_workers`` workers, ``config.port``: 0 picks a free port).
         metrics: the main process's metrics (the engine's).
-        model_name, rate, segmenting, vad: what the workers' connections need to know of the engine.
+        model_name, rate, segmenting, vad, boosting: what the workers' connections need to know of the engine.
         restart: start a new worker in place of one that died (not while shutting down).
     """
 
@@ -118,10 +119,17 @@ class WorkerPool:
         rate: int,
         segmenting: bool,
         vad: EndpointingOptions | None,
+        boosting: bool = True,
         restart: bool = True,
     ):
         self.engine_loop, self.config, self.metrics = engine_loop, config, metrics
-        self._facts = {"model_name": model_name, "rate": rate, "segmenting": segmenting, "vad": vad}
+        self._facts = {
+            "model_name": model_name,
+            "rate": rate,
+            "segmenting": segmenting,
+            "vad": vad,
+            "boosting": boosting,
+        }
         self.restart = restart
         self._context = multiprocessing.get_context("spawn")
         self.size = config.network_workers
@@ -456,6 +464,7 @@ class _NetworkWorker:
             model_name=spec.model_name,
             segmenting=spec.segmenting,
             vad=spec.vad,
+            boosting=spec.boosting,
             healthy=lambda: bool(self.flags[1]),
             ready=lambda: bool(self.flags[0]),
             serving=lambda: bool(self.flags[2]),
