@@ -53,6 +53,7 @@ from nemo_fastdecode.greedy.hyps import EmittedTokens
 from nemo_fastdecode.greedy.label_loop import LabelLoopGreedy
 from nemo_fastdecode.greedy.state import BatchedGreedyState, LoopBuffers
 from nemo_fastdecode.streaming.boosting import SlotBoosting
+from nemo_fastdecode.streaming.token_logprobs import TokenLogprobs
 from nemo_fastdecode.transducer.fusion import FusionModels
 
 if TYPE_CHECKING:
@@ -157,6 +158,11 @@ class SlotDecoder:
         self.boosting: SlotBoosting | None = None
         self.boost_states: torch.Tensor | None = None  # [S + 1] int64: each slot's state in its tree
         self._boosted_computers: dict[int, GreedyComputerBase] = {}
+        # token log-probabilities, for the slots that ask (set up by the first): [S + 1, capacity] float32 beside
+        # the labels, and the scorer that fills them after each step
+        self.logprobs: torch.Tensor | None = None
+        self._wants_logprobs = np.zeros(rows, dtype=bool)
+        self._scorer: TokenLogprobs | None = None
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -207,8 +213,19 @@ class SlotDecoder:
             self.scores.index_fill_(0, rows, 0)
         self._bound[slots] = 0
         self._decoded[slots] = False
+        self._wants_logprobs[slots] = False
         for slot in slots:
             self.set_boosting(slot, None)
+
+    def set_token_logprobs(self, slot: int, wanted: bool) -> None:
+        """Whether the slot's tokens get their log-probabilities (:mod:`~nemo_fastdecode.streaming.token_logprobs`,
+        read with :meth:`token_logprob_rows`); the first slot that asks sets the storage up."""
+        if wanted and self.logprobs is None:
+            args = self._computer_args
+            self._scorer = TokenLogprobs(args["decoder"], args["joint"], args["blank_index"])
+            with torch.inference_mode():
+                self.logprobs = torch.zeros(self.labels.shape, dtype=torch.float32, device=self.device)
+        self._wants_logprobs[slot] = wanted
 
     # ------------------------------------------------------------------------------------------
     def enable_boosting(self) -> None:
@@ -292,6 +309,17 @@ class SlotDecoder:
             padded = list(slots) + [self.dummy_slot] * (batch_size - len(slots))
             slot_ids = torch.tensor(padded, dtype=torch.long).to(self.device, non_blocking=True)
         host_slots = np.asarray(slots, dtype=np.int64)
+        asking = np.flatnonzero(self._wants_logprobs[host_slots]) if self.logprobs is not None else ()
+        before = self._before_step(host_slots[asking], asking, encoded) if len(asking) else None
+        self._step(host_slots, encoded, lengths, slot_ids)
+        if before is not None:
+            self._score_step(*before)
+
+    def _step(
+        self, host_slots: np.ndarray, encoded: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor
+    ) -> None:
+        """:meth:`decode`'s step: boosted, replayed from the step's graphs, or eager."""
+        batch_size = encoded.shape[0]
         if self.boosting is not None and self.boosting.boosted(host_slots):
             emitted = self._decode_boosted(encoded, lengths, slot_ids)
             self._reserve(host_slots, emitted.labels.shape[1])
@@ -319,6 +347,34 @@ class SlotDecoder:
             # the same static inputs, but the storage grew or the computer re-allocated: capture again (a capture
             # records without running, so this step's work is not repeated)
             self._step_graphs[batch_size] = self._capture(computer, encoded, lengths, slot_ids, warmup=0)
+
+    def _before_step(
+        self, slots: np.ndarray, positions: np.ndarray, encoded: torch.Tensor
+    ) -> tuple[torch.Tensor, BatchedGreedyState, torch.Tensor, torch.Tensor]:
+        """What scoring the step's tokens of ``slots`` (rows ``positions`` of the batch) needs from before it: their
+        rows, greedy states and token counts, and their encoder frames."""
+        with torch.inference_mode():
+            rows = torch.from_numpy(slots).to(self.device)
+            chunk = encoded.index_select(0, torch.from_numpy(positions).to(self.device))
+            return rows, self.state.index_select(rows), self.counts.index_select(0, rows), chunk
+
+    def _score_step(
+        self, rows: torch.Tensor, state: BatchedGreedyState, counts: torch.Tensor, encoded: torch.Tensor
+    ) -> None:
+        """Write the log-probabilities of the tokens the step appended to ``rows`` (one device read: their count)."""
+        with torch.inference_mode():
+            added = self.counts.index_select(0, rows) - counts
+            width = int(added.max())
+            if width == 0:
+                return
+            steps = torch.arange(width, device=self.device)
+            valid = steps[None, :] < added[:, None]  # [N, K]
+            columns = (counts[:, None] + steps[None, :]).clamp_(max=self.token_capacity - 1)
+            labels = torch.where(valid, self.labels[rows[:, None], columns], 0)
+            frames = torch.where(valid, self.timestamps[rows[:, None], columns] - state.decoded_lengths[:, None], 0)
+            scores = self._scorer.score(state, encoded, labels, frames)
+            targets = torch.where(valid, rows[:, None], self.dummy_slot)  # steps past a row's count: the dummy slot
+            self.logprobs.index_put_((targets, columns), scores)
 
     def capture_step(self, encoded: torch.Tensor, lengths: torch.Tensor, slot_ids: torch.Tensor) -> bool:
         """Capture the step's work around the greedy loop for these static inputs (a batch-size bucket's outputs,
@@ -420,6 +476,8 @@ class SlotDecoder:
         self.labels, self.timestamps = grown(self.labels), grown(self.timestamps)
         if self.durations is not None:
             self.durations = grown(self.durations)
+        if self.logprobs is not None:
+            self.logprobs = grown(self.logprobs)
 
     # ------------------------------------------------------------------------------------------
     def warm_up(self, batch_sizes: Sequence[int], frames: int, dim: int) -> None:
@@ -506,6 +564,18 @@ class SlotDecoder:
             fields = [self.labels] + ([self.timestamps] if with_timestamps else [])
             block = torch.stack([field[rows, columns] for field in fields]).cpu().numpy()
         return block[0], (block[1] if with_timestamps else None)
+
+    def token_logprob_rows(self, slots: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """``[N, W]`` float32: the log-probabilities of the slots' tokens ``starts[i] .. stops[i] - 1``, left-aligned
+        as :meth:`token_rows` gives the tokens (slots that asked: :meth:`set_token_logprobs`)."""
+        width = int((stops - starts).max()) if len(slots) else 0
+        if width <= 0 or self.logprobs is None:
+            return np.zeros((len(slots), max(width, 0)), dtype=np.float32)
+        with torch.inference_mode():
+            rows = torch.from_numpy(np.asarray(slots, dtype=np.int64)).to(self.device)[:, None].expand(-1, width)
+            first = torch.from_numpy(np.asarray(starts, dtype=np.int64)).to(self.device)[:, None]
+            columns = (first + torch.arange(width, device=self.device)).clamp_(max=self.token_capacity - 1)
+            return self.logprobs[rows, columns].cpu().numpy()
 
     def hypothesis(self, slot: int) -> Hypothesis | None:
         """The slot's hypothesis so far (``None`` before its first step)."""

@@ -274,6 +274,11 @@ class StreamingEngine:
         endpointing = self.endpointing if options.endpointing is None else endpointing_options(options.endpointing)
         check_endpointing(self.config.decoding, endpointing)
         slot = self.streams.free_slot()
+        if options.token_logprobs and self.config.decoding != "greedy":
+            raise ValueError(
+                f"token_logprobs needs greedy decoding; this engine decodes with {self.config.decoding!r} (valid: "
+                "token_logprobs=False, or an engine with decoding='greedy')"
+            )
         if options.boosting is not None:
             if not isinstance(options.boosting, BoostingOptions):
                 raise TypeError(f"boosting must be a BoostingOptions, got {type(options.boosting).__name__}")
@@ -282,7 +287,7 @@ class StreamingEngine:
         self.front.open(
             slot, sample_rate=options.sample_rate, channels=options.channels, sample_format=options.sample_format
         )  # checks the options before anything changes
-        transcriber_slot = self.transcriber.open(boosting=options.boosting)
+        transcriber_slot = self.transcriber.open(boosting=options.boosting, token_logprobs=options.token_logprobs)
         assert transcriber_slot == slot, "the engine and its transcriber take the lowest free slot alike"
         stream_id = self.streams.add(slot, options)
         self.schedule.reset(slot)

@@ -159,6 +159,7 @@ class EventBuilder:
             else:  # the feature frames stepped (int64 products below 2**53: the same division as on ints)
                 ends = (self.schedule.stepped[index] * self.front.settings.hop / rate).tolist()
         self.reported[index[keep]] = firsts[keep] + sizes
+        logprobs = self._logprobs(slots, keep, firsts[keep], sizes) if final and not self._beam else {}
         stream_ids, segments = streams.stream_of[index].tolist(), self.segment[index].tolist()
         starts, firsts, sizes, new = self.segment_start[index].tolist(), firsts.tolist(), sizes.tolist(), new.tolist()
         events = []
@@ -192,6 +193,26 @@ class EventBuilder:
                     segment=segments[i],
                     start=starts[i],
                     end=ends[i],
+                    logprobs=logprobs.get(k),
                 )
             )
         return events
+
+    def _logprobs(
+        self, slots: list[int], keep: np.ndarray, firsts: np.ndarray, sizes: np.ndarray
+    ) -> dict[int, list[tuple[str, float]]]:
+        """Per kept event ``k`` of a stream that asked for them: its tokens' ``(piece, log-probability)`` (tokens
+        ``firsts[k]`` to ``firsts[k] + sizes[k]`` of its slot; a sentencepiece ``▁`` as a space)."""
+        asking = [k for k, i in enumerate(keep.tolist()) if self.streams.options[slots[i]].token_logprobs]
+        if not asking:
+            return {}
+        index = np.asarray([slots[i] for i in keep[asking].tolist()], dtype=np.int64)
+        starts, stops = firsts[asking], firsts[asking] + sizes[asking]
+        decoder = self.transcriber.decoder
+        labels, _ = decoder.token_rows(index, starts, stops)
+        values = decoder.token_logprob_rows(index, starts, stops)
+        out = {}
+        for row, (k, size) in enumerate(zip(asking, sizes[asking].tolist(), strict=True)):
+            pieces = [piece.replace("\u2581", " ") for piece in self._token_text.pieces(labels[row, :size])]
+            out[k] = list(zip(pieces, values[row, :size].tolist(), strict=True))
+        return out

@@ -181,6 +181,9 @@ class StreamOptions:
             with it; final events always have them).
         endpointing: this stream's end-of-utterance rules; ``None``: the engine's (``StreamingEngine(endpointing=)``).
         boosting: this stream's phrases to boost (:class:`BoostingOptions`); ``None``: none.
+        token_logprobs: final events carry each token's log-probability (``logprobs``: the model's
+            ``log_softmax`` at the token's step, :mod:`~nemo_fastdecode.streaming.token_logprobs`; greedy decoding
+            only). Costs a teacher-forced pass over the stream's new tokens after each step it takes.
     """
 
     sample_rate: int | None = None
@@ -190,6 +193,7 @@ class StreamOptions:
     partial_token_ids: bool = True
     endpointing: EndpointingOptions | None = None
     boosting: BoostingOptions | None = None
+    token_logprobs: bool = False
 
 
 class EndReason(str, enum.Enum):
@@ -220,6 +224,9 @@ class StreamEvent:
         start: seconds from the stream's start where the segment's audio starts.
         end: seconds of the stream's audio the transcript accounts for: the feature frames decoded (10 ms each at
             NeMo's hop), for a stream's last event all the audio it received.
+        logprobs: on final events of a stream opened with ``StreamOptions(token_logprobs=True)``: one
+            ``(piece, log-probability)`` per token of ``token_ids`` (the piece as the tokenizer spells it, a
+            sentencepiece word start ``▁`` as a space); else ``None``.
     """
 
     stream_id: int
@@ -232,6 +239,7 @@ class StreamEvent:
     segment: int = 0
     start: float = 0.0
     end: float = 0.0
+    logprobs: list[tuple[str, float]] | None = None
 
 
 @dataclass(frozen=True)

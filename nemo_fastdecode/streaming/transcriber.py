@@ -255,11 +255,12 @@ class StreamingTranscriber:
         """Slots that hold a stream now."""
         return np.flatnonzero(self._open).tolist()
 
-    def open(self, boosting: BoostingOptions | None = None) -> int:
+    def open(self, boosting: BoostingOptions | None = None, token_logprobs: bool = False) -> int:
         """Start a stream in the lowest free slot (emptied); returns the slot id.
 
         ``boosting``: the stream's phrases to boost (NeMo's per-stream boosting tree; greedy: label looping only);
         ``None``: none. Raises ``ValueError`` (before any slot changes) for phrases the model cannot boost.
+        ``token_logprobs``: keep its tokens' log-probabilities (greedy decoding only: the caller checks).
         """
         if boosting is not None:
             if self.decoder is None:
@@ -269,6 +270,8 @@ class StreamingTranscriber:
             self._opened.append(slot)  # emptied before its first use
             if boosting is not None:
                 self.decoder.set_boosting(slot, boosting)  # after the slot is emptied (reading decoder empties it)
+            if token_logprobs:
+                self.decoder.set_token_logprobs(slot, True)
             self._open[slot], self._started[slot] = True, False
             return slot
         raise RuntimeError(f"all {self.num_slots} slots are in use; close or flush a stream, or use more num_slots")
