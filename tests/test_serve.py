@@ -578,9 +578,9 @@ def test_bad_messages_get_error_events_and_the_connection_survives(server, audio
             "session.turn_detection",
         ),
         (
-            json.dumps({"type": "session.update", "session": {"include": ["item.input_audio_transcription.logprobs"]}}),
+            json.dumps({"type": "session.update", "session": {"include": ["item.input_audio_transcription.words"]}}),
             "invalid_value",
-            "session.include",
+            "session.include.0",
         ),
         (json.dumps({"type": "session.update", "session": {"voice": "alloy"}}), "invalid_event", "session.voice"),
         (append(b"\x00" * 60_000), "message_too_large", None),  # base64: 80 kB, over the 64 KiB limit

@@ -135,6 +135,7 @@ def test_a_ga_session_through_the_sdk_gets_only_events_the_sdk_types_accept(serv
             error = valid_ga(await conn.recv_bytes())
             session = {
                 "type": "transcription",
+                "include": ["item.input_audio_transcription.logprobs"],
                 "audio": {
                     "input": {
                         "format": {"type": "audio/pcm", "rate": 24000},
@@ -160,6 +161,14 @@ def test_a_ga_session_through_the_sdk_gets_only_events_the_sdk_types_accept(serv
     assert error["type"] == "error" and error["error"]["code"] == "input_audio_buffer_commit_empty"
     transcription = updated["session"]["audio"]["input"]["transcription"]
     assert (transcription["keywords"], transcription["delay"], transcription["language"]) == (["hello"], "low", "en")
+    assert updated["session"]["include"] == ["item.input_audio_transcription.logprobs"]
+    finals = [e for e in events if e["type"] == COMPLETED and e["transcript"]]
+    assert finals  # something to check
+    for final in finals:  # each token's text and log-probability, spelling the transcript
+        assert final["logprobs"] and all(
+            p["logprob"] <= 0 and p["bytes"] == list(p["token"].encode()) for p in final["logprobs"]
+        )
+        assert "".join(p["token"] for p in final["logprobs"]).strip() == final["transcript"].strip()
     kinds = {e["type"] for e in events}
     for kind in ("input_audio_buffer.speech_started", "input_audio_buffer.committed", COMPLETED):
         assert kind in kinds, kinds

@@ -270,6 +270,14 @@ def test_server_with_beam_search_gives_nemo_beam_search_alone(beam_cases, audio)
         async def client(pcm):
             ws, _ = await connect_session(server.url, rate=RATE)
             async with ws:
+                # beam search keeps no token log-probabilities: asking for them is refused, naming the field
+                include = {
+                    "type": "session.update",
+                    "session": {"include": ["item.input_audio_transcription.logprobs"]},
+                }
+                await ws.send(json.dumps(include))
+                refused = json.loads(await ws.recv())
+                assert refused["error"]["param"] == "session.include" and "greedy" in refused["error"]["message"]
                 for start in range(0, len(pcm), 3200):
                     await ws.send(pcm[start : start + 3200].tobytes())
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))

@@ -45,6 +45,7 @@ from nemo_fastdecode.serve.protocol import (
     DEFAULT_PCM_RATE,
     DELAYS,
     G711_RATE,
+    LOGPROBS_INCLUDE,
     PCM,
     SAMPLE_FORMATS,
     AudioAppend,
@@ -60,6 +61,7 @@ from nemo_fastdecode.serve.protocol import (
     ErrorDetail,
     ErrorEvent,
     G711Format,
+    LogProb,
     PcmFormat,
     ProtocolError,
     Session,
@@ -106,6 +108,7 @@ class SessionState:
     languages: list[str] | None = None
     prompt: str | None = None
     delay: str | None = None
+    include: tuple[str, ...] = ()
     requested_model: str | None = None  # the transcription model the client named
     endpointing: EndpointingOptions | None = None  # the VAD settings ``turn_detection`` asks for (engine VAD only)
     boosting: BoostingOptions | None = None  # the phrases to boost in the next items (keywords or boosting)
@@ -127,6 +130,7 @@ class SessionState:
                     model=self.requested_model, language=self.language, prompt=self.prompt, served_model=self.model
                 ),
                 turn_detection=self.turn_detection,
+                include=list(self.include),
             )
         audio_format = PcmFormat(rate=self.rate) if self.format == PCM else G711Format(type=self.format)
         return Session(
@@ -146,6 +150,7 @@ class SessionState:
                     turn_detection=self.turn_detection,
                 )
             ),
+            include=list(self.include),
         )
 
 
@@ -155,6 +160,13 @@ def _speaks_beta(ws: ServerConnection) -> bool:
     request = getattr(ws, "request", None)
     header = request.headers.get("OpenAI-Beta", "") if request is not None else ""
     return "realtime=v1" in header.replace(" ", "").split(",")
+
+
+def _logprobs(pairs: list[tuple[str, float]] | None) -> list[LogProb] | None:
+    """A final's ``logprobs``: each token's text, log-probability and UTF-8 bytes."""
+    if pairs is None:
+        return None
+    return [LogProb(token=token, logprob=value, bytes=list(token.encode("utf-8"))) for token, value in pairs]
 
 
 def _reported(options: BoostingOptions | None) -> Boosting | None:
@@ -208,6 +220,7 @@ class Connection:
         pcm_rates: ``audio/pcm`` rates taken besides 24 kHz (OpenAI's) and the model's (the engine resamples them).
         boosting: whether the model can boost phrases (it has a tokenizer); ``False``: keywords are refused.
         keywords_weight: the boosting weight of a session's ``keywords``.
+        logprobs: whether the engine decodes greedily (token log-probabilities can be included).
     """
 
     def __init__(
@@ -226,11 +239,13 @@ class Connection:
         pcm_rates: Collection[int] = (),
         boosting: bool = True,
         keywords_weight: float = 1.0,
+        logprobs: bool = True,
     ):
         self.ws, self.id, self.engine_loop, self.metrics, self.limits = ws, connection_id, engine_loop, metrics, limits
         self.session = SessionState(model=model_name)
         self.session_id = f"sess_{connection_id}"
         self.model_rate, self.boosting_available, self.keywords_weight = rate, boosting, keywords_weight
+        self.logprobs_available = logprobs
         self.pcm_rates = tuple(sorted({DEFAULT_PCM_RATE, rate, *pcm_rates}))  # audio/pcm rates taken
         self.beta = _speaks_beta(ws)  # the beta flavour: transcription_session.* events, the beta session shape
         self.idle_timeout, self.vad = idle_timeout, vad
@@ -470,11 +485,13 @@ class Connection:
         """The engine stream's options for the session as it is now (built again only when the session changed)."""
         # with an engine VAD, a session without turn detection opens its stream with endpointing off
         endpointing = (self.session.endpointing or EndpointingOptions()) if self.vad is not None else None
-        key = (self.session.format, self.session.rate, endpointing, self.session.boosting)
+        logprobs = LOGPROBS_INCLUDE in self.session.include
+        key = (self.session.format, self.session.rate, endpointing, self.session.boosting, logprobs)
         if self._options is None or self._options[0] != key:
             options = StreamOptions(
                 sample_rate=self.session.rate,
                 sample_format=SAMPLE_FORMATS[self.session.format],
+                token_logprobs=logprobs,
                 endpointing=endpointing,
                 boosting=self.session.boosting,
                 partial_token_ids=False,  # deltas are text: partials cross processes without the segment's ids
@@ -550,14 +567,27 @@ class Connection:
                 param="session.audio.input.noise_reduction",
                 event_id=event_id,
             )
-        if update.include:
+        if update.include is not None:
+            new.include = self._check_include(update.include, event_id)
+
+    def _check_include(self, include: list[str], event_id: str | None) -> tuple[str, ...]:
+        """The session's ``include``: ``[]``, or the token log-probabilities (greedy decoding only)."""
+        for i, name in enumerate(include):
+            if name != LOGPROBS_INCLUDE:
+                raise ProtocolError(
+                    ErrorCode.INVALID_VALUE,
+                    f"include[{i}]={name!r} is not available; valid: {LOGPROBS_INCLUDE!r}",
+                    param=f"session.include.{i}",
+                    event_id=event_id,
+                )
+        if include and not self.logprobs_available:
             raise ProtocolError(
                 ErrorCode.INVALID_VALUE,
-                f"include {update.include} is not available (token log probabilities are not reported): send [] or "
-                "leave it out",
+                "token log-probabilities need greedy decoding; this server runs beam search: send []",
                 param="session.include",
                 event_id=event_id,
             )
+        return tuple(dict.fromkeys(include))
 
     def _apply_transcription(
         self, transcription: Transcription, new: SessionState, param: str, event_id: str | None
@@ -757,6 +787,7 @@ class Connection:
                 item_id=item_id,
                 transcript=event.text,
                 usage=Usage(seconds=event.end - event.start),
+                logprobs=_logprobs(event.logprobs),
                 words=[Word(**word) for word in event.words or []],
                 audio_start_ms=start_ms,
                 audio_end_ms=start_ms + round((event.end - event.start) * 1000),

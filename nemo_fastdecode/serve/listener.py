@@ -162,6 +162,7 @@ class Listener:
             segmenting=self.segmenting,
             boosting=self.boosting,
             keywords_weight=self.config.keywords_weight,
+            logprobs=self.config.decoding == "greedy",
             vad=self.vad,
             pcm_rates=INPUT_RATES,
         )

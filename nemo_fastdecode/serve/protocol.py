@@ -12,7 +12,8 @@ Client events (JSON text messages; raw binary messages are audio in the session'
   ``audio/pcma``: G.711 at 8 kHz; beta names ``pcm16``, ``g711_ulaw``, ``g711_alaw``), ``turn_detection``
   (``null``, or ``server_vad`` where the engine runs VAD or the server has an endpointer), and the transcription:
   ``keywords`` (phrases boosted in the session's next items), ``delay``, ``language`` / ``languages`` / ``prompt``
-  (reported back), and (an extension) ``boosting`` ``{"phrases": [...], "weight": 1.0, ...}`` (NeMo's per-stream
+  (reported back); ``include: ["item.input_audio_transcription.logprobs"]`` (token log-probabilities on finals);
+  and (an extension) ``boosting`` ``{"phrases": [...], "weight": 1.0, ...}`` (NeMo's per-stream
   boosting tree with every option; ``null`` turns it off); only the fields present change.
 * ``input_audio_buffer.append`` -- base64 audio.
 * ``input_audio_buffer.commit`` -- the buffer's audio is one item: its ``completed`` event follows.
@@ -475,9 +476,19 @@ class TranscriptionFailed(ServerEvent):
     error: ErrorDetail
 
 
+class LogProb(BaseModel):
+    """A token of a final and its log-probability (``include: ["item.input_audio_transcription.logprobs"]``):
+    ``token`` its text (a word start as a space), ``bytes`` its UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
 class TranscriptionCompleted(ServerEvent):
-    """A final: the item's transcript; ``words`` (extension) NeMo's word timestamps, ``audio_start_ms`` /
-    ``audio_end_ms`` (extensions) the item's audio within the connection's stream."""
+    """A final: the item's transcript; ``logprobs`` each token's log-probability when the session includes them;
+    ``words`` (extension) NeMo's word timestamps, ``audio_start_ms`` / ``audio_end_ms`` (extensions) the item's
+    audio within the connection's stream."""
 
     type: Literal["conversation.item.input_audio_transcription.completed"] = (
         "conversation.item.input_audio_transcription.completed"
@@ -486,6 +497,7 @@ class TranscriptionCompleted(ServerEvent):
     content_index: int = 0
     transcript: str
     usage: Usage
+    logprobs: list[LogProb] | None = None
     words: list[Word]
     audio_start_ms: int
     audio_end_ms: int
