@@ -40,6 +40,21 @@ def finals(engine: StreamingEngine, ids: list[int], pcm: np.ndarray) -> list:
 
 
 def test_final_events_carry_each_tokens_logprob_the_argmax_of_its_step(model, pcm, monkeypatch):
+    check_logprobs(StreamingEngine(model, 2), pcm, monkeypatch, tolerance=1e-5)
+
+
+@pytest.mark.gpu
+def test_token_logprobs_on_the_gpu_with_cuda_graphs(pcm, monkeypatch, exact_fp32):
+    """On CUDA as in production: the step replayed from its CUDA graphs, the scoring pass after it."""
+    model = tiny_streaming_model().cuda().eval()
+    engine = StreamingEngine(model, 2, use_cuda_graphs=True)
+    engine.warm_up()
+    check_logprobs(engine, pcm, monkeypatch, tolerance=1e-4)
+
+
+def check_logprobs(engine: StreamingEngine, pcm: np.ndarray, monkeypatch, tolerance: float) -> None:
+    """One stream asks, one does not, the same audio: the same tokens; the asking stream's final carries one
+    log-probability per token, each its step's argmax (within ``tolerance``: the scoring pass's arithmetic)."""
     steps = []  # each scored step of the one asking stream: (labels, the log-probabilities over the labels)
     distributions = TokenLogprobs.distributions
 
@@ -49,7 +64,6 @@ def test_final_events_carry_each_tokens_logprob_the_argmax_of_its_step(model, pc
         return out
 
     monkeypatch.setattr(TokenLogprobs, "distributions", recorded)
-    engine = StreamingEngine(model, 2)
     asking, plain = (engine.open(StreamOptions(token_logprobs=flag)) for flag in (True, False))
     with_logprobs, without = finals(engine, [asking, plain], pcm)
     assert with_logprobs.token_ids  # something to compare
@@ -60,12 +74,12 @@ def test_final_events_carry_each_tokens_logprob_the_argmax_of_its_step(model, pc
     assert all(np.isfinite(values)) and max(values) <= 0.0
     assert "".join(pieces).strip() == with_logprobs.text.strip()  # the pieces spell the text
     # one asking stream: every scored column is one of its tokens, each the argmax of its step's distribution
-    labels = np.concatenate([label[0].numpy() for label, _ in steps])
-    chosen = np.concatenate([dist[0].gather(1, label[0][:, None])[:, 0].numpy() for label, dist in steps])
-    best = np.concatenate([dist[0].max(dim=1).values.numpy() for _, dist in steps])
+    labels = np.concatenate([label[0].cpu().numpy() for label, _ in steps])
+    chosen = np.concatenate([dist[0].gather(1, label[0][:, None])[:, 0].cpu().numpy() for label, dist in steps])
+    best = np.concatenate([dist[0].max(dim=1).values.cpu().numpy() for _, dist in steps])
     assert labels.tolist() == with_logprobs.token_ids
     np.testing.assert_allclose(chosen, values, rtol=0, atol=0)
-    assert (chosen >= best - 1e-5).all(), "a token was not the most likely label of its step: misaligned"
+    assert (chosen >= best - tolerance).all(), "a token was not the most likely label of its step: misaligned"
 
 
 def test_token_logprobs_need_greedy_decoding(model):
