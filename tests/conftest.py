@@ -127,6 +127,15 @@ def transcribe(model, audio, **kwargs):
 
 
 @pytest.fixture(scope="module")
+def preprocessor():
+    """The tiny cache-aware preset's preprocessor (normalize NA, NeMo's streaming settings; the joint's balancing is
+    not needed for features), in eval mode."""
+    from fastdecode_lab.synthetic import build_synthetic_model
+
+    return build_synthetic_model("tiny-streaming", balance_joint=False).eval().preprocessor
+
+
+@pytest.fixture(scope="module")
 def single_thread():
     """Tiny models are dominated by per-op overhead: several threads on a busy 2-core CPU just spin."""
     threads = torch.get_num_threads()

@@ -26,17 +26,6 @@ LENGTHS = [0, 1, 159, 160, 161, 199, 358, 359, 4001, RATE + 321]
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-@pytest.fixture(scope="module")
-def preprocessor():
-    from fastdecode_lab.synthetic import build_synthetic_model
-
-    # the cache-aware preset's preprocessor (normalize NA, NeMo's streaming settings); the joint's balancing is not
-    # needed for features
-    model = build_synthetic_model("tiny-streaming", balance_joint=False)
-    model.eval()
-    return model.preprocessor
-
-
 def _audio(length: int, rng: np.random.Generator) -> np.ndarray:
     """Speech-like int16 PCM: a few tones under noise, with silence and clipping."""
     t = np.arange(length) / RATE

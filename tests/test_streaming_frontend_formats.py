@@ -19,15 +19,6 @@ ATOL = 2e-6  # fp32 products and sums of at most 61 filter taps (|x| <= 1)
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-@pytest.fixture(scope="module")
-def preprocessor():
-    from fastdecode_lab.synthetic import build_synthetic_model
-
-    model = build_synthetic_model("tiny-streaming", balance_joint=False)
-    model.eval()
-    return model.preprocessor
-
-
 def _signal(length: int, rate: int, rng: np.random.Generator) -> np.ndarray:
     """float32 speech-like audio within [-1, 1]: tones under noise, a silent stretch."""
     t = np.arange(length) / rate

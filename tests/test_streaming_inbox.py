@@ -78,14 +78,6 @@ def test_drops_forget_only_the_dropped_slots_records_so_far():
     assert _taken(inbox.take(np.array([0, 1, 2]), np.array([100, 100, 100]))) == {0: b"a0a1", 1: b"b2b3", 2: b"c0"}
 
 
-@pytest.fixture(scope="module")
-def preprocessor():
-    from fastdecode_lab.synthetic import build_synthetic_model
-
-    model = build_synthetic_model("tiny-streaming", balance_joint=False)
-    return model.eval().preprocessor
-
-
 def test_staged_records_append_as_the_same_audio_in_one_piece(preprocessor):
     """Several records per stream in one append (int16 and float32 streams) give the features of the whole audio
     appended at once, and the rows land in each stream's ring one after another."""

@@ -37,12 +37,6 @@ def silero():
     return silero_vad, model
 
 
-@pytest.fixture(scope="module")
-def preprocessor():
-    model = S.build_synthetic_model("tiny-streaming", balance_joint=False)
-    return model.eval().preprocessor
-
-
 def vad_audio(seed: int = 5) -> list[np.ndarray]:
     """int16 streams: voiced utterances with silences between them, of odd lengths (a partial last window), one of
     shaped noise (no speech), one shorter than a window, one of exactly two windows."""
