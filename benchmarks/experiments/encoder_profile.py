@@ -12,6 +12,7 @@ each precision (fp32, bf16 autocast, bf16 weights):
   seconds reported apart);
 - ``bucketed``: the features padded to a coarse ladder of lengths before the encoder (what graphs per length bucket
   need), and whether the valid frames equal the unpadded run's bit for bit;
+- ``fast_encoder``: the offline path's opt-in fused convolution modules (:mod:`nemo_fastdecode.offline.fast_encoder`);
 - a ``torch.profiler`` table of the eager run's kernels.
 """
 
@@ -27,6 +28,7 @@ import torch
 
 from fastdecode_lab import synthetic
 from nemo_fastdecode.offline.batching import plan_batches
+from nemo_fastdecode.offline.fast_encoder import fast_encoder
 
 
 def _sync() -> None:
@@ -155,6 +157,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", default="/tmp/encoder_profile")
     parser.add_argument("--precisions", default="fp32,bf16-autocast,bf16-weights")
+    parser.add_argument("--skip", default="", help="comma-separated: sdpa,graphs")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     model = synthetic.build_synthetic_model(args.preset, device="cuda")
@@ -167,6 +170,7 @@ def main() -> None:
     }
     print("batches", results["batches"])
     encoder = model.encoder
+    skip = set(args.skip.split(","))
     for precision in args.precisions.split(","):
         if precision == "bf16-weights":
             encoder.to(torch.bfloat16)
@@ -184,29 +188,38 @@ def main() -> None:
         run_eager(encoder, data, autocast)  # warm up
         eager, host, reference = min((run_eager(encoder, data, autocast) for _ in range(3)), key=lambda r: r[0])
         row["eager_s"], row["host_s"] = eager, host
-        set_sdpa(encoder, True)
-        run_eager(encoder, data, autocast)
-        sdpa, sdpa_host, sdpa_outs = min((run_eager(encoder, data, autocast) for _ in range(3)), key=lambda r: r[0])
-        row["sdpa_s"], row["sdpa_host_s"] = sdpa, sdpa_host
-        row["sdpa_vs_eager"] = compare(reference, sdpa_outs)
-        set_sdpa(encoder, False)
-        for pad in (False, True):
-            name = "bucketed" if pad else "graphs"
+        if "sdpa" not in skip:
+            set_sdpa(encoder, True)
+            run_eager(encoder, data, autocast)
+            sdpa, sdpa_host, sdpa_outs = min((run_eager(encoder, data, autocast) for _ in range(3)), key=lambda r: r[0])
+            row["sdpa_s"], row["sdpa_host_s"] = sdpa, sdpa_host
+            row["sdpa_vs_eager"] = compare(reference, sdpa_outs)
+            set_sdpa(encoder, False)
+        with fast_encoder(model) as fused:
+            run_eager(encoder, data, autocast)
+            fast, fast_host, fast_outs = min((run_eager(encoder, data, autocast) for _ in range(3)), key=lambda r: r[0])
+            row["fast_encoder"] = {"modules": fused, "s": fast, "host_s": fast_host} | compare(reference, fast_outs)
+            profile_table(encoder, data, autocast, os.path.join(args.out, f"profile_fast_encoder_{precision}.txt"))
+        if "graphs" not in skip:
+            for pad in (False, True):
+                name = "bucketed" if pad else "graphs"
+                try:
+                    g = run_graphs(encoder, data, autocast, pad)
+                    g2 = run_graphs(encoder, data, autocast, pad)  # fresh capture: the second number is the steady one
+                    row[name] = {k: v for k, v in g2.items() if k != "outs"} | {
+                        "vs_eager": compare(reference, g2["outs"])
+                    }
+                    row[name]["first_capture_s"] = g["capture_s"]
+                except Exception as error:  # noqa: BLE001 -- an experiment: report and go on
+                    row[name] = {"error": repr(error)[:2000]}
+                torch.cuda.empty_cache()
             try:
-                g = run_graphs(encoder, data, autocast, pad)
-                g2 = run_graphs(encoder, data, autocast, pad)  # fresh capture: the second number is the steady one
-                row[name] = {k: v for k, v in g2.items() if k != "outs"} | {"vs_eager": compare(reference, g2["outs"])}
-                row[name]["first_capture_s"] = g["capture_s"]
-            except Exception as error:  # noqa: BLE001 -- an experiment: report and go on
-                row[name] = {"error": repr(error)[:2000]}
-            torch.cuda.empty_cache()
-        try:
-            eager_pad = [(torch.nn.functional.pad(f, (0, ladder(f.shape[2]) - f.shape[2])), n) for f, n in data]
-            t, _, outs = run_eager(encoder, eager_pad, autocast)
-            row["eager_padded_s"] = t
-            row["eager_padded_vs_eager"] = compare(reference, outs)
-        except Exception as error:  # noqa: BLE001
-            row["eager_padded"] = {"error": repr(error)[:2000]}
+                eager_pad = [(torch.nn.functional.pad(f, (0, ladder(f.shape[2]) - f.shape[2])), n) for f, n in data]
+                t, _, outs = run_eager(encoder, eager_pad, autocast)
+                row["eager_padded_s"] = t
+                row["eager_padded_vs_eager"] = compare(reference, outs)
+            except Exception as error:  # noqa: BLE001
+                row["eager_padded"] = {"error": repr(error)[:2000]}
         profile_table(encoder, data, autocast, os.path.join(args.out, f"profile_{precision}.txt"))
         results[precision] = row
         print(precision, json.dumps(row, indent=1))
