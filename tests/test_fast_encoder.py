@@ -19,14 +19,18 @@ from nemo_fastdecode.offline.fast_encoder import fast_encoder, fusable_conv_modu
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _encode(model, audio, autocast=False):
+def _features(model, audio):
     signal = torch.zeros(len(audio), max(len(a) for a in audio))
     for row, a in enumerate(audio):
         signal[row, : len(a)] = torch.from_numpy(a)
     lengths = torch.tensor([len(a) for a in audio])
-    context = torch.autocast("cuda", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
-    with torch.inference_mode(), context:
-        features, feature_lengths = model.preprocessor(input_signal=signal.to(DEVICE), length=lengths.to(DEVICE))
+    with torch.inference_mode():
+        return model.preprocessor(input_signal=signal.to(DEVICE), length=lengths.to(DEVICE))
+
+
+def _encode(model, audio):
+    features, feature_lengths = _features(model, audio)
+    with torch.inference_mode():
         return model.encoder(audio_signal=features, length=feature_lengths)
 
 
@@ -37,10 +41,11 @@ def test_fused_encoder_equals_nemo_to_rounding_and_is_undone(preset):
     expected, expected_lengths = _encode(model, audio)
     layers = len(model.encoder.layers)
     with fast_encoder(model) as fused:
-        assert fused == layers
+        assert fused == 2 * layers  # each layer's convolution module and attention
         assert all("forward" in layer.conv.__dict__ for layer in model.encoder.layers)
+        assert all("forward" in layer.self_attn.__dict__ for layer in model.encoder.layers)
         out, lengths = _encode(model, audio)
-    assert not any("forward" in layer.conv.__dict__ for layer in model.encoder.layers)  # NeMo's again
+    assert not any(m.__dict__.get("forward") for layer in model.encoder.layers for m in (layer.conv, layer.self_attn))
     assert torch.equal(lengths, expected_lengths)
     assert expected.abs().max() > 0.1
     for row, n in enumerate(expected_lengths.tolist()):
@@ -58,7 +63,7 @@ def test_modules_it_cannot_fuse_stay_nemo_and_say_why():
     model = synthetic.build_synthetic_model("tiny-tdt", device=DEVICE).eval()
     model.encoder.layers[0].conv = plain.to(DEVICE).eval()
     with fast_encoder(model) as fused:
-        assert fused == len(model.encoder.layers) - 1
+        assert fused == 2 * len(model.encoder.layers) - 1
         assert "forward" not in model.encoder.layers[0].conv.__dict__
 
 
@@ -91,12 +96,32 @@ def test_trained_model_transcripts_equal_nemo_with_the_fast_encoder():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_bf16_autocast_and_weights_stay_close_to_nemo_on_the_gpu():
+@pytest.mark.parametrize("precision", ["bf16_autocast", "bf16_weights", "fp32"])
+def test_encoder_stays_close_to_nemo_on_the_gpu(precision):
+    """On CUDA: both modules fused in bf16 (autocast or weights); in fp32 the convolution modules (TF32 GEMMs, as
+    cuDNN's) and NeMo's attention."""
     model = synthetic.build_synthetic_model("tiny-tdt", device=DEVICE).eval()
+    if precision == "bf16_weights":
+        model.to(torch.bfloat16)
+        model.preprocessor.float()
     audio = synthetic.synthetic_audio([1.3, 2.9, 0.7], seed=4)
-    expected, lengths = _encode(model, audio, autocast=True)
+
+    def encode():
+        features = _features(model, audio)
+        if precision == "bf16_weights":
+            features = (features[0].to(torch.bfloat16), features[1])
+        context = (
+            torch.autocast("cuda", dtype=torch.bfloat16) if precision == "bf16_autocast" else contextlib.nullcontext()
+        )
+        with torch.inference_mode(), context:
+            return model.encoder(audio_signal=features[0], length=features[1])
+
+    expected, lengths = encode()
     with fast_encoder(model):
-        out, _ = _encode(model, audio, autocast=True)
-    assert out.dtype == expected.dtype
+        out, _ = encode()
+    assert out.dtype == expected.dtype and expected.abs().max() > 0.1
+    tolerance = 1e-3 if precision == "fp32" else 0.05
     for row, n in enumerate(lengths.tolist()):
-        torch.testing.assert_close(out[row, :, :n].float(), expected[row, :, :n].float(), rtol=0.05, atol=0.05)
+        torch.testing.assert_close(
+            out[row, :, :n].float(), expected[row, :, :n].float(), rtol=tolerance, atol=tolerance
+        )
