@@ -135,13 +135,16 @@ DEFAULT_ROWS: tuple[str, ...] = (
 
 @dataclass
 class TranscribeRow:
+    """One row in one precision: its timings, tokens and stages, or the ``error`` that kept it from running."""
+
     name: str
     precision: str
     ours: bool
     family: str  # greedy or beam
     batch_size: int = 0  # transcribe's batch_size (a sweep's winner)
     longest_first: bool = False
-    first_call_seconds: float = 0.0  # in this process: on a fresh machine it includes compiling the Triton kernels
+    # in this process (on a fresh machine it includes compiling the Triton kernels); a sweep row: its warm call
+    first_call_seconds: float = 0.0
     seconds: float = 0.0  # best of the timed calls
     rtfx: float = 0.0
     tokens: int = 0
@@ -161,6 +164,8 @@ class TranscribeRow:
 
 @dataclass
 class TranscribeReport:
+    """One model and test set (calibration): every row in every precision."""
+
     model: str
     calibration: float | str  # target tokens per frame of the blank-bias calibration, or "trained"
     utterances: int
