@@ -194,45 +194,59 @@ def check_calibrations(calibrations: list[Any]) -> list[float | str]:
 
 @dataclass
 class TranscribeBenchmarkConfig:
-    """``benchmarks/bench_transcribe.py``: ``model.transcribe`` end to end, NeMo's default against ours on the same files.
+    """``benchmarks/bench_transcribe.py``: ``model.transcribe`` end to end, NeMo as throughput leaderboards run it
+    beside ours on the same files (:mod:`fastdecode_lab.benchmarks.transcribe`).
 
     Attributes:
         models: synthetic presets; ``None``: ``rnnt-0.6b`` and ``tdt-0.6b`` on a GPU, ``tiny-rnnt`` on the CPU (a
             smoke test of the set-up).
         total_seconds: audio per model (LibriSpeech test-other-like durations); ``None``: 1800 on a GPU, 10 on the CPU.
-        batch_size: NeMo's ``transcribe`` batch size (the offline path's default budget follows it).
+        batch_size: ``transcribe``'s batch size for the rows without their own (``nemo``, ours: the offline path's
+            default budget follows it).
+        nemo_batch_sizes: the batch sizes the ``*_sorted_best`` rows try (one warm call at the largest, each timed
+            once, the fastest kept).
         repeats: timed calls per row after the first call (the best is reported).
         calibrations: each a separate test set: a number is the target tokens per frame of the blank-bias
             calibration; ``trained`` makes the synthetic model emit at the trained models' rate and burst length
             (:func:`~fastdecode_lab.synthetic.calibrate_trained_like`).
-        rows: names from :data:`~fastdecode_lab.benchmarks.transcribe.ROWS`; ``None``: all.
-        bf16: bf16 autocast on a GPU, as NeMo's ``transcribe_speech.py`` runs it.
+        precisions: each row runs in each: ``fp32``, ``bf16_autocast`` (fp32 weights, bf16 autocast around each
+            call), ``bf16_weights`` (the model cast to bf16 after calibration).
+        rows: names from :data:`~fastdecode_lab.benchmarks.transcribe.ROWS`; ``None``:
+            :data:`~fastdecode_lab.benchmarks.transcribe.DEFAULT_ROWS` (NeMo unsorted, sorted at batch 128 and at its
+            best batch; ``fast_greedy`` on the offline path, with and without ``fast_encoder``).
         seed: synthetic weights and audio.
-        first_call_new_process: also time the first call of our rows in a new process (the same model and files made
-            again there, Triton's kernels loaded from the on-disk cache this run filled); ``None``: on a GPU only.
+        first_call_new_process: also time the first call of our fastest row in a new process (the same model and
+            files made again there, Triton's kernels loaded from the on-disk cache this run filled), on each model's
+            first calibration (a first call belongs to the code path, not to the emissions); ``None``: on a GPU only.
         new_processes: how many new processes time that first call, one after another (the median is reported
             with the spread).
-        out_dir: where ``transcribe_<GPU>[_<date>].json`` / ``.md`` go.
+        out_dir: where ``transcribe_<models>_<GPU>[_<date>].json`` / ``.md`` go.
         date: added to the output file names.
     """
 
     models: list[str] | None = None
     total_seconds: float | None = None
     batch_size: int = 32
-    repeats: int = 3
-    calibrations: list[Any] = field(default_factory=lambda: [0.3, 0.1, "trained"])
+    nemo_batch_sizes: list[int] = field(default_factory=lambda: [16, 32, 64, 128])
+    repeats: int = 2
+    calibrations: list[Any] = field(default_factory=lambda: [0.3, "trained"])
+    precisions: list[str] = field(default_factory=lambda: ["bf16_autocast", "bf16_weights", "fp32"])
     rows: list[str] | None = None
-    bf16: bool = True
     seed: int = 0
     first_call_new_process: bool | None = None
-    new_processes: int = 3
+    new_processes: int = 1
     out_dir: str = "outputs/benchmarks"
     date: str | None = None
 
     def __post_init__(self) -> None:
         self.calibrations = check_calibrations(self.calibrations)
+        self.precisions = check_choices("precisions", self.precisions, PRECISIONS)
         if self.new_processes < 1:
             raise ValueError(f"new_processes must be >= 1, got {self.new_processes}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if not self.nemo_batch_sizes or min(self.nemo_batch_sizes) < 1:
+            raise ValueError(f"nemo_batch_sizes must be batch sizes >= 1, got {self.nemo_batch_sizes}")
 
 
 # ---- the exactness benchmark's choices (fastdecode_lab.benchmarks.exactness) ----

@@ -87,7 +87,7 @@ def main() -> None:
             if timeline is not None:
                 timeline.reset()
             start = time.perf_counter()
-            bench._transcribe(model, paths, args.batch_size, test_set.bf16)
+            bench._transcribe(model, paths, args.batch_size, "bf16_autocast" if test_set.bf16 else "fp32")
             synchronize(device)
             seconds.append(time.perf_counter() - start)
             collections.append(gc_seconds.summary())

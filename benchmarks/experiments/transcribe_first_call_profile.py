@@ -78,7 +78,7 @@ def main() -> None:
                 synchronize(device)
                 start = time.perf_counter()
                 profile.enable()
-                bench._transcribe(model, paths, args.batch_size, test_set.bf16)
+                bench._transcribe(model, paths, args.batch_size, "bf16_autocast" if test_set.bf16 else "fp32")
                 synchronize(device)
                 profile.disable()
                 seconds = time.perf_counter() - start
