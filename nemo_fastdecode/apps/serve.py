@@ -30,9 +30,15 @@ def serve(config: ServeConfig) -> None:
     def announce(server: RealtimeServer) -> None:
         # one line a supervisor (or a test) can wait for; port=0 shows the port picked
         workers = f", {config.network_workers} network workers" if config.network_workers else ""
+        sizes = server.look_aheads.sizes
+        slots = (
+            f"{config.slots} slots"
+            if len(sizes) == 1
+            else f"{config.slots} slots per look-ahead {[list(s) for s in sizes]}"
+        )
         print(
             f"nemo-fastdecode serve: ready on ws://{config.host}:{server.port}{REALTIME_PATH} "
-            f"({config.slots} slots, {device}{workers}); /health /ready /metrics on the same port",
+            f"({slots}, {device}{workers}); /health /ready /metrics on the same port",
             flush=True,
         )
 

@@ -92,7 +92,8 @@ class ServeConfig:
             pretrained name, or a synthetic preset (``tiny-streaming``: random weights, gibberish text).
         host: address to bind. Loopback by default; TLS belongs to a reverse proxy in front.
         port: TCP port (0: any free port, printed at start).
-        slots: streams served at once (pre-allocated caches); one per connection, more are refused (1013).
+        slots: streams served at once (pre-allocated caches); one per connection, more are refused (1013). With
+            ``look_aheads``: per engine.
         att_context_size: ``[left, lookahead]`` among the encoder's look-aheads; ``None``: its default. With
             ``look_aheads``: the look-ahead of a session that sets no ``delay`` (one of them; ``None``: the encoder's
             default if offered, else the shortest).
