@@ -25,7 +25,7 @@ from test_serve import (  # noqa: F401 -- the fixtures examples and trained_mode
 from nemo_fastdecode.apps.loadtest.client import COMPLETED, connect_session, receive_until
 from nemo_fastdecode.apps.options import parse_config
 from nemo_fastdecode.apps.streaming_reference import reference_transcript
-from nemo_fastdecode.serve import ServeConfig
+from nemo_fastdecode.serve import ServeConfig, build_engines
 from nemo_fastdecode.serve.look_aheads import LookAheads, delay_index
 from nemo_fastdecode.serve.protocol import DELAYS
 from nemo_fastdecode.streaming.transcriber import set_att_context_size
@@ -198,3 +198,18 @@ def test_a_delay_whose_engine_is_full_is_refused_by_name_and_changes_nothing(tra
         assert s.settled()
     finally:
         s.stop()
+
+
+def test_look_aheads_all_builds_an_engine_per_trained_look_ahead(trained_model):  # noqa: F811
+    """``look_aheads=all`` on the trained model: four engines, shortest look-ahead first, the encoder's default left
+    at the unset delay's ([70, 13]); an ``att_context_size`` that is not offered is refused by name."""
+    engines = build_engines(trained_model, ServeConfig(slots=1, look_aheads="all"))
+    assert [list(e.geometry.att_context_size) for e in engines] == [[70, 0], [70, 1], [70, 6], LONG]
+    assert list(trained_model.encoder.att_context_size) == LONG
+    engines = build_engines(trained_model, ServeConfig(slots=1, look_aheads=[LONG, SHORT], att_context_size=SHORT))
+    assert list(trained_model.encoder.att_context_size) == SHORT  # the unset delay's, which RealtimeServer reads
+    set_att_context_size(trained_model.encoder, LONG)
+    with pytest.raises(
+        ValueError, match=r"att_context_size=\[70, 6\] is not one of look_aheads: \[\[70, 0\], \[70, 13\]\]"
+    ):
+        build_engines(trained_model, ServeConfig(slots=1, look_aheads=[LONG, SHORT], att_context_size=[70, 6]))

@@ -343,7 +343,7 @@ class G711Format(BaseModel):
 class SessionTranscription(BaseModel):
     """The session's transcription settings; ``boosting`` is an extension (every boosting option, defaults filled);
     so is ``att_context_size``: the ``[left, lookahead]`` the session's next items stream at (the engine its ``delay``
-    picks, on a server with an engine per look-ahead; ``None`` on a server of one)."""
+    picks among the server's look-aheads; ``None`` with network workers, whose sessions do not know it)."""
 
     model: str
     language: str | None = None
