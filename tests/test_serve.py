@@ -38,7 +38,7 @@ from nemo_fastdecode.apps.models import load_model
 from nemo_fastdecode.apps.options import parse_config
 from nemo_fastdecode.apps.streaming_reference import reference_transcript
 from nemo_fastdecode.apps.wer import word_error_rate_of
-from nemo_fastdecode.serve import LimitsConfig, RealtimeServer, ServeConfig, build_engine
+from nemo_fastdecode.serve import LimitsConfig, RealtimeServer, ServeConfig, build_engines
 from nemo_fastdecode.streaming import EndpointingOptions, StreamingEngine
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -62,8 +62,8 @@ class ServerThread:
         **options: Any,
     ):
         self.config = ServeConfig(port=0, slots=slots, limits=LimitsConfig(**(limits or {})), **options)
-        engine = build_engine(model, self.config)
-        self.server = RealtimeServer(engine, self.config, model_name=model_name, endpointer=endpointer)
+        engines = build_engines(model, self.config)
+        self.server = RealtimeServer(engines, self.config, model_name=model_name, endpointer=endpointer)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

@@ -315,7 +315,7 @@ def test_a_push_that_opens_a_stream_waits_alone(model, audio, refs):
     together.clear()
     loop._apply(batch([0, 2, 1, 2, 0]))  # between cycles: 2's first push opens its stream
     assert together == [3]  # 0, 1 and 0 together; 2's two pushes went the general way (the first opens its stream)
-    assert loop._item_of.keys() == {0, 1, 2}
+    assert loop._item_of.keys() == {(0, 0), (0, 1), (0, 2)}  # (engine, stream id)
     # while a cycle steps: the two messages join; connection 3's first push is held with its later one, the others
     # (0, 1 and 2) apply inside the cycle together
     loop.submit(batch([0]))
@@ -325,7 +325,7 @@ def test_a_push_that_opens_a_stream_waits_alone(model, audio, refs):
     assert together == [3] and [p.key for p in loop._held] == [(3, 0), (3, 0)]
     while loop._held or loop.engine.busy:
         assert loop._turn()
-    assert loop._item_of.keys() == {0, 1, 2, 3} and not finals
+    assert loop._item_of.keys() == {(0, 0), (0, 1), (0, 2), (0, 3)} and not finals
     for c in range(4):
         loop.submit(PushBatch.of([Push((c, 0), data[c][sent[c] :], 0.0, options)]))
         loop.submit(Finish((c, 0), 0.0))

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from nemo_fastdecode.apps.models import inference_device, load_model, model_banner
 from nemo_fastdecode.apps.options import parse_config
-from nemo_fastdecode.serve import REALTIME_PATH, RealtimeServer, ServeConfig, build_engine
+from nemo_fastdecode.serve import REALTIME_PATH, RealtimeServer, ServeConfig, build_engines
 
 __all__ = ["main", "serve"]
 
@@ -25,14 +25,20 @@ def serve(config: ServeConfig) -> None:
     banner = model_banner(config.model, model)
     if banner is not None:
         print(banner, flush=True)
-    server = RealtimeServer(build_engine(model, config), config, model_name=config.model)
+    server = RealtimeServer(build_engines(model, config), config, model_name=config.model)
 
     def announce(server: RealtimeServer) -> None:
         # one line a supervisor (or a test) can wait for; port=0 shows the port picked
         workers = f", {config.network_workers} network workers" if config.network_workers else ""
+        sizes = server.look_aheads.sizes
+        slots = (
+            f"{config.slots} slots"
+            if len(sizes) == 1
+            else f"{config.slots} slots per look-ahead {[list(s) for s in sizes]}"
+        )
         print(
             f"nemo-fastdecode serve: ready on ws://{config.host}:{server.port}{REALTIME_PATH} "
-            f"({config.slots} slots, {device}{workers}); /health /ready /metrics on the same port",
+            f"({slots}, {device}{workers}); /health /ready /metrics on the same port",
             flush=True,
         )
 

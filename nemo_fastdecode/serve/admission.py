@@ -42,27 +42,41 @@ def offered_api_key(headers: Mapping[str, str], subprotocols: Sequence[str]) -> 
 
 
 class Admission:
-    """Counts the connections that hold a slot; checks the key.
+    """Counts the connections that hold a slot, per engine; checks the key.
 
     Args:
-        slots: connections served at once (the engine's slots: each connection streams one item at a time).
+        slots: connections served at once (the engine's slots: each connection streams one item at a time); with an
+            engine per look-ahead, a list: each engine's slots (a connection holds a slot of the engine of its
+            session's ``delay``, see :meth:`move`).
         api_key: the key clients must send; ``None``: no key.
-        shared: with network worker processes, ``(counts, index)``: a ``multiprocessing.Array`` of ints, one count
-            per worker, and this worker's cell; the slots are taken across all of them (under the array's lock).
-            ``None``: one process, a plain count.
+        shared: with network worker processes (one engine), ``(counts, index)``: a ``multiprocessing.Array`` of ints,
+            one count per worker, and this worker's cell; the slots are taken across all of them (under the array's
+            lock). ``None``: one process, a plain count per engine.
+        names: each engine as a capacity refusal names it (with more than one engine).
 
     Without ``shared`` not thread-safe: the event loop's thread calls it.
     """
 
-    def __init__(self, slots: int, api_key: str | None = None, shared: tuple[Any, int] | None = None):
-        self.slots, self._api_key, self._shared = slots, api_key, shared
-        self._admitted = 0
+    def __init__(
+        self,
+        slots: int | Sequence[int],
+        api_key: str | None = None,
+        shared: tuple[Any, int] | None = None,
+        names: Sequence[str] | None = None,
+    ):
+        self.engine_slots = [slots] if isinstance(slots, int) else list(slots)
+        if shared is not None and len(self.engine_slots) != 1:
+            raise ValueError("network workers share the slots of one engine")
+        self.slots = sum(self.engine_slots)
+        self._api_key, self._shared = api_key, shared
+        self._names = list(names) if names is not None else None
+        self._admitted = [0] * len(self.engine_slots)
 
     @property
     def admitted(self) -> int:
-        """Slots taken now (every worker's, with ``shared``)."""
+        """Slots taken now, of every engine (every worker's, with ``shared``)."""
         if self._shared is None:
-            return self._admitted
+            return sum(self._admitted)
         return sum(self._shared[0][:])
 
     def check_key(self, headers: Mapping[str, str], subprotocols: Sequence[str]) -> Refusal | None:
@@ -79,26 +93,26 @@ class Admission:
             CloseCode.POLICY,
         )
 
-    def admit(self) -> Refusal | None:
-        """Take a slot, or the capacity refusal when all are taken (then nothing is taken)."""
+    def admit(self, engine: int = 0) -> Refusal | None:
+        """Take a slot of ``engine``, or the capacity refusal when all are taken (then nothing is taken)."""
         if self._shared is None:
-            if self._admitted >= self.slots:
-                return self._full()
-            self._admitted += 1
+            if self._admitted[engine] >= self.engine_slots[engine]:
+                return self._full(engine)
+            self._admitted[engine] += 1
             return None
         counts, index = self._shared
         with counts.get_lock():
             if sum(counts[:]) >= self.slots:
-                return self._full()
+                return self._full(engine)
             counts[index] += 1
         return None
 
-    def release(self) -> None:
-        """Give back the slot :meth:`admit` took."""
+    def release(self, engine: int = 0) -> None:
+        """Give back a slot of ``engine`` that :meth:`admit` took."""
         if self._shared is None:
-            if self._admitted <= 0:
+            if self._admitted[engine] <= 0:
                 raise RuntimeError("release() without a matching admit()")
-            self._admitted -= 1
+            self._admitted[engine] -= 1
             return
         counts, index = self._shared
         with counts.get_lock():
@@ -106,9 +120,13 @@ class Admission:
                 raise RuntimeError("release() without a matching admit()")
             counts[index] -= 1
 
-    def _full(self) -> Refusal:
+    def _full(self, engine: int) -> Refusal:
+        if self._names is None or len(self.engine_slots) == 1:
+            what = f"all {self.slots} stream slots are in use"
+        else:
+            what = f"all {self.engine_slots[engine]} stream slots of the {self._names[engine]} are in use"
         return Refusal(
             ErrorCode.SERVER_AT_CAPACITY,
-            f"the server is at capacity: all {self.slots} stream slots are in use; try again later",
+            f"the server is at capacity: {what}; try again later",
             CloseCode.TRY_AGAIN_LATER,
         )

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from nemo_fastdecode.serve.admission import Admission
@@ -32,14 +33,16 @@ from nemo_fastdecode.serve.config import ServeConfig
 from nemo_fastdecode.serve.connection import Connection
 from nemo_fastdecode.serve.engine_loop import Delivery, EngineLoop
 from nemo_fastdecode.serve.listener import REALTIME_PATH, Listener
+from nemo_fastdecode.serve.look_aheads import ALL, LookAheads, engine_order
 from nemo_fastdecode.serve.metrics import ServerMetrics
 from nemo_fastdecode.serve.workers import WorkerPool
 from nemo_fastdecode.streaming import StreamEvent, StreamingEngine
+from nemo_fastdecode.streaming.transcriber import set_att_context_size
 
 if TYPE_CHECKING:
     from nemo.collections.asr.models import ASRModel
 
-__all__ = ["REALTIME_PATH", "RealtimeServer", "build_engine"]
+__all__ = ["REALTIME_PATH", "RealtimeServer", "build_engine", "build_engines"]
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +53,35 @@ def build_engine(model: ASRModel, config: ServeConfig) -> StreamingEngine:
     return StreamingEngine(model, config.engine)
 
 
+def build_engines(model: ASRModel, config: ServeConfig) -> list[StreamingEngine]:
+    """One engine per look-ahead ``config.look_aheads`` offers, shortest look-ahead first (one engine, as
+    :func:`build_engine`, without it). The encoder's default look-ahead is left at the one a session without ``delay``
+    gets (``att_context_size``; else the encoder's default if offered, else the shortest), which is how
+    :class:`RealtimeServer` finds it."""
+    if config.look_aheads is None:
+        return [build_engine(model, config)]
+    encoder = model.encoder
+    default = config.att_context_size or list(encoder.att_context_size)
+    engines = config.engines
+    if config.look_aheads == ALL:
+        offered = engine_order(encoder.att_context_size_all)
+        engines = [dataclasses.replace(config.engine, att_context_size=size) for size in offered]
+    sizes = [list(engine.att_context_size) for engine in engines]
+    if config.att_context_size is not None and list(config.att_context_size) not in sizes:
+        raise ValueError(f"att_context_size={list(config.att_context_size)} is not one of look_aheads: {sizes}")
+    built = [StreamingEngine(model, engine) for engine in engines]
+    set_att_context_size(encoder, default if list(default) in sizes else sizes[0])
+    return built
+
+
 class RealtimeServer:
-    """A WebSocket server of the OpenAI Realtime transcription protocol over one :class:`StreamingEngine`.
+    """A WebSocket server of the OpenAI Realtime transcription protocol over one :class:`StreamingEngine`, or one per
+    look-ahead that sessions choose with ``transcription.delay`` (:mod:`~nemo_fastdecode.serve.look_aheads`).
 
     Args:
-        engine: the engine (its ``num_slots`` bounds the connections served at once).
+        engine: the engine (its ``num_slots`` bounds the connections served at once), or the engines of one model at
+            distinct look-aheads, shortest first (:func:`build_engines`), each with its own slots; a session without
+            ``delay`` gets the engine at the encoder's default look-ahead (the first if none is).
         config: address, limits, timeouts, API key, network workers (``config.slots`` is taken from the engine).
         model_name: reported in sessions.
         endpointer: the engine loop's endpointing hook; with it, sessions may ask for ``server_vad``. Without it,
@@ -70,7 +97,7 @@ class RealtimeServer:
 
     def __init__(
         self,
-        engine: StreamingEngine,
+        engine: StreamingEngine | Sequence[StreamingEngine],
         config: ServeConfig,
         *,
         model_name: str = "nemo-fastdecode",
@@ -78,8 +105,15 @@ class RealtimeServer:
         warm_up: bool = True,
     ):
         self.config, self.model_name, self._warm_up = config, model_name, warm_up
+        engines = [engine] if isinstance(engine, StreamingEngine) else list(engine)
+        engine = engines[0]
+        self.look_aheads = LookAheads.of(
+            [e.geometry.att_context_size for e in engines], engine.model.encoder.att_context_size
+        )
+        if len(engines) > 1 and config.network_workers:
+            raise ValueError("an engine per look-ahead needs network_workers: 0")
         self.metrics = ServerMetrics(engine.device)
-        self.engine_loop = EngineLoop(engine, self._from_engine, self.metrics, endpointer=endpointer)
+        self.engine_loop = EngineLoop(engines, self._from_engine, self.metrics, endpointer=endpointer)
         self.rate = engine.front.settings.sample_rate
         vad = engine.endpointing if engine.endpointing.vad else None
         segmenting = endpointer is not None or vad is not None
@@ -93,7 +127,8 @@ class RealtimeServer:
             )  # fmt: skip
             self.admission = Admission(engine.num_slots, config.api_key, shared=(self.workers.counts, 0))
         else:
-            self.admission = Admission(engine.num_slots, config.api_key)
+            names = [self.look_aheads.describe(i) for i in range(len(engines))]
+            self.admission = Admission([e.num_slots for e in engines], config.api_key, names=names)
             self.listener = Listener(
                 self.engine_loop,
                 config,
@@ -108,6 +143,7 @@ class RealtimeServer:
                 ready=lambda: self.ready,
                 serving=lambda: self.engine_loop.ready.is_set() and self.engine_loop.failed is None,
                 exposition=self._exposition,
+                look_aheads=self.look_aheads,
             )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._switch_interval: float | None = None  # Python's, while the server has its own

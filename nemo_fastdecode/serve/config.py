@@ -9,9 +9,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
+from nemo_fastdecode.serve.look_aheads import ALL, engine_order
 from nemo_fastdecode.streaming.config import EngineConfig
 from nemo_fastdecode.streaming.events import EndpointingOptions
 
@@ -89,8 +92,17 @@ class ServeConfig:
             pretrained name, or a synthetic preset (``tiny-streaming``: random weights, gibberish text).
         host: address to bind. Loopback by default; TLS belongs to a reverse proxy in front.
         port: TCP port (0: any free port, printed at start).
-        slots: streams served at once (pre-allocated caches); one per connection, more are refused (1013).
-        att_context_size: ``[left, lookahead]`` among the encoder's look-aheads; ``None``: its default.
+        slots: streams served at once (pre-allocated caches); one per connection, more are refused (1013). With
+            ``look_aheads``: per engine.
+        att_context_size: ``[left, lookahead]`` among the encoder's look-aheads; ``None``: its default. With
+            ``look_aheads``: the look-ahead of a session that sets no ``delay`` (one of them; ``None``: the encoder's
+            default if offered, else the shortest).
+        look_aheads: the look-aheads a session's ``transcription.delay`` chooses from, one engine each
+            (:mod:`~nemo_fastdecode.serve.look_aheads`): ``None`` (the default): one engine at ``att_context_size``,
+            every delay gets it; ``all``: every look-ahead the encoder was trained with; or a list of ``[left,
+            lookahead]``. Each engine has ``slots`` slots of its own (its caches: memory grows with the number of
+            look-aheads) and its own cycles, run in turn by the one engine thread on the one device. Not with
+            ``network_workers``.
         max_symbols: greedy ``max_symbols`` (``None``: the model's).
         fast_math: opt-in fast-math greedy decoding (not bit-identical to NeMo's).
         dtype: ``float32`` (exact) or ``bfloat16`` (caches and encoder compute).
@@ -148,6 +160,7 @@ class ServeConfig:
     port: int = 8000
     slots: int = 64
     att_context_size: list[int] | None = None
+    look_aheads: Any = None  # None, "all" or list[list[int]]: OmegaConf types no union of a list and a string
     max_symbols: int | None = None
     fast_math: bool = False
     dtype: str = "float32"
@@ -198,8 +211,35 @@ class ServeConfig:
                 f"network_workers must be 0 (one process) or a number of worker processes >= 1, got "
                 f"{self.network_workers!r}"
             )
+        self._check_look_aheads()
         if not (isinstance(self.network_batch_ms, int | float) and 0 <= self.network_batch_ms <= 100):
             raise ValueError(f"network_batch_ms must be in [0, 100] milliseconds, got {self.network_batch_ms!r}")
+
+    def _check_look_aheads(self) -> None:
+        value = self.look_aheads
+        if value is None or value == ALL:
+            pass
+        elif isinstance(value, str) or not (
+            isinstance(value, list | tuple)
+            and value
+            and all(
+                isinstance(size, list | tuple) and len(size) == 2 and all(type(v) is int for v in size)
+                for size in value
+            )
+        ):
+            raise ValueError(
+                f"look_aheads must be null, '{ALL}' or a non-empty list of [left, lookahead], got {value!r}"
+            )
+        if value is not None and self.network_workers:
+            raise ValueError("look_aheads (an engine per look-ahead) needs network_workers: 0")
+
+    @property
+    def engines(self) -> list[EngineConfig]:
+        """The engines of an explicit ``look_aheads`` list (shortest look-ahead first), else the one of ``att_context_size``
+        (``look_aheads: all`` is resolved against the model: ``build_engines``)."""
+        if self.look_aheads is None or self.look_aheads == ALL:
+            return [self.engine]
+        return [dataclasses.replace(self.engine, att_context_size=size) for size in engine_order(self.look_aheads)]
 
     @property
     def engine(self) -> EngineConfig:

@@ -19,6 +19,13 @@ Engine events come in through :meth:`Connection.deliver` (called on the event lo
 audio between two commits: one engine stream, whose partials become ``delta`` events and whose final becomes the
 ``completed`` event. Word timestamps count from the item's start.
 
+With an engine per look-ahead (:mod:`~nemo_fastdecode.serve.look_aheads`) the session's ``delay`` picks the engine of
+its next items: an item streams on the engine of the session as it was when its first audio came, so a
+``session.update`` changing the delay leaves the buffer's audio (and the committed items still decoding) on their
+engine and applies from the next item; nothing is lost or moved. The connection holds an admission slot of each engine
+it needs (its session's, and its items' until their finals): an update to a delay whose engine is full is refused
+(``server_at_capacity``, naming the engine) and changes nothing.
+
 Idle timeout and graceful shutdown end a connection the same way: the buffer's audio is committed, its final is
 waited for (bounded), then the close frame (1000 idle, 1001 shutdown).
 """
@@ -37,8 +44,10 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 from websockets.exceptions import ConnectionClosed
 
+from nemo_fastdecode.serve.admission import Admission
 from nemo_fastdecode.serve.config import LimitsConfig
 from nemo_fastdecode.serve.engine_loop import Abort, Delivery, Drop, EnginePort, Finish, Push
+from nemo_fastdecode.serve.look_aheads import LookAheads
 from nemo_fastdecode.serve.metrics import ServerMetrics
 from nemo_fastdecode.serve.protocol import (
     BETA_FORMAT_NAMES,
@@ -112,6 +121,7 @@ class SessionState:
     requested_model: str | None = None  # the transcription model the client named
     endpointing: EndpointingOptions | None = None  # the VAD settings ``turn_detection`` asks for (engine VAD only)
     boosting: BoostingOptions | None = None  # the phrases to boost in the next items (keywords or boosting)
+    att_context_size: list[int] | None = None  # the look-ahead its next items stream at (the engine of its delay)
 
     @property
     def itemsize(self) -> int:
@@ -127,7 +137,11 @@ class SessionState:
                 input_audio_format=BETA_FORMAT_NAMES[self.format],
                 input_audio_sample_rate=self.rate,
                 input_audio_transcription=BetaTranscription(
-                    model=self.requested_model, language=self.language, prompt=self.prompt, served_model=self.model
+                    model=self.requested_model,
+                    language=self.language,
+                    prompt=self.prompt,
+                    served_model=self.model,
+                    att_context_size=self.att_context_size,
                 ),
                 turn_detection=self.turn_detection,
                 include=list(self.include),
@@ -146,6 +160,7 @@ class SessionState:
                         keywords=keywords,
                         delay=self.delay,
                         boosting=_reported(self.boosting),
+                        att_context_size=self.att_context_size,
                     ),
                     turn_detection=self.turn_detection,
                 )
@@ -184,6 +199,7 @@ class _Item:
     item_id: str
     start_seconds: float  # where its audio starts in the connection's audio
     rate: int  # of its audio (a session's format changes only between items)
+    engine: int = 0  # the engine (look-ahead) it streams on
     samples: int = 0
     sent: str = ""
 
@@ -221,6 +237,9 @@ class Connection:
         boosting: whether the model can boost phrases (it has a tokenizer); ``False``: keywords are refused.
         keywords_weight: the boosting weight of a session's ``keywords``.
         logprobs: whether the engine decodes greedily (token log-probabilities can be included).
+        look_aheads: the engines' look-aheads (a session's ``delay`` picks one); ``None``: one engine.
+        admission: the slots per engine, with ``look_aheads``: the connection holds one of its default engine when it
+            starts (the listener took it) and gives back what it holds when it ends (:meth:`release`).
     """
 
     def __init__(
@@ -240,9 +259,14 @@ class Connection:
         boosting: bool = True,
         keywords_weight: float = 1.0,
         logprobs: bool = True,
+        look_aheads: LookAheads | None = None,
+        admission: Admission | None = None,
     ):
         self.ws, self.id, self.engine_loop, self.metrics, self.limits = ws, connection_id, engine_loop, metrics, limits
-        self.session = SessionState(model=model_name)
+        self.look_aheads, self.admission = look_aheads, admission
+        self.engine = look_aheads.default if look_aheads is not None else 0  # the session's engine
+        self.held = {self.engine}  # engines whose admission slot this connection holds
+        self.session = SessionState(model=model_name, att_context_size=self._look_ahead(self.engine))
         self.session_id = f"sess_{connection_id}"
         self.model_rate, self.boosting_available, self.keywords_weight = rate, boosting, keywords_weight
         self.logprobs_available = logprobs
@@ -469,11 +493,12 @@ class Connection:
             return
         if self._current is None:
             index = next(self._item_index)
-            self._current = _Item(index, f"item_{self.id}_{index}", self._seconds, self.session.rate)
+            self._current = _Item(index, f"item_{self.id}_{index}", self._seconds, self.session.rate, self.engine)
             self._finals_done.clear()
         item = self._current
         vad = self.session.turn_detection is not None
-        self.engine_loop.submit(Push((self.id, item.index), pcm, time.monotonic(), self._stream_options(), vad))
+        options = self._stream_options()
+        self.engine_loop.submit(Push((self.id, item.index), pcm, time.monotonic(), options, vad, item.engine))
         samples = len(pcm) // self.session.itemsize
         item.samples += samples
         seconds = samples / self.session.rate
@@ -518,6 +543,7 @@ class Connection:
             self._seconds -= item.samples / item.rate  # the cleared audio is not part of the stream
         if not self._pending:
             self._finals_done.set()
+        self._release_unused()
         self._send(Cleared(event_id=self._event_id()))
 
     def _update(self, event: SessionUpdate) -> None:
@@ -532,10 +558,49 @@ class Connection:
                 param="session.audio.input.format",
                 event_id=event.event_id,
             )
+        self._choose_engine(event, new)
         self.session = new
+        self._release_unused()
         beta_event = event.type.startswith("transcription_session")
         kind = "transcription_session.updated" if beta_event else "session.updated"
         self._send(SessionEvent(event_id=self._event_id(), type=kind, session=self._describe(self.beta or beta_event)))
+
+    def _choose_engine(self, event: SessionUpdate, new: SessionState) -> None:
+        """The engine of ``new``'s delay for the next items: its admission slot taken (a refusal, naming the engine,
+        when it is full: then nothing changes)."""
+        if self.look_aheads is None or self.admission is None:
+            return
+        engine = self.look_aheads.engine_of(new.delay)
+        if engine not in self.held:
+            refusal = self.admission.admit(engine)
+            if refusal is not None:
+                beta = event.session.input_audio_transcription is not None
+                where = "session.input_audio_transcription" if beta else "session.audio.input.transcription"
+                raise ProtocolError(refusal.code, refusal.message, param=f"{where}.delay", event_id=event.event_id)
+            self.held.add(engine)
+        self.engine, new.att_context_size = engine, self._look_ahead(engine)
+
+    def _look_ahead(self, engine: int) -> list[int] | None:
+        """The ``att_context_size`` of an engine, as sessions report it (``None`` without look-aheads)."""
+        return list(self.look_aheads.sizes[engine]) if self.look_aheads is not None else None
+
+    def _release_unused(self) -> None:
+        """Give back the admission slots of the engines that neither the session nor an item still needs."""
+        if self.admission is None:
+            return
+        needed = {self.engine, *(item.engine for item in self._pending.values())}
+        if self._current is not None:
+            needed.add(self._current.engine)
+        for engine in self.held - needed:
+            self.held.discard(engine)
+            self.admission.release(engine)
+
+    def release(self) -> None:
+        """Give back every admission slot the connection holds (it ended)."""
+        if self.admission is not None:
+            for engine in self.held:
+                self.admission.release(engine)
+        self.held.clear()
 
     def _apply_session(self, update: SessionConfig, new: SessionState, event_id: str | None) -> None:
         audio_input = update.audio.input if update.audio is not None else None
@@ -832,6 +897,7 @@ class Connection:
         self._pending.pop(item.index, None)
         if not self._pending and self._current is None:
             self._finals_done.set()
+        self._release_unused()
 
     # ---- outgoing ------------------------------------------------------------------------------------------------
     def _describe(self, beta: bool) -> Session | BetaSession:

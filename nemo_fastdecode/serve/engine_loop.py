@@ -12,6 +12,11 @@ streams go to the engine together (:meth:`~StreamingEngine.push_many`: one copy 
 that needs more than a push to an open stream, and every later one, wait for the cycle's end, so commands apply in
 the order they came.
 
+With an engine per look-ahead (``transcription.delay``, :mod:`~nemo_fastdecode.serve.look_aheads`) the thread owns
+them all: each item streams on the engine its pushes name (:attr:`Push.engine`), and each turn runs one cycle of each
+engine that has work, in turn (each cycle its own single host-to-device copy of its streams' audio; no other sync is
+added). A connection's next item may be on another engine: it opens there once the previous item's final is out.
+
 Each connection is a *lane* of items (an item: the audio between two commits, one engine stream). Only a lane's
 first item holds an engine stream; the next one's audio waits here until the first one's final has been built, so a
 connection never holds more than one slot (admission counts connections against slots).
@@ -34,7 +39,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -71,6 +76,8 @@ _ARRIVALS_KEPT = 1024
 
 #: ``(connection id, item index)``
 ItemKey = tuple[int, int]
+#: ``(engine index, engine stream id)``: an open stream among the engines
+_StreamKey = tuple[int, int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +89,7 @@ class Push:
     received: float
     options: StreamOptions
     turn_detection: bool = False
+    engine: int = 0  # the engine (look-ahead) the item streams on: its first push's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +129,7 @@ class PushBatch:
     One object with a few arrays and one bytes object crosses the process boundary instead of one object per push
     (at thousands of clients, unpickling the pushes one by one cost the engine's process more than applying them).
     Push ``i``: ``keys[i]``, ``audio[offsets[i]:offsets[i + 1]]``, ``received[i]``, ``options[option_of[i]]``,
-    ``turn_detection[i]``.
+    ``turn_detection[i]``, ``engines[i]``.
     """
 
     keys: np.ndarray  # [N, 2] int64: (connection id, item index)
@@ -131,6 +139,7 @@ class PushBatch:
     options: list[StreamOptions]  # distinct options, in first-use order
     option_of: np.ndarray  # [N] int64
     turn_detection: np.ndarray  # [N] bool
+    engines: np.ndarray  # [N] int64
 
     @classmethod
     def of(cls, pushes: list[Push]) -> PushBatch:
@@ -158,6 +167,7 @@ class PushBatch:
             options=options,
             option_of=option_of,
             turn_detection=np.fromiter((p.turn_detection for p in pushes), dtype=bool, count=len(pushes)),
+            engines=np.fromiter((p.engine for p in pushes), dtype=np.int64, count=len(pushes)),
         )
 
     @classmethod
@@ -180,6 +190,7 @@ class PushBatch:
             options=options,
             option_of=np.concatenate(option_of),
             turn_detection=np.concatenate([b.turn_detection for b in batches]),
+            engines=np.concatenate([b.engines for b in batches]),
         )
 
     def __len__(self) -> int:
@@ -241,6 +252,7 @@ class _Item:
     key: ItemKey
     pushes: list[tuple[bytes, float, StreamOptions, bool]] = dataclasses.field(default_factory=list)
     finish_received: float | None = None
+    engine: int = 0  # index of the engine its stream is on
     stream: int | None = None
     turn_detection: bool = False
     rate: int = 16000  # of the item's audio
@@ -256,7 +268,8 @@ class EngineLoop:
     """Runs ``engine`` in a thread of its own; :meth:`submit` is thread-safe.
 
     Args:
-        engine: the streaming engine (only this thread calls it once :meth:`start` ran).
+        engine: the streaming engine, or the engines (one per look-ahead) that :attr:`Push.engine` indexes (only this
+            thread calls them once :meth:`start` ran).
         deliver: called from this thread with each cycle's deliveries, in order (must not block).
         metrics: cycle time, chunk and final latency, open streams.
         endpointer: the endpointing hook (see the module docstring); ``None``: segments end at commits only.
@@ -265,21 +278,23 @@ class EngineLoop:
 
     def __init__(
         self,
-        engine: StreamingEngine,
+        engine: StreamingEngine | Sequence[StreamingEngine],
         deliver: Callable[[list[Delivery]], None],
         metrics: ServerMetrics,
         *,
         endpointer: Callable[[list[StreamEvent]], Iterable[int]] | None = None,
         idle_wait: float = 0.05,
     ):
-        self.engine, self._deliver, self.metrics = engine, deliver, metrics
+        self.engines = [engine] if isinstance(engine, StreamingEngine) else list(engine)
+        self.engine = self.engines[0]  # the first (the only one without look-aheads)
+        self._deliver, self.metrics = deliver, metrics
         self.endpointer = endpointer
         self._idle_wait = idle_wait
         self._commands: queue.SimpleQueue[Command | list[Command | PushBatch] | None] = queue.SimpleQueue()
         self._lanes: dict[int, collections.deque[_Item]] = {}
-        self._item_of: dict[int, _Item] = {}  # engine stream id -> its item
-        self._segmenting: set[int] = set()  # streams whose item asked for turn detection
-        self._segments: dict[int, int] = {}  # segments the endpointer ended, per stream
+        self._item_of: dict[_StreamKey, _Item] = {}  # (engine, stream id) -> its item
+        self._segmenting: set[_StreamKey] = set()  # streams whose item asked for turn detection
+        self._segments: dict[_StreamKey, int] = {}  # segments the endpointer ended, per stream
         self._held: list[Command | PushBatch | None] = []  # taken while a cycle stepped, applied after it
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()
@@ -321,7 +336,8 @@ class EngineLoop:
     def _run(self, warm_up: bool) -> None:
         try:
             if warm_up:
-                self.engine.warm_up()
+                for engine in self.engines:
+                    engine.warm_up()
             # what is alive now (the model, NeMo's and torch's modules: ~10**6 objects) lives as long as the server:
             # frozen, a full collection (every thread stops for it) walks only what serving creates, not all of them
             gc.freeze()
@@ -339,8 +355,8 @@ class EngineLoop:
             if failed:
                 self._deliver(failed)
         finally:
-            for stream in list(self._item_of):
-                self._abort_stream(stream)
+            for item in list(self._item_of.values()):
+                self._abort_stream(item)
             self._lanes.clear()
             gc.unfreeze()  # the process's exit then finalises those objects as usual
             self.ready.set()
@@ -348,18 +364,24 @@ class EngineLoop:
     def _turn(self) -> bool:
         """Apply the commands that came (waiting for one while the engine is idle), then one cycle if the engine has
         work (pushes that come meanwhile are applied while it steps); ``False`` once told to stop."""
-        commands = batched(self._held + self._take(block=not (self.engine.busy or self._held)))
+        commands = batched(self._held + self._take(block=not (self.busy or self._held)))
         self._held = []
         stop = None in commands
         deliveries: list[Delivery] = []
         for command in commands:
             if command is not None:
                 deliveries += self._apply(command)
-        if not stop and self.engine.busy:
-            deliveries += self._cycle()
+        for index, engine in enumerate(self.engines):
+            if not stop and engine.busy:
+                deliveries += self._cycle(index)
         if deliveries:
             self._deliver(deliveries)
         return not stop
+
+    @property
+    def busy(self) -> bool:
+        """Whether an engine has work (a cycle to run)."""
+        return any(engine.busy for engine in self.engines)
 
     def _take(self, block: bool) -> list[Command | PushBatch | None]:
         """Every queued command (batches flattened); waits up to ``idle_wait`` for the first one when ``block``."""
@@ -379,9 +401,9 @@ class EngineLoop:
         return out
 
     def _apply_push(
-        self, key: ItemKey, pcm: bytes, received: float, options: StreamOptions, turn_detection: bool
+        self, key: ItemKey, pcm: bytes, received: float, options: StreamOptions, turn_detection: bool, engine: int = 0
     ) -> list[Delivery]:
-        """A push: to its item's stream when that is open, else kept until it opens."""
+        """A push: to its item's stream when that is open, else kept until it opens (on ``engine``)."""
         lane = self._lanes.setdefault(key[0], collections.deque())
         item = next((i for i in lane if i.key == key), None)
         if item is None:
@@ -389,6 +411,7 @@ class EngineLoop:
             lane.append(item)
         item.turn_detection = item.turn_detection or turn_detection
         if item.stream is None:
+            item.engine = engine
             item.pushes.append((pcm, received, options, turn_detection))
             return self._start_head(key[0])
         return self._push(item, pcm, received)
@@ -408,7 +431,7 @@ class EngineLoop:
             for connection in dropped:
                 for item in self._lanes.pop(connection, ()):
                     if item.stream is not None:
-                        self._abort_stream(item.stream)
+                        self._abort_stream(item)
             return []
         connection, _ = command.key
         lane = self._lanes.setdefault(connection, collections.deque())
@@ -417,7 +440,7 @@ class EngineLoop:
             if item is not None:
                 lane.remove(item)
                 if item.stream is not None:
-                    self._abort_stream(item.stream)
+                    self._abort_stream(item)
                 return self._start_head(connection)
             return []
         if item is None:
@@ -427,10 +450,12 @@ class EngineLoop:
         # may still end before the audio is out: acknowledged with the last event then
         item.finish_received = command.received
         committed = (
-            [] if item.turn_detection else [Delivery(item.key, None, committed=self._segments.get(item.stream, 0))]
+            []
+            if item.turn_detection
+            else [Delivery(item.key, None, committed=self._segments.get(_stream_key(item), 0))]
         )
         if item.stream is not None:
-            self.engine.finish(item.stream)
+            self.engines[item.engine].finish(item.stream)
             return committed
         return committed + self._start_head(connection)
 
@@ -444,23 +469,24 @@ class EngineLoop:
         if item.stream is not None or not item.pushes:
             return []
         _, _, options, turn_detection = item.pushes[0]
+        engine = self.engines[item.engine]
         try:
-            item.stream = self.engine.open(options)
+            item.stream = engine.open(options)
         except (StreamingEngineError, ValueError) as error:
             lane.popleft()
             return [Delivery(item.key, None, str(error)), *self._start_head(connection)]
-        item.rate = options.sample_rate or self.engine.front.settings.sample_rate
+        item.rate = options.sample_rate or engine.front.settings.sample_rate
         item.itemsize = SampleFormat.parse(options.sample_format).itemsize
-        self._item_of[item.stream] = item
+        self._item_of[_stream_key(item)] = item
         if turn_detection:
-            self._segmenting.add(item.stream)
+            self._segmenting.add(_stream_key(item))
         self.metrics.open_streams.set(len(self._item_of))
         out = []
         for pcm, received, _, _ in item.pushes:
             out += self._push(item, pcm, received)
         item.pushes.clear()
         if item.finish_received is not None and item.stream is not None:
-            self.engine.finish(item.stream)
+            engine.finish(item.stream)
         return out
 
     def _push(self, item: _Item, pcm: bytes, received: float) -> list[Delivery]:
@@ -469,49 +495,52 @@ class EngineLoop:
             return []
         # the checks before the engine rule this out; never take others down
         self._remove(item)
-        self._abort_stream(item.stream)
+        self._abort_stream(item)
         return [Delivery(item.key, None, str(error)), *self._start_head(item.key[0])]
 
     def _push_now(self, item: _Item, pcm: bytes, received: float) -> StreamingEngineError | None:
         """Push to the item's open stream; the engine's refusal (nothing changed then), or ``None``."""
         try:
-            self.engine.push(item.stream, pcm)
+            self.engines[item.engine].push(item.stream, pcm)
         except StreamingEngineError as error:
             return error
         _note_pushed(item, len(pcm), received)
         return None
 
-    def _cycle(self) -> list[Delivery]:
+    def _cycle(self, index: int = 0) -> list[Delivery]:
+        """One cycle of the ``index``-th engine: its events as deliveries."""
+        engine = self.engines[index]
         start = time.perf_counter()
-        events = self.engine.poll(while_stepping=self._push_while_stepping)
+        events = engine.poll(while_stepping=self._push_while_stepping)
         if self.endpointer is not None and self._segmenting:
             for stream in self.endpointer(events):
-                item = self._item_of.get(stream)
-                if stream in self._segmenting and item is not None and item.finish_received is None:
-                    events.append(self.engine.end_segment(stream))
+                item = self._item_of.get((index, stream))
+                if (index, stream) in self._segmenting and item is not None and item.finish_received is None:
+                    events.append(engine.end_segment(stream))
         now = time.perf_counter()
         self.metrics.cycle_seconds.observe(now - start)
         self.cycles += 1
         clock = time.monotonic()
         out = []
-        for speech in self.engine.speech_events:  # before the finals they lead to
-            item = self._item_of.get(speech.stream_id)
+        for speech in engine.speech_events:  # before the finals they lead to
+            item = self._item_of.get((index, speech.stream_id))
             if item is not None:
                 out.append(Delivery(item.key, None, speech=speech))
         for event in events:
-            item = self._item_of.get(event.stream_id)
+            stream = (index, event.stream_id)
+            item = self._item_of.get(stream)
             if item is None:
                 continue
             key = item.key
             if event.is_final and not event.is_last:
-                self._segments[event.stream_id] = self._segments.get(event.stream_id, 0) + 1
+                self._segments[stream] = self._segments.get(stream, 0) + 1
             if event.is_last and item.turn_detection:  # the client's commit: the last segment
                 out.append(Delivery(key, None, committed=event.segment))
             if event.is_last:
                 if item.finish_received is not None:
                     self.metrics.final_latency_seconds.observe(clock - item.finish_received)
                 self._remove(item)
-                self._forget(event.stream_id)
+                self._forget(stream)
             elif not event.is_final:
                 self._observe_chunk_latency(item, event, clock)
             out.append(Delivery(key, event))
@@ -568,16 +597,23 @@ class EngineLoop:
                 heads.append(head)
             else:
                 kept.append(i)
-        order = np.asarray(fed, dtype=np.int64)
-        starts, stops = batch.offsets[order], batch.offsets[order + 1]
-        applied = self.engine.push_many([head.stream for head in heads], batch.audio, starts, stops)
         received, turns = batch.received.tolist(), batch.turn_detection.tolist()
-        for i, head, size in zip(fed[:applied], heads, (stops[:applied] - starts[:applied]).tolist(), strict=False):
-            head.turn_detection = head.turn_detection or turns[i]
-            _note_pushed(head, size, received[i])
-        done = set(fed[:applied])
-        if applied < len(fed):  # the engine refused one: it and its connection's later pushes go the general way
-            blocked.update(keys[i][0] for i in fed[applied:])
+        done: set[int] = set()
+        for index, engine in enumerate(self.engines):  # one push_many per engine with pushes
+            on = [k for k, head in enumerate(heads) if head.engine == index]
+            if not on:
+                continue
+            fed_on = [fed[k] for k in on]
+            order = np.asarray(fed_on, dtype=np.int64)
+            starts, stops = batch.offsets[order], batch.offsets[order + 1]
+            applied = engine.push_many([heads[k].stream for k in on], batch.audio, starts, stops)
+            sizes = (stops[:applied] - starts[:applied]).tolist()
+            for i, k, size in zip(fed_on[:applied], on, sizes, strict=False):
+                heads[k].turn_detection = heads[k].turn_detection or turns[i]
+                _note_pushed(heads[k], size, received[i])
+            done.update(fed_on[:applied])
+            if applied < len(fed_on):  # the engine refused one: it and its connection's later pushes go the general way
+                blocked.update(keys[i][0] for i in fed_on[applied:])
         units = None
         for i in kept:
             if keys[i][0] not in blocked:
@@ -604,15 +640,20 @@ class EngineLoop:
             if not lane:
                 del self._lanes[item.key[0]]
 
-    def _abort_stream(self, stream: int) -> None:
-        self.engine.abort(stream)
-        self._forget(stream)
+    def _abort_stream(self, item: _Item) -> None:
+        self.engines[item.engine].abort(item.stream)
+        self._forget(_stream_key(item))
 
-    def _forget(self, stream: int) -> None:
+    def _forget(self, stream: _StreamKey) -> None:
         self._item_of.pop(stream, None)
         self._segmenting.discard(stream)
         self._segments.pop(stream, None)
         self.metrics.open_streams.set(len(self._item_of))
+
+
+def _stream_key(item: _Item) -> _StreamKey:
+    """An open item's ``(engine, stream id)``."""
+    return item.engine, item.stream
 
 
 def _note_pushed(item: _Item, nbytes: int, received: float) -> None:
@@ -624,16 +665,17 @@ def _note_pushed(item: _Item, nbytes: int, received: float) -> None:
 
 def _push_units(
     command: Command | PushBatch | None,
-) -> list[tuple[ItemKey, bytes, float, StreamOptions, bool]] | None:
+) -> list[tuple[ItemKey, bytes, float, StreamOptions, bool, int]] | None:
     """A :class:`Push`'s or a :class:`PushBatch`'s pushes, in order, as ``(key, pcm, received, options,
-    turn_detection)``; ``None`` for any other command."""
+    turn_detection, engine)``; ``None`` for any other command."""
     if isinstance(command, Push):
-        return [(command.key, command.pcm, command.received, command.options, command.turn_detection)]
+        c = command
+        return [(c.key, c.pcm, c.received, c.options, c.turn_detection, c.engine)]
     if not isinstance(command, PushBatch):
         return None
     keys, offsets, received = command.keys.tolist(), command.offsets.tolist(), command.received.tolist()
-    options, turns = command.options, command.turn_detection.tolist()
+    options, turns, engines = command.options, command.turn_detection.tolist(), command.engines.tolist()
     return [
-        (tuple(key), command.audio[offsets[i] : offsets[i + 1]], received[i], options[j], turns[i])
+        (tuple(key), command.audio[offsets[i] : offsets[i + 1]], received[i], options[j], turns[i], engines[i])
         for i, (key, j) in enumerate(zip(keys, command.option_of.tolist(), strict=True))
     ]

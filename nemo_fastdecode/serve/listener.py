@@ -30,6 +30,7 @@ from nemo_fastdecode.serve.admission import SUBPROTOCOL_KEY_PREFIX, Admission, R
 from nemo_fastdecode.serve.config import ServeConfig
 from nemo_fastdecode.serve.connection import Connection
 from nemo_fastdecode.serve.engine_loop import Delivery, EnginePort
+from nemo_fastdecode.serve.look_aheads import LookAheads
 from nemo_fastdecode.serve.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from nemo_fastdecode.serve.protocol import CloseCode, ErrorCode, ErrorDetail, ErrorEvent
 from nemo_fastdecode.streaming import EndpointingOptions
@@ -61,6 +62,8 @@ class Listener:
             answered with HTTP 503; ``None``: while ``ready`` is.
         exposition: the ``/metrics`` text (a coroutine: a worker asks the main process for it).
         first_id: connection ids count up from ``first_id + 1`` (each worker has its own range).
+        look_aheads: the engines' look-aheads (a session's ``delay`` picks one; a new connection takes a slot of the
+            default's); ``None``: one engine, not reported.
     """
 
     def __init__(
@@ -80,10 +83,11 @@ class Listener:
         exposition: Callable[[], Awaitable[bytes]],
         first_id: int = 0,
         serving: Callable[[], bool] | None = None,
+        look_aheads: LookAheads | None = None,
     ):
         self.engine, self.config, self.metrics, self.admission = engine, config, metrics, admission
         self.rate, self.model_name, self.segmenting, self.vad = rate, model_name, segmenting, vad
-        self.boosting = boosting
+        self.boosting, self.look_aheads = boosting, look_aheads
         self._healthy, self._ready, self._exposition = healthy, ready, exposition
         self._serving = ready if serving is None else serving
         self.connections: dict[int, Connection] = {}
@@ -145,7 +149,7 @@ class Listener:
         if refusal is None and self.shutting_down:
             refusal = Refusal(ErrorCode.SHUTTING_DOWN, "the server is shutting down", CloseCode.GOING_AWAY)
         if refusal is None:
-            refusal = self.admission.admit()
+            refusal = self.admission.admit(self.look_aheads.default if self.look_aheads is not None else 0)
         if refusal is not None:
             await self._refuse(ws, refusal)
             return
@@ -165,6 +169,8 @@ class Listener:
             logprobs=self.config.decoding == "greedy",
             vad=self.vad,
             pcm_rates=INPUT_RATES,
+            look_aheads=self.look_aheads,
+            admission=self.admission,
         )
         self.connections[connection_id] = connection
         self.metrics.connections.set(len(self.connections))
@@ -175,7 +181,7 @@ class Listener:
         finally:
             self._handlers.discard(task)
             del self.connections[connection_id]
-            self.admission.release()
+            connection.release()
             self.metrics.connections.set(len(self.connections))
 
     async def _refuse(self, ws: ServerConnection, refusal: Refusal) -> None:

@@ -341,7 +341,9 @@ class G711Format(BaseModel):
 
 
 class SessionTranscription(BaseModel):
-    """The session's transcription settings; ``boosting`` is an extension (every boosting option, defaults filled)."""
+    """The session's transcription settings; ``boosting`` is an extension (every boosting option, defaults filled);
+    so is ``att_context_size``: the ``[left, lookahead]`` the session's next items stream at (the engine its ``delay``
+    picks among the server's look-aheads; ``None`` with network workers, whose sessions do not know it)."""
 
     model: str
     language: str | None = None
@@ -350,6 +352,7 @@ class SessionTranscription(BaseModel):
     keywords: list[str] | None = None
     delay: Literal["minimal", "low", "medium", "high", "xhigh"] | None = None
     boosting: Boosting | None = None
+    att_context_size: list[int] | None = None
 
 
 class SessionAudioInput(BaseModel):
@@ -375,12 +378,14 @@ class Session(BaseModel):
 
 class BetaTranscription(BaseModel):
     """``model``: what the client named (``None`` if it named none); the served model is ``served_model``
-    (extension): the beta SDK types ``model`` as one of OpenAI's three model names."""
+    (extension): the beta SDK types ``model`` as one of OpenAI's three model names. ``att_context_size`` (extension):
+    as in :class:`SessionTranscription`."""
 
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
     served_model: str
+    att_context_size: list[int] | None = None
 
 
 class ClientSecret(BaseModel):
