@@ -130,8 +130,13 @@ CONFIG = voices.VoicesConfig(
 def test_defaults_train_festival_and_hold_out_flite():
     default = voices.VoicesConfig()
     voices.check_config(default)
-    assert voices.training_splits(default) == ["train_festival"]
-    assert voices.evaluation_splits(default) == ["test_festival_sentences", "test_festival_voices", "test_flite"]
+    assert voices.training_splits(default) == ["train_espeak", "train_festival"]
+    assert voices.evaluation_splits(default) == [
+        "test_espeak_sentences",
+        "test_festival_sentences",
+        "test_festival_voices",
+        "test_flite",
+    ]
     assert voices.training_splits(replace(default, engines=["flite"])) == []
 
 
@@ -162,6 +167,8 @@ def test_config_refuses_flite_in_training_and_voices_both_trained_and_held_out()
         voices.check_config(replace(CONFIG, held_out_voices={"festival": ["kal_diphone"]}))
     with pytest.raises(ValueError, match="festival has no voices .'rab_diphone'."):
         voices.check_config(replace(CONFIG, train_voices={"festival": ["rab_diphone"]}))
+    with pytest.raises(ValueError, match=r"\['en-us\+m6'\] use eSpeak variants of the test split"):
+        voices.check_config(replace(CONFIG, train_voices={"espeak": ["en-us+m3", "en-us+m6"]}))
     with pytest.raises(ValueError, match="unknown engine 'mbrola'"):
         voices.check_config(replace(CONFIG, eval_only={"mbrola": ["us1"]}))
 
@@ -193,7 +200,7 @@ def test_training_reads_every_synthesisers_training_manifest(tmp_path):
     from fastdecode_lab.tiny_models.training import model_config
 
     layout = RecipeLayout.at(tmp_path)
-    cfg = resolve_config({"voices": {"train_voices": {"festival": ["kal_diphone"]}}})
+    cfg = resolve_config({"voices": {"engines": ["festival"], "train_voices": {"festival": ["kal_diphone"]}}})
     train_ds = model_config("tdt", cfg, layout).train_ds
     assert list(train_ds.manifest_filepath) == [str(layout.manifest("train")), str(layout.manifest("train_festival"))]
     espeak_only = resolve_config({"voices": {"engines": []}})
@@ -203,14 +210,16 @@ def test_training_reads_every_synthesisers_training_manifest(tmp_path):
 
 # ---- the engines -------------------------------------------------------------------------------------------------
 def _need(engine: str) -> None:
-    if voices.executable(engine, PACKED) is None:
+    if engine == "espeak":
+        pytest.importorskip("espeakng_loader")
+    elif voices.executable(engine, PACKED) is None:
         where = (
             f"in FASTDECODE_SYNTHESISERS={PACKED}" if PACKED else "on PATH (apt-get install festival flite festvox-*)"
         )
         pytest.skip(f"{engine} is not installed {where}")
 
 
-@pytest.mark.parametrize("engine", ["festival", "flite"])
+@pytest.mark.parametrize("engine", ["espeak", "festival", "flite"])
 def test_each_engine_speaks_every_voice(engine):
     _need(engine)
     if engine == "festival":
@@ -219,7 +228,8 @@ def test_each_engine_speaks_every_voice(engine):
         missing = [v for v in voices.ENGINE_VOICES[engine] if v not in names]
         if missing:
             pytest.skip(f"festival voices {missing} are not installed")
-    utterances = [voices.Utterance(engine, v, "call me at half past ten") for v in voices.ENGINE_VOICES[engine]]
+    names = voices.ESPEAK_EXAMPLE_VOICES if engine == "espeak" else voices.ENGINE_VOICES[engine]
+    utterances = [voices.Utterance(engine, v, "call me at half past ten") for v in names]
     audio = voices.speak([*utterances, replace(utterances[0], stretch=1.5)], PACKED)
     for a in audio:
         assert a.dtype == np.float32 and 0.8 * SR < a.size < 5 * SR and np.abs(a).max() > 0.01

@@ -1,7 +1,8 @@
 """Speech from several synthesisers, augmented and joined into multi-utterance examples, and the evaluation splits.
 
-Engines besides eSpeak NG (:mod:`.speech`, unchanged): Festival with Debian's English festvox voices, and Flite, the
-held-out engine, which only ever speaks evaluation splits (:func:`plan_splits` refuses it in training). Both run as
+Engines: Festival with Debian's English festvox voices; Flite, the held-out engine, which only ever speaks evaluation
+splits (:func:`plan_splits` refuses it in training); and eSpeak NG through :mod:`.speech`'s workers (whose own
+single-utterance splits are unchanged) for augmented multi-utterance eSpeak examples. Festival and Flite run as
 programs: from ``synthesisers_dir/bin`` (the relocatable copy of ``scripts/pack_synthesisers.sh``, for hosts
 without apt) or from ``PATH``.
 
@@ -36,14 +37,31 @@ from typing import Any
 
 import numpy as np
 
+from fastdecode_lab.tiny_models import speech
 from fastdecode_lab.tiny_models.augment import AugmentConfig, augment
 from fastdecode_lab.tiny_models.espeak_worker import SAMPLE_RATE
 
 #: the engines this module runs, and the English voices Debian packages for each
 ENGINE_VOICES: dict[str, tuple[str, ...]] = {
+    "espeak": tuple(
+        speech.voice_name(accent, variant)
+        for accent in speech.ACCENTS
+        for variant in speech.TRAIN_VARIANTS + speech.HELD_OUT_VARIANTS
+    ),
     "festival": ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts"),
     "flite": ("kal", "kal16", "awb", "rms", "slt"),
 }
+#: eSpeak NG voices of the default ``train_espeak`` split (its pause-joined, augmented examples): one per accent
+ESPEAK_EXAMPLE_VOICES: tuple[str, ...] = (
+    "en-us+m3",
+    "en+f2",
+    "en-gb-scotland+klatt",
+    "en-gb-x-rp+f1",
+    "en-029+m7",
+    "en-us-nyc+max",
+    "en-gb-x-gbclan+Andy",
+    "en-gb-x-gbcwmd+linda",
+)
 #: engines that never speak a training example
 EVAL_ONLY_ENGINES: tuple[str, ...] = ("flite",)
 
@@ -70,9 +88,12 @@ class VoicesConfig:
             ``PATH``.
     """
 
-    engines: list[str] = field(default_factory=lambda: ["festival", "flite"])
+    engines: list[str] = field(default_factory=lambda: ["espeak", "festival", "flite"])
     train_voices: dict[str, list[str]] = field(
-        default_factory=lambda: {"festival": ["kal_diphone", "cmu_us_slt_arctic_hts"]}
+        default_factory=lambda: {
+            "espeak": list(ESPEAK_EXAMPLE_VOICES),
+            "festival": ["kal_diphone", "cmu_us_slt_arctic_hts"],
+        }
     )
     held_out_voices: dict[str, list[str]] = field(default_factory=lambda: {"festival": ["ked_diphone"]})
     eval_only: dict[str, list[str]] = field(default_factory=lambda: {"flite": list(ENGINE_VOICES["flite"])})
@@ -118,6 +139,10 @@ def executable(engine: str, synthesisers_dir: str | os.PathLike | None = None) -
     ``PATH``; ``None`` where there is neither."""
     if engine not in ENGINE_VOICES:
         raise ValueError(f"unknown engine {engine!r}; valid engines: {', '.join(ENGINE_VOICES)}")
+    if engine == "espeak":  # the espeakng-loader wheel, through speech.py's worker processes
+        import importlib.util
+
+        return speech.espeak_worker.__file__ if importlib.util.find_spec("espeakng_loader") else None
     if synthesisers_dir is not None:
         packed = Path(synthesisers_dir) / "bin" / engine
         return str(packed) if os.access(packed, os.X_OK) else None
@@ -188,7 +213,41 @@ def flite_speak(utterances: Sequence[Utterance], synthesisers_dir: str | os.Path
     return audio
 
 
-_SPEAKERS: dict[str, Callable[..., list[np.ndarray]]] = {"festival": festival_speak, "flite": flite_speak}
+def espeak_speak(
+    utterances: Sequence[Utterance], synthesisers_dir: str | os.PathLike | None = None
+) -> list[np.ndarray]:
+    """Every utterance spoken by eSpeak NG (one :mod:`.espeak_worker` process, ``voice`` as ``en-us+m3``, the rate
+    175 words per minute over ``stretch``, no noise): float32 16 kHz audio each. ``synthesisers_dir`` is unused."""
+    import soundfile as sf
+
+    with tempfile.TemporaryDirectory(prefix="espeak_") as folder:
+        requests = [
+            speech.SpeechRequest(
+                path=os.path.join(folder, f"{index}.wav"),
+                text=u.text,
+                voice=u.voice,
+                rate=round(175 / u.stretch),
+                pitch=50,
+                pitch_range=50,
+                seed=index,
+                snr_db=300.0,  # noise 300 dB down: none in int16
+                gain_db=-1.0,
+                lead_seconds=0.0,
+                trail_seconds=0.0,
+            )
+            for index, u in enumerate(utterances)
+        ]
+        failures = [f"{r['path']}: {r['error']}" for r in speech.run_worker(requests) if "error" in r]
+        if failures:
+            raise RuntimeError("eSpeak NG failed:\n" + "\n".join(failures[:10]))
+        return [sf.read(r.path, dtype="float32")[0] for r in requests]
+
+
+_SPEAKERS: dict[str, Callable[..., list[np.ndarray]]] = {
+    "espeak": espeak_speak,
+    "festival": festival_speak,
+    "flite": flite_speak,
+}
 
 
 def speak(utterances: Sequence[Utterance], synthesisers_dir: str | os.PathLike | None = None) -> list[np.ndarray]:
@@ -296,6 +355,13 @@ def check_config(config: VoicesConfig) -> None:
     trained_eval_only = sorted(set(config.train_voices) & (set(EVAL_ONLY_ENGINES) | set(config.eval_only)))
     if trained_eval_only:
         raise ValueError(f"train_voices: {trained_eval_only} are evaluation-only engines and never speak training data")
+    test_variants = [
+        v for v in config.train_voices.get("espeak", ()) if v.partition("+")[2] in speech.HELD_OUT_VARIANTS
+    ]
+    if test_variants:
+        raise ValueError(
+            f"train_voices: {test_variants} use eSpeak variants of the test split (speech.HELD_OUT_VARIANTS)"
+        )
     for engine, voices in config.held_out_voices.items():
         both = sorted(set(voices) & set(config.train_voices.get(engine, ())))
         if both:
@@ -331,10 +397,12 @@ def draw_examples(
     seed: int,
     training: bool,
 ) -> list[ExampleRequest]:
-    """``count`` examples of ``split``: sentences drawn from ``sentences`` (in order, cycling), each utterance by a
+    """``count`` examples of ``split``: sentences taken from ``sentences`` in order (cycling), each utterance by a
     voice drawn from ``voices`` (``(engine, voice)`` pairs); training examples join several utterances and are
     augmented, evaluation examples are single utterances."""
-    requests, cursor = [], 0
+    # training splits start at a split's own place in the sentences (engines speak different ones first); evaluation
+    # splits all speak the same first test sentences, so that their WERs compare voices on the same text
+    requests, cursor = [], random.Random(f"{seed}/{split}").randrange(len(sentences)) if training else 0
     for index in range(count):
         rng = random.Random(f"{seed}/{split}/{index}")
         n = rng.randint(*config.utterances_per_example) if training else 1
