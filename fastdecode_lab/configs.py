@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastdecode_lab.tiny_models.voices import VoicesConfig
 from nemo_fastdecode.streaming.config import EngineConfig
 
 
@@ -554,7 +555,10 @@ class TinyModelsConfig:
         seed: the corpus, voices, speaking parameters and training.
         num_train / num_dev / num_test: sentences per split (dev / test: held-out sentences; test also held-out
             voices).
-        synthesis_workers: parallel eSpeak processes; ``None``: one per CPU core.
+        synthesis_workers: parallel eSpeak processes (and Festival / Flite processes); ``None``: one per CPU core.
+        voices: the other synthesisers (Festival's voices for training, held-out voices, Flite for evaluation
+            only), the augmentation and the pause-joined multi-utterance examples
+            (:class:`~fastdecode_lab.tiny_models.voices.VoicesConfig`); empty voice tables: eSpeak NG only.
         vocab_size: SentencePiece BPE pieces.
         batch_size: utterances per training batch.
         num_workers: data-loading processes; ``None``: all CPU cores but two, at most 12.
@@ -590,6 +594,7 @@ class TinyModelsConfig:
     num_dev: int = 500
     num_test: int = 1000
     synthesis_workers: int | None = None
+    voices: VoicesConfig = field(default_factory=VoicesConfig)
     vocab_size: int = 256
     batch_size: int = 128
     num_workers: int | None = None

@@ -299,6 +299,7 @@ def toy_recipe(tmp_path_factory):
         "num_dev": 2,
         "num_test": 3,
         "synthesis_workers": 2,
+        "voices": {"engines": []},  # eSpeak NG only: CI has no festival (tests/test_tiny_voices.py tests the others)
         "vocab_size": 64,
         "batch_size": 4,
         "num_workers": 0,

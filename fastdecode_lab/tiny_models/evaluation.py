@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -155,6 +156,19 @@ def ctc_decoded(model: ASRModel, paths: Sequence[str], batch_size: int) -> Decod
         return transcribed(model, "ctc", paths, batch_size, ctc=True)
     finally:
         model.change_decoding_strategy(decoder_type="rnnt", verbose=False)
+
+
+def split_wers(
+    model: ASRModel, manifests: dict[str, str | os.PathLike], batch_size: int, limit: int | None = None
+) -> dict[str, dict[str, Any]]:
+    """Each manifest's WER with the model's own decoding (NeMo's ``transcribe``): split name -> :class:`WerResult`
+    fields and the manifest; ``limit``: its first this many utterances."""
+    results = {}
+    for split, manifest in manifests.items():
+        entries = read_manifest(manifest)[:limit]
+        decoded = transcribed(model, split, [e["audio_filepath"] for e in entries], batch_size)
+        results[split] = {"manifest": str(manifest), **asdict(wer_result(decoded, [e["text"] for e in entries]))}
+    return results
 
 
 # ---- streaming -------------------------------------------------------------------------------------------------
@@ -304,6 +318,7 @@ def evaluate(
     beam_size: int | None = 4,
     streaming: bool = True,
     streaming_utterances: int | None = None,
+    extra_splits: Sequence[str] = (),
     device: str | torch.device | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -317,6 +332,9 @@ def evaluate(
         beam_size: beams of the beam rows; ``None``: no beam rows.
         streaming: a cache-aware model also gets the streaming rows.
         streaming_utterances: the first this many test utterances for the streaming rows; ``None``: all.
+        extra_splits: more evaluation splits (:func:`~fastdecode_lab.tiny_models.voices.evaluation_splits`: other
+            synthesisers, held-out voices, the held-out engine), each decoded with the model's own decoding
+            (:func:`split_wers`); their WERs go to the report's ``splits`` beside ``test`` (the greedy row's).
         device: where the model runs; ``None``: GPU 0 if there is one, else the CPU.
         log: where each row and the table go.
     """
@@ -340,6 +358,10 @@ def evaluate(
         "test_seconds": round(sum(float(e["duration"]) for e in entries), 1),
         "environment": environment(device),
         "results": [asdict(r) for r in results],
+        "splits": {
+            "test": {"manifest": str(layout.manifest("test")), **asdict(results[0])},
+            **split_wers(model, {split: layout.manifest(split) for split in extra_splits}, batch_size),
+        },
     }
     layout.evaluation(model_name).write_text(json.dumps(report, indent=2) + "\n")
     for r in results:
@@ -349,4 +371,6 @@ def evaluate(
             f"{differing})"
         )
     log(format_table(model_name, report["results"]))
+    for split, row in report["splits"].items():
+        log(f"{model_name}: {split:>28}  WER {100 * row['wer']:6.2f}%  ({row['utterances']} utterances)")
     return report

@@ -4,7 +4,8 @@
 
     {root}/corpus/{train,dev,test}.txt          the sentences of each split
     {root}/wavs/{split}/NNN/*.wav               16 kHz speech (the file name carries a hash of its request)
-    {root}/manifests/{split}.jsonl              NeMo manifests (paths relative to the manifest)
+    {root}/manifests/{split}.jsonl              NeMo manifests (paths relative to the manifest); besides train, dev
+                                                and test, voices.py's train_{engine} and test_* splits
     {root}/tokenizer/                           SentencePiece BPE (tokenizer.model, vocab.txt)
     {root}/{model}/model_config.yaml            the NeMo model config the model was trained with
     {root}/{model}/checkpoints/last.ckpt        the training state, resumed by the next train stage

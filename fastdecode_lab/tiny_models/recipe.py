@@ -1,6 +1,7 @@
 """``scripts/train_tiny_models.py``: the stages of the tiny-model recipe, each resumable.
 
-* ``data`` -- the corpus splits (:mod:`.corpus`), their speech (:mod:`.speech`), NeMo manifests, and the BPE
+* ``data`` -- the corpus splits (:mod:`.corpus`), their speech (:mod:`.speech`; other synthesisers, augmented
+  multi-utterance training examples and the evaluation splits of :mod:`.voices`), NeMo manifests, and the BPE
   tokenizer trained on the training sentences;
 * ``train`` -- each model from its last checkpoint (:mod:`.training`), exported when training ends;
 * ``export`` -- a ``.nemo`` of the last checkpoint where there is none yet;
@@ -30,7 +31,7 @@ from fastdecode_lab.emissions import (
     TRAINED_REFERENCE_MODELS,
     write_trained_emission_stats,
 )
-from fastdecode_lab.tiny_models import corpus, speech
+from fastdecode_lab.tiny_models import corpus, speech, voices
 from fastdecode_lab.tiny_models.evaluation import evaluate
 from fastdecode_lab.tiny_models.layout import RecipeLayout
 from fastdecode_lab.tiny_models.training import export, train
@@ -78,6 +79,9 @@ def prepare_data(cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable[[str
             f"{split}: {len(split_requests)} utterances, {sum(split_durations) / 3600:.2f} h "
             f"(mean {sum(split_durations) / len(split_durations):.2f} s) -> {layout.manifest(split)}"
         )
+    if voices.training_splits(cfg.voices) or voices.evaluation_splits(cfg.voices):
+        plan = voices.plan_splits(cfg.voices, splits.train, splits.test, layout.root, seed=cfg.seed)
+        voices.synthesize_splits(plan, cfg.voices, layout.manifest, workers=cfg.synthesis_workers, log=log)
     if _tokenizer_is_current(layout, splits.train, cfg.vocab_size):
         log(f"tokenizer: {layout.tokenizer_dir} is up to date")
     else:
@@ -150,6 +154,7 @@ def run(
                 beam_size=cfg.eval_beam_size,
                 streaming=cfg.eval_streaming,
                 streaming_utterances=cfg.eval_streaming_utterances,
+                extra_splits=voices.evaluation_splits(cfg.voices),
                 log=log,
             )
     if "ship" in cfg.stages:

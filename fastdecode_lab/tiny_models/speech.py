@@ -154,7 +154,7 @@ def draw_requests(
     return requests
 
 
-def _run_worker(requests: Sequence[SpeechRequest]) -> list[dict]:
+def run_worker(requests: Sequence[SpeechRequest]) -> list[dict]:
     """One :mod:`.espeak_worker` process over ``requests``; its result lines in request order."""
     payload = "".join(json.dumps(asdict(r)) + "\n" for r in requests)
     done = subprocess.run(
@@ -199,7 +199,7 @@ def synthesize(
     if todo:
         log(f"Synthesising {len(todo)} utterances ({len(requests) - len(todo)} already there) with {workers} workers")
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for finished, results in enumerate(pool.map(_run_worker, chunks), start=1):
+        for finished, results in enumerate(pool.map(run_worker, chunks), start=1):
             failures += [f"{r['path']}: {r['error']}" for r in results if "error" in r]
             if finished % max(1, len(chunks) // 10) == 0 or finished == len(chunks):
                 log(f"  {min(finished * chunk_size, len(todo))}/{len(todo)} in {time.perf_counter() - start:.1f} s")

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from fastdecode_lab.configs import TinyModelsConfig
 from fastdecode_lab.tiny_models.layout import RecipeLayout, check_model
 from fastdecode_lab.tiny_models.transducer_loss import install_torch_loss
+from fastdecode_lab.tiny_models.voices import training_splits
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -50,8 +51,10 @@ def model_config(model: str, cfg: TinyModelsConfig, layout: RecipeLayout) -> Dic
     workers = cfg.num_workers if cfg.num_workers is not None else default_num_workers()
     with open_dict(full):
         full.model.tokenizer.dir = str(layout.tokenizer_dir)
-        for section, split in (("train_ds", "train"), ("validation_ds", "dev")):
-            full.model[section].manifest_filepath = str(layout.manifest(split))
+        # eSpeak's training split and each other synthesiser's (NeMo reads a list of manifests as one)
+        training = ["train", *training_splits(cfg.voices)]
+        full.model.train_ds.manifest_filepath = [str(layout.manifest(split)) for split in training]
+        full.model.validation_ds.manifest_filepath = str(layout.manifest("dev"))
         for section in ("train_ds", "validation_ds", "test_ds"):
             full.model[section].batch_size = cfg.batch_size
             full.model[section].num_workers = workers if section == "train_ds" else min(workers, 4)
@@ -154,7 +157,7 @@ def train(model: str, cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable
     if _trained_within(layout, model, cfg):
         log(f"{model}: already trained ({layout.trained_marker(model)}); skipping")
         return True
-    for split in ("train", "dev"):
+    for split in ("train", "dev", *training_splits(cfg.voices)):
         if not layout.manifest(split).is_file():
             raise FileNotFoundError(f"no manifest {layout.manifest(split)}: run the data stage first")
     torch.manual_seed(cfg.seed)
