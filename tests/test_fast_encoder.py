@@ -48,8 +48,10 @@ def test_fused_encoder_equals_nemo_to_rounding_and_is_undone(preset):
     assert not any(m.__dict__.get("forward") for layer in model.encoder.layers for m in (layer.conv, layer.self_attn))
     assert torch.equal(lengths, expected_lengths)
     assert expected.abs().max() > 0.1
+    # on CUDA both sides take TF32 products in the convolution modules (cuDNN's default, the GEMMs' here)
+    tolerance = 2e-3 if DEVICE.type == "cuda" else 1e-4
     for row, n in enumerate(expected_lengths.tolist()):
-        torch.testing.assert_close(out[row, :, :n], expected[row, :, :n], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out[row, :, :n], expected[row, :, :n], rtol=tolerance, atol=tolerance)
     again, _ = _encode(model, audio)
     assert torch.equal(again, expected)
 
