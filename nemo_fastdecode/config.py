@@ -97,6 +97,11 @@ def fusion_keys(section: Mapping[str, Any] | Any) -> list[str]:
     return keys + (["boosting_tree"] if boosting_tree and not BoostingTreeModelConfig.is_empty(boosting_tree) else [])
 
 
+def _check_fast_encoder(options: FastGreedyConfig | FastBeamConfig) -> None:
+    if options.fast_encoder and not options.offline_batching:
+        raise ValueError("fast_encoder: true runs on the offline path: set offline_batching: true with it")
+
+
 @dataclass
 class FastGreedyConfig:
     """``decoding.greedy`` for ``strategy: fast_greedy``.
@@ -118,9 +123,13 @@ class FastGreedyConfig:
             few-row CUDA kernel) and the joint looking several frames ahead per call. Faster; its scores agree with
             NeMo's to float32 rounding, so a near-tie may break the other way (the benchmarks report its agreement).
             ``False`` (default): NeMo's own modules (cuDNN LSTM, cuBLAS), op for op and shape for shape, NeMo's bits.
-        offline_batching: the model's ``transcribe`` (NeMo's ``transcribe_speech.py`` too) takes the offline path
-            (:mod:`nemo_fastdecode.offline`): length-sorted batches under a padded-audio budget, audio read ahead
-            on threads, the decoder sized once; the same results, in the input order.
+        offline_batching: opt-in: the model's ``transcribe`` (NeMo's ``transcribe_speech.py`` too) takes the offline
+            path (:mod:`nemo_fastdecode.offline`): length-sorted batches under a padded-audio budget, audio read
+            ahead on threads, the decoder sized once; results in the input order. Other batches than NeMo's give the
+            encoder other padding and kernels, so a near-tie can decode the other way, as it can when NeMo's own
+            ``batch_size`` changes (the transcribe benchmark reports the agreement).
+        fast_encoder: opt-in, with ``offline_batching``: the offline path's fused encoder
+            (:mod:`nemo_fastdecode.offline.fast_encoder`); equal to NeMo's encoder to rounding only.
         ngram_lm_model: NeMo's key: an n-gram LM to fuse (ARPA file, or NeMo's ``.nemo`` n-gram format; loaded by
             NeMo's ``NGramGPULanguageModel.from_file``); label looping only; ``None``: no LM.
         ngram_lm_alpha: NeMo's key: the LM's weight (its scores, natural log, times alpha, added to the logits).
@@ -137,6 +146,7 @@ class FastGreedyConfig:
     fast_math: bool = False
     exact_predictor: bool = False
     offline_batching: bool = False
+    fast_encoder: bool = False
     ngram_lm_model: str | None = None
     ngram_lm_alpha: float = 0.0
     boosting_tree: BoostingTreeModelConfig = field(default_factory=BoostingTreeModelConfig)
@@ -146,6 +156,7 @@ class FastGreedyConfig:
         # 0 is unset, as in NeMo: max_symbols_per_step applies (see greedy_max_symbols)
         _check_graph_mode_and_max_symbols(self.graph_mode, self.max_symbols, unset=0)
         require_label_loop(fusion_keys(self), self.loop_labels)
+        _check_fast_encoder(self)
 
 
 @dataclass
@@ -214,6 +225,8 @@ class FastBeamConfig:
             NeMo's ``malsd_batch`` set-up) or ``early`` (added to the top-k of the unfused log-probabilities).
         blank_lm_score_mode: NeMo's key: ``lm_weighted_full`` (blank's log-probability times ``1 + sum(alphas)``,
             labels also get ``log(1 - p(blank)) * sum(alphas)``) or ``no_score`` (blank unchanged).
+        offline_batching, fast_encoder: opt-in, as for ``fast_greedy``: the model's ``transcribe`` on the offline
+            path, and its fused encoder.
     """
 
     beam_size: int = 4
@@ -231,9 +244,12 @@ class FastBeamConfig:
     boosting_tree_alpha: float = 0.0
     pruning_mode: str = "late"
     blank_lm_score_mode: str = "lm_weighted_full"
+    offline_batching: bool = False
+    fast_encoder: bool = False
 
     def __post_init__(self) -> None:
         _check_graph_mode_and_max_symbols(self.graph_mode, self.max_symbols)
+        _check_fast_encoder(self)
         if isinstance(self.beam_size, bool) or not isinstance(self.beam_size, int) or not 1 <= self.beam_size <= 16:
             raise ValueError(
                 f"beam_size must be in 1..16 (an int; the beam-step kernel's limit), got {self.beam_size!r}; "

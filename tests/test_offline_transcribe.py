@@ -278,6 +278,41 @@ def test_decoding_option_routes_transcribe_and_override_config(model_and_files, 
     assert len(calls) == 2  # the option off: NeMo's transcribe again
 
 
+@pytest.mark.parametrize("section", ["greedy", "beam"])
+def test_decoding_keys_route_fast_beam_too_and_bring_the_fast_encoder(model_and_files, monkeypatch, section):
+    model, paths, _ = model_and_files
+    entered = []
+    import nemo_fastdecode.offline.fast_path as module
+
+    real = module.fast_encoder
+
+    def spy(m):
+        entered.append(m)
+        return real(m)
+
+    monkeypatch.setattr(module, "fast_encoder", spy)
+    strategy = {"greedy": "fast_greedy", "beam": "fast_beam"}[section]
+    keys = {"offline_batching": True, "fast_encoder": True} | ({"beam_size": 2} if section == "beam" else {})
+    apply_decoding(model, {"strategy": strategy, section: keys})
+    try:
+        fused = model.transcribe(paths, batch_size=2, return_hypotheses=True, verbose=False)
+        model.eval()
+        apply_decoding(model, {"strategy": strategy, section: {"fast_encoder": False}})
+        unfused = model.transcribe(paths, batch_size=2, return_hypotheses=True, verbose=False)
+        model.eval()
+    finally:
+        apply_decoding(model, {"strategy": strategy, section: {"offline_batching": False, "fast_encoder": False}})
+    assert entered == [model]  # the offline path ran both times, the fused encoder the first time only
+
+    def tokens(hyps):
+        return [(h[0] if isinstance(h, list) else h).y_sequence.tolist() for h in hyps]  # beam: n-best lists
+
+    assert len(fused) == len(paths) and any(tokens(fused))
+    assert tokens(fused) == tokens(unfused)  # fp32: the fused encoder differs by rounding only
+    with pytest.raises(ValueError, match="fast_encoder: true runs on the offline path: set offline_batching: true"):
+        apply_decoding(model, {"strategy": strategy, section: {"fast_encoder": True}})
+
+
 @pytest.mark.gpu
 def test_thirty_minutes_of_audio_in_one_file_on_the_gpu(tmp_path, exact_fp32):
     """A 30-minute file beside a 50 ms one, through the offline path on a GPU: the same tokens as NeMo's transcribe

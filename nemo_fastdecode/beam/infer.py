@@ -123,6 +123,8 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
         )
         self.decoding_computer = NemoBeamComputer(self.computer, allow_cuda_graphs=allow_cuda_graphs)
         self.options: FastBeamConfig | None = None
+        self.offline_batching = False
+        self.fast_encoder = False
 
     @classmethod
     def from_options(
@@ -152,6 +154,8 @@ class FastBeamBatchedInfer(ComputerGraphsSwitch, Typing, WithOptionalCudaGraphs)
             **nemo_arguments,
         )
         search.options = options
+        # read by the model's transcribe (nemo.offline_transcribe)
+        search.offline_batching, search.fast_encoder = options.offline_batching, options.fast_encoder
         return search
 
     # NeMo's hooks around training and validation; as NeMo's, they go through the decoding computer

@@ -80,7 +80,8 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
     Attributes:
         options: the :class:`~nemo_fastdecode.config.FastGreedyConfig` it was built from (``None``: built from
             keyword arguments).
-        offline_batching: the model's ``transcribe`` takes the offline path (``options.offline_batching``).
+        offline_batching, fast_encoder: the model's ``transcribe`` takes the offline path, with the fused encoder
+            (``options.offline_batching``, ``options.fast_encoder``).
         computer: our greedy computer (:class:`LabelLoopGreedy` or :class:`FrameLoopGreedy`).
         decoding_computer: the same computer behind NeMo's label-looping computer interface
             (:class:`~nemo_fastdecode.greedy.nemo_computer.NemoDecodingComputer`), read by NeMo's streaming pipelines.
@@ -176,6 +177,7 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
         self.decoding_computer = NemoDecodingComputer(self.computer, allow_cuda_graphs=use_cuda_graph_decoder)
         self.options: FastGreedyConfig | None = None
         self.offline_batching = False
+        self.fast_encoder = False
         self.warm_up_seconds = self._warm_up_on_gpu()
 
     @classmethod
@@ -210,7 +212,8 @@ class FastGreedyBatchedInfer(_GreedyRNNTInfer, WithOptionalCudaGraphs):
             **nemo_arguments,
         )
         infer.options = options
-        infer.offline_batching = options.offline_batching  # read by the model's transcribe (nemo.offline_transcribe)
+        # read by the model's transcribe (nemo.offline_transcribe)
+        infer.offline_batching, infer.fast_encoder = options.offline_batching, options.fast_encoder
         return infer
 
     def _warm_up_on_gpu(self) -> float | None:

@@ -1,9 +1,10 @@
 """Patch: NeMo's RNN-T (and hybrid) ``transcribe`` takes our offline path when the decoding asks for it.
 
 ``EncDecRNNTModel.transcribe`` and ``EncDecHybridRNNTCTCModel.transcribe`` are wrapped by
-:func:`install_offline_transcribe`: when the model's decoding is ours with ``decoding.greedy.offline_batching:
-true`` (:func:`wants_offline_batching`), the call goes to :func:`nemo_fastdecode.offline.fast_path.transcribe_call`
-(batches by length, NeMo's method as fallback for what it does not handle); every other call, and every other
+:func:`install_offline_transcribe`: when the model's decoding is ours with ``offline_batching: true`` in its
+``greedy`` or ``beam`` section (:func:`wants_offline_batching`), the call goes to
+:func:`nemo_fastdecode.offline.fast_path.transcribe_call` (batches by length, the fused encoder with ``fast_encoder:
+true``, NeMo's method as fallback for what it does not handle); every other call, and every other
 model, goes to NeMo's method untouched. Idempotent: the wrappers are marked; NeMo's methods are their ``__wrapped__``.
 """
 
@@ -22,17 +23,22 @@ def _classes() -> tuple[type, ...]:
     return EncDecRNNTModel, EncDecHybridRNNTCTCModel
 
 
-def wants_offline_batching(model) -> bool:
-    """``decoding.greedy.offline_batching: true`` on the decoding the model's ``transcribe`` uses (a hybrid model's
-    RNN-T head only when it is the current decoder)."""
+def _decoding_flag(model, name: str) -> bool:
+    """A flag of our decoding strategy (``fast_greedy``'s or ``fast_beam``'s section) on the decoding the model's
+    ``transcribe`` uses (a hybrid model's RNN-T head only when it is the current decoder); ``False`` elsewhere."""
     if getattr(model, "cur_decoder", "rnnt") != "rnnt":
         return False
-    return bool(getattr(getattr(getattr(model, "decoding", None), "decoding", None), "offline_batching", False))
+    return bool(getattr(getattr(getattr(model, "decoding", None), "decoding", None), name, False))
+
+
+def wants_offline_batching(model) -> bool:
+    """``offline_batching: true`` in the ``greedy`` / ``beam`` section of the decoding ``transcribe`` uses."""
+    return _decoding_flag(model, "offline_batching")
 
 
 def install_offline_transcribe() -> None:
     """Wrap both classes' own ``transcribe`` (idempotent)."""
-    from nemo_fastdecode.offline.fast_path import transcribe_call
+    from nemo_fastdecode.offline.fast_path import FastTranscribeOptions, transcribe_call
 
     for cls in _classes():
         nemo_transcribe = cls.__dict__.get("transcribe")
@@ -43,7 +49,8 @@ def install_offline_transcribe() -> None:
             bound = functools.partial(_nemo_transcribe, self)
             if args or not wants_offline_batching(self):
                 return bound(audio, *args, **kwargs)
-            return transcribe_call(self, audio, kwargs, bound)
+            options = FastTranscribeOptions(fast_encoder=_decoding_flag(self, "fast_encoder"))
+            return transcribe_call(self, audio, kwargs, bound, options)
 
         functools.update_wrapper(transcribe, nemo_transcribe)
         cls.transcribe = mark(transcribe, nemo_transcribe)
