@@ -137,8 +137,10 @@ def job_inputs(tmp_path_factory) -> tuple[Path, str]:
     return manifest, want
 
 
-def _run(args: list[str], *, expect_success: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def _run(
+    args: list[str], *, expect_success: bool = True, env: dict[str, str] | None = None, path: tuple[Path, ...] = ()
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(map(str, (*path, REPO)))}
     done = subprocess.run(
         [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False
     )
@@ -156,14 +158,59 @@ def _shard_times(work: Path) -> dict[Path, int]:
     return {p: p.stat().st_mtime_ns for p in work.glob("shard_*.jsonl")}
 
 
+# Loaded first in every process of a run (``sitecustomize``): records each torch.distributed collective, the devices
+# of the tensors it is given, the rank's own device and the innermost caller outside torch, Lightning and this file.
+_COLLECTIVE_TRACER = """
+import json, os, traceback
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+OUT = os.path.join(os.environ["TRACE_COLLECTIVES"], f"{os.getpid()}.jsonl")
+LIBRARIES = ("/torch/", "/lightning/", "/lightning_fabric/", __file__)
+
+def traced(name, real):
+    def collective(*args, **kwargs):
+        tensors = [a for a in (*args, *kwargs.values()) if hasattr(a, "device")]
+        tensors += [t for a in (*args, *kwargs.values()) if isinstance(a, (list, tuple)) for t in a if hasattr(t, "device")]
+        callers = [f for f in traceback.extract_stack()[:-1] if not any(lib in f.filename for lib in LIBRARIES)]
+        caller = f"{callers[-1].filename}:{callers[-1].lineno}" if callers else None
+        with open(OUT, "a") as f:
+            f.write(json.dumps({"op": name, "devices": sorted({str(t.device) for t in tensors}), "caller": caller}) + "\\n")
+        return real(*args, **kwargs)
+    return collective
+
+for name in ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "reduce_scatter", "gather",
+             "scatter"):
+    if hasattr(c10d, name):
+        wrapper = traced(name, getattr(c10d, name))
+        setattr(c10d, name, wrapper)
+        setattr(dist, name, wrapper)
+"""
+
+
 @pytest.mark.slow
 def test_two_cpu_processes_give_the_single_process_manifest(job_inputs, tmp_path):
     manifest, want = job_inputs
-    output = tmp_path / "parallel.jsonl"
-    out = _run(_lightning_command(REPO / "scripts/transcribe_parallel.py", manifest, output, tmp_path / "work")).stdout
+    output, trace, site = tmp_path / "parallel.jsonl", tmp_path / "collectives", tmp_path / "site"
+    trace.mkdir()
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_COLLECTIVE_TRACER)
+    command = _lightning_command(REPO / "scripts/transcribe_parallel.py", manifest, output, tmp_path / "work")
+    out = _run(command, env={"TRACE_COLLECTIVES": str(trace)}, path=(site,)).stdout
     assert "7 input(s) in 8 shard(s) over 2 lightning worker(s) (0 shard(s) from an earlier run)" in out
     assert "Throughput: 11.4 s of audio in " in out and "  rank 1: model " in out
     assert output.read_text() == want
+    # every collective of both ranks: each on the rank's device (what NCCL requires on GPUs, where a CPU tensor fails
+    # with "No backend type associated with device type cpu"), and none from the model's own code (NeMo's encoder
+    # all-reduces lengths whenever a process group exists; ranks encode their own audio, and a model built on the
+    # CPU first would all-reduce a CPU tensor)
+    calls = [json.loads(line) for f in trace.glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert len({f.name for f in trace.glob("*.jsonl")}) == 2  # both ranks traced
+    assert any(c["op"] == "all_gather" for c in calls)  # the ranks' times, gathered
+    assert all(c["devices"] in ([], ["cpu"]) for c in calls), calls
+    ours = REPO / "nemo_fastdecode" / "apps" / "parallel" / "lightning_run.py"
+    callers = {c["caller"] for c in calls}
+    assert all(c is None or c.startswith(f"{ours}:") for c in callers), sorted(map(str, callers))
 
 
 # Runs scripts/transcribe_parallel.py (as __main__, without runpy, which would put the script's path in sys.argv[0]:

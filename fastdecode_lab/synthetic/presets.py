@@ -251,6 +251,10 @@ def make_synthetic_config(preset: str, *, vocab: str = "char", tokenizer_dir: st
             "dropout_emb": 0.0,
             "dropout_att": 0.1,
             "stochastic_depth_drop_prob": 0.0,
+            # NeMo's default all-reduces each batch's length across ranks whenever a process group exists (for
+            # training). A synthetic model's build runs its encoder on the CPU before it moves to its device, which
+            # an NCCL group cannot all-reduce, and every rank of a parallel job encodes its own audio: no sync
+            "sync_max_audio_length": False,
         },
         "decoder": {
             "_target_": "nemo.collections.asr.modules.RNNTDecoder",
