@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from test_transcribe_and_configs import keys
@@ -175,7 +176,9 @@ def traced(name, real):
         callers = [f for f in traceback.extract_stack()[:-1] if not any(lib in f.filename for lib in LIBRARIES)]
         caller = f"{callers[-1].filename}:{callers[-1].lineno}" if callers else None
         with open(OUT, "a") as f:
-            f.write(json.dumps({"op": name, "devices": sorted({str(t.device) for t in tensors}), "caller": caller}) + "\\n")
+            record = {"op": name, "devices": sorted({str(t.device) for t in tensors}), "caller": caller,
+                      "rank": int(os.environ.get("LOCAL_RANK", "0"))}
+            f.write(json.dumps(record) + "\\n")
         return real(*args, **kwargs)
     return collective
 
@@ -191,26 +194,55 @@ for name in ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", 
 @pytest.mark.slow
 def test_two_cpu_processes_give_the_single_process_manifest(job_inputs, tmp_path):
     manifest, want = job_inputs
-    output, trace, site = tmp_path / "parallel.jsonl", tmp_path / "collectives", tmp_path / "site"
-    trace.mkdir()
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(_COLLECTIVE_TRACER)
+    output = tmp_path / "parallel.jsonl"
     command = _lightning_command(REPO / "scripts/transcribe_parallel.py", manifest, output, tmp_path / "work")
-    out = _run(command, env={"TRACE_COLLECTIVES": str(trace)}, path=(site,)).stdout
+    out, trace = _traced_run(command, tmp_path)
     assert "7 input(s) in 8 shard(s) over 2 lightning worker(s) (0 shard(s) from an earlier run)" in out
     assert "Throughput: 11.4 s of audio in " in out and "  rank 1: model " in out
     assert output.read_text() == want
-    # every collective of both ranks: each on the rank's device (what NCCL requires on GPUs, where a CPU tensor fails
-    # with "No backend type associated with device type cpu"), and none from the model's own code (NeMo's encoder
-    # all-reduces lengths whenever a process group exists; ranks encode their own audio, and a model built on the
-    # CPU first would all-reduce a CPU tensor)
+    _check_collectives(trace, ranks=2, device=lambda rank: "cpu")
+
+
+def _traced_run(command: list[str], tmp_path: Path) -> tuple[str, Path]:
+    """Run ``command`` with every process's collectives recorded under ``tmp_path / "collectives"``."""
+    trace, site = tmp_path / "collectives", tmp_path / "site"
+    trace.mkdir()
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_COLLECTIVE_TRACER)
+    return _run(command, env={"TRACE_COLLECTIVES": str(trace)}, path=(site,)).stdout, trace
+
+
+def _check_collectives(trace: Path, ranks: int, device) -> None:
+    """Every collective of every rank on ``device(rank)`` (what NCCL requires on GPUs, where a CPU tensor fails with
+    "No backend type associated with device type cpu"), and none from the model's own code (NeMo's encoder
+    all-reduces lengths whenever a process group exists; ranks encode their own audio, and a model built on the CPU
+    first would all-reduce a CPU tensor)."""
     calls = [json.loads(line) for f in trace.glob("*.jsonl") for line in f.read_text().splitlines()]
-    assert len({f.name for f in trace.glob("*.jsonl")}) == 2  # both ranks traced
+    assert {c["rank"] for c in calls} == set(range(ranks))  # every rank traced
     assert any(c["op"] == "all_gather" for c in calls)  # the ranks' times, gathered
-    assert all(c["devices"] in ([], ["cpu"]) for c in calls), calls
+    assert all(set(c["devices"]) <= {device(c["rank"])} for c in calls), calls
     ours = REPO / "nemo_fastdecode" / "apps" / "parallel" / "lightning_run.py"
     callers = {c["caller"] for c in calls}
     assert all(c is None or c.startswith(f"{ours}:") for c in callers), sorted(map(str, callers))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_two_gpu_ranks_give_the_one_gpu_manifest_with_collectives_on_their_gpus(job_inputs, tmp_path):
+    manifest, _ = job_inputs
+    outputs = {}
+    for devices in (1, 2):
+        folder = tmp_path / f"gpus{devices}"
+        folder.mkdir()
+        command = [str(REPO / "scripts/transcribe_parallel.py"), f"dataset_manifest={manifest}", "accelerator=gpu",
+                   f"devices={devices}", f"output_filename={folder / 'out.jsonl'}", f"work_dir={folder / 'work'}"]  # fmt: skip
+        out, trace = _traced_run(command, folder)
+        assert f"over {devices} lightning worker(s)" in out
+        if devices > 1:  # one device: Lightning's single-device strategy, no process group
+            _check_collectives(trace, ranks=devices, device=lambda rank: f"cuda:{rank}")
+        outputs[devices] = (folder / "out.jsonl").read_text()
+    assert outputs[1].count("\n") == len(DURATIONS)
+    assert outputs[2] == outputs[1]  # same order, same text
 
 
 # Runs scripts/transcribe_parallel.py (as __main__, without runpy, which would put the script's path in sys.argv[0]:
