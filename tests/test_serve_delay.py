@@ -166,7 +166,7 @@ def test_each_delay_streams_exactly_at_its_own_look_ahead(trained_model, example
 
 
 def test_a_delay_whose_engine_is_full_is_refused_by_name_and_changes_nothing(trained_model):  # noqa: F811
-    """One slot per engine: a new connection takes the default engine's ([70, 13]); a second session asking for the
+    """One slot per engine: a new connection takes the default engine's ([70, 13]); another session asking for the
     delay of the engine another session holds gets ``server_at_capacity`` naming it, keeps its look-ahead, and gets it
     once that session leaves."""
     s = ServerThread(trained_model, slots=1, model_name="trained-streaming", api_key=KEY, look_aheads=[LONG, SHORT])

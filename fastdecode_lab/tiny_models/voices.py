@@ -443,28 +443,14 @@ def plan_splits(
         splits[f"test_{engine}_sentences"] = draw_examples(
             f"test_{engine}_sentences", test_sentences, pairs, config.num_test, out_dir, config, seed, training=False
         )
-    for engine, voices in config.used("held_out_voices").items():
-        splits[f"test_{engine}_voices"] = draw_examples(
-            f"test_{engine}_voices",
-            test_sentences,
-            [(engine, v) for v in voices],
-            config.num_test,
-            out_dir,
-            config,
-            seed,
-            training=False,
-        )
-    for engine, voices in config.used("eval_only").items():
-        splits[f"test_{engine}"] = draw_examples(
-            f"test_{engine}",
-            test_sentences,
-            [(engine, v) for v in voices],
-            config.num_test,
-            out_dir,
-            config,
-            seed,
-            training=False,
-        )
+    # the held-out voices of trained engines, then the held-out engines: test sentences, one split per engine
+    for kind, suffix in (("held_out_voices", "_voices"), ("eval_only", "")):
+        for engine, voices in config.used(kind).items():
+            name = f"test_{engine}{suffix}"
+            pairs = [(engine, v) for v in voices]
+            splits[name] = draw_examples(
+                name, test_sentences, pairs, config.num_test, out_dir, config, seed, training=False
+            )
     return splits
 
 
