@@ -274,3 +274,29 @@ def test_packed_synthesisers_run_in_a_clean_environment(tmp_path):
     script.write_text(f'(voice_ked_diphone)\n(utt.save.wave (SynthText "hello") "{tmp_path}/festival.wav" \'riff)\n')
     subprocess.run([f"{PACKED}/bin/festival", "-b", str(script)], env={}, check=True)
     assert wav.stat().st_size > 1000 and (tmp_path / "festival.wav").stat().st_size > 1000
+
+
+def test_split_wers_report_each_voice_apart(tmp_path, monkeypatch):
+    from fastdecode_lab.tiny_models import evaluation
+
+    entries = [
+        {"audio_filepath": "a.wav", "text": "one two three four", "voice": "awb"},
+        {"audio_filepath": "b.wav", "text": "five six", "voice": "kal"},
+        {"audio_filepath": "c.wav", "text": "seven eight", "voice": "awb"},
+    ]
+    manifest = tmp_path / "test_flite.jsonl"
+    manifest.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    hypotheses = {"a.wav": "one two three four", "b.wav": "five sex", "c.wav": "seven eight"}
+    monkeypatch.setattr(
+        evaluation,
+        "transcribed",
+        lambda model, name, paths, batch_size: evaluation.Decoded(
+            name, [hypotheses[os.path.basename(p)] for p in paths], None, 0.0
+        ),
+    )
+    row = evaluation.split_wers(None, {"test_flite": manifest}, batch_size=2)["test_flite"]
+    assert row["wer"] == pytest.approx(1 / 8)
+    assert row["by_voice"] == {"awb": 0.0, "kal": 0.5}
+    single = tmp_path / "test_one.jsonl"
+    single.write_text(json.dumps(entries[0]) + "\n")
+    assert "by_voice" not in evaluation.split_wers(None, {"one": single}, batch_size=2)["one"]  # one voice: no split

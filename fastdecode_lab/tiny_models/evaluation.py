@@ -162,12 +162,25 @@ def split_wers(
     model: ASRModel, manifests: dict[str, str | os.PathLike], batch_size: int, limit: int | None = None
 ) -> dict[str, dict[str, Any]]:
     """Each manifest's WER with the model's own decoding (NeMo's ``transcribe``): split name -> :class:`WerResult`
-    fields and the manifest; ``limit``: its first this many utterances."""
+    fields, the manifest and ``by_voice`` (voice -> WER, where the entries name several voices: a held-out engine's
+    voices may share recordings with a trained engine's, so each is reported apart); ``limit``: its first this many
+    utterances."""
+    from nemo.collections.asr.metrics.wer import word_error_rate
+
     results = {}
     for split, manifest in manifests.items():
         entries = read_manifest(manifest)[:limit]
         decoded = transcribed(model, split, [e["audio_filepath"] for e in entries], batch_size)
-        results[split] = {"manifest": str(manifest), **asdict(wer_result(decoded, [e["text"] for e in entries]))}
+        references = [e["text"] for e in entries]
+        results[split] = {"manifest": str(manifest), **asdict(wer_result(decoded, references))}
+        voices: dict[str, list[int]] = {}
+        for i, entry in enumerate(entries):
+            voices.setdefault(str(entry.get("voice", "")), []).append(i)
+        if len(voices) > 1:
+            results[split]["by_voice"] = {
+                voice: round(float(word_error_rate([decoded.texts[i] for i in rows], [references[i] for i in rows])), 5)
+                for voice, rows in sorted(voices.items())
+            }
     return results
 
 
@@ -372,5 +385,9 @@ def evaluate(
         )
     log(format_table(model_name, report["results"]))
     for split, row in report["splits"].items():
-        log(f"{model_name}: {split:>28}  WER {100 * row['wer']:6.2f}%  ({row['utterances']} utterances)")
+        by_voice = ", ".join(f"{voice} {100 * wer:.2f}%" for voice, wer in row.get("by_voice", {}).items())
+        log(
+            f"{model_name}: {split:>28}  WER {100 * row['wer']:6.2f}%  ({row['utterances']} utterances)"
+            + (f"; by voice: {by_voice}" if by_voice else "")
+        )
     return report
