@@ -264,6 +264,44 @@ def test_synthesize_splits_writes_examples_and_manifests_once(tmp_path):
     assert not any("Synthesising" in line for line in lines)  # all there: nothing to redo
 
 
+def test_synthesis_stopped_part_way_carries_on_from_the_chunks_it_finished(tmp_path):
+    _need("espeak")
+    config = replace(
+        CONFIG,
+        engines=["espeak"],
+        train_voices={"espeak": ["en-us+m3", "en+f2"]},
+        held_out_voices={},
+        eval_only={},
+        num_train=3,
+        num_test=0,
+    )
+    train = ["the cat sat on the mat", "what time is it", "see you on monday", "thank you very much"]
+    plan = voices.plan_splits(config, train, [], tmp_path)
+    layout = RecipeLayout.at(tmp_path)
+    kwargs = {"workers": 1, "chunk_size": 1}
+    first = voices.synthesize_splits(plan, config, layout.manifest, log=lambda _: None, **kwargs)
+    written = {split: path.read_text() for split, path in first.items()}
+    assert written["train_espeak"].count("\n") == 3
+    # stopped after the first chunk: the manifests were never written and the journal's last line was cut short
+    journal = layout.manifest("train_espeak").with_name(voices.PROGRESS_JOURNAL)
+    lines = journal.read_text().splitlines(keepends=True)
+    assert len(lines) == 3
+    for path in first.values():
+        path.unlink()
+    journal.write_text(lines[0] + lines[1][: len(lines[1]) // 2])
+    kept, redone = json.loads(lines[0])["path"], {json.loads(line)["path"] for line in lines[1:]}
+    stamps = {p: os.stat(journal.parent / p).st_mtime_ns for p in {kept, *redone}}
+    log: list[str] = []
+    again = voices.synthesize_splits(plan, config, layout.manifest, log=log.append, **kwargs)
+    assert any("Synthesising 2 multi-engine examples (1 already there)" in line for line in log), log
+    assert {split: path.read_text() for split, path in again.items()} == written  # the same examples, the same manifest
+    assert os.stat(journal.parent / kept).st_mtime_ns == stamps[kept]  # the finished chunk was not synthesised again
+    assert all(os.stat(journal.parent / p).st_mtime_ns > stamps[p] for p in redone)
+    log.clear()
+    voices.synthesize_splits(plan, config, layout.manifest, log=log.append, **kwargs)
+    assert not any("Synthesising" in line for line in log)
+
+
 @pytest.mark.skipif(not PACKED, reason="FASTDECODE_SYNTHESISERS does not name a packed folder")
 def test_packed_synthesisers_run_in_a_clean_environment(tmp_path):
     _need("festival")

@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,8 @@ ESPEAK_EXAMPLE_VOICES: tuple[str, ...] = (
 )
 #: engines that never speak a training example
 EVAL_ONLY_ENGINES: tuple[str, ...] = ("flite",)
+# beside the manifests: the examples already written, one JSON line each, appended chunk by chunk
+PROGRESS_JOURNAL = ".examples_written.jsonl"
 
 
 @dataclass
@@ -463,16 +465,23 @@ def synthesize_splits(
     log: Callable[[str], None] = print,
 ) -> dict[str, Path]:
     """Write every example that is not there yet (``workers`` processes, ``chunk_size`` examples per Festival
-    start-up) and each split's NeMo manifest at ``manifest_path(split)``; returns the manifests by split."""
+    start-up) and each split's NeMo manifest at ``manifest_path(split)``; returns the manifests by split.
+
+    Each finished chunk's entries are appended at once to a journal beside the manifests
+    (:data:`PROGRESS_JOURNAL`), so a run stopped part-way (a time limit, a lost machine) carries on from the chunks
+    it finished instead of synthesising everything again."""
     workers = workers or os.cpu_count() or 1
+    journal = manifest_path(next(iter(splits))).with_name(PROGRESS_JOURNAL) if splits else None
     known = {
-        os.path.normpath(manifest_path(split).parent / k): e
+        os.path.abspath(manifest_path(split).parent / k): e
         for split in splits
         for k, e in _read_entries(manifest_path(split)).items()
     }
+    if journal is not None:
+        known.update(_read_journal(journal))
     every = [r for requests in splits.values() for r in requests]
-    # an example is done when its file exists and a manifest has its entry (both are written after the audio)
-    todo = [r for r in every if not (os.path.exists(r.path) and os.path.normpath(r.path) in known)]
+    # an example is done when its file exists and a manifest or the journal has its entry (both written after it)
+    todo = [r for r in every if not (os.path.exists(r.path) and os.path.abspath(r.path) in known)]
     for engine in sorted({u.engine for r in todo for u in r.utterances}):
         if executable(engine, config.synthesisers_dir) is None:
             raise FileNotFoundError(
@@ -485,24 +494,51 @@ def synthesize_splits(
             f"Synthesising {len(todo)} multi-engine examples ({len(every) - len(todo)} already there), {workers} workers"
         )
     chunks = [todo[i : i + chunk_size] for i in range(0, len(todo), chunk_size)]
-    entries = {os.path.normpath(k): e for k, e in known.items()}
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        for finished, results in enumerate(pool.map(_write_chunk, chunks, [config] * len(chunks)), start=1):
-            entries.update((os.path.normpath(e["path"]), e) for e in results)
-            if finished % max(1, len(chunks) // 10) == 0 or finished == len(chunks):
-                log(f"  {min(finished * chunk_size, len(todo))}/{len(todo)} in {time.perf_counter() - start:.1f} s")
+    entries = {os.path.abspath(k): e for k, e in known.items()}
+    if chunks:
+        journal.parent.mkdir(parents=True, exist_ok=True)
+        with ProcessPoolExecutor(max_workers=workers) as pool, open(journal, "a", encoding="utf8") as progress:
+            futures = [pool.submit(_write_chunk, chunk, config) for chunk in chunks]
+            for finished, future in enumerate(as_completed(futures), start=1):
+                results = future.result()
+                entries.update((os.path.abspath(e["path"]), e) for e in results)
+                progress.writelines(json.dumps(_journal_entry(e, journal.parent)) + "\n" for e in results)
+                progress.flush()
+                if finished % max(1, len(chunks) // 10) == 0 or finished == len(chunks):
+                    log(f"  {min(finished * chunk_size, len(todo))}/{len(todo)} in {time.perf_counter() - start:.1f} s")
     manifests = {}
     for split, requests in splits.items():
         path = manifest_path(split)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path.with_name(path.name + ".tmp"), "w", encoding="utf8") as f:
             for request in requests:
-                entry = entries[os.path.normpath(request.path)]
+                entry = entries[os.path.abspath(request.path)]
                 f.write(json.dumps(_manifest_entry(request, entry, path.parent)) + "\n")
         os.replace(path.with_name(path.name + ".tmp"), path)
         manifests[split] = path
         log(f"{split}: {len(requests)} examples -> {path}")
     return manifests
+
+
+def _journal_entry(entry: dict[str, Any], folder: Path) -> dict[str, Any]:
+    # paths relative to the journal, so a moved output folder keeps its progress
+    return {**entry, "path": os.path.relpath(entry["path"], folder)}
+
+
+def _read_journal(path: Path) -> dict[str, dict[str, Any]]:
+    """The journal's entries by absolute path; a line cut short by an interruption is skipped (redone)."""
+    if not path.is_file():
+        return {}
+    entries = {}
+    with open(path, encoding="utf8") as f:
+        for line in f:
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            entry["path"] = os.path.abspath(path.parent / entry["path"])
+            entries[entry["path"]] = entry
+    return entries
 
 
 def _read_entries(path: Path) -> dict[str, dict[str, Any]]:
