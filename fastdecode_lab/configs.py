@@ -14,7 +14,7 @@ Output folders default to ``outputs/`` (ignored by git), never the repository's 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -539,6 +539,22 @@ TINY_MODEL_STAGES: tuple[str, ...] = ("data", "train", "export", "evaluate", "sh
 TINY_MODELS: tuple[str, ...] = ("tdt", "streaming_hybrid")
 
 
+def check_init_from(init_from: Any) -> str | dict[str, str] | None:
+    """``TinyModelsConfig.init_from`` checked: ``None``, ``"shipped"`` or a ``{model: path}`` mapping of known models
+    (returned as a plain dict); a ``ValueError`` naming the valid values otherwise."""
+    if init_from is None or init_from == "shipped":
+        return init_from
+    valid = "null (from scratch), shipped (the package's .nemo of each model) or a mapping {model: path to a .nemo}"
+    if not isinstance(init_from, Mapping):
+        raise ValueError(f"init_from={init_from!r} is not valid; valid values: {valid}")
+    unknown = [str(key) for key in init_from if key not in TINY_MODELS]
+    if unknown:
+        raise ValueError(f"init_from names unknown models {unknown}; valid models: {', '.join(TINY_MODELS)}")
+    if not all(isinstance(path, str) and path for path in init_from.values()):
+        raise ValueError(f"init_from={dict(init_from)!r}: each model maps to the path of a .nemo file")
+    return {str(model): path for model, path in init_from.items()}
+
+
 @dataclass
 class TinyModelsConfig:
     """``scripts/train_tiny_models.py``: small ASR models trained on synthesised speech, end to end.
@@ -571,6 +587,16 @@ class TinyModelsConfig:
         val_check_interval: validate on ``dev`` every this many steps.
         log_every_n_steps: training log interval (loss, learning rate, WER on the batch).
         checkpoint_every_n_steps: how often ``last.ckpt`` is written (and at the end of every run).
+        init_from: the weights a model starts from when it has no ``last.ckpt`` (a run with one resumes from it):
+            ``None``: random (from scratch); ``shipped``: the package's shipped ``.nemo`` of the model's kind
+            (``trained-tdt`` for ``tdt``, ``trained-streaming`` for ``streaming_hybrid``); a mapping
+            ``{model: path to a .nemo}``: that file (models it does not name start from scratch). The ``.nemo``
+            must have the recipe's tokenizer (the same corpus: ``num_train``, ``seed``, ``vocab_size``) and
+            exactly the architecture of the model config with ``model_overrides``; only the weights are taken, so
+            the optimiser and the Noam warm-up start again from step 0.
+        gpu_memory_fraction: the share of the GPU's memory this training may use
+            (``torch.cuda.set_per_process_memory_fraction``), 0 < f <= 1, so that several trainings share one
+            GPU (two: 0.45 each); ``None``: no limit. Ignored on the CPU.
         loss: ``torch`` (:mod:`fastdecode_lab.tiny_models.transducer_loss`, any device, equal to NeMo's
             loss) or ``nemo`` (NeMo's Numba CUDA kernels; GPU only for TDT).
         eval_batch_size: utterances per batch in ``evaluate`` (streams per batch and engine slots when streaming).
@@ -606,6 +632,8 @@ class TinyModelsConfig:
     val_check_interval: int = 1000
     log_every_n_steps: int = 50
     checkpoint_every_n_steps: int = 500
+    init_from: Any = None
+    gpu_memory_fraction: float | None = None
     loss: str = "torch"
     eval_batch_size: int = 64
     eval_beam_size: int | None = 4
@@ -628,3 +656,8 @@ class TinyModelsConfig:
             raise ValueError(f"eval_beam_size must be >= 1 or null (no beam rows), got {self.eval_beam_size}")
         if self.num_dev < 1 or self.num_test < 1:
             raise ValueError(f"num_dev and num_test must be >= 1, got {self.num_dev} and {self.num_test}")
+        if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError(
+                f"gpu_memory_fraction must be in (0, 1] or null (no limit), got {self.gpu_memory_fraction}"
+            )
+        self.init_from = check_init_from(self.init_from)

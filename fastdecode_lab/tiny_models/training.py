@@ -5,7 +5,8 @@ from ``configs/tiny_models/<model>.yaml`` with the recipe's manifests and tokeni
 it: NeMo's data loading, SpecAugment, losses, optimiser and schedule, validation WER. Each run resumes from
 ``last.ckpt`` (weights, optimiser, schedule, step and elapsed time: ``max_time`` counts over all runs), writes it
 every ``checkpoint_every_n_steps`` and at its end, and exports the ``.nemo`` once training reaches ``max_steps`` or
-``max_time``.
+``max_time``. Without ``last.ckpt`` a model starts from random weights or, with ``init_from``, from the weights of a
+``.nemo`` (the shipped model of its kind, say), so that short sessions on fresh machines still accumulate training.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from fastdecode_lab.configs import TinyModelsConfig
+from fastdecode_lab.configs import TINY_MODELS, TinyModelsConfig
 from fastdecode_lab.tiny_models.layout import RecipeLayout, check_model
 from fastdecode_lab.tiny_models.transducer_loss import install_torch_loss
 from fastdecode_lab.tiny_models.voices import training_splits
@@ -120,6 +121,70 @@ def build_model(model_cfg: DictConfig, loss: str, trainer: pl.Trainer | None = N
     return asr_model
 
 
+def init_source(model: str, cfg: TinyModelsConfig) -> Path | None:
+    """The ``.nemo`` whose weights ``model`` starts from when it has no ``last.ckpt`` (``cfg.init_from``), or
+    ``None``: random weights.
+
+    Raises:
+        FileNotFoundError: the file does not exist (for ``shipped``: a source tree without the package's assets).
+    """
+    if cfg.init_from is None:
+        return None
+    if cfg.init_from == "shipped":
+        from nemo_fastdecode.apps.trained_models import shipped_name, trained_model_path
+
+        return trained_model_path(shipped_name(model))
+    if model not in cfg.init_from:
+        return None
+    path = Path(cfg.init_from[model])
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"init_from: {path} ({model}) does not exist; init_from takes null (from scratch), shipped (the "
+            f"package's .nemo of each model) or a mapping {{model: path to a .nemo}} of models "
+            f"{', '.join(TINY_MODELS)}"
+        )
+    return path
+
+
+def init_from_nemo(asr_model: ASRModel, path: str | os.PathLike, tokenizer_dir: str | os.PathLike) -> None:
+    """Give ``asr_model`` (built with the tokenizer at ``tokenizer_dir``) the weights of the ``.nemo`` at ``path``.
+
+    Every parameter and buffer must match by name and shape (``load_state_dict(strict=True)``): NeMo's
+    ``init_from_nemo_model`` loads with ``strict=False`` and would silently leave unmatched weights random.
+
+    Raises:
+        ValueError: the ``.nemo``'s tokenizer pieces differ from ``asr_model``'s, or its weights' names or shapes
+            differ (the first such parameter named).
+    """
+    restored = restore(path)
+    ours, theirs = list(asr_model.tokenizer.vocab), list(restored.tokenizer.vocab)
+    if ours != theirs:
+        first = next(
+            (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs))
+        )
+        raise ValueError(
+            f"init_from: the tokenizer of {path} ({len(theirs)} pieces) differs from the recipe's tokenizer "
+            f"{tokenizer_dir} ({len(ours)} pieces; first difference at piece {first}); the corpus (num_train, seed, "
+            f"vocab_size) must match the one the .nemo was trained with"
+        )
+    source, target = restored.state_dict(), asr_model.state_dict()
+    del restored
+    for name in [*target, *(name for name in source if name not in target)]:
+        if name not in source or name not in target:
+            where = "the model built from the config" if name in target else path
+            raise ValueError(
+                f"init_from: {path} does not match the model config: {name} exists only in {where} (did "
+                f"model_overrides change the architecture?)"
+            )
+        if source[name].shape != target[name].shape:
+            raise ValueError(
+                f"init_from: {path} does not match the model config: {name} has shape {tuple(source[name].shape)} "
+                f"there and {tuple(target[name].shape)} in the model built from the config (did model_overrides "
+                f"change the architecture?)"
+            )
+    asr_model.load_state_dict(source, strict=True)
+
+
 def _training_finished(trainer: pl.Trainer, cfg: TinyModelsConfig) -> bool:
     """True when the fit stopped at ``max_steps`` or ``max_time`` (not at an interruption)."""
     from lightning.pytorch.callbacks import Timer
@@ -149,7 +214,8 @@ def _trained_within(layout: RecipeLayout, model: str, cfg: TinyModelsConfig) -> 
 
 
 def train(model: str, cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable[[str], None] = print) -> bool:
-    """Train ``model`` from ``last.ckpt`` if there is one; returns whether training has reached its end.
+    """Train ``model`` from ``last.ckpt`` if there is one, else from ``cfg.init_from`` (:func:`init_source`) or from
+    scratch; returns whether training has reached its end.
 
     A model that reached the end of a training with these ``max_steps`` and ``max_time`` (``{model}/TRAINED``) is
     not trained again; larger limits train it on from its last checkpoint.
@@ -160,6 +226,9 @@ def train(model: str, cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable
     for split in ("train", "dev", *training_splits(cfg.voices)):
         if not layout.manifest(split).is_file():
             raise FileNotFoundError(f"no manifest {layout.manifest(split)}: run the data stage first")
+    if cfg.gpu_memory_fraction is not None and _uses_gpu(cfg):
+        # a hard cap on this process's caching allocator, so that several trainings share one GPU
+        torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_fraction)
     torch.manual_seed(cfg.seed)
     model_cfg = model_config(model, cfg, layout)
     layout.model_dir(model).mkdir(parents=True, exist_ok=True)
@@ -168,8 +237,12 @@ def train(model: str, cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable
     asr_model = build_model(model_cfg, cfg.loss, trainer)
     last = layout.last_checkpoint(model)
     resume = str(last) if last.is_file() else None
+    source = None if resume else init_source(model, cfg)
+    if source is not None:
+        init_from_nemo(asr_model, source, layout.tokenizer_dir)
     parameters = sum(p.numel() for p in asr_model.parameters())
-    log(f"{model}: {parameters / 1e6:.2f}M parameters; " + (f"resuming from {last}" if resume else "from scratch"))
+    start_from = f"resuming from {last}" if resume else f"from {source}" if source is not None else "from scratch"
+    log(f"{model}: {parameters / 1e6:.2f}M parameters; {start_from}")
     start = time.perf_counter()
     trainer.fit(asr_model, ckpt_path=resume)
     trainer.save_checkpoint(str(last))
