@@ -608,6 +608,9 @@ class TinyModelsConfig:
         ship_dir: where ``ship`` copies the models; ``None``: the package's assets
             (:data:`nemo_fastdecode.apps.trained_models.ASSETS_DIR`), the embedded defaults of the demos.
         num_examples: test utterances ``ship`` copies beside the models as the demos' example utterances.
+        example_splits: the evaluation splits they come from, taken in turn (the first entries of each): by default
+            eSpeak NG's held-out voices, Festival's held-out voice and Flite, the held-out engine, so the demos show
+            speech the models never heard. Splits without a manifest (``voices.engines`` left them out) are skipped.
     """
 
     stages: list[str] = field(default_factory=lambda: list(TINY_MODEL_STAGES))
@@ -641,6 +644,7 @@ class TinyModelsConfig:
     eval_streaming_utterances: int | None = 300
     ship_dir: str | None = None
     num_examples: int = 6
+    example_splits: list[str] = field(default_factory=lambda: ["test", "test_festival_voices", "test_flite"])
 
     def __post_init__(self) -> None:
         for name, values, valid in (("stages", self.stages, TINY_MODEL_STAGES), ("models", self.models, TINY_MODELS)):
@@ -661,3 +665,5 @@ class TinyModelsConfig:
                 f"gpu_memory_fraction must be in (0, 1] or null (no limit), got {self.gpu_memory_fraction}"
             )
         self.init_from = check_init_from(self.init_from)
+        if not self.example_splits:
+            raise ValueError("example_splits must name at least one evaluation split, e.g. [test]")

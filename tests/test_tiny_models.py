@@ -19,7 +19,7 @@ from test_transcribe_and_configs import keys
 from fastdecode_lab.bpe_tokenizer import write_bpe_tokenizer
 from fastdecode_lab.configs import TinyModelsConfig
 from fastdecode_lab.tiny_models import corpus, espeak_worker, speech, spoken_numbers
-from fastdecode_lab.tiny_models.layout import SPLITS
+from fastdecode_lab.tiny_models.layout import SPLITS, RecipeLayout
 from fastdecode_lab.tiny_models.transducer_loss import install_torch_loss, rnnt_loss, tdt_loss
 
 REPO = Path(__file__).resolve().parents[1]
@@ -402,6 +402,28 @@ def test_export_stage_saves_the_last_checkpoint(toy_recipe):
     restored = restore(layout.nemo("tdt")).state_dict()
     assert weights.keys() == restored.keys()
     assert all(torch.equal(weights[k], restored[k]) for k in weights)
+
+
+def test_examples_are_taken_in_turn_from_each_split_that_exists(tmp_path):
+    from fastdecode_lab.tiny_models.recipe import pick_examples
+
+    layout = RecipeLayout.at(tmp_path)
+    layout.manifest("test").parent.mkdir(parents=True)
+    for split, count in (("test", 3), ("test_flite", 1)):
+        lines = [json.dumps({"audio_filepath": f"{split}_{i}.wav", "text": f"{split} {i}"}) for i in range(count)]
+        layout.manifest(split).write_text("\n".join(lines) + "\n")
+    log: list[str] = []
+    picked = pick_examples(layout, ["test", "test_festival_voices", "test_flite"], 4, log.append)
+    assert [(split, entry["text"]) for split, entry in picked] == [
+        ("test", "test 0"),
+        ("test_flite", "test_flite 0"),
+        ("test", "test 1"),
+        ("test", "test 2"),
+    ]
+    assert any("test_festival_voices" in line for line in log)  # the missing split is named, not silently dropped
+    assert [split for split, _ in pick_examples(layout, ["test_flite", "test"], 2)] == ["test_flite", "test"]
+    with pytest.raises(FileNotFoundError, match="test_festival_voices"):
+        pick_examples(layout, ["test_festival_voices"], 2)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ Every stage skips what is already done, so the same command run again after an i
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import time
@@ -90,9 +91,32 @@ def prepare_data(cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable[[str
     log(f"data stage: {time.perf_counter() - start:.0f} s")
 
 
+def pick_examples(
+    layout: RecipeLayout, splits: list[str], count: int, log: Callable[[str], None] = print
+) -> list[tuple[str, dict[str, Any]]]:
+    """Up to ``count`` ``(split, manifest entry)`` pairs taken in turn from the first entries of each of ``splits``
+    whose manifest exists, so that the demos' examples show each kind of held-out speech.
+
+    Raises:
+        FileNotFoundError: none of ``splits`` has a manifest.
+    """
+    present = [split for split in splits if layout.manifest(split).is_file()]
+    if not present:
+        raise FileNotFoundError(f"example_splits: none of {splits} has a manifest in {layout.root}; run the data stage")
+    if len(present) < len(splits):
+        log(f"examples: no manifest for {[s for s in splits if s not in present]}; taking them from {present}")
+    queues = []
+    for split in present:
+        with open(layout.manifest(split), encoding="utf8") as f:
+            queues.append([(split, json.loads(line)) for line in f if line.strip()][:count])
+    picked = [pair for row in itertools.zip_longest(*queues) for pair in row if pair is not None]
+    return picked[:count]
+
+
 def ship(cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable[[str], None] = print) -> Path:
     """The ``ship`` stage: each model's ``.nemo`` and evaluation as ``{ship_dir}/{shipped name}[_eval].{nemo,json}``,
-    the first ``num_examples`` test utterances as ``{ship_dir}/examples/`` (WAV files and a manifest), and, once both
+    ``num_examples`` held-out utterances (:func:`pick_examples` from ``example_splits``) as ``{ship_dir}/examples/``
+    (WAV files and a manifest whose entries name their ``split``), and, once both
     shipped models are there, their emission statistics on the test split as ``{ship_dir}/emission_statistics.json``."""
     target = Path(cfg.ship_dir) if cfg.ship_dir is not None else ASSETS_DIR
     target.mkdir(parents=True, exist_ok=True)
@@ -108,18 +132,19 @@ def ship(cfg: TinyModelsConfig, layout: RecipeLayout, log: Callable[[str], None]
     if examples.exists():
         shutil.rmtree(examples)
     examples.mkdir()
-    manifest = layout.manifest("test")
-    with open(manifest, encoding="utf8") as f:
-        entries = [json.loads(line) for line in f if line.strip()][: cfg.num_examples]
+    picked = pick_examples(layout, cfg.example_splits, cfg.num_examples, log)
     with open(examples / "manifest.jsonl", "w", encoding="utf8") as out:
-        for index, entry in enumerate(entries):
+        for index, (split, entry) in enumerate(picked):
             wav = f"example_{index:02d}.wav"
-            shutil.copyfile(manifest.parent / entry["audio_filepath"], examples / wav)
-            out.write(json.dumps({**entry, "audio_filepath": wav}) + "\n")
-    log(f"examples: {len(entries)} test utterances -> {examples}")
+            shutil.copyfile(layout.manifest(split).parent / entry["audio_filepath"], examples / wav)
+            out.write(json.dumps({**entry, "audio_filepath": wav, "split": split}) + "\n")
+    splits = ", ".join(dict.fromkeys(split for split, _ in picked))
+    log(f"examples: {len(picked)} test utterances ({splits}) -> {examples}")
     if all((target / f"{name}.nemo").is_file() for name in TRAINED_REFERENCE_MODELS.values()):
         statistics = target / EMISSION_STATISTICS_PATH.name
-        write_trained_emission_stats(manifest, statistics, assets_dir=target, batch_size=cfg.eval_batch_size)
+        write_trained_emission_stats(
+            layout.manifest("test"), statistics, assets_dir=target, batch_size=cfg.eval_batch_size
+        )
         log(f"emission statistics of {', '.join(TRAINED_REFERENCE_MODELS.values())} -> {statistics}")
     return target
 
