@@ -605,6 +605,9 @@ class TinyModelsConfig:
         eval_streaming: ``evaluate`` also streams the streaming model, chunk by chunk, at each look-ahead: NeMo's
             cache-aware streaming and our ``StreamingEngine``.
         eval_streaming_utterances: test utterances for the streaming evaluation; ``None``: all.
+        eval_sessions: sessions of ``eval_session_utterances`` consecutive test utterances, each followed by
+            ``eval_session_pause_seconds`` of silence, decoded offline and (cache-aware models) streamed, as a live
+            session holds several utterances; 0: none.
         ship_dir: where ``ship`` copies the models; ``None``: the package's assets
             (:data:`nemo_fastdecode.apps.trained_models.ASSETS_DIR`), the embedded defaults of the demos.
         num_examples: test utterances ``ship`` copies beside the models as the demos' example utterances.
@@ -642,6 +645,9 @@ class TinyModelsConfig:
     eval_beam_size: int | None = 4
     eval_streaming: bool = True
     eval_streaming_utterances: int | None = 300
+    eval_sessions: int = 20
+    eval_session_utterances: int = 6
+    eval_session_pause_seconds: float = 1.2
     ship_dir: str | None = None
     num_examples: int = 6
     example_splits: list[str] = field(default_factory=lambda: ["test", "test_festival_voices", "test_flite"])
@@ -660,6 +666,11 @@ class TinyModelsConfig:
             raise ValueError(f"eval_beam_size must be >= 1 or null (no beam rows), got {self.eval_beam_size}")
         if self.num_dev < 1 or self.num_test < 1:
             raise ValueError(f"num_dev and num_test must be >= 1, got {self.num_dev} and {self.num_test}")
+        if self.eval_sessions < 0 or self.eval_session_utterances < 1 or self.eval_session_pause_seconds < 0:
+            raise ValueError(
+                "eval_sessions must be >= 0, eval_session_utterances >= 1 and eval_session_pause_seconds >= 0, got "
+                f"{self.eval_sessions}, {self.eval_session_utterances} and {self.eval_session_pause_seconds}"
+            )
         if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:
             raise ValueError(
                 f"gpu_memory_fraction must be in (0, 1] or null (no limit), got {self.gpu_memory_fraction}"

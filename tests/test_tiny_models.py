@@ -48,6 +48,8 @@ def test_tiny_models_config_rejects_bad_values():
         TinyModelsConfig(models=["rnnt"])
     with pytest.raises(ValueError, match="loss='numba' is not valid; valid values: torch, nemo"):
         TinyModelsConfig(loss="numba")
+    with pytest.raises(ValueError, match="eval_sessions must be >= 0"):
+        TinyModelsConfig(eval_session_utterances=0)
     with pytest.raises(ValueError, match="eval_beam_size must be >= 1 or null .no beam rows., got 0"):
         TinyModelsConfig(eval_beam_size=0)
     assert TinyModelsConfig(eval_beam_size=None).eval_beam_size is None
@@ -309,6 +311,8 @@ def toy_recipe(tmp_path_factory):
         "log_every_n_steps": 1,
         "eval_batch_size": 4,
         "eval_streaming_utterances": 2,
+        "eval_sessions": 1,
+        "eval_session_utterances": 3,
         "model_overrides": {
             "encoder": {"n_layers": 1, "d_model": 16, "n_heads": 2, "subsampling_conv_channels": 8},
             "model_defaults": {"pred_hidden": 16, "joint_hidden": 16},
@@ -386,6 +390,17 @@ def test_exported_models_restore_transcribe_and_are_evaluated(toy_recipe):
         for i, r in ours:
             assert r["reference"] in names[:i] and r["differing"] == 0, r
         assert report["environment"]["torch"] == torch.__version__
+        # one session: the three test utterances joined, each followed by 1.2 s of silence
+        sessions = report["sessions"]
+        texts = [json.loads(line)["text"] for line in layout.manifest("test").read_text().splitlines()]
+        durations = [json.loads(line)["duration"] for line in layout.manifest("test").read_text().splitlines()]
+        assert sessions["sessions"] == 1 and sessions["seconds"] == pytest.approx(sum(durations) + 3 * 1.2, abs=0.1)
+        session_rows = ["offline"] + [f"{side} [70, {r}]" for r in (13, 6, 1, 0) for side in sides[:2]]
+        assert [r["decoding"] for r in sessions["rows"]] == (
+            session_rows if model == "streaming_hybrid" else ["offline"]
+        )
+        assert all(r["examples"][0]["ref"] == " ".join(texts) for r in sessions["rows"])
+        assert all(r["differing"] == 0 for r in sessions["rows"] if r["decoding"].startswith("StreamingEngine"))
 
 
 @pytest.mark.slow
@@ -402,6 +417,20 @@ def test_export_stage_saves_the_last_checkpoint(toy_recipe):
     restored = restore(layout.nemo("tdt")).state_dict()
     assert weights.keys() == restored.keys()
     assert all(torch.equal(weights[k], restored[k]) for k in weights)
+
+
+def test_sessions_join_consecutive_utterances_with_a_pause_after_each():
+    from fastdecode_lab.tiny_models.evaluation import joined_sessions
+
+    pcm = [np.full(n, i + 1, dtype=np.int16) for i, n in enumerate((100, 200, 300, 400, 500))]
+    audio, references = joined_sessions(pcm, ["a", "b", "c", "d", "e"], per_session=2, pause_seconds=0.01)
+    assert references == ["a b", "c d"]  # the fifth utterance makes no full session
+    assert [a.size for a in audio] == [100 + 200 + 2 * 160, 300 + 400 + 2 * 160]
+    first = audio[0]
+    assert (first[:100] == 1).all() and (first[100:260] == 0).all() and (first[260:460] == 2).all()
+    assert (first[460:] == 0).all()
+    with pytest.raises(ValueError, match="per_session must be >= 1"):
+        joined_sessions(pcm, list("abcde"), per_session=0, pause_seconds=1.0)
 
 
 def test_examples_are_taken_in_turn_from_each_split_that_exists(tmp_path):

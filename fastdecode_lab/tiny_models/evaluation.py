@@ -14,6 +14,11 @@ The ``test`` split holds sentences and voices that training never saw. Every row
   holds the preprocessor's masked frame past each file's feature length (``append_processed_signal`` takes the
   padded size as the length), one zero frame more at the end than the reference, which can change the last tokens.
 
+* sessions: consecutive test utterances joined by pauses into one recording each, as a live session holds them,
+  decoded offline with the model's own decoding and, for a cache-aware model, streamed by NeMo and by our engine
+  at each look-ahead (:func:`session_wers`). A model that only ever heard single utterances starting at once can
+  lose the first words after each pause.
+
 Each of our rows names its NeMo reference row and counts the utterances whose token ids differ from it (0 in fp32);
 so does the streaming script's row.
 """
@@ -304,6 +309,66 @@ def streaming_rows(
     return results
 
 
+# ---- sessions --------------------------------------------------------------------------------------------------
+def joined_sessions(
+    pcm: Sequence[np.ndarray], texts: Sequence[str], per_session: int, pause_seconds: float, sample_rate: int = 16000
+) -> tuple[list[np.ndarray], list[str]]:
+    """Each run of ``per_session`` consecutive int16 PCM ``[T]`` utterances as one recording (``pause_seconds`` of
+    silence after each utterance, the last included) and its reference (their texts joined); a shorter last run
+    is dropped."""
+    if per_session < 1 or pause_seconds < 0:
+        raise ValueError(f"per_session must be >= 1 and pause_seconds >= 0, got {per_session} and {pause_seconds}")
+    pause = np.zeros(round(pause_seconds * sample_rate), dtype=np.int16)
+    audio, references = [], []
+    for first in range(0, len(pcm) - per_session + 1, per_session):
+        run = range(first, first + per_session)
+        audio.append(np.concatenate([part for i in run for part in (np.asarray(pcm[i], dtype=np.int16), pause)]))
+        references.append(" ".join(texts[i] for i in run))
+    return audio, references
+
+
+def session_wers(
+    model: ASRModel,
+    entries: Sequence[dict[str, Any]],
+    per_session: int,
+    pause_seconds: float,
+    batch_size: int,
+    streaming: bool = True,
+) -> dict[str, Any]:
+    """The WERs of :func:`joined_sessions` of ``entries``: offline with the model's own decoding (NeMo's
+    ``transcribe`` of the recordings written as WAV files), and, for a cache-aware model with ``streaming``, NeMo's
+    cache-aware streaming of each recording alone and our engine against it at each look-ahead."""
+    import tempfile
+
+    import soundfile as sf
+
+    pcm = read_pcm16([e["audio_filepath"] for e in entries])
+    audio, references = joined_sessions(pcm, [e["text"] for e in entries], per_session, pause_seconds)
+    if not audio:
+        raise ValueError(f"{len(entries)} utterances make no session of {per_session}")
+    with tempfile.TemporaryDirectory() as folder:
+        paths = [os.path.join(folder, f"session_{i:03d}.wav") for i in range(len(audio))]
+        for path, samples in zip(paths, audio, strict=True):
+            sf.write(path, samples, 16000, subtype="PCM_16")
+        rows = [wer_result(transcribed(model, "offline", paths, batch_size), references)]
+    if streaming and model.cfg.encoder.get("att_context_style") == "chunked_limited":
+        default = list(model.encoder.att_context_size)
+        try:
+            for context in [list(c) for c in model.encoder.att_context_size_all]:
+                nemo = nemo_streaming_alone(model, audio, context, name=f"NeMo streaming {context}")
+                ours = engine_decoded(model, audio, context, batch_size, name=f"StreamingEngine {context}")
+                rows += [wer_result(nemo, references), wer_result(ours, references, nemo)]
+        finally:
+            model.encoder.set_default_att_context_size(default)
+    return {
+        "utterances_per_session": per_session,
+        "pause_seconds": pause_seconds,
+        "sessions": len(audio),
+        "seconds": round(sum(a.size for a in audio) / 16000, 1),
+        "rows": [asdict(r) for r in rows],
+    }
+
+
 # ---- the recipe's stage ----------------------------------------------------------------------------------------
 def format_table(model_name: str, results: Sequence[dict[str, Any]]) -> str:
     """A Markdown table of one model's result rows (:class:`WerResult` as dicts)."""
@@ -332,6 +397,9 @@ def evaluate(
     streaming: bool = True,
     streaming_utterances: int | None = None,
     extra_splits: Sequence[str] = (),
+    sessions: int = 0,
+    session_utterances: int = 6,
+    session_pause_seconds: float = 1.2,
     device: str | torch.device | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -348,6 +416,8 @@ def evaluate(
         extra_splits: more evaluation splits (:func:`~fastdecode_lab.tiny_models.voices.evaluation_splits`: other
             synthesisers, held-out voices, the held-out engine), each decoded with the model's own decoding
             (:func:`split_wers`); their WERs go to the report's ``splits`` beside ``test`` (the greedy row's).
+        sessions: how many sessions of ``session_utterances`` consecutive test utterances, each followed by
+            ``session_pause_seconds`` of silence, :func:`session_wers` decodes (the report's ``sessions``); 0: none.
         device: where the model runs; ``None``: GPU 0 if there is one, else the CPU.
         log: where each row and the table go.
     """
@@ -376,6 +446,15 @@ def evaluate(
             **split_wers(model, {split: layout.manifest(split) for split in extra_splits}, batch_size),
         },
     }
+    if sessions:
+        report["sessions"] = session_wers(
+            model,
+            entries[: sessions * session_utterances],
+            session_utterances,
+            session_pause_seconds,
+            batch_size,
+            streaming=streaming,
+        )
     layout.evaluation(model_name).write_text(json.dumps(report, indent=2) + "\n")
     for r in results:
         differing = "" if r.differing is None else f", {r.differing} differ from {r.reference}"
@@ -390,4 +469,12 @@ def evaluate(
             f"{model_name}: {split:>28}  WER {100 * row['wer']:6.2f}%  ({row['utterances']} utterances)"
             + (f"; by voice: {by_voice}" if by_voice else "")
         )
+    if sessions:
+        joined = report["sessions"]
+        for r in joined["rows"]:
+            differing = "" if r["differing"] is None else f", {r['differing']} differ from {r['reference']}"
+            log(
+                f"{model_name}: sessions of {joined['utterances_per_session']} with {joined['pause_seconds']} s "
+                f"pauses, {r['decoding']:>26}  WER {100 * r['wer']:6.2f}%  ({r['utterances']} sessions{differing})"
+            )
     return report

@@ -180,6 +180,9 @@ def run(
                 streaming=cfg.eval_streaming,
                 streaming_utterances=cfg.eval_streaming_utterances,
                 extra_splits=voices.evaluation_splits(cfg.voices),
+                sessions=cfg.eval_sessions,
+                session_utterances=cfg.eval_session_utterances,
+                session_pause_seconds=cfg.eval_session_pause_seconds,
                 log=log,
             )
     if "ship" in cfg.stages:
