@@ -392,8 +392,8 @@ def test_exported_models_restore_transcribe_and_are_evaluated(toy_recipe):
         assert report["environment"]["torch"] == torch.__version__
         # one session: the three test utterances joined, each followed by 1.2 s of silence
         sessions = report["sessions"]
-        texts = [json.loads(line)["text"] for line in layout.manifest("test").read_text().splitlines()]
-        durations = [json.loads(line)["duration"] for line in layout.manifest("test").read_text().splitlines()]
+        test_entries = [json.loads(line) for line in layout.manifest("test").read_text().splitlines()]
+        texts, durations = [e["text"] for e in test_entries], [e["duration"] for e in test_entries]
         assert sessions["sessions"] == 1 and sessions["seconds"] == pytest.approx(sum(durations) + 3 * 1.2, abs=0.1)
         session_rows = ["offline"] + [f"{side} [70, {r}]" for r in (13, 6, 1, 0) for side in sides[:2]]
         assert [r["decoding"] for r in sessions["rows"]] == (

@@ -494,7 +494,7 @@ def synthesize_splits(
             f"Synthesising {len(todo)} multi-engine examples ({len(every) - len(todo)} already there), {workers} workers"
         )
     chunks = [todo[i : i + chunk_size] for i in range(0, len(todo), chunk_size)]
-    entries = {os.path.abspath(k): e for k, e in known.items()}
+    entries = dict(known)  # keyed by absolute path, as the finished chunks' entries are
     if chunks:
         journal.parent.mkdir(parents=True, exist_ok=True)
         with ProcessPoolExecutor(max_workers=workers) as pool, open(journal, "a", encoding="utf8") as progress:
